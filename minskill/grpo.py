@@ -1,0 +1,209 @@
+"""Bi-level GRPO for Skill-R1: advantages over candidate skills and the clipped policy loss.
+
+This module is pure tensor math (torch only, nothing else from minskill), so it can be tested
+against hand computations.
+
+Advantages (one task instance, generation g, K candidate skills s_g^(1..K))
+---------------------------------------------------------------------------
+r_g^(i) is the mean verifier score of the n task-model rollouts run with skill s_g^(i).
+
+    A_intra(g, i) = r_g^(i) - mean_i r_g^(i)                      (optionally / (std_i r_g^(i) + eps))
+    A_inter(g)    = mean_i r_g^(i) - mean_i r_{g-1}^(i)           (A_inter(1) uses the seed skill's score)
+    A(g, i)       = A_intra(g, i) + λ · A_inter(g)
+
+λ = 0 is vanilla GRPO. A_intra ranks the K candidates against each other; A_inter rewards (or
+punishes) the whole generation for improving on the previous one, so that the editor also learns
+to make progress across generations. std is the sample standard deviation (Bessel-corrected,
+as in TRL and verl); a group of one candidate has std 0. Every token of candidate i's skill gets
+the advantage A(g, i).
+
+Policy loss (per valid token t of sequence b; log-probs at the sampling temperature)
+------------------------------------------------------------------------------------
+    ratio_{b,t} = exp(logp_θ − logp_old)                          (= 1 on the first pass; old is detached)
+    surr_{b,t}  = min(ratio · A_b, clip(ratio, 1 − ε_low, 1 + ε_high) · A_b)
+    kl_{b,t}    = exp(logp_ref − logp_θ) − (logp_ref − logp_θ) − 1   (k3 estimate of KL(π_θ ‖ π_ref), >= 0)
+    ℓ_{b,t}     = −surr_{b,t} + β · kl_{b,t}                       (the KL term only when ref_logp is given)
+
+Aggregation over the (B, T) grid, m_{b,t} ∈ {0, 1} the mask of valid (completion) tokens:
+
+    token_mean : Σ_{b,t} m·ℓ / Σ_{b,t} m                          (every token of the batch weighs the same)
+    seq_mean   : (1/B) Σ_b [ Σ_t m·ℓ / Σ_t m ]                     (every sequence weighs the same; the
+                                                                    original GRPO; a row with no valid token
+                                                                    contributes 0 but still counts in B)
+    dr_grpo    : Σ_{b,t} m·ℓ / (B · max_new_tokens)                (Dr. GRPO: a constant normaliser, so no
+                                                                    length bias; max_new_tokens is required)
+
+Clip fractions (reported in stats; the TRL convention) are fractions of *valid* tokens where the clip
+is active, i.e. where the clipped term wins the min and the token's gradient is zero:
+
+    clip_frac_low  = mean over valid tokens of [ratio < 1 − ε_low  and A < 0]
+    clip_frac_high = mean over valid tokens of [ratio > 1 + ε_high and A > 0]
+
+A token with ratio < 1 − ε_low but A > 0 is *not* clipped: the min picks the unclipped ratio·A, and the
+gradient pushes the ratio back up. Likewise ratio > 1 + ε_high with A < 0.
+
+Note: the loss value is near zero by construction. On the first pass ratio = 1 and, within a group,
+the intra advantages sum to zero, so the surrogate averages to ≈ −λ·A_inter (plus β·KL). Its value
+says nothing about progress; watch the reward (and KL, clip fractions) instead.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+AGGREGATIONS = ("token_mean", "seq_mean", "dr_grpo")
+
+
+def _as_reward_tensor(rewards, where: str) -> torch.Tensor:
+    """Rewards (list or tensor) as a 1-D float32 tensor; raises ValueError naming `where`."""
+    r = torch.as_tensor(rewards, dtype=torch.float32).detach()
+    if r.dim() != 1 or r.numel() == 0:
+        raise ValueError(f"{where}: rewards must be a non-empty 1-D sequence, got shape {tuple(r.shape)}")
+    if not torch.isfinite(r).all():
+        raise ValueError(f"{where}: rewards must be finite, got {r.tolist()}")
+    return r
+
+
+def _sample_std(r: torch.Tensor) -> torch.Tensor:
+    """Bessel-corrected std (TRL/verl convention); 0 for a single value instead of NaN."""
+    return r.std(unbiased=True) if r.numel() > 1 else torch.zeros((), dtype=r.dtype)
+
+
+def intra_advantages(rewards, scale_by_std: bool = False, eps: float = 1e-4) -> torch.Tensor:
+    """A_intra(i) = r_i − mean(r)  [/ (std(r) + eps) when scale_by_std]. Returns float32 (K,)."""
+    r = _as_reward_tensor(rewards, "intra_advantages")
+    centred = r - r.mean()
+    if scale_by_std:
+        centred = centred / (_sample_std(r) + eps)
+    return centred
+
+
+def inter_advantage(rewards, prev_mean: float | None) -> float:
+    """A_inter = mean(r) − prev_mean; 0.0 when prev_mean is None (no earlier generation to compare with)."""
+    r = _as_reward_tensor(rewards, "inter_advantage")
+    if prev_mean is None:
+        return 0.0
+    prev_mean = float(prev_mean)
+    if not math.isfinite(prev_mean):
+        raise ValueError(f"inter_advantage: prev_mean must be finite, got {prev_mean}")
+    return float(r.mean()) - prev_mean
+
+
+def bilevel_advantages(rewards, prev_mean: float | None, lam: float, scale_by_std: bool = False,
+                       eps: float = 1e-4) -> torch.Tensor:
+    """A(i) = A_intra(i) + λ · A_inter for the K candidate skills of one generation.
+
+    rewards: K mean verifier scores (list or tensor). prev_mean: the previous generation's mean reward
+    (the seed skill's score for the first generation; None -> A_inter = 0). Returns float32 (K,).
+    Only the intra part is divided by the std when scale_by_std: A_inter is already on the reward scale.
+    """
+    lam = float(lam)
+    if not math.isfinite(lam):
+        raise ValueError(f"bilevel_advantages: lam must be finite, got {lam}")
+    return intra_advantages(rewards, scale_by_std, eps) + lam * inter_advantage(rewards, prev_mean)
+
+
+def summarize_group(rewards, tol: float = 1e-8) -> dict:
+    """Summary of one group's rewards for the logs: mean, std (sample), min, max, size and
+    zero_variance (all rewards equal within tol: A_intra is then 0 for every candidate, so only the
+    λ·A_inter term gives this group a gradient)."""
+    r = _as_reward_tensor(rewards, "summarize_group")
+    lo, hi = float(r.min()), float(r.max())
+    return {"mean": float(r.mean()), "std": float(_sample_std(r)), "min": lo, "max": hi,
+            "size": int(r.numel()), "zero_variance": bool(hi - lo <= tol)}
+
+
+def _check_loss_inputs(logp, old_logp, advantages, mask, ref_logp, eps_low, eps_high, beta):
+    if logp.dim() != 2:
+        raise ValueError(f"policy_loss: logp must be (B, T), got shape {tuple(logp.shape)}")
+    for name, t in (("old_logp", old_logp), ("mask", mask), ("ref_logp", ref_logp)):
+        if t is not None and t.shape != logp.shape:
+            raise ValueError(f"policy_loss: {name} must have logp's shape {tuple(logp.shape)}, "
+                             f"got {tuple(t.shape)}")
+    if advantages.shape != (logp.shape[0],):
+        raise ValueError(f"policy_loss: advantages must be (B,) = ({logp.shape[0]},), "
+                         f"got {tuple(advantages.shape)}")
+    if not (0.0 <= eps_low < 1.0):
+        raise ValueError(f"policy_loss: eps_low must be in [0, 1), got {eps_low}")
+    if eps_high < 0.0:
+        raise ValueError(f"policy_loss: eps_high must be >= 0, got {eps_high}")
+    if beta < 0.0:
+        raise ValueError(f"policy_loss: beta must be >= 0, got {beta}")
+    if beta > 0.0 and ref_logp is None:
+        raise ValueError("policy_loss: beta > 0 needs ref_logp (the frozen reference model's log-probs)")
+
+
+def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+                ref_logp: torch.Tensor | None = None, eps_low: float = 0.2, eps_high: float = 0.2,
+                beta: float = 0.0, agg: str = "token_mean",
+                max_new_tokens: int | None = None) -> tuple[torch.Tensor, dict]:
+    """Clipped GRPO surrogate with optional k3 KL, aggregated by `agg` (see the module docstring).
+
+    logp (B, T): log-probs of the sampled tokens under the current policy (differentiable).
+    old_logp (B, T): the same under the sampling policy (detached here). advantages (B,): one per
+    sequence (detached here). mask (B, T): bool or 0/1, True at valid completion tokens.
+    ref_logp (B, T) or None: the frozen reference's log-probs; the KL is added to the loss only when
+    beta > 0 (beta > 0 without ref_logp is an error); with ref_logp given, stats["kl_mean"] is reported
+    even when beta = 0. agg: "token_mean" | "seq_mean" | "dr_grpo"; dr_grpo needs max_new_tokens (the
+    generation limit, not T, so that the normaliser does not depend on the batch's longest sample).
+
+    Returns (loss, stats) with stats = {ratio_mean, clip_frac_low, clip_frac_high, clip_frac, kl_mean,
+    num_tokens} as python floats (means over valid tokens; kl_mean is 0.0 without ref_logp).
+    Values at masked positions are ignored (they may be anything, even inf).
+    """
+    if agg not in AGGREGATIONS:
+        raise ValueError(f"policy_loss: unknown agg {agg!r}; choose one of {', '.join(AGGREGATIONS)}")
+    _check_loss_inputs(logp, old_logp, advantages, mask, ref_logp, eps_low, eps_high, beta)
+    valid = mask.bool()
+    weight = valid.to(logp.dtype)
+    batch_size = logp.shape[0]
+    if agg == "dr_grpo":
+        if max_new_tokens is None:
+            raise ValueError("policy_loss: agg='dr_grpo' needs max_new_tokens (the sampling limit)")
+        longest = int(valid.sum(-1).max()) if batch_size else 0
+        if int(max_new_tokens) <= 0 or longest > int(max_new_tokens):
+            raise ValueError(f"policy_loss: max_new_tokens={max_new_tokens} must be positive and at least "
+                             f"the longest completion ({longest} valid tokens)")
+
+    adv = advantages.detach().to(logp.dtype).unsqueeze(1)                      # (B, 1)
+    # Zero the log-ratio at masked positions so padding garbage cannot turn into inf * 0 = nan.
+    log_ratio = torch.where(valid, logp - old_logp.detach(), torch.zeros_like(logp))
+    ratio = torch.exp(log_ratio)
+    clipped = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high)
+    surrogate = torch.minimum(ratio * adv, clipped * adv)
+    per_token = -surrogate
+
+    kl = None
+    if ref_logp is not None:
+        ref_minus_logp = torch.where(valid, ref_logp.detach() - logp, torch.zeros_like(logp))
+        kl = torch.exp(ref_minus_logp) - ref_minus_logp - 1.0
+        if beta > 0.0:
+            per_token = per_token + beta * kl
+
+    masked = per_token * weight
+    if agg == "token_mean":
+        loss = masked.sum() / weight.sum().clamp(min=1.0)
+    elif agg == "seq_mean":
+        loss = (masked.sum(-1) / weight.sum(-1).clamp(min=1.0)).mean()
+    else:  # dr_grpo
+        loss = masked.sum() / (batch_size * int(max_new_tokens))
+
+    with torch.no_grad():
+        n_valid = weight.sum().clamp(min=1.0)
+
+        def valid_mean(x: torch.Tensor) -> float:
+            return float((x.to(weight.dtype) * weight).sum() / n_valid)
+
+        low = (ratio < 1.0 - eps_low) & (adv < 0)
+        high = (ratio > 1.0 + eps_high) & (adv > 0)
+        stats = {
+            "ratio_mean": valid_mean(ratio),
+            "clip_frac_low": valid_mean(low),
+            "clip_frac_high": valid_mean(high),
+            "clip_frac": valid_mean(low | high),
+            "kl_mean": valid_mean(kl) if kl is not None else 0.0,
+            "num_tokens": float(weight.sum()),
+        }
+    return loss, stats
+

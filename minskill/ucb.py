@@ -1,0 +1,263 @@
+"""UCB1 tree search (MASA stage 1, task-specific skills): a small generic Monte-Carlo-style tree.
+
+Each node holds a payload (in MASA, a skill set). A node's statistics cover the node *and all of its
+descendants*: every evaluation reward is added to the evaluated node and to each of its ancestors
+(backpropagation), so
+
+    N(n)  = number of evaluations in the subtree of n       (visits)
+    R̄(n)  = (sum of those rewards) / N(n)                    (value_sum / visits)
+
+    UCB1(n) = R̄(n) + C · sqrt( ln N(parent(n)) / N(n) )     C = 1.4 by default; +inf when N(n) = 0.
+
+One iteration of `search`:
+  1. select: start at the root. Stop at the current node when it is unvisited or has fewer than
+     `max_children` children (a leaf has none); otherwise (it is *fully expanded*) move to its child of
+     highest UCB1 (ties: the earliest child; an unvisited child scores +inf, so it is moved to and,
+     being unvisited, returned). The returned node is the one to expand.
+     Why a child limit: the teacher can always write one more rewrite (infinite branching), so with
+     "descend to a leaf" alone the tree would grow as a single chain; with the limit a node gets up to
+     `max_children` sibling rewrites before the search commits to its best child.
+  2. expand: expand_fn(node) returns a new payload (MASA: rollouts of the node's skills, failure
+     attribution, teacher rewrite); it becomes a child. expand_fn may return None (e.g. the teacher's
+     reply did not parse); the iteration is then spent without a child.
+  3. evaluate: evaluate_fn(child) returns the child's reward (MASA: mean adjusted reward over N
+     episodes), stored as child.reward (its *own* reward).
+  4. backpropagate: visits += 1 and value_sum += reward for the child and every ancestor.
+
+The root is evaluated first (not counted as an iteration) when it is unvisited.
+
+Best node: the evaluated node with the highest *own* reward (ties: the shallower node, then the
+smaller child-index path, i.e. the sibling created first). Not the subtree mean: the subtree mean
+measures how promising a region is for exploration, but what the search returns is one skill set to
+use, and its quality is its own score; a mediocre parent with good children would otherwise win.
+
+The tree round-trips through plain dicts (`to_dict` / `from_dict`, `save_json` / `load_json`), so it
+can be logged and a search resumed: calling `search` again on a loaded root continues it.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+
+@dataclass(eq=False)
+class Node:
+    """A tree node. id is the path from the root ("0", "0.1", "0.1.0": child indices), unique in its tree.
+    visits/value_sum cover the subtree; reward is this node's own evaluation (None until evaluated);
+    info is free-form (e.g. the teacher's attribution) and goes into the logs."""
+    payload: Any
+    parent: "Node | None" = field(default=None, repr=False)
+    children: list["Node"] = field(default_factory=list, repr=False)
+    visits: int = 0
+    value_sum: float = 0.0
+    reward: float | None = None
+    info: dict = field(default_factory=dict)
+    id: str = "0"
+
+    @property
+    def mean(self) -> float:
+        """R̄(n): mean reward over the node and its descendants (0.0 when unvisited)."""
+        return self.value_sum / self.visits if self.visits else 0.0
+
+    @property
+    def depth(self) -> int:
+        return len(self.path()) - 1
+
+    def path(self) -> list["Node"]:
+        """Nodes from the root down to this one."""
+        nodes, node = [], self
+        while node is not None:
+            nodes.append(node)
+            node = node.parent
+        return nodes[::-1]
+
+
+def ucb1(mean: float, visits: int, parent_visits: int, c: float = 1.4) -> float:
+    """UCB1 = mean + c · sqrt(ln(parent_visits) / visits); +inf for an unvisited node (visits == 0)."""
+    if visits < 0 or parent_visits < 0:
+        raise ValueError(f"ucb1: visits ({visits}) and parent_visits ({parent_visits}) must be >= 0")
+    if visits == 0:
+        return math.inf
+    if parent_visits < visits:
+        raise ValueError(f"ucb1: parent_visits ({parent_visits}) must be >= visits ({visits}): a parent's "
+                         "count includes its children's")
+    return mean + c * math.sqrt(math.log(parent_visits) / visits)
+
+
+def ucb_score(node: Node, c: float = 1.4) -> float:
+    """UCB1 of a non-root node from its own and its parent's statistics."""
+    if node.parent is None:
+        raise ValueError("ucb_score: the root has no parent, so no UCB1 score")
+    return ucb1(node.mean, node.visits, node.parent.visits, c)
+
+
+def select(root: Node, c: float = 1.4, max_children: int | None = None) -> Node:
+    """Descend from root by UCB1 to the node to expand (the stopping rule is in the module docstring).
+    max_children None means no limit: descend until a node without children."""
+    if max_children is not None and max_children < 1:
+        raise ValueError(f"select: max_children must be >= 1 or None, got {max_children}")
+    node = root
+    while node.visits > 0 and node.children:
+        if max_children is not None and len(node.children) < max_children:
+            return node
+        best = node.children[0]
+        best_score = ucb_score(best, c)
+        for child in node.children[1:]:
+            score = ucb_score(child, c)
+            if score > best_score:  # strict: ties keep the earliest child
+                best, best_score = child, score
+        node = best
+    return node
+
+
+def expand(node: Node, payload: Any, info: dict | None = None) -> Node:
+    """Add and return a new (unvisited) child of node holding payload."""
+    child = Node(payload=payload, parent=node, info=dict(info or {}), id=f"{node.id}.{len(node.children)}")
+    node.children.append(child)
+    return child
+
+
+def backpropagate(node: Node, reward: float) -> None:
+    """Add one visit and `reward` to node and every ancestor up to the root."""
+    reward = float(reward)
+    if not math.isfinite(reward):
+        raise ValueError(f"backpropagate: reward must be finite, got {reward} (node {node.id})")
+    while node is not None:
+        node.visits += 1
+        node.value_sum += reward
+        node = node.parent
+
+
+def iter_nodes(root: Node) -> Iterator[Node]:
+    """All nodes of the tree in pre-order (a node before its children, children in creation order)."""
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        yield node
+        stack.extend(reversed(node.children))
+
+
+def _sibling_indices(node: Node) -> tuple[int, ...]:
+    """Child indices from the root down to node: a structural key that orders nodes deterministically."""
+    return tuple(n.parent.children.index(n) for n in node.path()[1:])
+
+
+def best_node(root: Node) -> Node | None:
+    """The evaluated node of highest own reward; ties -> shallower, then smaller id. None if none evaluated."""
+    evaluated = [n for n in iter_nodes(root) if n.reward is not None]
+    if not evaluated:
+        return None
+    return min(evaluated, key=lambda n: (-n.reward, n.depth, _sibling_indices(n)))
+
+
+def _evaluate(node: Node, evaluate_fn: Callable[[Node], float]) -> float:
+    reward = evaluate_fn(node)
+    try:
+        reward = float(reward)
+    except (TypeError, ValueError):
+        raise ValueError(f"search: evaluate_fn returned {reward!r} for node {node.id}; "
+                         "expected a number") from None
+    if not math.isfinite(reward):
+        raise ValueError(f"search: evaluate_fn returned {reward} for node {node.id}; expected a finite number")
+    node.reward = reward
+    backpropagate(node, reward)
+    return reward
+
+
+def search(root: Node, expand_fn: Callable[[Node], Any], evaluate_fn: Callable[[Node], float],
+           iterations: int, c: float = 1.4, max_children: int | None = 3,
+           on_iteration: Callable[[int, Node, "Node | None", Node], None] | None = None) -> tuple[Node, Node]:
+    """Run `iterations` select/expand/evaluate/backpropagate rounds; returns (best_node, root).
+
+    expand_fn(node) -> payload of a new child, or None to skip this iteration (no child is made).
+    evaluate_fn(node) -> the node's reward (finite number). on_iteration(i, selected, child_or_None, root)
+    is called after each iteration (for logs and checkpoints). The root is evaluated first if unvisited.
+    Calling search again on the same (or a reloaded) root continues the search.
+    """
+    if iterations < 0:
+        raise ValueError(f"search: iterations must be >= 0, got {iterations}")
+    if root.parent is not None:
+        raise ValueError(f"search: root must have no parent (got node {root.id})")
+    if root.visits == 0:
+        _evaluate(root, evaluate_fn)
+    for i in range(iterations):
+        selected = select(root, c, max_children)
+        if selected.visits == 0:
+            # Only reachable in a hand-built tree: evaluate an unvisited node before expanding it.
+            _evaluate(selected, evaluate_fn)
+            child = None
+        else:
+            payload = expand_fn(selected)
+            child = None if payload is None else expand(selected, payload)
+            if child is not None:
+                _evaluate(child, evaluate_fn)
+        if on_iteration is not None:
+            on_iteration(i, selected, child, root)
+    return best_node(root), root
+
+
+def to_dict(root: Node, payload_to_json: Callable[[Any], Any] | None = None) -> dict:
+    """Nested plain dict of the tree (payload through payload_to_json, identity by default)."""
+    def convert(node: Node) -> dict:
+        return {"id": node.id,
+                "payload": payload_to_json(node.payload) if payload_to_json else node.payload,
+                "visits": node.visits, "value_sum": node.value_sum, "reward": node.reward,
+                "info": node.info, "children": [convert(child) for child in node.children]}
+    return convert(root)
+
+
+_NODE_KEYS = ("payload", "visits", "value_sum", "reward", "info", "children")
+
+
+def from_dict(data: dict, payload_from_json: Callable[[Any], Any] | None = None) -> Node:
+    """Inverse of to_dict; rebuilds parent links. ids are re-derived from the structure (they are the
+    child-index path). Raises ValueError naming the node and field on bad data."""
+    def build(d: Any, parent: Node | None) -> Node:
+        where = "0" if parent is None else f"{parent.id}.{len(parent.children)}"  # this node's id
+        if not isinstance(d, dict):
+            raise ValueError(f"from_dict: node {where} must be a dict, got {type(d).__name__}")
+        missing = [k for k in _NODE_KEYS if k not in d]
+        if missing:
+            raise ValueError(f"from_dict: node {where} lacks field(s) {', '.join(missing)}")
+        if not isinstance(d["visits"], int) or d["visits"] < 0:
+            raise ValueError(f"from_dict: node {where}: visits must be an int >= 0, got {d['visits']!r}")
+        if not isinstance(d["children"], list) or not isinstance(d["info"], dict):
+            raise ValueError(f"from_dict: node {where}: children must be a list and info a dict")
+        node = Node(payload=payload_from_json(d["payload"]) if payload_from_json else d["payload"],
+                    parent=parent, visits=d["visits"], value_sum=float(d["value_sum"]),
+                    reward=None if d["reward"] is None else float(d["reward"]), info=dict(d["info"]),
+                    id=where)
+        for child in d["children"]:
+            node.children.append(build(child, node))  # appended one by one: the next child's id counts them
+        return node
+    return build(data, None)
+
+
+def save_json(root: Node, path, payload_to_json: Callable[[Any], Any] | None = None) -> None:
+    """Write the tree as JSON atomically (temp file in the same folder + os.replace)."""
+    path = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tree-", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(to_dict(root, payload_to_json), f, ensure_ascii=False, indent=1)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def load_json(path, payload_from_json: Callable[[Any], Any] | None = None) -> Node:
+    """Read a tree written by save_json."""
+    with open(path, encoding="utf-8") as f:
+        try:
+            data = json.load(f)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"load_json: {path} is not valid JSON: {e}") from None
+    return from_dict(data, payload_from_json)
