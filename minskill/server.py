@@ -1,0 +1,635 @@
+"""OpenAI-compatible HTTP server for a minskill model, and the embedded default endpoint.
+
+    python -m minskill.server --model SPEC [--host 127.0.0.1] [--port 8000] [--api-key KEY]
+                              [--max-batch 16] [--dtype float32|bfloat16] [--log-requests]
+
+Endpoints: `GET /health`, `GET /v1/models`, `POST /v1/chat/completions` (messages, n, temperature,
+top_p, max_tokens, stop, seed). Replies have OpenAI's shape, so the official client, curl and
+minskill.client.ChatClient all work against it. Standard library only for HTTP (http.server).
+
+Batching. Each HTTP request is handled on its own thread, validated there, then queued. One
+scheduler thread repeatedly takes the oldest pending requests, up to `max_batch` *samples*
+(a request with n=4 counts 4; a request bigger than max_batch runs alone), and serves them with one
+`backend.complete(batch)` call; for a model that is one `sampling.generate` call per distinct n,
+with per-prompt temperature / top_p / max_tokens / stop / seed. While a batch runs, new requests
+pile up and form the next batch, so throughput grows with concurrency. Prompts are left padded and
+masked, and each seeded prompt draws from its own generator, so a greedy (or seeded) reply does not
+depend on what else shared its batch.
+
+Limits. With context length C and a prompt of P tokens: P < C is required; max_tokens must lie in
+1..C and is then clamped to C - P (the reply is cut with finish_reason "length"); without
+max_tokens the reply may use all C - P remaining positions.
+
+Backends. The HTTP layer talks to any object with `name`, `max_context`,
+`count_prompt_tokens(messages)` and `complete(requests) -> [[Choice, ...] per request]`
+(an entry may instead be an exception, which fails that request only):
+  * ModelBackend    a minskill Transformer + Tokenizer, batched through sampling.generate;
+  * ScriptedBackend fn(messages, request) -> str; puts a scripted model behind real HTTP in tests:
+
+        with start_server(ScriptedBackend(lambda messages, request: "42")) as server:
+            client = server.client()      # a ChatClient for server.url
+            client.chat([{"role": "user", "content": "6*7?"}]).text   # -> "42"
+
+    A scripted fn may raise BackendError(status, message, retry_after=...) to answer with that
+    HTTP error (e.g. 503), which is how tests make a server flaky.
+
+`embedded_client()` is what the top-level scripts use when given no endpoint URL: it starts this
+server as a subprocess on a free loopback port with the default model, waits for /health, yields a
+ChatClient, and stops the server when the block exits.
+"""
+
+import argparse
+import collections
+import hmac
+import json
+import os
+import re
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+import uuid
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Callable, Protocol
+from urllib.parse import urlsplit
+
+from minskill.client import ChatClient
+
+MAX_N = 16                        # most choices one request may ask for
+MAX_STOP_STRINGS = 16
+DEFAULT_MAX_BODY_BYTES = 8 << 20  # 8 MiB of JSON is far more than any prompt a model here can read
+API_KEY_ENV = "MINSKILL_API_KEY"  # lets a parent pass the key without putting it on the command line
+ROLES = ("system", "user", "assistant")
+
+
+# ---- what backends see and return -----------------------------------------------------------------
+@dataclass
+class CompletionRequest:
+    """A validated chat request. max_tokens is already clamped to the room left in the context."""
+    messages: list[dict]
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int = 16
+    stop: list[str] = field(default_factory=list)
+    seed: int | None = None
+    prompt_tokens: int = 0
+    sample_index: int = 0         # ScriptedBackend sets it per call of fn (choice j of n)
+
+
+@dataclass
+class Choice:
+    text: str
+    finish_reason: str            # "stop" | "length"
+    completion_tokens: int        # generated tokens, counting the stop token that ended the reply
+
+
+class Backend(Protocol):
+    name: str
+    max_context: int
+
+    def count_prompt_tokens(self, messages: list[dict]) -> int: ...
+
+    def complete(self, requests: list[CompletionRequest]) -> list[list[Choice]]: ...
+
+
+class BackendError(Exception):
+    """Raised by a backend (or a scripted fn) to answer a request with this HTTP status."""
+
+    def __init__(self, status: int, message: str, type: str = "server_error", code: str | None = None,
+                 param: str | None = None, retry_after: float | None = None, headers: dict | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.code = status, message, type, code
+        self.param, self.retry_after, self.headers = param, retry_after, headers or {}
+
+
+def _bad_request(message: str, param: str | None = None, code: str | None = None) -> BackendError:
+    return BackendError(400, message, "invalid_request_error", code, param)
+
+
+class ScriptedBackend:
+    """A backend whose replies come from `fn(messages, request) -> str`, called once per choice.
+
+    Tokens are whitespace-separated words: prompt_tokens = words in all message contents,
+    completion_tokens = words in the reply. A reply is cut at the first stop string
+    (finish_reason "stop") and after max_tokens words (finish_reason "length").
+    `request.sample_index` tells fn which of the n choices it is producing.
+    """
+
+    def __init__(self, fn: Callable[[list[dict], CompletionRequest], str], name: str = "scripted",
+                 max_context: int = 4096):
+        self.fn, self.name, self.max_context = fn, name, max_context
+
+    def count_prompt_tokens(self, messages):
+        return sum(len(message["content"].split()) for message in messages)
+
+    def _choice(self, text, request) -> Choice:
+        if not isinstance(text, str):
+            raise TypeError(f"scripted fn returned {type(text).__name__}, expected str")
+        cuts = [text.find(stop) for stop in request.stop if stop in text]
+        if cuts:
+            text = text[:min(cuts)]
+        words = text.split()
+        if len(words) > request.max_tokens:
+            return Choice(" ".join(words[:request.max_tokens]), "length", request.max_tokens)
+        return Choice(text, "stop", len(words))
+
+    def complete(self, requests):
+        results = []
+        for request in requests:
+            try:
+                results.append([self._choice(self.fn(request.messages, replace(request, sample_index=j)), request)
+                                for j in range(request.n)])
+            except Exception as error:  # one failing script fails its own request, not the batch
+                results.append(error)
+        return results
+
+
+class ModelBackend:
+    """A minskill Transformer + Tokenizer; a batch is served by sampling.generate (one call per n)."""
+
+    def __init__(self, model, tokenizer, name: str = "minskill"):
+        self.model, self.tokenizer, self.name = model, tokenizer, name
+        self.max_context = int(model.config.max_position_embeddings)
+
+    @classmethod
+    def from_spec(cls, spec: str, dtype=None, device=None, name: str | None = None) -> "ModelBackend":
+        from minskill.weights import load_model
+        model, tokenizer = load_model(spec, dtype=dtype, device=device)
+        model.eval()
+        return cls(model, tokenizer, name or Path(str(spec).rstrip("/")).name or str(spec))
+
+    def count_prompt_tokens(self, messages):
+        return len(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True))
+
+    def complete(self, requests):
+        import torch
+        from minskill.sampling import generate
+
+        results: list = [None] * len(requests)
+        by_n = collections.defaultdict(list)   # generate takes one n per call
+        for i, request in enumerate(requests):
+            by_n[request.n].append(i)
+        with torch.inference_mode():
+            for n, indices in by_n.items():
+                group = [requests[i] for i in indices]
+                samples = generate(
+                    self.model, [self.tokenizer.apply_chat_template(r.messages) for r in group], n=n,
+                    max_new_tokens=[r.max_tokens for r in group], temperature=[r.temperature for r in group],
+                    top_p=[r.top_p for r in group], stop_strings=[list(r.stop) for r in group],
+                    seed=[r.seed for r in group], stop_token_ids=self.tokenizer.stop_token_ids,
+                    tokenizer=self.tokenizer, pad_id=self.tokenizer.pad_token_id)
+                for k, i in enumerate(indices):  # samples are prompt-major: prompt k owns k*n .. k*n+n-1
+                    results[i] = [Choice(s.text, s.finish_reason, len(s.token_ids)) for s in samples[k * n:(k + 1) * n]]
+        return results
+
+
+# ---- request validation ---------------------------------------------------------------------------
+def _number(payload, key, default, low, high, low_open=False):
+    value = payload.get(key, default)
+    if value is None:
+        value = default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+            (low < value if low_open else low <= value) and value <= high):
+        low_text = f"> {low}" if low_open else f">= {low}"
+        raise _bad_request(f"'{key}' must be a number {low_text} and <= {high}, got {value!r}", key)
+    return float(value)
+
+
+def _integer(payload, key, default, low, high):
+    value = payload.get(key, default)
+    if value is None:
+        value = default
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise _bad_request(f"'{key}' must be an integer from {low} to {high}, got {value!r}", key)
+    return value
+
+
+def parse_chat_request(payload, backend: Backend) -> CompletionRequest:
+    """Validate a decoded /v1/chat/completions body; raise BackendError(400, ...) naming the problem."""
+    if not isinstance(payload, dict):
+        raise _bad_request(f"the request body must be a JSON object, got {type(payload).__name__}")
+    messages = payload.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise _bad_request("'messages' must be a non-empty list of {'role', 'content'} objects", "messages")
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise _bad_request(f"messages[{i}] must be an object, got {type(message).__name__}", f"messages[{i}]")
+        if message.get("role") not in ROLES:
+            raise _bad_request(f"messages[{i}].role must be one of {', '.join(ROLES)}, got {message.get('role')!r}",
+                               f"messages[{i}].role")
+        if not isinstance(message.get("content"), str):
+            raise _bad_request(f"messages[{i}].content must be a string, got "
+                               f"{type(message.get('content')).__name__}", f"messages[{i}].content")
+    messages = [{"role": m["role"], "content": m["content"]} for m in messages]
+    if payload.get("stream"):
+        raise _bad_request("streaming is not supported by this server; leave 'stream' unset", "stream")
+    if payload.get("model") is not None and not isinstance(payload["model"], str):
+        raise _bad_request("'model' must be a string", "model")
+    temperature = _number(payload, "temperature", 1.0, 0.0, 2.0)
+    top_p = _number(payload, "top_p", 1.0, 0.0, 1.0, low_open=True)
+    n = _integer(payload, "n", 1, 1, MAX_N)
+    seed = _integer(payload, "seed", None, -2**63, 2**64 - 1) if payload.get("seed") is not None else None
+    key = "max_tokens" if payload.get("max_tokens") is not None else "max_completion_tokens"
+    context = backend.max_context
+    max_tokens = _integer(payload, key, None, 1, context) if payload.get(key) is not None else None
+
+    stop = payload.get("stop")
+    stop = [] if stop is None else [stop] if isinstance(stop, str) else stop
+    if (not isinstance(stop, list) or len(stop) > MAX_STOP_STRINGS
+            or not all(isinstance(s, str) and s for s in stop)):
+        raise _bad_request(f"'stop' must be a non-empty string or a list of at most {MAX_STOP_STRINGS} "
+                           f"non-empty strings, got {payload.get('stop')!r:.200}", "stop")
+
+    try:
+        prompt_tokens = backend.count_prompt_tokens(messages)
+    except (ValueError, KeyError) as error:  # e.g. a chat template that refuses this message order
+        raise _bad_request(f"cannot format these messages for the model: {error}", "messages")
+    if prompt_tokens >= context:
+        raise _bad_request(f"the prompt has {prompt_tokens} tokens but the model's context is {context} tokens "
+                           f"(and the reply needs at least one)", "messages", "context_length_exceeded")
+    room = context - prompt_tokens
+    return CompletionRequest(messages, n, temperature, top_p, min(max_tokens or room, room), stop, seed,
+                             prompt_tokens)
+
+
+# ---- batching scheduler ---------------------------------------------------------------------------
+class _Job:
+    def __init__(self, request: CompletionRequest):
+        self.request, self.done = request, threading.Event()
+        self.choices: list[Choice] | None = None
+        self.error: BaseException | None = None
+
+
+class BatchScheduler:
+    """Queue of pending requests; one thread serves them in batches of up to max_batch samples."""
+
+    def __init__(self, backend: Backend, max_batch: int = 16, log_requests: bool = False):
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        self.backend, self.max_batch, self.log_requests = backend, max_batch, log_requests
+        self.pending: collections.deque[_Job] = collections.deque()
+        self.condition = threading.Condition()
+        self.stopping = False
+        self.batches_served = 0
+        self.thread = threading.Thread(target=self._run, name="minskill-scheduler", daemon=True)
+        self.thread.start()
+
+    def submit(self, request: CompletionRequest) -> list[Choice]:
+        """Queue a request and block until its batch is done."""
+        job = _Job(request)
+        with self.condition:
+            if self.stopping:
+                raise BackendError(503, "the server is shutting down", code="shutting_down")
+            self.pending.append(job)
+            self.condition.notify()
+        job.done.wait()
+        if job.error is not None:
+            raise job.error
+        return job.choices
+
+    def _next_batch(self) -> list[_Job] | None:
+        with self.condition:
+            while not self.pending and not self.stopping:
+                self.condition.wait()
+            if self.stopping:
+                return None
+            batch = [self.pending.popleft()]
+            samples = batch[0].request.n
+            while self.pending and samples + self.pending[0].request.n <= self.max_batch:
+                batch.append(self.pending.popleft())
+                samples += batch[-1].request.n
+            return batch
+
+    def _run(self):
+        while (batch := self._next_batch()) is not None:
+            started = time.perf_counter()
+            requests = [job.request for job in batch]
+            try:
+                results = self.backend.complete(requests)
+                if len(results) != len(batch):
+                    raise RuntimeError(f"backend returned {len(results)} results for {len(batch)} requests")
+            except Exception as error:
+                traceback.print_exc(file=sys.stderr)
+                results = [error] * len(batch)
+            tokens = 0
+            for job, result in zip(batch, results):
+                if isinstance(result, BaseException):
+                    job.error = result
+                elif not isinstance(result, list) or len(result) != job.request.n:
+                    job.error = RuntimeError(f"backend returned {result!r:.100} for a request with n={job.request.n}")
+                else:
+                    job.choices = result
+                    tokens += sum(choice.completion_tokens for choice in result)
+                job.done.set()
+            self.batches_served += 1
+            if self.log_requests:
+                print(f"[minskill.server] batch of {len(batch)} requests, {sum(r.n for r in requests)} samples, "
+                      f"{tokens} completion tokens, {time.perf_counter() - started:.2f} s", file=sys.stderr, flush=True)
+
+    def stop(self, timeout: float = 30.0):
+        """Refuse new work, fail what is still queued with 503, let the running batch finish."""
+        with self.condition:
+            self.stopping = True
+            abandoned = list(self.pending)
+            self.pending.clear()
+            self.condition.notify_all()
+        for job in abandoned:
+            job.error = BackendError(503, "the server is shutting down", code="shutting_down")
+            job.done.set()
+        self.thread.join(timeout)
+
+
+# ---- HTTP layer -----------------------------------------------------------------------------------
+ROUTES = {"/health": ("GET",), "/v1/models": ("GET",), "/v1/chat/completions": ("POST",)}
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive: clients reuse connections
+    server_version = "minskill"
+    timeout = 120                  # seconds an idle keep-alive connection may hold its thread
+
+    def log_message(self, format, *args):  # quiet: the scheduler logs one line per batch on request
+        pass
+
+    def do_GET(self):
+        self._handle("GET")
+
+    def do_POST(self):
+        self._handle("POST")
+
+    def do_PUT(self):
+        self._handle("PUT")
+
+    def do_DELETE(self):
+        self._handle("DELETE")
+
+    def do_PATCH(self):
+        self._handle("PATCH")
+
+    def _send_json(self, status: int, body: dict, headers: dict | None = None):
+        data = json.dumps(body).encode()
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            for key, value in (headers or {}).items():
+                self.send_header(key, value)
+            if status >= 400:  # the body may be unread: start the next request on a fresh connection
+                self.send_header("Connection", "close")
+                self.close_connection = True
+            self.end_headers()
+            self.wfile.write(data)
+        except (BrokenPipeError, ConnectionResetError):  # the client went away; nothing to answer
+            self.close_connection = True
+
+    def _send_error(self, error: BackendError):
+        headers = dict(error.headers)
+        if error.retry_after is not None:
+            headers["Retry-After"] = str(max(0, round(error.retry_after)))
+        if error.status == 401:
+            headers["WWW-Authenticate"] = "Bearer"
+        self._send_json(error.status, {"error": {"message": error.message, "type": error.type,
+                                                 "param": error.param, "code": error.code}}, headers)
+
+    def _handle(self, method: str):
+        state: ServerState = self.server.state
+        try:
+            path = urlsplit(self.path).path.rstrip("/") or "/"
+            allowed = ROUTES.get(path)
+            if allowed is None:
+                raise BackendError(404, f"no such endpoint: {method} {path}; this server has "
+                                        f"{', '.join(f'{m} {p}' for p, ms in ROUTES.items() for m in ms)}",
+                                   "invalid_request_error", "not_found")
+            if method not in allowed:
+                raise BackendError(405, f"{path} accepts {', '.join(allowed)}, not {method}",
+                                   "invalid_request_error", "method_not_allowed", headers={"Allow": ", ".join(allowed)})
+            if path != "/health" and state.api_key is not None and not self._authorized(state.api_key):
+                raise BackendError(401, "missing or incorrect API key: send 'Authorization: Bearer <key>'",
+                                   "invalid_request_error", "invalid_api_key")
+            if path == "/health":
+                return self._send_json(200, {"status": "ok", "model": state.backend.name})
+            if path == "/v1/models":
+                return self._send_json(200, {"object": "list", "data": [{
+                    "id": state.backend.name, "object": "model", "created": state.created, "owned_by": "minskill",
+                    "max_model_len": state.backend.max_context}]})
+            self._chat_completions(state)
+        except BackendError as error:
+            self._send_error(error)
+        except Exception as error:  # a bug: answer 500 and keep serving
+            traceback.print_exc(file=sys.stderr)
+            self._send_error(BackendError(500, f"internal error: {type(error).__name__}: {error}"))
+
+    def _authorized(self, api_key: str) -> bool:
+        header = self.headers.get("Authorization", "")
+        scheme, _, token = header.partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), api_key.encode())
+
+    def _read_json(self, state: "ServerState"):
+        length = self.headers.get("Content-Length")
+        if length is None:
+            raise BackendError(411, "a Content-Length header is required", "invalid_request_error",
+                               "length_required")
+        if not length.isdigit():
+            raise _bad_request(f"bad Content-Length header {length!r}")
+        if int(length) > state.max_body_bytes:
+            raise BackendError(413, f"the request body has {int(length)} bytes; the limit is {state.max_body_bytes}",
+                               "invalid_request_error", "request_too_large")
+        raw = self.rfile.read(int(length))
+        try:
+            return json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as error:
+            raise _bad_request(f"the request body is not valid JSON: {error}")
+
+    def _chat_completions(self, state: "ServerState"):
+        request = parse_chat_request(self._read_json(state), state.backend)
+        choices = state.scheduler.submit(request)
+        completion_tokens = sum(choice.completion_tokens for choice in choices)
+        self._send_json(200, {
+            "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+            "model": state.backend.name,
+            "choices": [{"index": i, "message": {"role": "assistant", "content": choice.text},
+                         "logprobs": None, "finish_reason": choice.finish_reason} for i, choice in enumerate(choices)],
+            "usage": {"prompt_tokens": request.prompt_tokens, "completion_tokens": completion_tokens,
+                      "total_tokens": request.prompt_tokens + completion_tokens}})
+
+
+@dataclass
+class ServerState:
+    backend: Backend
+    scheduler: BatchScheduler
+    api_key: str | None
+    max_body_bytes: int
+    created: int = field(default_factory=lambda: int(time.time()))
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    request_queue_size = 128  # the default backlog of 5 drops connections when many clients start at once
+    daemon_threads = True
+
+    def handle_error(self, request, client_address):
+        if not isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):  # clients hanging up is normal
+            super().handle_error(request, client_address)
+
+
+class RunningServer:
+    """A server running on background threads. `url` is the API root ("http://127.0.0.1:PORT/v1")."""
+
+    def __init__(self, httpd: _HTTPServer, state: ServerState):
+        self.httpd, self.state, self.backend, self.api_key = httpd, state, state.backend, state.api_key
+        self.host, self.port = httpd.server_address[:2]
+        shown = "127.0.0.1" if self.host in ("0.0.0.0", "") else f"[{self.host}]" if ":" in self.host else self.host
+        self.url = f"http://{shown}:{self.port}/v1"
+        self.thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.1},
+                                       name="minskill-http", daemon=True)
+        self.thread.start()
+        self._closed = False
+
+    def client(self, **client_kwargs) -> ChatClient:
+        """A ChatClient for this server (its model name and key filled in)."""
+        return ChatClient(self.url, model=self.backend.name, api_key=self.api_key, **client_kwargs)
+
+    def close(self):
+        if self._closed:
+            return
+        self._closed = True
+        self.state.scheduler.stop()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.thread.join(5)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def start_server(backend: Backend, host: str = "127.0.0.1", port: int = 0, api_key: str | None = None,
+                 max_batch: int = 16, log_requests: bool = False,
+                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> RunningServer:
+    """Serve `backend` on background threads; port 0 picks a free port (see .url). Use as a context manager."""
+    httpd = _HTTPServer((host, port), _Handler)
+    httpd.state = ServerState(backend, BatchScheduler(backend, max_batch, log_requests), api_key or None,
+                              max_body_bytes)
+    return RunningServer(httpd, httpd.state)
+
+
+# ---- the embedded default -------------------------------------------------------------------------
+URL_LINE = re.compile(r"(https?://\S+/v1)\s*$")
+
+
+@contextmanager
+def embedded_client(url=None, model=None, api_key=None, model_spec="smollm2-135m", startup_timeout=600.0,
+                    server_args=(), **client_kwargs):
+    """Yield a ChatClient: for `url` if given, else for a fresh local server on `model_spec`.
+
+    The local server is `python -m minskill.server --model model_spec --port 0` on 127.0.0.1 with a
+    random API key (passed through the environment); it is terminated when the block exits, also on
+    an exception. If it dies or is not healthy within startup_timeout seconds, RuntimeError shows
+    the tail of its stderr. The yielded client's `server_process` is the subprocess.Popen.
+    """
+    if url is not None:
+        yield ChatClient(url, model=model, api_key=api_key, **client_kwargs)
+        return
+    import requests
+
+    api_key = api_key or secrets.token_hex(16)
+    package_root = str(Path(__file__).resolve().parent.parent)
+    env = dict(os.environ, **{API_KEY_ENV: api_key})
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+    command = [sys.executable, "-m", "minskill.server", "--model", str(model_spec), "--port", "0", *server_args]
+    with tempfile.TemporaryFile("w+b") as stderr_file:
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr_file, env=env, text=True,
+                                   stdin=subprocess.DEVNULL)
+        lines: list[str] = []
+
+        def drain_stdout():  # keeps reading so that the server never blocks on a full pipe
+            for line in process.stdout:
+                lines.append(line)
+
+        threading.Thread(target=drain_stdout, daemon=True).start()
+
+        def failure(problem: str) -> RuntimeError:
+            stderr_file.seek(0)
+            tail = stderr_file.read().decode("utf-8", "replace")[-3000:].strip()
+            return RuntimeError(f"embedded server ({' '.join(command)}) {problem}; "
+                                f"its stderr ends:\n{tail or '(empty)'}")
+
+        try:
+            deadline, server_url = time.monotonic() + startup_timeout, None
+            while True:
+                if server_url is None:
+                    server_url = next((m.group(1) for line in list(lines) if (m := URL_LINE.search(line))), None)
+                if process.poll() is not None:
+                    raise failure(f"exited with code {process.returncode} before it was ready")
+                if time.monotonic() > deadline:
+                    raise failure(f"was not ready within {startup_timeout:.0f} s")
+                if server_url is not None:
+                    try:
+                        if requests.get(server_url[:-len("/v1")] + "/health", timeout=5).status_code == 200:
+                            break
+                    except requests.RequestException:
+                        pass
+                time.sleep(0.1)
+            client = ChatClient(server_url, model=model, api_key=api_key, **client_kwargs)
+            client.resolve_model()           # so that client.model names the served model from the start
+            client.server_process = process  # for callers that want its pid or exit code
+            yield client
+        finally:
+            if process.poll() is None:
+                process.terminate()
+                try:
+                    process.wait(30)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
+            process.stdout.close()
+
+
+# ---- command line ---------------------------------------------------------------------------------
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m minskill.server", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="smollm2-135m", help="model spec: an HF folder or smollm2-135m")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
+    parser.add_argument("--port", type=int, default=8000, help="0 picks a free port")
+    parser.add_argument("--api-key", default=None, help=f"require this bearer key (or set {API_KEY_ENV})")
+    parser.add_argument("--max-batch", type=int, default=16, help="most samples served in one batch")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    parser.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda when available)")
+    parser.add_argument("--served-model-name", default=None, help="model id reported to clients")
+    parser.add_argument("--log-requests", action="store_true", help="log one line per batch on stderr")
+    args = parser.parse_args(argv)
+    if args.max_batch < 1:
+        parser.error(f"--max-batch must be >= 1, got {args.max_batch}")
+
+    import torch
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        backend = ModelBackend.from_spec(args.model, dtype=getattr(torch, args.dtype), device=device,
+                                         name=args.served_model_name)
+    except (ValueError, OSError) as error:
+        print(f"minskill.server: cannot load model {args.model!r}: {error}", file=sys.stderr)
+        return 2
+    server = start_server(backend, args.host, args.port, args.api_key or os.environ.get(API_KEY_ENV),
+                          args.max_batch, args.log_requests)
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+    print(f"minskill.server: serving {backend.name} at {server.url}", flush=True)
+    while not stop.wait(0.5):
+        pass
+    server.close()
+    print("minskill.server: stopped", file=sys.stderr, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,447 @@
+"""minskill.server over real loopback HTTP: reply shape, n, stop, validation (every bad request gets
+its 4xx and the server keeps serving), batching, backend errors, token accounting; with a tiny
+random model: seeds, batched == sequential greedy, context limits; the CLI and the embedded default."""
+import json
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from minskill.client import ChatClient, ChatError
+from minskill.server import BackendError, ScriptedBackend, embedded_client, start_server
+
+REPO = Path(__file__).resolve().parent.parent
+USER = [{"role": "user", "content": "what is six times seven"}]
+
+
+def echo(messages, request):
+    return f"echo {messages[-1]['content']} #{request.sample_index} seed={request.seed}"
+
+
+class GatedBackend:
+    """Wraps a backend; its first batch waits until all `total` requests of a test have arrived (in
+    this batch or queued behind it), so that batching has something to batch. Records every batch."""
+
+    def __init__(self, backend, total):
+        self.backend, self.total, self.batches, self.server = backend, total, [], None
+        self.name, self.max_context = backend.name, backend.max_context
+
+    def count_prompt_tokens(self, messages):
+        return self.backend.count_prompt_tokens(messages)
+
+    def complete(self, requests):
+        if not self.batches:
+            deadline = time.monotonic() + 30
+            while (len(requests) + len(self.server.state.scheduler.pending) < self.total
+                   and time.monotonic() < deadline):
+                time.sleep(0.01)
+        self.batches.append(list(requests))
+        return self.backend.complete(requests)
+
+
+def gated_server(backend, total, **server_kwargs):
+    gated = GatedBackend(backend, total)
+    gated.server = start_server(gated, **server_kwargs)
+    return gated.server, gated
+
+
+@pytest.fixture(scope="module")
+def echo_server():
+    with start_server(ScriptedBackend(echo, name="echo", max_context=64), api_key="sekret",
+                      max_body_bytes=4096) as server:
+        yield server
+
+
+def post(server, body, key="sekret", raw=None, headers=None):
+    headers = dict(headers or {})
+    if key is not None:
+        headers["Authorization"] = f"Bearer {key}"
+    data = raw if raw is not None else json.dumps(body)
+    return requests.post(server.url + "/chat/completions", data=data, headers=headers, timeout=30)
+
+
+# ---- reply shape, n, stop -------------------------------------------------------------------------
+def test_reply_shape(echo_server):
+    reply = post(echo_server, {"model": "echo", "messages": USER, "max_tokens": 50})
+    assert reply.status_code == 200 and reply.headers["Content-Type"] == "application/json"
+    body = reply.json()
+    assert set(body) >= {"id", "object", "created", "model", "choices", "usage"}
+    assert body["id"].startswith("chatcmpl-") and body["object"] == "chat.completion"
+    assert isinstance(body["created"], int) and abs(body["created"] - time.time()) < 600
+    assert body["model"] == "echo"
+    [choice] = body["choices"]
+    assert choice["index"] == 0 and choice["finish_reason"] == "stop"
+    assert choice["message"] == {"role": "assistant", "content": "echo what is six times seven #0 seed=None"}
+    assert body["usage"] == {"prompt_tokens": 5, "completion_tokens": 8, "total_tokens": 13}
+
+
+def test_n_stop_and_length(echo_server):
+    client = echo_server.client()
+    result = client.chat(USER, n=3, seed=11, max_tokens=50)
+    assert result.texts == [f"echo what is six times seven #{j} seed=11" for j in range(3)]
+    assert result.completion_tokens == 3 * 8
+    stopped = client.chat(USER, n=2, stop=["six", "is"], max_tokens=50)  # cut at the earliest stop
+    assert stopped.texts == ["echo what "] * 2 and stopped.finish_reasons == ["stop", "stop"]
+    short = client.chat(USER, max_tokens=3)
+    assert short.texts == ["echo what is"] and short.finish_reasons == ["length"] and short.completion_tokens == 3
+
+
+def test_models_and_health(echo_server):
+    models = requests.get(echo_server.url + "/models", headers={"Authorization": "Bearer sekret"}, timeout=10)
+    assert models.status_code == 200
+    assert [m["id"] for m in models.json()["data"]] == ["echo"] and models.json()["object"] == "list"
+    root = echo_server.url[:-len("/v1")]
+    health = requests.get(root + "/health", timeout=10)  # no key needed to check liveness
+    assert health.status_code == 200 and health.json()["status"] == "ok"
+
+
+def test_official_openai_client_if_installed(echo_server):
+    openai = pytest.importorskip("openai")
+    reply = openai.OpenAI(base_url=echo_server.url, api_key="sekret").chat.completions.create(
+        model="echo", messages=USER, n=2, max_tokens=50)
+    assert [c.message.content for c in reply.choices][1] == "echo what is six times seven #1 seed=None"
+    assert reply.usage.total_tokens == 5 + 16
+
+
+# ---- validation -----------------------------------------------------------------------------------
+def ok(**fields):
+    return {"model": "echo", "messages": USER, **fields}
+
+
+LONG = " ".join(["word"] * 70)  # more than the echo server's 64-token context
+
+BAD_REQUESTS = [  # (id, how to send it, expected status, words the error message must contain, param)
+    ("malformed-json", dict(raw='{"messages": [}'), 400, "not valid JSON", None),
+    ("not-utf8", dict(raw=b"\xff\xfe{}"), 400, "not valid JSON", None),
+    ("body-not-object", dict(body=[1, 2]), 400, "JSON object", None),
+    ("missing-messages", dict(body={"model": "echo"}), 400, "non-empty list", "messages"),
+    ("empty-messages", dict(body=ok(messages=[])), 400, "non-empty list", "messages"),
+    ("message-not-object", dict(body=ok(messages=["hi"])), 400, "must be an object", "messages[0]"),
+    ("unknown-role", dict(body=ok(messages=[{"role": "wizard", "content": "hi"}])), 400, "'wizard'",
+     "messages[0].role"),
+    ("non-string-content", dict(body=ok(messages=USER + [{"role": "user", "content": 7}])), 400,
+     "must be a string", "messages[1].content"),
+    ("missing-content", dict(body=ok(messages=[{"role": "user"}])), 400, "must be a string", "messages[0].content"),
+    ("temperature-low", dict(body=ok(temperature=-0.1)), 400, "'temperature'", "temperature"),
+    ("temperature-high", dict(body=ok(temperature=2.5)), 400, "'temperature'", "temperature"),
+    ("temperature-string", dict(body=ok(temperature="hot")), 400, "'temperature'", "temperature"),
+    ("top-p-zero", dict(body=ok(top_p=0)), 400, "'top_p'", "top_p"),
+    ("top-p-high", dict(body=ok(top_p=1.5)), 400, "'top_p'", "top_p"),
+    ("n-zero", dict(body=ok(n=0)), 400, "'n'", "n"),
+    ("n-too-many", dict(body=ok(n=17)), 400, "'n'", "n"),
+    ("n-float", dict(body=ok(n=2.0)), 400, "'n'", "n"),
+    ("max-tokens-zero", dict(body=ok(max_tokens=0)), 400, "'max_tokens'", "max_tokens"),
+    ("max-tokens-over-context", dict(body=ok(max_tokens=65)), 400, "from 1 to 64", "max_tokens"),
+    ("seed-not-int", dict(body=ok(seed="x")), 400, "'seed'", "seed"),
+    ("stop-empty-string", dict(body=ok(stop=[""])), 400, "'stop'", "stop"),
+    ("stop-not-strings", dict(body=ok(stop=[1])), 400, "'stop'", "stop"),
+    ("stream", dict(body=ok(stream=True)), 400, "streaming", "stream"),
+    ("prompt-too-long", dict(body=ok(messages=[{"role": "user", "content": LONG}])), 400,
+     "70 tokens but the model's context is 64", "messages"),
+    ("body-too-large", dict(raw=json.dumps(ok(messages=[{"role": "user", "content": "x" * 5000}]))), 413,
+     "limit is 4096", None),
+    ("missing-key", dict(body=ok(), key=None), 401, "API key", None),
+    ("wrong-key", dict(body=ok(), key="guess"), 401, "API key", None),
+]
+
+
+@pytest.mark.parametrize("how, status, words, param", [case[1:] for case in BAD_REQUESTS],
+                         ids=[case[0] for case in BAD_REQUESTS])
+def test_bad_request_gets_4xx_and_server_keeps_serving(echo_server, how, status, words, param):
+    reply = post(echo_server, how.get("body"), key=how.get("key", "sekret"), raw=how.get("raw"))
+    assert reply.status_code == status, reply.text
+    error = reply.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert words in error["message"] and error["param"] == param
+    assert post(echo_server, ok(max_tokens=50)).json()["choices"][0]["message"]["content"].startswith("echo")
+
+
+def test_context_error_code(echo_server):
+    reply = post(echo_server, ok(messages=[{"role": "user", "content": LONG}]))
+    assert reply.json()["error"]["code"] == "context_length_exceeded"
+
+
+def test_unknown_path_and_wrong_method(echo_server):
+    root, auth = echo_server.url[:-len("/v1")], {"Authorization": "Bearer sekret"}
+    for method, path, status in [("GET", "/v1/completions", 404), ("POST", "/v2/chat/completions", 404),
+                                 ("GET", "/v1/chat/completions", 405), ("POST", "/v1/models", 405),
+                                 ("DELETE", "/health", 405), ("PUT", "/v1/chat/completions", 405)]:
+        reply = requests.request(method, root + path, headers=auth, json={}, timeout=10)
+        assert reply.status_code == status, (method, path)
+        assert reply.json()["error"]["message"] and path in reply.json()["error"]["message"]
+        if status == 405:
+            assert reply.headers["Allow"] in ("GET", "POST")
+    assert post(echo_server, ok()).status_code == 200
+
+
+def test_max_tokens_is_clamped_to_the_room_left():
+    with start_server(ScriptedBackend(lambda m, r: "a b c d e f g h i j k l", max_context=10)) as server:
+        result = server.client().chat([{"role": "user", "content": "one two three four five six"}], max_tokens=10)
+        assert result.texts == ["a b c d"] and result.finish_reasons == ["length"]  # 10 - 6 prompt tokens
+
+
+# ---- backend errors ---------------------------------------------------------------------------------
+def test_backend_errors_reach_the_client_and_server_survives():
+    calls = []
+
+    def flaky(messages, request):
+        calls.append(1)
+        if messages[-1]["content"] == "crash":
+            raise ZeroDivisionError("scripted bug")
+        if len(calls) <= 2:
+            raise BackendError(503, "warming up", retry_after=0)
+        return "ready"
+
+    with start_server(ScriptedBackend(flaky)) as server:
+        client = server.client(backoff_base=0.001, max_retries=3)
+        assert client.chat(USER).text == "ready" and client.stats["retries"] == 2
+        crash = {"messages": [{"role": "user", "content": "crash"}]}
+        reply = requests.post(server.url + "/chat/completions", json=crash, timeout=10)
+        assert reply.status_code == 500 and "ZeroDivisionError: scripted bug" in reply.json()["error"]["message"]
+        assert client.chat(USER).text == "ready"
+
+
+def test_retry_after_header_is_sent(monkeypatch):
+    from minskill import client as client_module
+    slept = []
+    monkeypatch.setattr(client_module, "sleep", slept.append)
+    attempts = []
+
+    def limited(messages, request):
+        attempts.append(1)
+        if len(attempts) == 1:
+            raise BackendError(429, "slow down", type="rate_limit_error", retry_after=4)
+        return "ok"
+
+    with start_server(ScriptedBackend(limited)) as server:
+        reply = requests.post(server.url + "/chat/completions", json={"messages": USER}, timeout=10)
+        assert reply.status_code == 429 and reply.headers["Retry-After"] == "4"
+        attempts.clear()
+        assert server.client(backoff_base=0.001).chat(USER).text == "ok"
+        assert slept and slept[0] >= 4
+
+
+def test_gives_up_with_clear_error():
+    def always_down(messages, request):
+        raise BackendError(503, "model is reloading")
+
+    with start_server(ScriptedBackend(always_down)) as server:
+        client = server.client(backoff_base=0.001, max_retries=2)
+        with pytest.raises(ChatError, match=r"gave up after 3 attempts.*model is reloading"):
+            client.chat(USER)
+        assert client.stats["failures"] == 1 and client.stats["retries"] == 2
+
+
+# ---- batching ---------------------------------------------------------------------------------------
+def test_concurrent_requests_are_batched_up_to_max_batch():
+    server, gated = gated_server(ScriptedBackend(echo), total=16, max_batch=4)
+    with server:
+        client = server.client(max_workers=16)
+        results = client.chat_many([{"messages": [{"role": "user", "content": f"q{i}"}], "max_tokens": 20}
+                                    for i in range(16)])
+        assert [r.text for r in results] == [f"echo q{i} #0 seed=None" for i in range(16)]
+        sizes = [len(batch) for batch in gated.batches]
+        rest = 16 - sizes[0]  # once all are queued, batches are full
+        assert 1 <= sizes[0] <= 4 and sizes[1:] == [4] * (rest // 4) + ([rest % 4] if rest % 4 else [])
+
+
+def test_n_counts_against_max_batch():
+    server, gated = gated_server(ScriptedBackend(echo), total=6, max_batch=4)
+    with server:
+        client = server.client(max_workers=6)
+        results = client.chat_many([{"messages": USER, "n": n, "max_tokens": 20} for n in (1, 3, 1, 2, 2, 6)])
+        assert [len(r.texts) for r in results] == [1, 3, 1, 2, 2, 6]
+        for batch in gated.batches:  # a request bigger than max_batch runs alone
+            assert sum(r.n for r in batch) <= 4 or len(batch) == 1
+
+
+def test_token_accounting():
+    with start_server(ScriptedBackend(lambda m, r: "x y z")) as server:
+        client = server.client(max_workers=4)
+        requests_ = [{"messages": [{"role": "system", "content": "be brief"},
+                                   {"role": "user", "content": "w " * i}], "n": 1 + i % 2} for i in range(10)]
+        results = client.chat_many(requests_)
+        assert [r.prompt_tokens for r in results] == [2 + i for i in range(10)]
+        assert [r.completion_tokens for r in results] == [3 * (1 + i % 2) for i in range(10)]
+        assert client.stats == dict(calls=10, prompt_tokens=sum(2 + i for i in range(10)),
+                                    completion_tokens=sum(3 * (1 + i % 2) for i in range(10)), retries=0, failures=0)
+
+
+def test_close_stops_serving():
+    server = start_server(ScriptedBackend(echo))
+    client = server.client(max_retries=0, timeout=5)
+    assert client.chat(USER).text.startswith("echo")
+    server.close()
+    server.close()  # idempotent
+    with pytest.raises(ChatError, match="connection failed"):
+        ChatClient(server.url, model="echo", max_retries=0, timeout=5).chat(USER)
+
+
+# ---- a tiny random model behind ModelBackend ---------------------------------------------------------
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    from tiny import make_tiny_model_dir
+    return make_tiny_model_dir(tmp_path_factory.mktemp("tiny") / "tiny-llama", family="llama", chat_format="chatml",
+                               init_std=0.2)  # large enough that greedy replies depend on the prompt
+
+
+@pytest.fixture(scope="module")
+def tiny_backend(tiny_dir):
+    from minskill.model import Transformer
+    from minskill.server import ModelBackend
+    from minskill.tokenizer import Tokenizer
+    return ModelBackend(Transformer.from_pretrained(tiny_dir).eval(), Tokenizer.from_pretrained(tiny_dir), "tiny")
+
+
+@pytest.fixture(scope="module")
+def tiny_server(tiny_backend):
+    with start_server(tiny_backend) as server:
+        yield server
+
+
+def chat_of(i):
+    return [{"role": "system", "content": "You add numbers."},
+            {"role": "user", "content": "one two " * (i % 5) + str(i)}]
+
+
+def test_model_reply_and_usage(tiny_server, tiny_backend):
+    result = tiny_server.client().chat(USER, max_tokens=8)
+    assert result.prompt_tokens == len(tiny_backend.tokenizer.apply_chat_template(USER)) == result.prompt_tokens
+    if result.finish_reasons == ["length"]:
+        assert result.completion_tokens == 8
+    assert 1 <= result.completion_tokens <= 8 and isinstance(result.text, str)
+
+
+def test_model_seed_reproducibility(tiny_server):
+    client = tiny_server.client()
+    first = client.chat(USER, n=3, temperature=1.0, max_tokens=12, seed=1234)
+    again = client.chat(USER, n=3, temperature=1.0, max_tokens=12, seed=1234)
+    other = client.chat(USER, n=3, temperature=1.0, max_tokens=12, seed=4321)
+    assert first.texts == again.texts
+    assert len(set(first.texts)) > 1  # the n samples of one request differ
+    assert other.texts != first.texts
+    greedy = [client.chat(USER, max_tokens=10).text for _ in range(2)]
+    assert greedy[0] == greedy[1]
+
+
+def test_model_stop_string(tiny_server):
+    client = tiny_server.client()
+    full = client.chat(USER, max_tokens=24)
+    text = full.text
+    middle = next((k for k in range(len(text) // 2, len(text) - 1)
+                   if text[k:k + 2].isascii() and text[k:k + 2].isalnum()), None)
+    if middle is None:
+        pytest.skip(f"greedy reply too short to cut: {text!r}")
+    stop = text[middle:middle + 2]
+    cut = client.chat(USER, max_tokens=24, stop=[stop])
+    assert cut.texts == [text[:text.find(stop)]] and cut.finish_reasons == ["stop"]
+    assert cut.completion_tokens <= full.completion_tokens
+
+
+def test_model_context_limits(tiny_server, tiny_backend):
+    client = tiny_server.client()
+    context = tiny_backend.max_context
+    with pytest.raises(ChatError, match=f"context is {context} tokens") as caught:
+        client.chat([{"role": "user", "content": "one two three " * context}], max_tokens=1)
+    assert caught.value.status == 400
+    words = 1
+    while tiny_backend.count_prompt_tokens([{"role": "user", "content": "one two " * (words + 1)}]) < context - 10:
+        words += 1
+    filler = [{"role": "user", "content": "one two " * words}]
+    room = context - tiny_backend.count_prompt_tokens(filler)
+    assert 10 <= room < 40
+    result = client.chat(filler, max_tokens=context)  # clamped to the room left
+    assert result.completion_tokens <= room
+    if result.finish_reasons == ["length"]:
+        assert result.completion_tokens == room
+    assert client.chat(filler, max_tokens=context).texts == result.texts
+
+
+def test_batched_equals_sequential(tiny_backend):
+    """16 concurrent requests (greedy, and seeded sampling) served in batches reply exactly as when
+    each is served alone."""
+    requests_ = [{"messages": chat_of(i), "max_tokens": 4 + i % 9} for i in range(12)]
+    requests_ += [{"messages": chat_of(i), "max_tokens": 8, "temperature": 0.9, "top_p": 0.8, "seed": i}
+                  for i in range(4)]
+    with start_server(tiny_backend, max_batch=1) as alone:
+        client = alone.client()
+        sequential = [client.chat(**request) for request in requests_]
+    server, gated = gated_server(tiny_backend, total=16, max_batch=16)
+    with server:
+        batched = server.client(max_workers=16).chat_many(requests_)
+    sizes = [len(batch) for batch in gated.batches]
+    assert sum(sizes) == 16 and len(sizes) <= 2 and max(sizes) >= 8
+    assert len({r.text for r in sequential}) >= 12  # replies depend on the prompt: the comparison means something
+    assert [r.texts for r in batched] == [r.texts for r in sequential]
+    assert [r.finish_reasons for r in batched] == [r.finish_reasons for r in sequential]
+    assert [r.completion_tokens for r in batched] == [r.completion_tokens for r in sequential]
+
+
+# ---- the command line and the embedded default -------------------------------------------------------
+def test_cli_serves_logs_and_stops_on_sigint(tiny_dir, tmp_path):
+    stderr_path = tmp_path / "stderr.txt"
+    with open(stderr_path, "w") as stderr:
+        process = subprocess.Popen([sys.executable, "-m", "minskill.server", "--model", str(tiny_dir), "--port", "0",
+                                    "--api-key", "k", "--max-batch", "4", "--log-requests", "--device", "cpu"],
+                                   cwd=REPO, stdout=subprocess.PIPE, stderr=stderr, text=True)
+        try:
+            line = process.stdout.readline()  # the server prints its URL once it is listening
+            url = re.search(r"(http://127\.0\.0\.1:\d+/v1)$", line.strip()).group(1)
+            assert "serving tiny-llama at" in line
+            client = ChatClient(url, api_key="k", max_retries=0)  # model name discovered from /v1/models
+            assert client.chat(USER, max_tokens=3).completion_tokens <= 3 and client.model == "tiny-llama"
+            with pytest.raises(ChatError) as caught:
+                ChatClient(url, model="tiny-llama", api_key="wrong", max_retries=0).chat(USER)
+            assert caught.value.status == 401
+            process.send_signal(signal.SIGINT)
+            assert process.wait(60) == 0
+        finally:
+            if process.poll() is None:
+                process.kill()
+            process.stdout.close()
+    log = stderr_path.read_text()
+    assert "batch of 1 requests, 1 samples" in log and "stopped" in log
+    assert "Traceback" not in log
+
+
+def test_embedded_client_starts_and_stops_the_server(tiny_dir):
+    with pytest.raises(KeyError, match="the caller failed"):  # stopped on the way out of an exception too
+        with embedded_client(model_spec=str(tiny_dir), max_retries=0) as client:
+            assert client.base_url.startswith("http://127.0.0.1:") and client.model == "tiny-llama"
+            result = client.chat(USER, max_tokens=4, n=2)
+            assert len(result.texts) == 2 and client.stats["calls"] == 1
+            process = client.server_process
+            no_key = requests.post(client.endpoint, json={"messages": USER}, timeout=30)
+            assert no_key.status_code == 401  # the embedded server has a random key only its client knows
+            raise KeyError("the caller failed")
+    assert process.returncode == 0  # stopped by SIGTERM, cleanly
+    with pytest.raises(ChatError, match="connection failed"):
+        client.chat(USER)
+
+
+def test_embedded_client_reports_a_server_that_dies(tmp_path):
+    with pytest.raises(RuntimeError, match=r"(?s)exited with code 2.*cannot load model.*no config.json"):
+        with embedded_client(model_spec=str(tmp_path), startup_timeout=120):
+            pass
+
+
+def test_embedded_client_with_url_just_connects():
+    with start_server(ScriptedBackend(echo)) as server:
+        with embedded_client(server.url, "echo") as client:
+            assert client.chat(USER).text.startswith("echo what is six")
+
+
+@pytest.mark.slow
+def test_embedded_default_model_answers():
+    """The real default: SmolLM2-135M-Instruct served from the offline GGUF."""
+    with embedded_client(max_workers=4) as client:
+        results = client.chat_many([{"messages": [{"role": "user", "content": "What is the capital of France?"}],
+                                     "max_tokens": 24}] * 4)
+        assert client.model == "smollm2-135m"
+        assert len({r.text for r in results}) == 1  # greedy, batched or not
+        assert "Paris" in results[0].text
