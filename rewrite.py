@@ -1,0 +1,420 @@
+#!/usr/bin/env python
+"""MASA stage 2: train the skill *rewriter* by SFT, then adapt a skill set to a target model in one pass.
+
+The rewriter is a small minskill LM. It reads (model card of the target model, input skill set S_in, task
+description d) and writes the skill set S*_F aligned with that target — what the stage-1 search
+(evolve_masa.py) found by many rollouts, produced here without any rollout. Training minimises the
+target-token cross-entropy of minskill/sft.py,
+
+    L(θ) = −(1/|T|) Σ_{t∈T} log p_θ(y_t | y_<t, x),     x = chat(card, S_in, d),  y = S*_F as MASA JSON
+
+Commands:
+
+    python rewrite.py train runs/masa/sft_records.jsonl --out runs/rewriter
+    python rewrite.py apply --rewriter runs/rewriter --model-card smollm2-135m --skills base --suite qa \\
+        --task "Short questions: counts, lookups, arithmetic, unit conversion" --out runs/adapted-skills
+    python rewrite.py apply ... --compare --suite qa --n-tasks 100      # input vs rewritten vs teacher one-shot
+
+`apply` writes the rewritten skills as an Agent Skills folder only after they parse and validate; an output
+that does not parse is reported, its raw text saved next to --out, and nothing is written as a skill.
+`--compare` evaluates the input skills, the rewritten skills and a one-shot teacher rewrite (the paper's
+DS-Adapter baseline: the teacher LLM given the same card, skills and task, once, without search) with
+minskill.rollout on the task model and prints one table.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+# ----------------------------------------------------------------------------------------------- helpers
+
+
+def _write_text_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".tmp-{path.name}-")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def _default_device() -> str:
+    import torch
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def load_model_card(spec: str) -> dict:
+    """--model-card: a JSON file (read leniently: unknown keys dropped), or a checkpoint folder or model spec
+    whose config.json fills the architectural fields (minskill.masa.model_card_from_config)."""
+    from minskill.masa import as_model_card, model_card_from_config
+    path = Path(spec)
+    if path.is_file():
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as e:
+            raise ValueError(f"--model-card {spec}: not valid JSON ({e.msg}, line {e.lineno})") from None
+        return as_model_card(data).to_json()
+    if not path.is_dir():
+        from minskill.weights import resolve_model
+        path = resolve_model(spec)          # e.g. "smollm2-135m" -> its converted HF folder
+    return model_card_from_config(path).to_json()
+
+
+def resolve_rewriter(spec: str) -> str:
+    """--rewriter: an HF folder, a `rewrite.py train` output folder (its final/ or latest checkpoint) or a spec."""
+    path = Path(spec)
+    if path.is_dir() and not (path / "config.json").is_file():
+        if (path / "final" / "config.json").is_file():
+            return str(path / "final")
+        from minskill.sft import latest_checkpoint
+        checkpoint = latest_checkpoint(path)
+        if checkpoint is None:
+            raise FileNotFoundError(f"--rewriter {spec}: no config.json, final/ or checkpoint-*/ in this folder")
+        return str(checkpoint)
+    return spec
+
+
+def load_input_skills(spec: str, suite: str | None):
+    """--skills: an Agent Skills folder, a MASA .json, or 'base' (the suite's hand-written base skills)."""
+    from minskill.skills import SkillSet
+    if spec.lower() == "base":
+        if not suite:
+            raise ValueError("--skills base needs --suite (whose base skills to use)")
+        from minskill.rollout import load_skills
+        skills = load_skills("base", suite)
+    else:
+        path = Path(spec)
+        if not path.exists():
+            raise FileNotFoundError(f"--skills {spec}: no such folder or file")
+        skills = SkillSet.load(path)
+    if not isinstance(skills, SkillSet):
+        raise ValueError(f"--skills {spec}: expected a skill set, got {type(skills).__name__}")
+    return skills
+
+
+def parse_rewriter_output(text: str, finish_reason: str = "stop"):
+    """The SkillSet in a rewriter reply: the MASA JSON object it was trained to write (the text from its
+    first "{" to its last "}"; a code fence or words around it are ignored). Raises ValueError saying why
+    it does not parse. Free text is never re-read leniently as Markdown (a garbled or cut-off reply would
+    become the body of a broken skill), and an empty skill set counts as not parsed."""
+    from minskill.skills import SkillSet
+    cut = " (the reply hit the token limit: raise --max-new-tokens)" if finish_reason == "length" else ""
+    start, end = text.find("{"), text.rfind("}")
+    if start == -1:
+        raise ValueError(f"no JSON object in the reply{cut}")
+    try:
+        data = json.loads(text[start:end + 1] if end > start else text[start:])
+    except json.JSONDecodeError as e:
+        raise ValueError(f"not valid JSON ({e.msg} at line {e.lineno} column {e.colno}){cut}") from None
+    if not isinstance(data, dict) or not {"general_skills", "task_specific_skills", "common_mistakes"} & set(data):
+        raise ValueError("the JSON object has none of general_skills, task_specific_skills, common_mistakes")
+    try:
+        skills = SkillSet.from_json(data, where="rewriter output")
+    except ValueError as e:
+        raise ValueError(f"not a valid MASA skill library: {e}") from None
+    if not (skills.general or any(skills.task_specific.values()) or skills.common_mistakes):
+        raise ValueError("the reply is an empty skill set")
+    return skills
+
+
+def save_skills_validated(skills, out: Path):
+    """Write `skills` as an Agent Skills folder at `out`, only once a trial copy has read back identically."""
+    import shutil
+    from minskill.skills import SkillSet
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    trial = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.check-"))
+    try:
+        skills.save(trial / "set")
+        if SkillSet.load(trial / "set").to_json() != skills.to_json():
+            raise ValueError("the skills do not read back identically from an Agent Skills folder")
+    finally:
+        shutil.rmtree(trial, ignore_errors=True)
+    skills.save(out)
+    return SkillSet.load(out)
+
+
+def rewrite_with_model(model, tokenizer, card: dict, skills, task: str, max_new_tokens: int = 1536,
+                       temperature: float = 0.0, seed: int = 0) -> tuple[str, str]:
+    """One rewriter pass: (raw reply text, finish reason). Greedy by default."""
+    from minskill.sampling import generate
+    from minskill.sft import prompt_messages
+    prompt = tokenizer.apply_chat_template(prompt_messages(card, skills.to_json(), task), add_generation_prompt=True)
+    sample = generate(model, [prompt], max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
+                      stop_token_ids=tokenizer.stop_token_ids, tokenizer=tokenizer, pad_id=tokenizer.pad_token_id)[0]
+    return sample.text, sample.finish_reason
+
+
+def teacher_oneshot_rewrite(client, card: dict, skills, task: str, attempts: int = 3, max_tokens: int = 1536,
+                            seed: int = 0):
+    """The DS-Adapter baseline: the teacher adapts S_in to the target once, from the same card, skills and
+    task, without search (minskill.masa.one_shot_rewrite). Returns (SkillSet or None, last raw reply)."""
+    from minskill.masa import one_shot_rewrite
+    skipped = {}
+    result = one_shot_rewrite(client, card, skills, task, retries=max(0, attempts - 1), max_tokens=max_tokens,
+                              seed=seed, on_skip=skipped.update)
+    return result, skipped.get("last_reply", "")
+
+
+# ----------------------------------------------------------------------------------------------- train
+
+def cmd_train(args) -> int:
+    from minskill import sft
+    from minskill.weights import load_model
+
+    cfg = sft.SFTConfig(lr=args.lr, warmup_ratio=args.warmup_ratio, min_lr_ratio=args.min_lr_ratio,
+                        epochs=args.epochs, batch_size=args.batch_size, micro_batch_size=args.micro_batch_size,
+                        max_length=args.max_length, too_long=args.too_long, weight_decay=args.weight_decay,
+                        grad_clip=args.grad_clip, bf16=args.bf16, gradient_checkpointing=args.gradient_checkpointing,
+                        chunk_tokens=args.chunk_tokens, val_fraction=args.val_fraction, eval_every=args.eval_every,
+                        save_every=args.save_every, keep_checkpoints=args.keep_checkpoints,
+                        log_every=args.log_every, seed=args.seed, max_steps=args.max_steps)
+    warn = lambda message: print(message, file=sys.stderr, flush=True)   # noqa: E731
+    records, problems = sft.read_records(args.data, warn=warn)
+    if args.val_file:
+        val_records, val_problems = sft.read_records(args.val_file, warn=warn)
+        problems += val_problems
+        train_records = records
+    else:
+        train_records, val_records = sft.split_records(records, cfg.val_fraction, cfg.seed)
+    if not train_records:
+        print(f"rewrite.py train: no usable records in {', '.join(args.data)} "
+              f"({len(problems)} malformed lines)", file=sys.stderr)
+        return 1
+
+    model, tokenizer = load_model(args.base_model, device=args.device or _default_device())
+    train, train_counts = sft.encode_records(tokenizer, train_records, cfg.max_length, cfg.too_long)
+    val, val_counts = sft.encode_records(tokenizer, val_records, cfg.max_length, cfg.too_long)
+    too_long = train_counts["skipped_too_long"] + val_counts["skipped_too_long"]
+    truncated = train_counts["truncated"] + val_counts["truncated"]
+    print(f"data: {len(records) + (len(val_records) if args.val_file else 0)} records read, "
+          f"{len(problems)} malformed lines skipped, {too_long} longer than {cfg.max_length} tokens skipped, "
+          f"{truncated} truncated -> {len(train)} train / {len(val)} validation examples", flush=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    _write_text_atomic(out / "run_config.json", json.dumps(
+        {"command": "python rewrite.py " + " ".join(args.argv), "data": args.data, "val_file": args.val_file,
+         "base_model": args.base_model, "config": vars(cfg) | {"adam_betas": list(cfg.adam_betas)},
+         "data_counts": {"records": len(records), "malformed_lines": len(problems), "too_long_skipped": too_long,
+                         "truncated": truncated, "train": len(train), "validation": len(val)}}, indent=2) + "\n")
+    resume = False if not args.resume else (True if args.resume == "latest" else args.resume)
+    summary = sft.train_sft(model, tokenizer, train, out, cfg, val_examples=val, resume=resume,
+                            log=lambda line: print(line, flush=True))
+    return 0 if summary["step"] > 0 or summary["finished"] else 1
+
+
+# ----------------------------------------------------------------------------------------------- apply
+
+def _table(rows: list[tuple[str, dict | None, str]]) -> str:
+    """One Markdown table: a row per skill variant, with per-task-type success columns."""
+    types = sorted({t for _, s, _ in rows if s for t in s["per_type"]})
+    head = ("| skills | n | success | 95% CI | NHR | adjusted R | mean steps | "
+            + "".join(f"{t} | " for t in types))
+    lines = [head.rstrip(), "|" + "---|" * (7 + len(types))]
+    for name, s, note in rows:
+        if s is None:
+            lines.append(f"| {name} | – | {note} |" + " |" * (5 + len(types)))
+            continue
+        lo, hi = s["success_ci95"]
+        per_type = "".join(f" {s['per_type'][t]['success_rate']:.2f} |" if t in s["per_type"] else " – |"
+                           for t in types)
+        lines.append(f"| {name} | {s['n']} | {s['success_rate']:.2f} | {lo:.2f}–{hi:.2f} | {s['nhr']:.2f} | "
+                     f"{s['adjusted_reward']:.2f} | {s['mean_steps']:.1f} |{per_type}")
+    return "\n".join(lines)
+
+
+def cmd_apply(args) -> int:
+    from minskill.weights import load_model
+    import torch
+
+    out = Path(args.out)
+    if out.exists() and any(out.iterdir()) and not args.overwrite:
+        print(f"rewrite.py apply: --out {out} exists and is not empty (pass --overwrite)", file=sys.stderr)
+        return 1
+    card = load_model_card(args.model_card)
+    skills = load_input_skills(args.skills, args.suite)
+    dtype = torch.bfloat16 if args.dtype == "bfloat16" else torch.float32
+    rewriter_path = resolve_rewriter(args.rewriter)
+    model, tokenizer = load_model(rewriter_path, dtype=dtype, device=args.device or _default_device())
+    model.eval()
+    started = time.perf_counter()
+    text, finish_reason = rewrite_with_model(model, tokenizer, card, skills, args.task, args.max_new_tokens,
+                                             args.temperature, args.seed)
+    print(f"rewriter {rewriter_path}: {len(tokenizer.encode(text))} tokens in "
+          f"{time.perf_counter() - started:.1f}s (finish: {finish_reason})", file=sys.stderr)
+    del model
+    raw_path = out.parent / f"{out.name}.raw.txt"
+    rewritten = None
+    try:
+        rewritten = save_skills_validated(parse_rewriter_output(text, finish_reason), out)
+    except ValueError as e:
+        _write_text_atomic(raw_path, text)
+        print(f"rewrite.py apply: the rewriter's output does not parse as a skill set: {e}\n"
+              f"  raw output saved to {raw_path}; nothing was written to {out}", file=sys.stderr)
+        if not args.compare:
+            return 2
+    else:
+        n_task = sum(len(v) for v in rewritten.task_specific.values())
+        print(f"wrote {len(rewritten.general)} general + {n_task} task-specific skills and "
+              f"{len(rewritten.common_mistakes)} common mistakes to {out}")
+    if args.compare:
+        return compare(args, card, skills, rewritten)
+    return 0
+
+
+def compare(args, card: dict, skills, rewritten) -> int:
+    """Evaluate input, rewritten and teacher one-shot skills on the suite; print one table."""
+    from minskill.rollout import run_rollouts, summarize
+    from minskill.server import embedded_client
+    from minskill.tasks import load_suite
+
+    if not args.suite:
+        print("rewrite.py apply --compare needs --suite", file=sys.stderr)
+        return 1
+    tasks = load_suite(args.suite, split=args.split, seed=args.task_seed, n=args.n_tasks)   # name or .jsonl
+    report_dir = Path(args.compare_out or f"{args.out}-compare")
+    report_dir.mkdir(parents=True, exist_ok=True)
+    log = lambda message: print(message, file=sys.stderr, flush=True)   # noqa: E731
+
+    with embedded_client(url=args.task_url, model=args.task_model, api_key=args.api_key,
+                         model_spec=args.model_spec) as task_client:
+        if args.teacher_url:
+            from minskill.client import ChatClient
+            teacher_client = ChatClient(args.teacher_url, model=args.teacher_model, api_key=args.api_key)
+        else:
+            teacher_client = task_client     # one embedded server (or the --task-url one) serves both
+        teacher, teacher_raw = teacher_oneshot_rewrite(teacher_client, card, skills, args.task,
+                                                       attempts=args.teacher_attempts,
+                                                       max_tokens=args.max_new_tokens, seed=args.seed)
+        if teacher is not None:
+            save_skills_validated(teacher, report_dir / "teacher_oneshot")
+        else:
+            _write_text_atomic(report_dir / "teacher_oneshot.raw.txt", teacher_raw)
+            log(f"teacher one-shot rewrite: no parseable reply in {args.teacher_attempts} attempts "
+                f"(last reply saved to {report_dir / 'teacher_oneshot.raw.txt'})")
+        rows, results = [], {}
+        for name, variant in (("input", skills), ("rewritten", rewritten), ("teacher one-shot", teacher)):
+            if variant is None:
+                rows.append((name, None, "did not parse (raw text saved)"))
+                continue
+            log(f"evaluating '{name}' skills on {len(tasks)} {args.suite}/{args.split} tasks")
+            trajectories = run_rollouts(task_client, tasks, variant, n=1, temperature=0.0,
+                                        max_tokens=args.task_max_tokens, seed=args.seed,
+                                        out_path=report_dir / f"trajectories-{name.replace(' ', '_')}.jsonl")
+            summary = summarize(trajectories, lam_nh=args.lam_nh)
+            rows.append((name, summary, ""))
+            results[name] = summary
+    table = _table(rows)
+    _write_text_atomic(report_dir / "compare.json", json.dumps(
+        {"suite": args.suite, "split": args.split, "n_tasks": len(tasks), "task_url": args.task_url,
+         "task_model": args.task_model or (None if args.task_url else args.model_spec),
+         "rewriter": args.rewriter, "task": args.task, "results": results, "table": table}, indent=2) + "\n")
+    print(table)
+    print(f"\n(details in {report_dir})")
+    return 0
+
+
+# ----------------------------------------------------------------------------------------------- CLI
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="rewrite.py", description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Run `python rewrite.py train --help` or `python rewrite.py apply --help` for the options.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    d = __import__("minskill.sft", fromlist=["SFTConfig"]).SFTConfig()     # the paper's recipe = the defaults
+
+    t = commands.add_parser(
+        "train", help="SFT the rewriter on JSONL records from evolve_masa.py",
+        description="Train the rewriter by SFT: loss on the target skill set's tokens only. The defaults are the "
+                    "MASA paper's recipe (AdamW lr 1e-5, cosine, warmup 0.1, effective batch 4, 5 epochs, max "
+                    "length 4096). Writes OUT/checkpoint-STEP/ (resumable), OUT/final/ (HF folder), "
+                    "OUT/metrics.jsonl and OUT/loss.svg. Malformed lines are reported as FILE:LINE and skipped.",
+        epilog="record format (one JSON object per line): {\"model_card\": {...}, \"skills_in\": <MASA JSON>, "
+               "\"task_description\": \"...\", \"skills_out\": <MASA JSON>, ...other fields ignored}")
+    t.add_argument("data", nargs="+", help="JSONL file(s) of SFT records (several runs/targets may be given)")
+    t.add_argument("--out", required=True, help="output folder")
+    t.add_argument("--base-model", default="smollm2-135m", help="model to fine-tune: HF folder or smollm2-135m (default)")
+    t.add_argument("--val-file", default=None, help="held-out records (default: --val-fraction of the data)")
+    t.add_argument("--val-fraction", type=float, default=d.val_fraction, help=f"default {d.val_fraction}")
+    t.add_argument("--lr", type=float, default=d.lr, help=f"peak learning rate (default {d.lr:g})")
+    t.add_argument("--min-lr-ratio", type=float, default=d.min_lr_ratio, help="cosine floor as a share of --lr (default 0)")
+    t.add_argument("--warmup-ratio", type=float, default=d.warmup_ratio, help=f"default {d.warmup_ratio}")
+    t.add_argument("--epochs", type=float, default=d.epochs, help=f"default {d.epochs:g}")
+    t.add_argument("--batch-size", type=int, default=d.batch_size, help=f"effective batch in records (default {d.batch_size})")
+    t.add_argument("--micro-batch-size", type=int, default=d.micro_batch_size,
+                   help=f"records per forward/backward; accumulation = batch / micro (default {d.micro_batch_size})")
+    t.add_argument("--max-length", type=int, default=d.max_length, help=f"max tokens per record (default {d.max_length})")
+    t.add_argument("--too-long", choices=("skip", "truncate"), default=d.too_long,
+                   help="what to do with longer records (default skip; both are counted)")
+    t.add_argument("--weight-decay", type=float, default=d.weight_decay, help=f"AdamW (default {d.weight_decay:g})")
+    t.add_argument("--grad-clip", type=float, default=d.grad_clip, help=f"max gradient norm, 0 = off (default {d.grad_clip:g})")
+    t.add_argument("--bf16", action="store_true", help="bf16 autocast (weights and optimizer stay float32)")
+    t.add_argument("--gradient-checkpointing", action="store_true", help="recompute layer activations in backward")
+    t.add_argument("--chunk-tokens", type=int, default=d.chunk_tokens, help="logit rows per loss chunk")
+    t.add_argument("--eval-every", type=int, default=d.eval_every, help=f"validation loss every N steps (default {d.eval_every})")
+    t.add_argument("--save-every", type=int, default=d.save_every, help=f"checkpoint every N steps (default {d.save_every})")
+    t.add_argument("--keep-checkpoints", type=int, default=d.keep_checkpoints, help="checkpoints kept (default 2)")
+    t.add_argument("--log-every", type=int, default=d.log_every, help="progress line every N steps")
+    t.add_argument("--max-steps", type=int, default=None, help="stop after N optimizer steps (resume later)")
+    t.add_argument("--seed", type=int, default=d.seed, help="data order and validation split")
+    t.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda when available)")
+    t.add_argument("--resume", nargs="?", const="latest", default=None, metavar="CHECKPOINT",
+                   help="continue from the latest checkpoint in --out (or the given checkpoint folder)")
+    t.set_defaults(func=cmd_train)
+
+    a = commands.add_parser(
+        "apply", help="rewrite a skill set for a target model in one pass (optionally --compare on a suite)",
+        description="Rewrite --skills for the model of --model-card with the trained rewriter, in one greedy pass, "
+                    "and write the result to --out as a validated Agent Skills folder. A reply that does not parse "
+                    "is saved as OUT.raw.txt and nothing is written. With --compare, also evaluate the input, the "
+                    "rewritten and a one-shot teacher rewrite (DS-Adapter) on --suite and print one table.")
+    a.add_argument("--rewriter", required=True, help="rewriter: a `rewrite.py train` --out folder or an HF folder")
+    a.add_argument("--model-card", required=True,
+                   help="target model card: JSON file, or a checkpoint folder / model spec to build one from")
+    a.add_argument("--skills", required=True, help="input skills: Agent Skills folder, MASA .json, or 'base' (with --suite)")
+    a.add_argument("--task", required=True, help="task description given to the rewriter")
+    a.add_argument("--out", required=True, help="folder for the rewritten skills")
+    a.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
+    a.add_argument("--max-new-tokens", type=int, default=1536, help="reply budget of the rewriter (default 1536)")
+    a.add_argument("--temperature", type=float, default=0.0, help="rewriter temperature (default 0 = greedy)")
+    a.add_argument("--seed", type=int, default=0)
+    a.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    a.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda when available)")
+    g = a.add_argument_group("--compare: evaluate input vs rewritten vs teacher one-shot skills")
+    g.add_argument("--compare", action="store_true", help="evaluate the three skill sets and print one table")
+    g.add_argument("--suite", default=None, help="qa | household | webwalk | PATH.jsonl (also names 'base' skills)")
+    g.add_argument("--split", default="heldout", help="task split (default heldout)")
+    g.add_argument("--n-tasks", type=int, default=None, help="number of tasks (default: the whole split)")
+    g.add_argument("--task-seed", type=int, default=0, help="seed of the generated suite")
+    g.add_argument("--task-url", default=None, help="task model endpoint (default: the embedded default model)")
+    g.add_argument("--task-model", default=None, help="model name sent to --task-url")
+    g.add_argument("--teacher-url", default=None, help="teacher endpoint for the one-shot rewrite (default: the task endpoint)")
+    g.add_argument("--teacher-model", default=None, help="model name sent to --teacher-url")
+    g.add_argument("--teacher-attempts", type=int, default=3, help="teacher replies tried until one parses")
+    g.add_argument("--api-key", default=None, help="API key for the endpoints (default $OPENAI_API_KEY)")
+    g.add_argument("--model-spec", default="smollm2-135m", help="model of the embedded server")
+    g.add_argument("--task-max-tokens", type=int, default=256, help="reply budget of the task model")
+    g.add_argument("--lam-nh", type=float, default=0.0, help="λ of the adjusted reward SR − λ·NHR")
+    g.add_argument("--compare-out", default=None, help="folder for trajectories and compare.json (default OUT-compare)")
+    a.set_defaults(func=cmd_apply)
+    return parser
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser().parse_args(argv)
+    args.argv = argv
+    try:
+        return args.func(args)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"rewrite.py {args.command}: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

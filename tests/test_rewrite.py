@@ -1,0 +1,155 @@
+"""rewrite.py end to end on a tiny model: `train` memorises records, `apply` writes validated Agent Skills,
+an unparseable rewriter output is saved raw and never written as a skill, `apply --compare` prints one table
+(task model and teacher scripted behind the real HTTP server)."""
+import contextlib
+import importlib.util
+import io
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from minskill.masa import ModelCard
+from minskill.server import ScriptedBackend, start_server
+from minskill.skills import SkillSet
+from tiny import make_tiny_model_dir
+
+ROOT = Path(__file__).resolve().parent.parent
+_spec = importlib.util.spec_from_file_location("rewrite", ROOT / "rewrite.py")
+rewrite = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(rewrite)
+
+TASK = "Sums of small numbers."
+SKILLS_IN = {"common_mistakes": []}
+TARGET = {"common_mistakes": ["Carry the one."]}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)       # the test machine's cores are shared; tiny models run best on one thread
+    yield
+    torch.set_num_threads(before)
+
+
+def run(argv):
+    """rewrite.main(argv) -> (exit code, stdout, stderr)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = rewrite.main(argv)
+    return code, out.getvalue(), err.getvalue()
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("rewrite")
+    base = make_tiny_model_dir(root / "base", family="llama", chat_format="chatml", max_position_embeddings=4096)
+    alpha, beta = ModelCard(name="alpha").to_json(), ModelCard(name="beta").to_json()
+    records = [{"model_card": alpha, "skills_in": SKILLS_IN, "task_description": TASK, "skills_out": TARGET},
+               {"model_card": beta, "skills_in": SKILLS_IN, "task_description": TASK,
+                "skills_out": TARGET}]          # (conditioning on the card is tested in test_sft.py)
+    data = root / "sft.jsonl"
+    data.write_text(json.dumps(records[0]) + "\n{not json\n" + json.dumps(records[1]) + "\n")
+    (root / "card.json").write_text(json.dumps({"name": "alpha"}))
+    (root / "skills_in.json").write_text(json.dumps(SKILLS_IN))
+    return {"root": root, "base": base, "data": data, "card": root / "card.json", "skills": root / "skills_in.json"}
+
+
+@pytest.fixture(scope="module")
+def trained(files):
+    out = files["root"] / "rewriter"
+    code, stdout, stderr = run(["train", str(files["data"]), "--base-model", str(files["base"]), "--out", str(out),
+                                "--lr", "2e-2", "--epochs", "40", "--batch-size", "2", "--micro-batch-size", "2",
+                                "--val-fraction", "0", "--save-every", "1000", "--log-every", "20",
+                                "--device", "cpu"])
+    assert code == 0, stderr
+    return out, stdout, stderr
+
+
+def test_train_reports_bad_lines_and_writes_a_resumable_hf_run(trained, files):
+    out, stdout, stderr = trained
+    assert f"{files['data']}:2: skipped: invalid JSON" in stderr
+    assert "2 records read, 1 malformed lines skipped, 0 longer than 4096 tokens skipped" in stdout
+    assert "step 40/40 | loss " in stdout
+    for name in ("final/config.json", "final/model.safetensors", "final/tokenizer.json", "metrics.jsonl",
+                 "loss.svg", "run_config.json", "checkpoint-40/trainer_state.pt"):
+        assert (out / name).is_file(), name
+    config = json.loads((out / "run_config.json").read_text())
+    assert config["data_counts"]["malformed_lines"] == 1 and config["config"]["lr"] == 2e-2
+
+
+def test_apply_writes_the_rewritten_skills_as_a_validated_folder(trained, files):
+    out = files["root"] / "adapted"
+    code, stdout, stderr = run(["apply", "--rewriter", str(trained[0]), "--model-card", str(files["card"]),
+                                "--skills", str(files["skills"]), "--task", TASK, "--out", str(out),
+                                "--max-new-tokens", "40", "--device", "cpu"])
+    assert code == 0, stderr
+    assert "wrote 0 general + 0 task-specific skills and 1 common mistakes" in stdout
+    assert SkillSet.load(out).to_json() == TARGET
+    assert (out / "SKILLSET.md").is_file() and not (files["root"] / "adapted.raw.txt").exists()
+    # a non-empty --out is not replaced without --overwrite
+    code, _, stderr = run(["apply", "--rewriter", str(trained[0]), "--model-card", str(files["card"]),
+                           "--skills", str(files["skills"]), "--task", TASK, "--out", str(out), "--device", "cpu"])
+    assert code == 1 and "--overwrite" in stderr
+
+
+def test_apply_saves_an_unparseable_output_raw_and_writes_no_skill(files):
+    out = files["root"] / "garbled"
+    code, stdout, stderr = run(["apply", "--rewriter", str(files["base"]), "--model-card", str(files["card"]),
+                                "--skills", str(files["skills"]), "--task", TASK, "--out", str(out),
+                                "--max-new-tokens", "24", "--device", "cpu"])   # untrained: random tokens
+    assert code == 2
+    raw = files["root"] / "garbled.raw.txt"
+    assert "does not parse as a skill set" in stderr and str(raw) in stderr
+    assert raw.is_file() and raw.read_text() != "" and not out.exists()
+
+
+def test_parse_rewriter_output():
+    good = json.dumps({"general_skills": [{"skill_id": "count-first", "title": "Count first",
+                                           "principle": "Count the items.", "when_to_apply": "Counting."}]})
+    assert rewrite.parse_rewriter_output(f"```json\n{good}\n```").general[0].name == "count-first"
+    with pytest.raises(ValueError, match="not valid JSON .*token limit"):
+        rewrite.parse_rewriter_output(good[:-10], finish_reason="length")
+    with pytest.raises(ValueError, match="no JSON object"):
+        rewrite.parse_rewriter_output("---\nname: x\ndescription: y\n---\nprose")   # not the trained format
+    with pytest.raises(ValueError, match="empty skill set"):
+        rewrite.parse_rewriter_output('{"general_skills": [], "common_mistakes": []}')
+    with pytest.raises(ValueError, match="none of general_skills"):
+        rewrite.parse_rewriter_output('{"answer": 3}')
+    with pytest.raises(ValueError, match="not a valid MASA skill library"):
+        rewrite.parse_rewriter_output('{"general_skills": "oops"}')
+
+
+def test_apply_compare_prints_one_table_of_input_rewritten_and_teacher(trained, files):
+    tasks = files["root"] / "tasks.jsonl"
+    tasks.write_text("".join(json.dumps({"id": f"t{i}", "question": f"What is {i} + {i}?", "answer": str(2 * i),
+                                         "type": "sum" if i < 2 else "unit"}) + "\n" for i in range(4)))
+    teacher_set = {"general_skills": [{"skill_id": "tip", "title": "Tip", "principle": "Sum tip.",
+                                       "when_to_apply": "Always."}]}
+
+    def script(messages, request):
+        if "one shot" in messages[-1]["content"].lower() or "## Task:" in messages[-1]["content"]:
+            return json.dumps(teacher_set)                           # the teacher's one-shot rewrite
+        system = messages[0]["content"] if messages[0]["role"] == "system" else ""
+        question = messages[-1]["content"]
+        i = int(question.split()[2])
+        solved = "Carry the one." in system or ("Sum tip." in system and i < 2)
+        return f"The answer is {2 * i}." if solved else "I am not sure."
+
+    with start_server(ScriptedBackend(script)) as server:
+        out = files["root"] / "compared"
+        code, stdout, stderr = run(["apply", "--compare", "--rewriter", str(trained[0]), "--model-card",
+                                    str(files["card"]), "--skills", str(files["skills"]), "--task", TASK,
+                                    "--out", str(out), "--max-new-tokens", "40", "--device", "cpu",
+                                    "--suite", str(tasks), "--split", "all", "--task-url", server.url])
+    assert code == 0, stderr
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+            for line in stdout.splitlines() if line.startswith("| ") and "---" not in line}
+    assert rows["skills"][:2] == ["n", "success"] and rows["skills"][-2:] == ["sum", "unit"]
+    assert rows["input"][:2] == ["4", "0.00"]
+    assert rows["rewritten"][:2] == ["4", "1.00"]
+    assert rows["teacher one-shot"][:2] == ["4", "0.50"] and rows["teacher one-shot"][-2:] == ["1.00", "0.00"]
+    report = json.loads((files["root"] / "compared-compare" / "compare.json").read_text())
+    assert report["results"]["rewritten"]["success_rate"] == 1.0
+    assert SkillSet.load(files["root"] / "compared-compare" / "teacher_oneshot").general[0].name == "tip"
