@@ -1,0 +1,489 @@
+"""A decoder-only transformer (Llama, Qwen2/2.5, Qwen3) that loads and saves Hugging Face checkpoints.
+
+One module covers the three families; the checkpoint's config.json says which switches are on. Module and
+parameter names equal Hugging Face's (model.embed_tokens, model.layers.i.self_attn.q_proj, ...), so a
+checkpoint loads with a strict load_state_dict and a saved model is read by any HF-compatible tool.
+
+Per layer, with x of shape (B, T, H), n_h query heads, n_kv key/value heads, head size d:
+
+    RMSNorm(x)   = w * x / sqrt(mean(x^2) + eps)                    (computed in float32)
+    h            = x + Attention(RMSNorm(x))
+    out          = h + MLP(RMSNorm(h)),   MLP(x) = W_down (silu(W_gate x) * W_up x)      (SwiGLU)
+
+Attention (grouped-query: query head j reads key/value head j // (n_h / n_kv)):
+
+    q = W_q x (+ b_q),  k = W_k x (+ b_k),  v = W_v x (+ b_v)       biases: qwen2 always, others if attention_bias
+    q, k = RMSNorm_head(q), RMSNorm_head(k)                          qwen3 only (q_norm, k_norm over d)
+    q, k = RoPE(q, p), RoPE(k, p)                                    p = position of the token
+    o    = softmax(q k^T / sqrt(d) + causal/padding mask) v,   out = W_o o
+
+RoPE, split-half convention (HF's, so the released weights need no permutation): with x = [x1, x2] halves,
+    inv_freq_i = theta^(-2i/d),  angle_i = p * inv_freq_i,  c = cos(angle), s = sin(angle)
+    RoPE(x, p) = [x1 * c - x2 * s,  x2 * c + x1 * s]
+Llama 3 rope scaling rescales inv_freq by wavelength lambda_i = 2 pi / inv_freq_i, with context L0
+(original_max_position_embeddings), factor f, low/high frequency factors a/b:
+    lambda_i < L0 / b : unchanged;   lambda_i > L0 / a : inv_freq_i / f;
+    otherwise smooth  = (L0 / lambda_i - a) / (b - a),  inv_freq_i = (1 - smooth) inv_freq_i / f + smooth inv_freq_i
+
+Logits = W_lm RMSNorm(h_last); with tied embeddings W_lm is the embedding matrix (no lm_head.weight on disk).
+
+Batches are LEFT padded: attention_mask (B, T) is 1 for tokens and 0 for padding, positions are
+p = cumsum(mask) - 1, padded keys are masked out, and every query also sees itself (a pad row that sees
+nothing would make softmax 0/0 = NaN). A preallocated KVCache makes decoding incremental.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+# ----------------------------------------------------------------------------------------------- config
+
+@dataclass
+class ModelConfig:
+    """The fields of a HF config.json that this model reads; `extra` keeps the whole original dict."""
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    max_position_embeddings: int = 2048
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None       # None, or {"rope_type": "llama3", factor, low/high_freq_factor, ...}
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    mlp_bias: bool = False
+    extra: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def qkv_bias(self) -> bool:            # Qwen2 always has q/k/v biases, whatever attention_bias says
+        return self.model_type == "qwen2" or self.attention_bias
+
+    @property
+    def o_bias(self) -> bool:
+        return self.model_type != "qwen2" and self.attention_bias
+
+    @property
+    def qk_norm(self) -> bool:
+        return self.model_type == "qwen3"
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ModelConfig":
+        model_type = d.get("model_type")
+        if model_type not in SUPPORTED_MODEL_TYPES:
+            raise ValueError(f"config.json: unsupported model_type {model_type!r}; "
+                             f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
+        required = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+        missing = [k for k in required if d.get(k) is None]
+        if missing:
+            raise ValueError(f"config.json ({model_type}): missing required keys {missing}")
+        if d.get("hidden_act", "silu") != "silu":
+            raise ValueError(f"config.json: unsupported hidden_act {d['hidden_act']!r} (only 'silu')")
+        if d.get("use_sliding_window"):
+            raise ValueError("config.json: use_sliding_window=true is not supported (full attention only)")
+        if d.get("partial_rotary_factor", 1.0) != 1.0:
+            raise ValueError(f"config.json: partial_rotary_factor={d['partial_rotary_factor']} is not supported")
+        n_heads = d["num_attention_heads"]
+        # RoPE settings: older files write rope_theta + rope_scaling, transformers>=5 writes rope_parameters.
+        rope = dict(d.get("rope_parameters") or d.get("rope_scaling") or {})
+        rope_theta = float(rope.pop("rope_theta", d.get("rope_theta", 10000.0)))
+        rope_type = rope.pop("rope_type", rope.pop("type", "default"))
+        if rope_type == "default":
+            rope_scaling = None
+        elif rope_type == "llama3":
+            needed = [k for k in ("factor", "low_freq_factor", "high_freq_factor") if k not in rope]
+            if needed:
+                raise ValueError(f"config.json: llama3 rope scaling lacks {needed}")
+            rope_scaling = {"rope_type": "llama3", **rope}
+            rope_scaling.setdefault("original_max_position_embeddings", d.get("max_position_embeddings", 2048))
+        else:
+            raise ValueError(f"config.json: unsupported rope type {rope_type!r} (supported: default, llama3)")
+        return cls(
+            model_type=model_type, vocab_size=d["vocab_size"], hidden_size=d["hidden_size"],
+            intermediate_size=d["intermediate_size"], num_hidden_layers=d["num_hidden_layers"],
+            num_attention_heads=n_heads, num_key_value_heads=d.get("num_key_value_heads") or n_heads,
+            head_dim=d.get("head_dim") or d["hidden_size"] // n_heads,
+            max_position_embeddings=d.get("max_position_embeddings", 2048),
+            rms_norm_eps=d.get("rms_norm_eps", 1e-6), rope_theta=rope_theta, rope_scaling=rope_scaling,
+            tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
+            attention_bias=bool(d.get("attention_bias", False)), mlp_bias=bool(d.get("mlp_bias", False)),
+            extra=dict(d))
+
+    def to_dict(self) -> dict:
+        """HF config.json content: the original dict with this config's values written over it."""
+        out = dict(self.extra)
+        out.setdefault("architectures", [ARCHITECTURES[self.model_type]])
+        for f in fields(self):
+            if f.name not in ("extra", "rope_theta", "rope_scaling"):
+                out[f.name] = getattr(self, f.name)
+        out.setdefault("hidden_act", "silu")
+        if "rope_parameters" in self.extra:   # keep the layout the file came in
+            rope = {"rope_type": "default", **(self.rope_scaling or {}), "rope_theta": self.rope_theta}
+            out["rope_parameters"] = rope
+        else:
+            out["rope_theta"], out["rope_scaling"] = self.rope_theta, self.rope_scaling
+        return out
+
+
+def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
+    """inv_freq_i = theta^(-2i/d), i < d/2, float32 on CPU; Llama 3 scaling applied when configured."""
+    d = config.head_dim
+    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64, device="cpu").float() / d))
+    if config.rope_scaling is None:
+        return inv_freq
+    s = config.rope_scaling
+    factor, low, high = s["factor"], s["low_freq_factor"], s["high_freq_factor"]
+    old_len = s["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+    smooth = (old_len / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    is_medium = ~(wavelen < old_len / high) & ~(wavelen > old_len / low)
+    return torch.where(is_medium, smoothed, scaled)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Split-half rotation. x (B, heads, T, d); cos, sin (B, 1, T, d/2)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+# ------------------------------------------------------------------------------------------------ cache
+
+class KVCache:
+    """Preallocated keys/values for all layers: k[i], v[i] have shape (B, n_kv_heads, max_len, head_dim).
+
+    All rows share one write offset `length` (batches are left padded); `key_mask` marks which cached slots
+    hold real tokens and `next_position` is each row's next RoPE position.
+    """
+
+    def __init__(self, config: ModelConfig, batch_size: int, max_len: int, dtype=torch.float32, device=None):
+        shape = (config.num_hidden_layers, batch_size, config.num_key_value_heads, max_len, config.head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.key_mask = torch.zeros(batch_size, max_len, dtype=torch.bool, device=device)
+        self.next_position = torch.zeros(batch_size, dtype=torch.long, device=device)
+        self.length = 0
+        self.max_len = max_len
+
+    @property
+    def batch_size(self) -> int:
+        return self.k.shape[1]
+
+    def _with_rows(self, pick) -> "KVCache":
+        new = KVCache.__new__(KVCache)
+        new.k, new.v = pick(self.k, 1), pick(self.v, 1)
+        new.key_mask, new.next_position = pick(self.key_mask, 0), pick(self.next_position, 0)
+        new.length, new.max_len = self.length, self.max_len
+        return new
+
+    def repeat_interleave(self, n: int) -> "KVCache":
+        """Row b becomes rows b*n .. b*n+n-1: n samples continue from one prefilled prompt."""
+        return self._with_rows(lambda t, dim: t.repeat_interleave(n, dim=dim))
+
+    def select(self, rows) -> "KVCache":
+        """A cache holding only the given rows (in that order): drops finished samples from a batch."""
+        index = torch.as_tensor(rows, dtype=torch.long, device=self.k.device)
+        return self._with_rows(lambda t, dim: t.index_select(dim, index))
+
+
+# ----------------------------------------------------------------------------------------------- layers
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x):
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = (config.num_attention_heads, config.num_key_value_heads,
+                                                         config.head_dim)
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"config: num_attention_heads={self.n_heads} is not a multiple of "
+                             f"num_key_value_heads={self.n_kv_heads}")
+        self.group = self.n_heads // self.n_kv_heads
+        H, hd = config.hidden_size, self.head_dim
+        self.q_proj = nn.Linear(H, self.n_heads * hd, bias=config.qkv_bias)
+        self.k_proj = nn.Linear(H, self.n_kv_heads * hd, bias=config.qkv_bias)
+        self.v_proj = nn.Linear(H, self.n_kv_heads * hd, bias=config.qkv_bias)
+        self.o_proj = nn.Linear(self.n_heads * hd, H, bias=config.o_bias)
+        if config.qk_norm:
+            self.q_norm = RMSNorm(hd, config.rms_norm_eps)
+            self.k_norm = RMSNorm(hd, config.rms_norm_eps)
+
+    def forward(self, x, cos, sin, mask, is_causal, cache: KVCache | None, layer: int):
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim)
+        k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, n_kv, T, d)
+        if hasattr(self, "q_norm"):
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = apply_rope(q.transpose(1, 2), cos, sin)                                     # (B, n_h, T, d)
+        k = apply_rope(k.transpose(1, 2), cos, sin)                                     # (B, n_kv, T, d)
+        if cache is not None:  # write this step into the preallocated buffers, attend over all filled slots
+            start, end = cache.length, cache.length + T
+            cache.k[layer, :, :, start:end] = k
+            cache.v[layer, :, :, start:end] = v
+            k, v = cache.k[layer, :, :, :end], cache.v[layer, :, :, :end]               # (B, n_kv, S, d)
+        if T == 1 and self.group > 1:
+            # One new token: the `group` query heads sharing a kv head become `group` query rows of that
+            # head (same keys, same mask) -- one small matmul instead of a GQA kernel; fastest on CPU.
+            o = F.scaled_dot_product_attention(q.view(B, self.n_kv_heads, self.group, self.head_dim), k, v,
+                                               attn_mask=mask)
+            o = o.reshape(B, 1, self.n_heads * self.head_dim)
+        else:
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
+                                               enable_gqa=self.group > 1)              # (B, n_h, T, d)
+            o = o.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim)
+        return self.o_proj(o)
+
+
+class MLP(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        H, I, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
+        self.gate_proj = nn.Linear(H, I, bias=bias)
+        self.up_proj = nn.Linear(H, I, bias=bias)
+        self.down_proj = nn.Linear(I, H, bias=bias)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.self_attn = Attention(config)
+        self.mlp = MLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, x, cos, sin, mask, is_causal, cache=None, layer=0):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, is_causal, cache, layer)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Backbone(nn.Module):
+    """HF's `model.` prefix: embeddings, layers, final norm."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+def attention_mask_for(key_mask: torch.Tensor | None, T: int, offset: int):
+    """(mask, is_causal) for SDPA: T queries at slots offset..offset+T-1 over keys 0..offset+T-1.
+
+    key_mask (B, S) marks real keys (None = all real). Returns None masks where SDPA's fast paths apply.
+    """
+    if key_mask is None or bool(key_mask.all()):
+        if T == 1:
+            return None, False          # a single new token may see every cached one
+        if offset == 0:
+            return None, True           # plain causal prefill
+        key_mask = None
+    S = offset + T
+    device = key_mask.device if key_mask is not None else None
+    q_pos = torch.arange(offset, S, device=device)[:, None]
+    k_pos = torch.arange(S, device=device)[None, :]
+    allowed = k_pos <= q_pos                                                   # (T, S) causal
+    if key_mask is None:
+        return allowed, False
+    allowed = (allowed & key_mask[:, None, :]) | (k_pos == q_pos)             # (B, T, S); pads see themselves
+    return allowed[:, None], False                                             # (B, 1, T, S)
+
+
+# ------------------------------------------------------------------------------------------------ model
+
+class Transformer(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.model = Backbone(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.rope_inv_freq = rope_inv_freq(config)  # plain float32 tensor, not a buffer: .to(bf16) must not round it
+        self.gradient_checkpointing = False
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.embed_tokens.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.embed_tokens.weight.device
+
+    def new_cache(self, batch_size: int, max_len: int, dtype=None, device=None) -> KVCache:
+        return KVCache(self.config, batch_size, max_len, dtype or self.dtype, device or self.device)
+
+    def hidden_states(self, input_ids, attention_mask=None, cache: KVCache | None = None) -> torch.Tensor:
+        """(B, T) token ids -> (B, T, H) final-normed hidden states. See the module docstring for padding."""
+        if input_ids.dim() != 2:
+            raise ValueError(f"input_ids must be (batch, time), got shape {tuple(input_ids.shape)}")
+        B, T = input_ids.shape
+        if attention_mask is not None:
+            if attention_mask.shape != input_ids.shape:
+                raise ValueError(f"attention_mask shape {tuple(attention_mask.shape)} != input_ids shape "
+                                 f"{tuple(input_ids.shape)}")
+            attention_mask = attention_mask.to(device=input_ids.device, dtype=torch.bool)
+        offset = 0
+        if cache is not None:
+            offset = cache.length
+            if cache.batch_size != B:
+                raise ValueError(f"cache holds {cache.batch_size} rows but input_ids has {B}")
+            if offset + T > cache.max_len:
+                raise ValueError(f"cache overflow: {offset} cached + {T} new tokens > max_len {cache.max_len}")
+            cache.key_mask[:, offset:offset + T] = True if attention_mask is None else attention_mask
+            key_mask = cache.key_mask[:, :offset + T]
+        else:
+            key_mask = attention_mask
+
+        # positions p = (cache offset) + cumsum(mask) - 1; pads get a harmless clamp to >= 0
+        if attention_mask is None:
+            positions = torch.arange(T, device=input_ids.device).expand(B, T)
+        else:
+            positions = (attention_mask.long().cumsum(1) - 1).clamp(min=0)
+        if cache is not None:
+            positions = positions + cache.next_position[:, None]
+            cache.next_position += T if attention_mask is None else attention_mask.sum(1)
+
+        if self.rope_inv_freq.device != input_ids.device:
+            self.rope_inv_freq = self.rope_inv_freq.to(input_ids.device)
+        angles = positions[:, None, :, None].float() * self.rope_inv_freq        # (B, 1, T, d/2), once per call
+        x = self.model.embed_tokens(input_ids)                                   # (B, T, H)
+        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+        mask, is_causal = attention_mask_for(key_mask, T, offset)
+
+        for i, layer in enumerate(self.model.layers):
+            if self.gradient_checkpointing and self.training and torch.is_grad_enabled() and cache is None:
+                x = checkpoint(layer, x, cos, sin, mask, is_causal, use_reentrant=False)
+            else:
+                x = layer(x, cos, sin, mask, is_causal, cache, i)
+        if cache is not None:
+            cache.length += T
+        return self.model.norm(x)
+
+    def forward(self, input_ids, attention_mask=None, cache: KVCache | None = None) -> torch.Tensor:
+        """(B, T) token ids -> (B, T, V) logits in the model's dtype."""
+        return self.lm_head(self.hidden_states(input_ids, attention_mask, cache))
+
+    # ------------------------------------------------------------------------------------- load / save
+
+    @classmethod
+    def from_pretrained(cls, path, dtype=None, device=None) -> "Transformer":
+        """Load a HF folder (config.json + model.safetensors or a sharded index) into dtype (default float32).
+
+        The module is built on the meta device and each tensor is read straight into its dtype and device,
+        so no float32 copy of the whole model ever exists.
+        """
+        from safetensors import safe_open
+
+        path = Path(path)
+        config_file = path / "config.json"
+        if not config_file.is_file():
+            raise FileNotFoundError(f"{config_file} not found (expected a Hugging Face model folder)")
+        config = ModelConfig.from_dict(json.loads(config_file.read_text()))
+        dtype = dtype or torch.float32
+        device = torch.device(device or "cpu")
+
+        if (path / "model.safetensors").is_file():
+            files = {"model.safetensors": None}
+        elif (path / "model.safetensors.index.json").is_file():
+            weight_map = json.loads((path / "model.safetensors.index.json").read_text())["weight_map"]
+            files = {}
+            for key, file in weight_map.items():
+                files.setdefault(file, set()).add(key)
+        else:
+            raise FileNotFoundError(f"{path}: neither model.safetensors nor model.safetensors.index.json")
+
+        with torch.device("meta"):
+            model = cls(config)
+        expected = {k: v.shape for k, v in model.state_dict().items()}
+        if config.tie_word_embeddings:
+            expected.pop("lm_head.weight")
+
+        state, unexpected = {}, []
+        for file, keys in files.items():
+            if Path(file).name != file:
+                raise ValueError(f"{path}/model.safetensors.index.json: shard name {file!r} is not a plain file name")
+            with safe_open(str(path / file), framework="pt", device=str(device)) as f:
+                for key in f.keys():
+                    if keys is not None and key not in keys:
+                        continue
+                    if key == "lm_head.weight" and config.tie_word_embeddings:
+                        continue  # some tied checkpoints also store the shared matrix; HF ignores it too
+                    if key not in expected:
+                        unexpected.append(key)
+                        continue
+                    shape = tuple(f.get_slice(key).get_shape())
+                    if shape != tuple(expected[key]):
+                        raise ValueError(f"{path}: tensor {key} has shape {shape}, config.json implies "
+                                         f"{tuple(expected[key])}")
+                    state[key] = f.get_tensor(key).to(dtype=dtype)
+        missing = sorted(set(expected) - set(state))
+        if missing or unexpected:
+            raise ValueError(f"{path}: checkpoint does not match config.json ({config.model_type}): "
+                             f"missing tensors {missing}, unexpected tensors {sorted(unexpected)}")
+        if config.tie_word_embeddings:
+            state["lm_head.weight"] = state["model.embed_tokens.weight"]
+        model.load_state_dict(state, strict=True, assign=True)
+        if config.tie_word_embeddings:
+            model.lm_head.weight = model.model.embed_tokens.weight
+        model.rope_inv_freq = rope_inv_freq(config).to(device)
+        return model.eval()
+
+    def save_pretrained(self, path) -> None:
+        """Write config.json and model.safetensors (no lm_head.weight when tied); each file atomically."""
+        from safetensors.torch import save_file
+
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
+        if self.config.tie_word_embeddings:
+            state.pop("lm_head.weight")
+        config = self.config.to_dict()
+        config["torch_dtype"] = DTYPE_NAMES.get(self.dtype, str(self.dtype).removeprefix("torch."))
+        if "dtype" in config:
+            config["dtype"] = config["torch_dtype"]
+
+        def write(name, writer):
+            fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=path)
+            os.close(fd)
+            try:
+                writer(tmp)
+                os.replace(tmp, path / name)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+
+        write("model.safetensors", lambda tmp: save_file(state, tmp, metadata={"format": "pt"}))
+        write("config.json", lambda tmp: Path(tmp).write_text(json.dumps(config, indent=2) + "\n"))

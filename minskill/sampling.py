@@ -1,0 +1,306 @@
+"""Batched generation with a KV cache, and per-token log-probabilities of given completions.
+
+generate(): every prompt is prefilled once (a left-padded batch), its cache is repeated for its n samples,
+then all samples decode one token per step. At each step a sample with temperature T > 0 draws from
+
+    p(token) = softmax(logits / T),  restricted to the k most likely tokens (top_k > 0) and then to the
+               smallest set whose renormalised probability reaches top_p (top_p < 1), renormalised;
+
+T = 0 takes argmax(logits). The reported log-probability of the chosen token is always the unrestricted
+log_softmax(logits / T)[token] (T = 0 counts as 1): exactly what completion_logprobs() recomputes for training.
+A draw uses one uniform u from the sample's own torch.Generator (seeded from the request seed and the
+sample's index): token = first index whose cumulative probability exceeds u, so a seeded request gives the
+same tokens whatever else shares the batch.
+
+completion_logprobs(): log p(c_t | prompt, c_<t) / T for given completions, differentiable. Logits are
+computed only at completion positions, in chunks of `chunk_tokens`, each chunk recomputed in the backward
+pass, so the full (B, T, V) float32 logits never exist (Qwen vocabularies have 151,936 entries).
+
+Chat from the command line:  python -m minskill.sampling --model smollm2-135m --prompt "What is 2+2?"
+"""
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+_SEED_MIX = 0x9E3779B97F4A7C15  # odd 64-bit constant: sample j of seed s gets seed s * MIX + j (mod 2^63)
+
+
+@dataclass
+class Sample:
+    prompt_index: int
+    token_ids: list[int]         # generated tokens, including the stop token when one ended the sample
+    logprobs: list[float]        # log_softmax(logits / T) of each token in token_ids
+    text: str                    # decoded without the stop token, cut at the first stop string
+    finish_reason: str           # "stop" | "length"
+
+
+def _per_prompt(value, n_prompts: int, name: str, is_scalar) -> list:
+    """A scalar applies to every prompt; a list/tuple gives one value per prompt."""
+    if is_scalar(value):
+        return [value] * n_prompts
+    values = list(value)
+    if len(values) != n_prompts:
+        raise ValueError(f"generate: {name} has {len(values)} values for {n_prompts} prompts")
+    bad = [v for v in values if not is_scalar(v)]
+    if bad:
+        raise ValueError(f"generate: {name} has an invalid entry {bad[0]!r}")
+    return values
+
+
+def _is_number(v):
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _is_stop_list(v):
+    return v is None or isinstance(v, str) or (isinstance(v, (list, tuple)) and all(isinstance(s, str) for s in v))
+
+
+def _stop_list(v) -> tuple[str, ...]:
+    return () if v is None else (v,) if isinstance(v, str) else tuple(v)
+
+
+def _cut_at_stop(text: str, stop_strings) -> str | None:
+    """text up to the first occurrence of any stop string, or None when none occurs."""
+    hits = [i for i in (text.find(s) for s in stop_strings if s) if i >= 0]
+    return text[:min(hits)] if hits else None
+
+
+def _left_pad(seqs: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        if s:
+            ids[i, width - len(s):] = torch.tensor(s, dtype=torch.long)
+            mask[i, width - len(s):] = 1
+    return ids.to(device), mask.to(device)
+
+
+def _filtered_choice(probs, top_k, top_p, u, total):
+    """Inverse-CDF draw from the top-k / top-p restricted distribution, candidates in descending order.
+
+    Only the K most likely tokens are sorted (torch.topk), K growing until it covers every row's kept set:
+    a full sort of a 150k vocabulary costs as much as a decoding step.
+    """
+    V = probs.shape[1]
+    no_k = (top_k <= 0) | (top_k >= V)
+    k_eff = torch.where(no_k, V, top_k)
+    K = min(V, 64)
+    while True:
+        top, index = probs.topk(K, dim=-1)                                          # (R, K), descending
+        covered = (k_eff <= K) | (no_k & (top.sum(-1) >= top_p * total))
+        if K == V or bool(covered.all()):
+            break
+        K = min(V, 4 * K)
+    rank = torch.arange(K, device=probs.device)
+    top = top * (rank < k_eff[:, None])                                             # top-k
+    mass = torch.where(no_k, total, top.sum(-1))                                    # normaliser of the top-k set
+    top = top * ((top.cumsum(-1) - top) < (top_p * mass)[:, None])                  # top-p; the first always stays
+    cdf = top.cumsum(-1)
+    choice = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).clamp(max=K - 1)
+    return index.gather(1, choice).squeeze(1)
+
+
+def _sample_step(logits, temperature, top_k, top_p, generators):
+    """logits (R, V) float32 -> (tokens (R,), logprobs (R,)); per-row parameters are (R,) tensors.
+
+    Which path a row takes depends only on its own parameters, so its draw never depends on its companions.
+    """
+    greedy = temperature == 0
+    logprobs = torch.log_softmax(logits / torch.where(greedy, 1.0, temperature)[:, None], dim=-1)
+    tokens = logits.argmax(-1)
+    if not bool(greedy.all()):
+        probs = logprobs.exp()
+        cdf = probs.cumsum(-1)                                                      # vocabulary order
+        u = torch.cat([torch.rand(1, generator=g) for g in generators]).to(cdf.device)
+        choice = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).squeeze(1)
+        choice = choice.clamp(max=cdf.shape[1] - 1)
+        filtered = ~greedy & ((top_k > 0) | (top_p < 1))
+        if bool(filtered.any()):
+            rows = filtered.nonzero().squeeze(1)
+            choice[rows] = _filtered_choice(probs[rows], top_k[rows], top_p[rows], u[rows], cdf[rows, -1])
+        tokens = torch.where(greedy, tokens, choice)
+    return tokens, logprobs.gather(1, tokens[:, None]).squeeze(1)
+
+
+@torch.no_grad()
+def generate(model, prompts: list[list[int]], *, n=1, max_new_tokens=128, temperature=1.0, top_k=0,
+             top_p=1.0, stop_token_ids=(), stop_strings=(), seed=None, tokenizer=None, pad_id=0) -> list[Sample]:
+    """len(prompts) * n samples, prompt-major. See the module docstring; parameters may be per-prompt lists."""
+    P = len(prompts)
+    if P == 0:
+        return []
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"generate: n must be a positive int, got {n!r}")
+    for i, p in enumerate(prompts):
+        if len(p) == 0:
+            raise ValueError(f"generate: prompt {i} is empty")
+    temps = _per_prompt(temperature, P, "temperature", _is_number)
+    top_ks = _per_prompt(top_k, P, "top_k", lambda v: isinstance(v, int) and not isinstance(v, bool))
+    top_ps = _per_prompt(top_p, P, "top_p", _is_number)
+    max_news = _per_prompt(max_new_tokens, P, "max_new_tokens", lambda v: isinstance(v, int) and v >= 0)
+    seeds = _per_prompt(seed, P, "seed", lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool)))
+    stops = [_stop_list(v) for v in _per_prompt(stop_strings, P, "stop_strings", _is_stop_list)]
+    for name, vals, ok in (("temperature", temps, lambda v: v >= 0), ("top_p", top_ps, lambda v: 0 < v <= 1)):
+        if not all(ok(v) for v in vals):
+            raise ValueError(f"generate: {name} out of range: {vals}")
+    if any(stops) and tokenizer is None:
+        raise ValueError("generate: stop_strings need a tokenizer")
+    stop_ids = set(int(t) for t in stop_token_ids)
+    device = model.device
+
+    # rows = samples, prompt-major; each row has its own generator
+    R = P * n
+    row_prompt = [r // n for r in range(R)]
+    generators = []
+    for r in range(R):
+        s = seeds[row_prompt[r]]
+        g = torch.Generator()
+        base = int(torch.randint(0, 2**62, (1,))) if s is None else s   # unseeded: drawn from torch's RNG
+        g.manual_seed((base * _SEED_MIX + r % n) % 2**63)
+        generators.append(g)
+
+    # prefill each prompt once, then give each of its n samples a copy of the cache
+    ids, mask = _left_pad(prompts, pad_id, device)
+    cache = model.new_cache(P, ids.shape[1] + max(max(max_news), 1))
+    last_hidden = model.hidden_states(ids, mask, cache)[:, -1]                        # (P, H)
+    logits = model.lm_head(last_hidden).float().repeat_interleave(n, dim=0)            # (R, V)
+    if n > 1:
+        cache = cache.repeat_interleave(n)
+
+    def row_tensor(values, dtype):
+        return torch.tensor([values[row_prompt[r]] for r in range(R)], dtype=dtype, device=device)
+
+    temp_t, top_k_t, top_p_t = row_tensor(temps, torch.float32), row_tensor(top_ks, torch.long), \
+        row_tensor(top_ps, torch.float32)
+    out_tokens = [[] for _ in range(R)]
+    out_logprobs = [[] for _ in range(R)]
+    finish = ["length"] * R
+    active = [r for r in range(R) if max_news[row_prompt[r]] > 0]   # rows still decoding
+    cache_rows = list(range(R))                                      # row held in each cache slot
+    logits = logits[active]
+
+    while active:
+        rows = torch.tensor(active, device=device)
+        tokens, lps = _sample_step(logits, temp_t[rows], top_k_t[rows], top_p_t[rows],
+                                   [generators[r] for r in active])
+        still = []
+        for r, tok, lp in zip(active, tokens.tolist(), lps.tolist()):
+            out_tokens[r].append(tok)
+            out_logprobs[r].append(lp)
+            if tok in stop_ids:
+                finish[r] = "stop"
+                continue
+            stop_list = stops[row_prompt[r]]
+            if stop_list and _cut_at_stop(tokenizer.decode(out_tokens[r]), stop_list) is not None:
+                finish[r] = "stop"
+                continue
+            if len(out_tokens[r]) < max_news[row_prompt[r]]:
+                still.append(r)
+        if not still:
+            break
+        next_tokens = dict(zip(active, tokens.tolist()))
+        if len(still) <= len(cache_rows) // 2:
+            # half the cached rows are finished: drop them (one copy of the cache) so steps get cheaper
+            slot = {r: i for i, r in enumerate(cache_rows)}
+            cache = cache.select([slot[r] for r in still])
+            cache_rows = still
+        active = still
+        # finished rows still in the cache are fed a pad token; their outputs are ignored
+        step_ids = torch.tensor([[next_tokens.get(r, pad_id)] for r in cache_rows], device=device)
+        step_logits = model(step_ids, cache=cache)[:, -1].float()                     # (rows in cache, V)
+        slot = {r: i for i, r in enumerate(cache_rows)}
+        logits = step_logits[torch.tensor([slot[r] for r in active], device=device)]
+
+    samples = []
+    for r in range(R):
+        text = ""
+        if tokenizer is not None:
+            ended_by_token = bool(out_tokens[r]) and out_tokens[r][-1] in stop_ids
+            text = tokenizer.decode(out_tokens[r][:-1] if ended_by_token else out_tokens[r])
+            cut = _cut_at_stop(text, stops[row_prompt[r]])
+            text = text if cut is None else cut
+        samples.append(Sample(prompt_index=row_prompt[r], token_ids=out_tokens[r], logprobs=out_logprobs[r],
+                              text=text, finish_reason=finish[r]))
+    return samples
+
+
+def _chunk_logprobs(hidden, targets, weight, temperature):
+    """hidden (N, H), targets (N,) -> log_softmax(hidden W^T / T)[target], float32 (N,)."""
+    logits = F.linear(hidden, weight).float() / temperature                          # (N, V)
+    return logits.gather(1, targets[:, None]).squeeze(1) - logits.logsumexp(-1)
+
+
+def completion_logprobs(model, prompts: list[list[int]], completions: list[list[int]], *,
+                        temperature=1.0, chunk_tokens=2048) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, Tc) float32 log-probs of each completion token given prompt + earlier completion tokens, and the
+    (B, Tc) bool mask of real entries (Tc = longest completion). Differentiable through the model."""
+    if len(prompts) != len(completions):
+        raise ValueError(f"completion_logprobs: {len(prompts)} prompts but {len(completions)} completions")
+    if any(len(p) == 0 for p in prompts):
+        raise ValueError("completion_logprobs: every prompt needs at least one token")
+    if temperature < 0 or chunk_tokens < 1:
+        raise ValueError(f"completion_logprobs: bad temperature {temperature} or chunk_tokens {chunk_tokens}")
+    temperature = temperature or 1.0
+    device = model.device
+    B = len(prompts)
+    Tc = max((len(c) for c in completions), default=0)
+    lengths = torch.tensor([len(c) for c in completions], device=device)
+    mask = torch.arange(Tc, device=device)[None, :] < lengths[:, None]               # (B, Tc)
+    if Tc == 0:
+        return torch.zeros(B, 0, device=device), mask
+
+    ids, attn = _left_pad([list(p) + list(c) for p, c in zip(prompts, completions)], 0, device)
+    T = ids.shape[1]
+    hidden = model.hidden_states(ids, attn)                                          # (B, T, H)
+    # completion token j of row b sits at T - len_b + j (left padding); it is predicted one slot earlier
+    where = (T - lengths[:, None] + torch.arange(Tc, device=device)[None, :] - 1).clamp(0, T - 1)
+    targets = torch.full((B, Tc), 0, dtype=torch.long, device=device)
+    for b, c in enumerate(completions):
+        targets[b, :len(c)] = torch.tensor(c, dtype=torch.long)
+    h = hidden.gather(1, where[..., None].expand(-1, -1, hidden.shape[-1]))[mask]    # (N, H)
+    t = targets[mask]                                                                # (N,)
+    weight = model.lm_head.weight
+    pieces = []
+    for start in range(0, h.shape[0], chunk_tokens):
+        args = (h[start:start + chunk_tokens], t[start:start + chunk_tokens], weight, temperature)
+        if torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad):
+            pieces.append(checkpoint(_chunk_logprobs, *args, use_reentrant=False))  # recompute logits in backward
+        else:
+            pieces.append(_chunk_logprobs(*args))
+    values = torch.cat(pieces)
+    return torch.zeros(B, Tc, device=device).masked_scatter(mask, values), mask
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m minskill.sampling",
+                                     description="Chat once with a model: print its reply to one prompt.")
+    parser.add_argument("--model", default="smollm2-135m", help="HF folder or 'smollm2-135m' (offline default)")
+    parser.add_argument("--prompt", required=True, help="the user message")
+    parser.add_argument("--system", default=None, help="system prompt (default: the chat format's own)")
+    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    args = parser.parse_args(argv)
+
+    from minskill.weights import load_model  # imported here: loading weights is only needed by the command
+
+    model, tokenizer = load_model(args.model, dtype=getattr(torch, args.dtype))
+    messages = ([{"role": "system", "content": args.system}] if args.system else []) + \
+        [{"role": "user", "content": args.prompt}]
+    prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    [sample] = generate(model, [prompt], max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                        top_p=args.top_p, seed=args.seed, stop_token_ids=tokenizer.stop_token_ids,
+                        tokenizer=tokenizer, pad_id=tokenizer.pad_token_id)
+    print(sample.text.strip())
+
+
+if __name__ == "__main__":
+    main()
