@@ -1,0 +1,64 @@
+"""Task suites with verifiable rewards.
+
+    load_suite("qa" | "household" | "webwalk" | "path/to/tasks.jsonl", split="train", seed=0, n=None)
+
+* `qa` — single-turn questions (counting, lookup, arithmetic, conversion), lenient final-answer check;
+  `load_suite("qa", path=FILE)` (or a .jsonl name) reads GAIA-format or {question, answer, type} JSONL.
+* `household` — ALFWorld-like text environment, six task types.
+* `webwalk` — WebWalker-like navigation of a generated website, levels easy/medium/hard.
+
+Generated suites depend only on (split, seed, n); train and held-out are disjoint (see base.py).
+`oracle_actions(task)` returns a scripted solution of a multi-turn task (used by tests to prove that
+every generated task is solvable); it is never shown to a model.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from .base import NOTHING_HAPPENS, SPLITS, Environment, Task, normalize_action, split_of
+from .household import HouseholdEnv, generate_household
+from .qa import generate_qa, load_jsonl
+from .verifiers import exact_match, extract_final_number, final_answer_match, gaia_match, numeric_match, verify
+from .webwalk import WebWalkEnv, generate_webwalk
+
+__all__ = ["Task", "Environment", "HouseholdEnv", "WebWalkEnv", "NOTHING_HAPPENS", "SPLITS", "SUITES",
+           "load_suite", "oracle_actions", "task_types", "gaia_match", "exact_match", "numeric_match",
+           "final_answer_match", "extract_final_number", "verify", "normalize_action", "split_of"]
+
+SUITES = {"qa": generate_qa, "household": generate_household, "webwalk": generate_webwalk}
+
+
+def load_suite(name: str, split: str = "train", seed: int = 0, n: int | None = None,
+               path: str | Path | None = None) -> list[Task]:
+    """Tasks of a built-in suite or of a JSONL file (`name` ending in .jsonl, or `path`).
+
+    split: "train", "heldout" or "all". n: number of tasks (default per suite: qa 50 per type,
+    household and webwalk 10 per type); JSONL files give all their tasks of the split unless n is set.
+    """
+    if n is not None and n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    if path is not None or str(name).endswith(".jsonl"):
+        file = Path(path if path is not None else name)
+        if path is not None and name not in ("qa", str(path)):
+            raise ValueError(f"a JSONL file holds qa tasks; got suite {name!r} with path={path}")
+        return load_jsonl(file, split=split, seed=seed, n=n)
+    if name not in SUITES:
+        raise ValueError(f"unknown suite {name!r}; built in: {', '.join(SUITES)} (or a .jsonl file)")
+    return SUITES[name](split=split, seed=seed, n=n)
+
+
+def oracle_actions(task: Task) -> list[str]:
+    """A scripted solution of a multi-turn task."""
+    kind = task.env_spec.get("kind")
+    if kind == "household":
+        from .household import oracle_actions as household_oracle
+        return household_oracle(task)
+    if kind == "webwalk":
+        from .webwalk import oracle_actions as webwalk_oracle
+        return webwalk_oracle(task)
+    raise ValueError(f"task {task.id} has no oracle (kind {kind!r})")
+
+
+def task_types(tasks: list[Task]) -> list[str]:
+    """The task types of a list of tasks, in order of first appearance."""
+    return list(dict.fromkeys(t.type for t in tasks))

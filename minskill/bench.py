@@ -1,0 +1,339 @@
+"""Side-by-side benchmarks: minskill against its reference, in one run, printed as ratios.
+
+    python -m minskill.bench model     # decode/prefill/train speed and peak memory vs Hugging Face transformers
+    python -m minskill.bench server    # completions/s and tokens/s with 1, 4, 16 concurrent clients
+    python -m minskill.bench grpo      # seconds per Skill-R1 training step: editor sampling, rollouts, update
+    python -m minskill.bench sft       # SFT tokens/s vs Hugging Face transformers on the same batch
+
+Figures (all on the same weights, same inputs, same thread count):
+
+    decode tok/s         = B · N / seconds for N greedy tokens after a short prompt, batch B ∈ {1, 8}
+    prefill tok/s        = 512 / seconds of one forward over a 512-token prompt
+    train step seconds   = forward + cross-entropy + backward on 4 × 256 tokens
+    peak memory          = peak RSS (VmHWM) during the workload − RSS before the model was loaded
+    bandwidth bound      = copy bandwidth / bytes of weights read per decoded token
+                           (every matrix once; the embedding table only as one row per token unless tied,
+                           when it is read in full as the output projection)
+
+Hugging Face `transformers` is the reference; it is imported only here, only when a bench runs, and is
+not a runtime dependency of minskill (install tests/requirements.txt).
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import sys
+import threading
+import time
+
+import torch
+
+
+def _rss_kb(field: str = "VmRSS") -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+def _reset_peak_rss() -> None:
+    try:  # Linux: writing 5 resets VmHWM to the current RSS
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
+class PeakMemory:
+    """Peak RSS above the level at entry, in MiB (Linux /proc; 0 elsewhere)."""
+
+    def __enter__(self):
+        gc.collect()
+        self.base = _rss_kb()
+        _reset_peak_rss()
+        return self
+
+    def __exit__(self, *exc):
+        self.peak_mib = max(0, _rss_kb("VmHWM") - self.base) / 1024
+
+
+def _timed(fn, repeats: int = 3) -> float:
+    fn()  # warm-up: first calls pay for allocation and kernel selection
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def copy_bandwidth_gbs(mbytes: int = 256) -> float:
+    """Memory bandwidth of a large tensor copy (bytes read + bytes written per second), GB/s."""
+    src = torch.empty(mbytes * 2**20 // 4, dtype=torch.float32).normal_()
+    dst = torch.empty_like(src)
+    sec = _timed(lambda: dst.copy_(src), repeats=5)
+    return 2 * src.numel() * 4 / sec / 1e9
+
+
+def weight_bytes_per_token(model) -> int:
+    cfg = model.config
+    per_param = torch.finfo(model.dtype).bits // 8
+    total = sum(p.numel() for p in model.parameters())
+    embed = cfg.vocab_size * cfg.hidden_size
+    # an untied embedding is only gathered (one row per token); a tied one is read in full as lm_head
+    return (total - (0 if cfg.tie_word_embeddings else embed - cfg.hidden_size)) * per_param
+
+
+def _hf_model(folder: str, dtype):
+    try:
+        from transformers import AutoModelForCausalLM
+    except ImportError:
+        sys.exit("the benchmark reference needs transformers: pip install -r tests/requirements.txt")
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
+    model.eval()
+    return model
+
+
+def _prompts(tokenizer, batch: int, length: int = 16) -> list[list[int]]:
+    text = "Once upon a time in a small village by the sea there lived an old fisherman who " * 8
+    ids = tokenizer.encode(text)
+    return [ids[i:i + length] for i in range(batch)]
+
+
+# --------------------------------------------------------------------------------------------- model
+
+
+def bench_model(args) -> None:
+    from minskill.model import Transformer
+    from minskill.sampling import generate
+    from minskill.tokenizer import Tokenizer
+    from minskill.weights import resolve_model
+
+    folder = str(resolve_model(args.model))
+    tokenizer = Tokenizer.from_pretrained(folder)
+    N = args.decode_tokens
+    results = []  # (figure, minskill value, hf value, unit, higher_is_better)
+    bw = copy_bandwidth_gbs()
+    print(f"model {args.model} ({folder}); threads {torch.get_num_threads()}; copy bandwidth {bw:.1f} GB/s",
+          flush=True)
+    for dtype in (torch.float32, torch.bfloat16):
+        dname = str(dtype).replace("torch.", "")
+        for impl in ("minskill", "hf"):
+            gc.collect()
+            with PeakMemory() as mem:
+                model = Transformer.from_pretrained(folder, dtype=dtype) if impl == "minskill" else \
+                    _hf_model(folder, dtype)
+                model.eval()
+                figures = {}
+                for batch in (1, 8):
+                    prompts = _prompts(tokenizer, batch)
+                    if impl == "minskill":
+                        def run():
+                            generate(model, prompts, n=1, max_new_tokens=N, temperature=0.0)
+                    else:
+                        ids = torch.tensor(prompts)
+
+                        def run():
+                            with torch.no_grad():
+                                model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=N,
+                                               min_new_tokens=N, do_sample=False, pad_token_id=0)
+                    figures[f"decode b{batch}"] = batch * N / _timed(run, args.repeats)
+                long_ids = torch.tensor([(tokenizer.encode("word " * 600))[:512]])
+                with torch.no_grad():
+                    figures["prefill 512"] = 512 / _timed(lambda: model(long_ids), args.repeats)
+                train_ids = torch.tensor([(tokenizer.encode("the quick brown fox " * 200))[i:i + 256]
+                                          for i in range(4)])
+                model.train()
+
+                def step():
+                    logits = model(train_ids)
+                    logits = getattr(logits, "logits", logits)
+                    loss = torch.nn.functional.cross_entropy(
+                        logits[:, :-1].reshape(-1, logits.shape[-1]).float(), train_ids[:, 1:].reshape(-1))
+                    loss.backward()
+                    model.zero_grad(set_to_none=True)
+                figures["fwd+bwd 4x256 (s)"] = _timed(step, max(1, args.repeats - 1))
+                if impl == "minskill":
+                    figures["bound"] = bw * 1e9 / weight_bytes_per_token(model)
+            figures["peak MiB"] = mem.peak_mib
+            if impl == "minskill":
+                ours = figures
+            else:
+                theirs = figures
+            del model
+        for key in ("decode b1", "decode b8", "prefill 512"):
+            results.append((f"{key} tok/s {dname}", ours[key], theirs[key], True))
+        results.append((f"fwd+bwd 4x256 s {dname}", ours["fwd+bwd 4x256 (s)"], theirs["fwd+bwd 4x256 (s)"], False))
+        results.append((f"peak memory MiB {dname}", ours["peak MiB"], theirs["peak MiB"], False))
+        if "bound" in ours:
+            print(f"{dname}: batch-1 decode {ours['decode b1']:.1f} tok/s = {ours['decode b1'] / ours['bound']:.0%}"
+                  f" of the bandwidth bound {ours['bound']:.1f} tok/s", flush=True)
+    _print_table(results, "minskill", "HF transformers")
+
+
+def _print_table(results, a: str, b: str) -> None:
+    print(f"\n| figure | {a} | {b} | ratio {a}/{b} |\n|---|---|---|---|")
+    for name, x, y, higher in results:
+        ratio = x / y if y else float("nan")
+        print(f"| {name} | {x:.2f} | {y:.2f} | {ratio:.2f}{'' if higher else ' (lower is better)'} |")
+
+
+# -------------------------------------------------------------------------------------------- server
+
+
+def bench_server(args) -> None:
+    from minskill.server import embedded_client
+
+    questions = [f"Write one sentence about the number {i}." for i in range(64)]
+    rows = []
+    with embedded_client(None, None, model_spec=args.model, max_workers=32) as client:
+        client.chat([{"role": "user", "content": "hi"}], max_tokens=4)  # warm-up
+        for clients in (1, 4, 16):
+            requests = [{"messages": [{"role": "user", "content": q}], "max_tokens": args.decode_tokens,
+                         "temperature": 0.0} for q in questions[: max(clients * 2, 8)]]
+            before = client.stats["completion_tokens"]
+            lock = threading.Lock()
+            todo = list(requests)
+
+            def worker():
+                while True:
+                    with lock:
+                        if not todo:
+                            return
+                        req = todo.pop()
+                    client.chat(**req)
+            t0 = time.perf_counter()
+            threads = [threading.Thread(target=worker) for _ in range(clients)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            sec = time.perf_counter() - t0
+            tokens = client.stats["completion_tokens"] - before
+            rows.append((clients, len(requests) / sec, tokens / sec))
+            print(f"{clients:>2} clients: {len(requests)} completions in {sec:.1f}s", flush=True)
+    base = rows[0][2]
+    print("\n| concurrent clients | completions/s | tokens/s | tokens/s vs 1 client (sequential serving) |")
+    print("|---|---|---|---|")
+    for clients, cps, tps in rows:
+        print(f"| {clients} | {cps:.2f} | {tps:.1f} | {tps / base:.2f}× |")
+
+
+# ---------------------------------------------------------------------------------------------- grpo
+
+
+def bench_grpo(args) -> None:
+    """One Skill-R1 step on one instance, split into its three phases."""
+    from minskill.grpo import bilevel_advantages, policy_loss
+    from minskill.rollout import run_rollouts
+    from minskill.sampling import completion_logprobs, generate
+    from minskill.server import embedded_client
+    from minskill.skill_r1 import EDITOR_SYSTEM
+    from minskill.tasks import load_suite
+    from minskill.weights import load_model
+
+    editor, tok = load_model(args.model)
+    tasks = [t for t in load_suite("qa", split="train", seed=0)][:4]
+    messages = [{"role": "system", "content": EDITOR_SYSTEM},
+                {"role": "user", "content": "Task type: arithmetic\nWrite a better skill."}]
+    prompt = tok.apply_chat_template(messages)
+    K = args.candidates
+    phases = {"editor sampling": [], "task rollouts": [], "forward/backward": []}
+    optimizer = torch.optim.AdamW(editor.parameters(), lr=1e-6)
+    with embedded_client(None, None, model_spec=args.model) as client:
+        for step in range(args.repeats):
+            t0 = time.perf_counter()
+            editor.eval()
+            samples = generate(editor, [prompt], n=K, max_new_tokens=args.skill_tokens, temperature=1.0,
+                               stop_token_ids=tok.stop_token_ids, seed=step, tokenizer=tok)
+            t1 = time.perf_counter()
+            rewards = []
+            for s in samples:
+                trs = run_rollouts(client, tasks, s.text, max_tokens=args.decode_tokens)
+                rewards.append(sum(t.reward for t in trs) / len(trs))
+            t2 = time.perf_counter()
+            editor.train()
+            adv = bilevel_advantages(rewards, 0.0, 0.5)
+            logp, mask = completion_logprobs(editor, [prompt] * K, [s.token_ids for s in samples])
+            old = logp.detach()
+            loss, _ = policy_loss(logp, old, adv, mask)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            t3 = time.perf_counter()
+            for k, v in zip(phases, (t1 - t0, t2 - t1, t3 - t2)):
+                phases[k].append(v)
+            print(f"step {step + 1}: {t3 - t0:.1f}s", flush=True)
+    total = sum(statistics.median(v) for v in phases.values())
+    print(f"\nOne Skill-R1 step on the default model: K={K} candidates of ≤{args.skill_tokens} tokens, "
+          f"{len(tasks)} qa tasks each, median of {args.repeats}")
+    print("| phase | seconds | share |\n|---|---|---|")
+    for k, v in phases.items():
+        print(f"| {k} | {statistics.median(v):.2f} | {statistics.median(v) / total:.0%} |")
+    print(f"| total | {total:.2f} | 100% |")
+
+
+# ----------------------------------------------------------------------------------------------- sft
+
+
+def bench_sft(args) -> None:
+    """Tokens/s of a full SFT step (forward, masked CE, backward, clip, AdamW) on one batch, minskill vs HF."""
+    from minskill.model import Transformer
+    from minskill.sft import sft_throughput
+    from minskill.weights import resolve_model
+
+    folder = str(resolve_model(args.model))
+    g = torch.Generator().manual_seed(0)
+    B, T = args.sft_batch, args.sft_length
+    ids = torch.randint(10, 40000, (B, T), generator=g)
+    loss_mask = torch.zeros(B, T, dtype=torch.bool)
+    loss_mask[:, T // 2:] = True  # targets: the second half, as the answer part of an SFT record
+    results = {}
+    for impl in ("minskill", "hf"):
+        gc.collect()
+        with PeakMemory() as mem:
+            if impl == "minskill":
+                model = Transformer.from_pretrained(folder)
+                tps = sft_throughput(model, ids, loss_mask, steps=args.repeats)["tokens_per_s"]
+            else:
+                model = _hf_model(folder, torch.float32)
+                model.train()
+                opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+                labels = ids.masked_fill(~loss_mask, -100)
+
+                def step():
+                    opt.zero_grad(set_to_none=True)
+                    model(input_ids=ids, labels=labels).loss.backward()
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                    opt.step()
+                tps = B * T / _timed(step, args.repeats)
+        results[impl] = (tps, mem.peak_mib)
+        del model
+    _print_table([(f"SFT tokens/s float32 ({B}×{T})", results["minskill"][0], results["hf"][0], True),
+                  ("peak memory MiB", results["minskill"][1], results["hf"][1], False)], "minskill", "HF transformers")
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(prog="python -m minskill.bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("what", choices=["model", "server", "grpo", "sft"])
+    p.add_argument("--model", default="smollm2-135m", help="model spec (HF folder or smollm2-135m)")
+    p.add_argument("--decode-tokens", type=int, default=64, help="new tokens per decode measurement")
+    p.add_argument("--repeats", type=int, default=3, help="timed repetitions (median is reported)")
+    p.add_argument("--candidates", type=int, default=4, help="grpo: K")
+    p.add_argument("--skill-tokens", type=int, default=128, help="grpo: editor tokens per candidate")
+    p.add_argument("--sft-batch", type=int, default=4)
+    p.add_argument("--sft-length", type=int, default=256)
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    {"model": bench_model, "server": bench_server, "grpo": bench_grpo, "sft": bench_sft}[args.what](args)
+
+
+if __name__ == "__main__":
+    main()

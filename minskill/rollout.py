@@ -1,0 +1,665 @@
+"""Rollouts: run a frozen task model (reached over HTTP through a ChatClient) on tasks under a skill set,
+and return verified trajectories.
+
+What happens for one task:
+
+* **Skills -> system prompt.** A `SkillSet` is rendered for the task's type (`SkillSet.render`: general
+  skills always, the task-specific skills of that type, common mistakes, within a token budget); a plain
+  string is used as-is; no skill (None or "") means *no system message*, so the chat template's own
+  default applies (the "no skill" baseline).
+* **Single-turn tasks**: question -> one reply -> `task.score(reply)` (the task's verifier, 1.0 / 0.0).
+  All single-turn requests of a run are queued at once on a pool of `client.max_workers` threads (as
+  `client.chat_many` does), so the server always has a full batch, and each trajectory is written the
+  moment its reply arrives; `n` rollouts of a task are one request with `n` choices (one prefill).
+* **Multi-turn tasks** (the agent loop): `obs = env.reset()`; then, up to the step budget, the model is
+  shown the observation (the first user message also holds the instruction, the allowed action syntax and,
+  when the environment offers them, the admissible actions), its reply is parsed leniently into one action
+  (`parse_action`), and `obs, done, success = env.step(action)`. All live episodes advance in lock-step:
+  one round of concurrent requests per step across every live episode, so the server batches them.
+* **Lenient action parsing** (`parse_action`): small models wrap actions in prose, so each reply line is
+  stripped of "Action:", "> ", bullets, numbering and quotes; the first line that starts with an action
+  verb wins (else the first line holding one, from the verb on). When the environment lists admissible
+  actions, the candidate is matched to one of them: equal up to case and spacing, else the longest one it
+  starts with, else the closest one with the same verb (difflib ratio >= 0.75); free-text actions
+  ("answer <text>") pass through. Whatever comes out goes to the environment, which answers
+  "Nothing happens." to anything that changes nothing. An agent prompt keeps the first user message and
+  the last `history` exchanges, so long episodes stay within a small model's context.
+* **Failures never crash a run.** A garbage reply is simply a failed task (reward 0). An HTTP failure, an
+  exception in a verifier or an environment ends that task as failed with `.error` set.
+* **Trajectories** are appended to `out_path` as JSONL the moment they finish (append + flush per line),
+  so an interrupted run keeps what it did; `load_trajectories` reads them back.
+
+Rewards (per trajectory i; `summarize` averages them over trajectories, overall and per task type):
+
+    reward_i  = verifier score (single-turn) or 1[env reported success] (multi-turn), in [0, 1]
+    success_i = reward_i >= 1
+    NH_i      = number of steps whose observation was exactly "Nothing happens." (the action changed nothing)
+    NHR_i     = NH_i / steps_i          (0 for single-turn tasks and episodes of 0 steps)
+    SR        = mean_i success_i,   NHR = mean_i NHR_i
+    R         = SR − λ · NHR             (MASA's adjusted reward; λ = `lam_nh`)
+
+The success rate is reported with a 95% Wilson score interval (z = 1.96, k successes out of n):
+
+    center = (p + z²/2n) / (1 + z²/n),   half = z·sqrt(p(1−p)/n + z²/4n²) / (1 + z²/n),   p = k/n
+
+Evaluation command (prints a table per task type, writes trajectories.jsonl + summary.json):
+
+    python -m minskill.rollout --suite qa --skills base --split heldout --n-tasks 300
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import json
+import math
+import os
+import re
+import signal
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Callable, Iterable
+
+NOTHING_HAPPENS = "Nothing happens."  # the observation of an action that changed nothing (ALFWorld's wording)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Trajectories
+
+@dataclass
+class Trajectory:
+    task_id: str
+    task_type: str
+    messages: list[dict]                 # the conversation (system prompt, user turns, model replies)
+    actions: list[str] = field(default_factory=list)        # multi-turn: the parsed actions sent to the env
+    observations: list[str] = field(default_factory=list)   # multi-turn: reset() observation, then one per step
+    reply: str = ""                      # single-turn: the model's answer; multi-turn: its last raw reply
+    reward: float = 0.0
+    success: bool = False
+    steps: int = 0                       # model turns (1 for a single-turn task)
+    nothing_happens: int = 0             # steps answered with exactly "Nothing happens."
+    error: str | None = None             # HTTP / verifier / environment failure; None when the run was clean
+    sample: int = 0                      # index of this rollout among the n of its task
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, record: dict) -> "Trajectory":
+        known = {f.name for f in fields(cls)}
+        missing = {"task_id", "task_type", "messages"} - set(record)
+        if missing:
+            raise ValueError(f"trajectory record lacks field(s) {sorted(missing)}: {str(record)[:200]}")
+        return cls(**{k: v for k, v in record.items() if k in known})
+
+
+def append_jsonl(path, record: dict) -> None:
+    """Append one JSON line and flush it to disk (a crash loses at most the line being written)."""
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(record, ensure_ascii=False) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def load_trajectories(path) -> list[Trajectory]:
+    """Read a trajectories JSONL file; a torn last line (interrupted write) is skipped, any other bad line
+    is an error naming the file and line."""
+    lines = Path(path).read_text(encoding="utf-8").splitlines()
+    out = []
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            out.append(Trajectory.from_json(json.loads(line)))
+        except json.JSONDecodeError as e:
+            if lineno == len(lines):  # the run was killed mid-write: keep everything before it
+                break
+            raise ValueError(f"{path}:{lineno}: not a JSON line ({e})") from None
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{path}:{lineno}: {e}") from None
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Skills -> system prompt
+
+def skill_text(skills, task_type: str | None = None, max_tokens: int = 1024) -> str:
+    """The system-prompt text of `skills` for a task of `task_type`: a SkillSet renders itself (general +
+    that type's skills + common mistakes, within `max_tokens`); a single Skill is rendered as a one-skill
+    set; a string is used as-is; None gives "" (no system prompt)."""
+    if skills is None:
+        return ""
+    if isinstance(skills, str):
+        return skills.strip()
+    if hasattr(skills, "render"):  # SkillSet
+        return skills.render(task_type=task_type, max_tokens=max_tokens).strip()
+    if hasattr(skills, "body") and hasattr(skills, "name"):  # a single Skill
+        from minskill.skills import SkillSet
+        return SkillSet(general=[skills], task_specific={}, common_mistakes=[]).render(
+            task_type=task_type, max_tokens=max_tokens).strip()
+    raise TypeError(f"skills must be a SkillSet, a Skill, a str or None, not {type(skills).__name__}")
+
+
+def _with_system(system: str, messages: list[dict]) -> list[dict]:
+    return ([{"role": "system", "content": system}] if system else []) + messages
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Lenient action parsing
+
+# Action syntax of the built-in environments, used when an environment does not describe its own
+# (`env.action_syntax`, a list of patterns such as "go to X").
+HOUSEHOLD_ACTIONS = ["go to X", "open X", "close X", "take X from Y", "put X in/on Y", "heat X with Y",
+                     "cool X with Y", "clean X with Y", "use X", "examine X", "inventory", "look"]
+WEBWALK_ACTIONS = ["click <link>", "back", "answer <text>"]
+
+_PREFIX = re.compile(r"^\s*(?:[-*•>]+\s*|\d+[.)]\s+|(?:next\s+)?action\s*\d*\s*[:=-]\s*|"
+                     r"(?:i\s+will|i'll|let's|let\s+me)\s+)+", re.IGNORECASE)
+
+
+def action_syntax(task, env) -> list[str]:
+    """The allowed action patterns: the environment's own description when it has one, else the built-in
+    suite's, guessed from the environment's class name; [] when unknown."""
+    for owner in (env, task):
+        syntax = getattr(owner, "action_syntax", None)
+        syntax = syntax() if callable(syntax) else syntax
+        if syntax:
+            return [syntax] if isinstance(syntax, str) else list(syntax)
+    spec = getattr(task, "env_spec", None) or {}
+    name = f"{type(env).__name__} {spec.get('suite', '')} {spec.get('kind', '')}".lower()
+    if "web" in name:
+        return WEBWALK_ACTIONS
+    if "house" in name or "alf" in name:
+        return HOUSEHOLD_ACTIONS
+    return []
+
+
+def _verbs(syntax: Iterable[str], admissible: Iterable[str]) -> list[str]:
+    """First words of the allowed actions ("go", "take", "click", ...), longest first."""
+    words = {s.split()[0].lower() for s in list(syntax) + list(admissible) if s.split()}
+    return sorted(words, key=len, reverse=True)
+
+
+def _clean(line: str) -> str:
+    line = line.strip().strip("`").strip()
+    prev = None
+    while prev != line:  # prefixes can stack: "> Action: `go to desk 1`"
+        prev = line
+        line = _PREFIX.sub("", line).strip().strip("`\"'*").strip()
+    return re.sub(r"\s+", " ", line).rstrip(" .!;:")
+
+
+def _norm(text: str) -> str:
+    return re.sub(r"\s+", " ", text.lower()).strip().rstrip(" .!;:")
+
+
+def match_admissible(candidate: str, admissible: list[str], cutoff: float = 0.75,
+                     same_verb: bool = True) -> str | None:
+    """The admissible action `candidate` means: equal up to case/spacing/trailing punctuation; else the
+    longest admissible action it starts with ("go to desk 1 to look" -> "go to desk 1"); else the closest
+    one (with the same first word, when `same_verb`) whose difflib similarity ratio is >= cutoff.
+    None when nothing fits."""
+    cand = _norm(candidate)
+    if not cand:
+        return None
+    by_norm = {_norm(a): a for a in admissible}
+    if cand in by_norm:
+        return by_norm[cand]
+    prefixes = [a for n, a in by_norm.items() if cand.startswith(n + " ")]
+    if prefixes:
+        return max(prefixes, key=len)
+    verb = cand.split()[0]
+    pool = [n for n in by_norm if n.split()[0] == verb or not same_verb]
+    close = difflib.get_close_matches(cand, pool, n=1, cutoff=cutoff)
+    return by_norm[close[0]] if close else None
+
+
+def parse_action(reply: str, admissible: list[str] | None = None, syntax: list[str] | None = None) -> str:
+    """One action out of a free-form reply. Each line is stripped of "Action:", "> ", bullets, numbering
+    and quotes; the first line that starts with an action verb wins (failing that, the first line holding a
+    verb, from that verb on); with admissible actions the result is matched to one of them when its verb is
+    among theirs (free-text actions such as "answer <text>" pass through). "" when the reply is empty."""
+    admissible = list(admissible or [])
+    verbs = _verbs(syntax or [], admissible)
+    lines = [c for c in (_clean(l) for l in (reply or "").splitlines()) if c]
+    if not lines:
+        return ""
+    candidate, by_verb = None, False
+    if verbs:
+        verb_alt = "|".join(re.escape(v) for v in verbs)
+        starts = re.compile(rf"^(?:{verb_alt})\b", re.IGNORECASE)
+        inside = re.compile(rf"\b(?:{verb_alt})\b", re.IGNORECASE)
+        candidate = next((l for l in lines if starts.match(l)), None)
+        if candidate is None:
+            for l in lines:
+                m = inside.search(l)
+                if m:
+                    candidate = _clean(l[m.start():])
+                    break
+    if candidate is None:
+        candidate = lines[0]
+    else:
+        by_verb = True  # "Answer: 42" / "answer is 42" -> "answer 42" (the verb as the syntax spells it)
+        m = re.match(rf"^({verb_alt})\b\s*(?:[:=]|\bis\b)?\s*", candidate, re.IGNORECASE)
+        candidate = (m.group(1).lower() + " " + candidate[m.end():]).strip()
+    if admissible:
+        matched = match_admissible(candidate, admissible)
+        if matched is not None:
+            return matched
+        # no action verb anywhere: perhaps a line is a misspelt admissible action ("opne cabinet 1")
+        for l in lines if not by_verb else []:
+            matched = match_admissible(l, admissible, cutoff=0.85, same_verb=False)
+            if matched is not None:
+                return matched
+    return candidate
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The agent prompt
+
+def _admissible(env) -> list[str]:
+    get = getattr(env, "admissible_actions", None)
+    try:
+        return list(get()) if callable(get) else []
+    except Exception:  # an environment without admissible actions may raise NotImplementedError
+        return []
+
+
+def _first_user_message(task, observation: str, syntax: list[str]) -> str:
+    parts = []
+    question = (getattr(task, "question", "") or "").strip()
+    if question and question not in observation:
+        parts.append(question)
+    if syntax:
+        parts.append("Allowed actions (one per reply):\n" + "\n".join(f"- {s}" for s in syntax))
+    parts.append(f"Observation: {observation.strip()}")
+    return "\n\n".join(parts)
+
+
+def _turn_prompt(admissible: list[str]) -> str:
+    listed = ("\nAdmissible actions: " + ", ".join(admissible)) if admissible else ""
+    return f"{listed}\nReply with one action only."
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Running
+
+def _score(task, reply: str) -> tuple[float, str | None]:
+    try:
+        return float(task.score(reply)), None
+    except Exception as e:  # a verifier bug must not take the whole run down
+        return 0.0, f"verifier failed: {type(e).__name__}: {e}"
+
+
+def _as_completed(client, requests: list[dict]):
+    """Yield (index, ChatResult or exception) as each request finishes, at most `client.max_workers` in
+    flight (the bound chat_many uses). If the consumer stops (an exception, Ctrl-C, SIGTERM), pending
+    requests are cancelled and in-flight ones are not waited for, so an embedded server can be shut down
+    at once. A client without `chat` is served by one `chat_many` call."""
+    if not requests:
+        return
+    if not hasattr(client, "chat"):
+        yield from enumerate(client.chat_many(requests, return_exceptions=True))
+        return
+    pool = ThreadPoolExecutor(max_workers=min(getattr(client, "max_workers", 8), len(requests)))
+    try:
+        futures = {pool.submit(client.chat, **request): k for k, request in enumerate(requests)}
+        for future in as_completed(futures):
+            error = future.exception()
+            yield futures[future], (error if error is not None else future.result())
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _chat_all(client, requests: list[dict]) -> list:
+    """All replies (or exceptions) in request order, requests run concurrently."""
+    out = [None] * len(requests)
+    for k, answer in _as_completed(client, requests):
+        out[k] = answer
+    return out
+
+
+def _chat_error(result) -> str:
+    return f"{type(result).__name__}: {result}"
+
+
+class _Episode:
+    """One live multi-turn rollout: its environment, conversation and counters."""
+
+    def __init__(self, task, sample: int, system: str, max_steps: int | None):
+        if max_steps is not None and dataclasses.is_dataclass(task):
+            task = dataclasses.replace(task, max_steps=max_steps)  # the environment enforces the budget too
+        self.task, self.sample = task, sample
+        self.env = task.make_env()
+        self.syntax = action_syntax(task, self.env)
+        self.budget = int(max_steps if max_steps is not None else task.max_steps)
+        obs = self.env.reset()
+        self.traj = Trajectory(task_id=task.id, task_type=task.type, sample=sample, observations=[obs],
+                               messages=_with_system(system, [
+                                   {"role": "user", "content": _first_user_message(task, obs, self.syntax)}]))
+        self.admissible = _admissible(self.env)
+        self.done = self.budget <= 0
+
+    def prompt(self, history: int | None) -> list[dict]:
+        """The messages sent for the next step: system + first user turn + the last `history` exchanges,
+        with the admissible actions appended to the newest observation only (they are long)."""
+        msgs = self.traj.messages
+        head = 2 if msgs[0]["role"] == "system" else 1
+        tail = msgs[head:]
+        if history is not None and len(tail) > 2 * history:
+            tail = tail[len(tail) - 2 * history:]
+        out = [dict(m) for m in msgs[:head] + tail]
+        out[-1]["content"] += _turn_prompt(self.admissible)
+        return out
+
+    def advance(self, reply: str) -> None:
+        t = self.traj
+        t.reply = reply
+        t.messages.append({"role": "assistant", "content": reply})
+        action = parse_action(reply, self.admissible, self.syntax)
+        t.actions.append(action)
+        t.steps += 1
+        obs, finished, success = self.env.step(action)  # an empty action is the env's to judge
+        t.observations.append(obs)
+        t.nothing_happens += obs.strip() == NOTHING_HAPPENS
+        t.messages.append({"role": "user", "content": f"Observation: {obs.strip()}"})
+        if finished or t.steps >= self.budget:
+            t.success = bool(success)
+            t.reward = 1.0 if success else 0.0
+            self.done = True
+        else:
+            self.admissible = _admissible(self.env)
+
+    def fail(self, error: str) -> None:
+        self.traj.error, self.traj.success, self.traj.reward, self.done = error, False, 0.0, True
+
+
+def run_rollouts(client, tasks, skills=None, *, n: int = 1, temperature: float = 0.0, max_tokens: int = 256,
+                 seed: int | None = 0, out_path=None, progress: Callable | None = None,
+                 max_steps: int | None = None, action_max_tokens: int = 64, history: int | None = 8,
+                 skill_max_tokens: int = 1024) -> list[Trajectory]:
+    """Run `n` rollouts of every task under `skills` and return their trajectories in task order (samples
+    of a task together); out_path gets them in the order they finish. `client` is a ChatClient (`chat`
+    and `chat_many`; its `max_workers` bounds the requests in flight). `max_steps` overrides the tasks'
+    step budgets; `action_max_tokens` bounds one agent reply; `history` is how many past (action,
+    observation) exchanges an agent prompt keeps (None = all). `progress(done, total, trajectory)` is
+    called as each trajectory finishes."""
+    if n < 1:
+        raise ValueError(f"run_rollouts: n must be >= 1, got {n}")
+    tasks = list(tasks)
+    total = len(tasks) * n
+    results: list[tuple[int, int, Trajectory]] = []   # (task position, sample, trajectory)
+
+    def finish(traj: Trajectory, position: int) -> None:
+        results.append((position, traj.sample, traj))
+        if out_path is not None:
+            append_jsonl(out_path, traj.to_json())
+        if progress is not None:
+            progress(len(results), total, traj)
+
+    system_by_type: dict = {}
+
+    def system_for(task) -> str:
+        if task.type not in system_by_type:
+            system_by_type[task.type] = skill_text(skills, task.type, skill_max_tokens)
+        return system_by_type[task.type]
+
+    # --- single-turn: every request in flight at once (one request with n choices per task); each task's
+    # trajectories are finished the moment its reply arrives, and the server's queue never runs dry
+    single = [(i, t) for i, t in enumerate(tasks) if not t.multi_turn]
+    requests = [dict(messages=_with_system(system_for(t), [{"role": "user", "content": t.question}]),
+                     n=n, temperature=temperature, max_tokens=max_tokens, seed=seed) for _, t in single]
+    for k, answer in _as_completed(client, requests):
+        position, task = single[k]
+        for j in range(n):
+            traj = Trajectory(task_id=task.id, task_type=task.type, messages=list(requests[k]["messages"]),
+                              sample=j, steps=1)
+            if isinstance(answer, BaseException):
+                traj.error = _chat_error(answer)
+            elif j >= len(answer.texts):
+                traj.error = f"server returned {len(answer.texts)} choices, asked for {n}"
+            else:
+                traj.reply = answer.texts[j] or ""
+                traj.messages.append({"role": "assistant", "content": traj.reply})
+                traj.reward, traj.error = _score(task, traj.reply)
+                traj.success = traj.reward >= 1.0
+            finish(traj, position)
+
+    # --- multi-turn: all episodes in lock-step, one round of concurrent requests per step
+    episodes: list[_Episode] = []
+    for position, task in enumerate(tasks):
+        for j in range(n if task.multi_turn else 0):
+            try:
+                ep = _Episode(task, j, system_for(task), max_steps)
+            except Exception as e:  # a broken environment fails its task, not the run
+                finish(Trajectory(task_id=task.id, task_type=task.type, messages=[], sample=j,
+                                  error=f"environment failed at reset: {type(e).__name__}: {e}"), position)
+                continue
+            ep.position = position
+            if ep.done:
+                finish(ep.traj, position)
+            else:
+                episodes.append(ep)
+    while episodes:
+        requests = [dict(messages=ep.prompt(history), n=1, temperature=temperature,
+                         max_tokens=action_max_tokens, seed=None if seed is None else seed + ep.sample)
+                    for ep in episodes]
+        for ep, answer in zip(episodes, _chat_all(client, requests)):
+            if isinstance(answer, BaseException):
+                ep.fail(_chat_error(answer))
+            else:
+                try:
+                    ep.advance(answer.texts[0] if answer.texts else "")
+                except Exception as e:
+                    ep.fail(f"environment failed at step {ep.traj.steps}: {type(e).__name__}: {e}")
+            if ep.done:
+                finish(ep.traj, ep.position)
+        episodes = [ep for ep in episodes if not ep.done]
+    return [traj for _, _, traj in sorted(results, key=lambda r: r[:2])]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Summaries
+
+def wilson_interval(successes: float, n: int, z: float = 1.96) -> tuple[float, float]:
+    """95% Wilson score interval of a success rate (see the module docstring); (0, 1) when n = 0."""
+    if n <= 0:
+        return 0.0, 1.0
+    p = successes / n
+    denom = 1 + z * z / n
+    center = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    # at p = 0 or 1 the bound is exactly 0 or 1 (floating point would leave 1e-16 off)
+    return (0.0 if successes <= 0 else max(0.0, center - half)), (1.0 if successes >= n else min(1.0, center + half))
+
+
+def _stats(trajs: list[Trajectory], lam_nh: float) -> dict:
+    n = len(trajs)
+    if n == 0:
+        return dict(n=0, success_rate=0.0, success_ci95=[0.0, 1.0], nhr=0.0, adjusted_reward=0.0,
+                    mean_reward=0.0, mean_steps=0.0, errors=0)
+    wins = sum(t.success for t in trajs)
+    sr = wins / n
+    nhr = sum(t.nothing_happens / t.steps if t.steps else 0.0 for t in trajs) / n
+    return dict(n=n, success_rate=sr, success_ci95=list(wilson_interval(wins, n)), nhr=nhr,
+                adjusted_reward=sr - lam_nh * nhr, mean_reward=sum(t.reward for t in trajs) / n,
+                mean_steps=sum(t.steps for t in trajs) / n, errors=sum(t.error is not None for t in trajs))
+
+
+def summarize(trajectories, lam_nh: float = 0.0) -> dict:
+    """success_rate, success_ci95 (Wilson), nhr, adjusted_reward (SR − lam_nh·NHR), mean_reward, mean_steps,
+    n, errors — over all trajectories and per task type (`per_type`, types sorted)."""
+    trajs = list(trajectories)
+    out = _stats(trajs, lam_nh)
+    out["lam_nh"] = lam_nh
+    types = sorted({t.task_type for t in trajs})
+    out["per_type"] = {ty: _stats([t for t in trajs if t.task_type == ty], lam_nh) for ty in types}
+    return out
+
+
+def format_table(summary: dict) -> str:
+    """A Markdown table: one row per task type, then the whole run."""
+    head = "| task type | n | success | 95% CI | NHR | mean steps | errors |\n|---|---|---|---|---|---|---|"
+    rows = [head]
+    for name, s in list(summary["per_type"].items()) + [("**all**", summary)]:
+        lo, hi = s["success_ci95"]
+        rows.append(f"| {name} | {s['n']} | {s['success_rate']:.2f} | {lo:.2f}–{hi:.2f} | {s['nhr']:.2f} | "
+                    f"{s['mean_steps']:.1f} | {s['errors']} |")
+    return "\n".join(rows)
+
+
+def _write_text_atomic(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The evaluation command
+
+def load_skills(spec: str | None, suite: str):
+    """--skills: "none" -> None; "base" -> the suite's hand-written base skills; a folder or .json ->
+    SkillSet.load; any other file -> its text, used as-is."""
+    if spec is None or spec.lower() in ("", "none"):
+        return None
+    if spec.lower() == "base":
+        from minskill import tasks as tasks_pkg
+        base = getattr(tasks_pkg, "base_skills", None)
+        if callable(base):
+            return base(suite)
+        folder = Path(tasks_pkg.__file__).parent / "base_skills"
+        for candidate in (folder / suite, folder / f"{suite}.json", folder):
+            if candidate.exists():
+                from minskill.skills import SkillSet
+                return SkillSet.load(candidate)
+        raise FileNotFoundError(f"--skills base: no base skills for suite {suite!r} under {folder}")
+    path = Path(spec)
+    if not path.exists():
+        raise FileNotFoundError(f"--skills {spec}: no such file or folder (or use 'none' / 'base')")
+    if path.is_dir() or path.suffix.lower() == ".json":
+        from minskill.skills import SkillSet
+        return SkillSet.load(path)
+    return path.read_text(encoding="utf-8")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m minskill.rollout",
+        description="Evaluate a frozen task model on a task suite under a skill set. Prints success, "
+                    "NHR (share of 'Nothing happens.' steps), mean steps and n per task type, with a 95%% "
+                    "Wilson interval for success, and writes OUT/trajectories.jsonl (appended as tasks "
+                    "finish) and OUT/summary.json. With no --task-url it starts the embedded default model "
+                    "(SmolLM2-135M-Instruct, offline) on a loopback port.",
+        epilog="example: python -m minskill.rollout --suite qa --skills base --split heldout --n-tasks 300")
+    p.add_argument("--suite", required=True, help="qa | household | webwalk | PATH.jsonl (your own tasks)")
+    p.add_argument("--skills", default="none",
+                   help="skill set: an Agent Skills folder, a MASA .json, a text file used as-is, 'base' "
+                        "(the suite's hand-written base skills) or 'none' (no system prompt; default)")
+    p.add_argument("--split", default="heldout", help="train | heldout (default heldout)")
+    p.add_argument("--n-tasks", type=int, default=None, help="number of tasks (default: the whole split)")
+    p.add_argument("--task-seed", type=int, default=0, help="seed of the generated suite (default 0)")
+    p.add_argument("--task-url", default=None, help="OpenAI-compatible base URL of the task model "
+                   "(default $OPENAI_BASE_URL, else the embedded default model)")
+    p.add_argument("--task-model", default=None, help="model name sent to --task-url")
+    p.add_argument("--api-key", default=None, help="API key (default $OPENAI_API_KEY)")
+    p.add_argument("--model-spec", default="smollm2-135m", help="embedded server's model (no --task-url)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                   help="embedded server's dtype (default float32)")
+    p.add_argument("--temperature", type=float, default=0.0, help="task model temperature (default 0 = greedy)")
+    p.add_argument("--n", type=int, default=1, help="rollouts per task (default 1; greedy makes more useless)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed sent with each request")
+    p.add_argument("--max-tokens", type=int, default=256, help="reply budget of a single-turn answer")
+    p.add_argument("--action-max-tokens", type=int, default=64, help="reply budget of one agent action")
+    p.add_argument("--max-steps", type=int, default=None, help="override the tasks' step budget")
+    p.add_argument("--history", type=int, default=8, help="past exchanges kept in an agent prompt")
+    p.add_argument("--skill-max-tokens", type=int, default=1024, help="token budget of the rendered skills")
+    p.add_argument("--lam-nh", type=float, default=0.0, help="λ of the adjusted reward SR − λ·NHR")
+    p.add_argument("--concurrency", type=int, default=16, help="requests in flight at once")
+    p.add_argument("--timeout", type=float, default=600.0,
+                   help="seconds one request may take (a CPU batch of long replies is slow; default 600)")
+    p.add_argument("--out", default=None, help="output folder (default runs/eval-SUITE-TIME)")
+    p.add_argument("--resume", action="store_true",
+                   help="OUT/trajectories.jsonl exists: keep it and run only the missing (task, sample)s")
+    args = p.parse_args(argv)
+    if threading.current_thread() is threading.main_thread():
+        # `timeout`/`kill` send SIGTERM: exit through the `with` blocks so the embedded server is stopped too
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+
+    from minskill.tasks import load_suite
+    from minskill.server import embedded_client
+
+    try:
+        tasks = load_suite(args.suite, split=args.split, seed=args.task_seed, n=args.n_tasks)
+    except (ValueError, FileNotFoundError) as e:
+        p.error(str(e))
+    skills = load_skills(args.skills, args.suite)
+    suite_name = Path(args.suite).stem if args.suite.endswith(".jsonl") else args.suite
+    out_dir = Path(args.out or f"runs/eval-{suite_name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    traj_path = out_dir / "trajectories.jsonl"
+    previous: list[Trajectory] = []
+    if traj_path.exists() and traj_path.stat().st_size > 0:
+        if not args.resume:
+            p.error(f"{traj_path} already exists; pass --resume to continue it or choose another --out")
+        previous = load_trajectories(traj_path)
+        done = {(t.task_id, t.sample) for t in previous}
+        complete = {t.id for t in tasks if all((t.id, j) in done for j in range(args.n))}
+        # a task with only some of its n samples done is run again whole; its partial samples are dropped
+        previous = [t for t in previous if t.task_id in complete]
+        tasks = [t for t in tasks if t.id not in complete]
+        # rewrite what is kept, so that new lines never follow a torn one
+        _write_text_atomic(traj_path, "".join(json.dumps(t.to_json(), ensure_ascii=False) + "\n"
+                                              for t in previous))
+        print(f"resuming: {len(previous)} trajectories kept, {len(tasks)} tasks to run", file=sys.stderr)
+
+    started = time.time()
+    ok = [0]
+
+    def report(done: int, total: int, traj: Trajectory) -> None:
+        ok[0] += traj.success
+        step = max(1, total // 20)
+        if done == total or done % step == 0:
+            print(f"  [{done}/{total}] success so far {ok[0] / done:.2f}  "
+                  f"{time.time() - started:.0f}s", file=sys.stderr, flush=True)
+
+    n_multi = sum(t.multi_turn for t in tasks)
+    print(f"{suite_name}/{args.split}: {len(tasks)} tasks ({n_multi} multi-turn) x {args.n}, "
+          f"skills={args.skills}, temperature={args.temperature} -> {out_dir}", file=sys.stderr, flush=True)
+    with embedded_client(url=args.task_url, model=args.task_model, api_key=args.api_key,
+                         model_spec=args.model_spec, max_workers=args.concurrency, timeout=args.timeout,
+                         server_args=("--max-batch", str(args.concurrency), "--dtype", args.dtype)) as client:
+        trajs = run_rollouts(client, tasks, skills, n=args.n, temperature=args.temperature,
+                             max_tokens=args.max_tokens, seed=args.seed, out_path=traj_path, progress=report,
+                             max_steps=args.max_steps, action_max_tokens=args.action_max_tokens,
+                             history=args.history, skill_max_tokens=args.skill_max_tokens)
+        stats = dict(getattr(client, "stats", {}) or {})
+    summary = summarize(previous + trajs, lam_nh=args.lam_nh)
+    summary["run"] = dict(suite=args.suite, split=args.split, n_tasks=args.n_tasks, task_seed=args.task_seed,
+                          skills=args.skills, temperature=args.temperature, n=args.n,
+                          task_url=args.task_url, task_model=args.task_model,
+                          model=None if args.task_url else args.model_spec,
+                          seconds=round(time.time() - started, 1), client_stats=stats,
+                          command="python -m minskill.rollout " + " ".join(sys.argv[1:] if argv is None else argv))
+    _write_text_atomic(out_dir / "summary.json", json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
+    print(format_table(summary))
+    if summary["n"] and summary["mean_reward"] == 0.0 and n_multi:
+        print(f"\nNote: every reward is 0 on this suite — the task model solved none of the "
+              f"{summary['n']} episodes (it is too weak for this multi-turn suite).")
+    if summary["errors"]:
+        print(f"\n{summary['errors']} trajectories failed with an error (see .error in {traj_path})")
+    print(f"\nwrote {traj_path} and {out_dir / 'summary.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,145 @@
+"""The common task interface: `Task` (single-turn question + verifier, or multi-turn environment) and
+`Environment` (text observations, a step budget, a success flag, the "Nothing happens." counter).
+
+Splits. A generated task is identified by a *problem key* (what makes it the problem it is, e.g.
+("arithmetic", 3, "+", 4)). Its split is a pure function of the key:
+
+    split(key) = "heldout" if int(sha256(key)[:8], 16) % 100 < HELDOUT_PERCENT else "train"
+
+so train and held-out sets are disjoint by construction whatever seed generated them, and the same
+problem always lands in the same split. The seed only chooses which problems (and which wording) are
+drawn.
+"""
+from __future__ import annotations
+
+import hashlib
+import random
+from dataclasses import asdict, dataclass, field
+
+from .verifiers import verify
+
+NOTHING_HAPPENS = "Nothing happens."
+SPLITS = ("train", "heldout")
+HELDOUT_PERCENT = 50
+
+
+def stable_hash(text: str) -> int:
+    """A hash that is the same in every process (Python's hash() of str is salted per process)."""
+    return int(hashlib.sha256(text.encode("utf-8")).hexdigest()[:12], 16)
+
+
+def split_of(key: str) -> str:
+    """The split a problem key belongs to (see the module docstring)."""
+    return "heldout" if stable_hash("split:" + key) % 100 < HELDOUT_PERCENT else "train"
+
+
+def task_id(prefix: str, key: str) -> str:
+    """A short id that depends only on the problem, so the same task has the same id in every run."""
+    return f"{prefix}-{stable_hash('id:' + key):012x}"
+
+
+def check_split(split: str) -> str:
+    if split not in SPLITS and split != "all":
+        raise ValueError(f"unknown split {split!r}; use 'train', 'heldout' or 'all'")
+    return split
+
+
+def rng_for(suite: str, split: str, seed: int, stream: str = "") -> random.Random:
+    """A private random generator for one suite/split/seed (never the global `random` state)."""
+    return random.Random(stable_hash(f"{suite}|{split}|{seed}|{stream}"))
+
+
+@dataclass
+class Task:
+    """One task. Single-turn: `question` + `answer` scored by `verifier`. Multi-turn: `make_env()`."""
+    id: str
+    type: str
+    question: str                 # the prompt (single-turn) or the instruction (multi-turn)
+    answer: str | None = None
+    verifier: str = "final"       # a key of verifiers.VERIFIERS
+    multi_turn: bool = False
+    max_steps: int = 1
+    env_spec: dict = field(default_factory=dict)   # JSON-able: everything make_env() needs; or choices
+    metadata: dict = field(default_factory=dict)   # suite, split, level, source line, ...
+
+    def score(self, reply: str) -> float:
+        """1.0 when the reply is right according to this task's verifier, else 0.0."""
+        if self.multi_turn:
+            raise ValueError(f"task {self.id} is multi-turn: its reward is the environment's success flag")
+        if self.answer is None:
+            raise ValueError(f"task {self.id} has no reference answer to score against")
+        return 1.0 if verify(self.verifier, reply, self.answer, self.env_spec) else 0.0
+
+    def make_env(self) -> "Environment":
+        """A fresh environment for this multi-turn task (call reset() on it first)."""
+        if not self.multi_turn:
+            raise ValueError(f"task {self.id} is single-turn: it has no environment")
+        kind = self.env_spec.get("kind")
+        if kind == "household":
+            from .household import HouseholdEnv
+            return HouseholdEnv(self.env_spec, max_steps=self.max_steps)
+        if kind == "webwalk":
+            from .webwalk import WebWalkEnv
+            return WebWalkEnv(self.env_spec, max_steps=self.max_steps)
+        raise ValueError(f"task {self.id}: unknown environment kind {kind!r}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Task":
+        return cls(**data)
+
+
+class Environment:
+    """Base of the multi-turn environments.
+
+    reset() -> first observation. step(action) -> (observation, done, success). An action that changes
+    nothing (unknown, impossible here, wrong object...) returns exactly NOTHING_HAPPENS and is counted in
+    `nothing_happens`; purely informational actions (look, inventory, examine) are valid. The episode
+    ends on success, on a final action (webwalk `answer`), or when `steps` reaches `max_steps`.
+    """
+
+    def __init__(self, max_steps: int):
+        if max_steps < 1:
+            raise ValueError(f"max_steps must be >= 1, got {max_steps}")
+        self.max_steps = max_steps
+        self.steps = 0
+        self.nothing_happens = 0
+        self.done = False
+        self.success = False
+
+    def reset(self) -> str:
+        self.steps = 0
+        self.nothing_happens = 0
+        self.done = False
+        self.success = False
+        return self._reset()
+
+    def step(self, action: str) -> tuple[str, bool, bool]:
+        if self.done:
+            raise RuntimeError("step() after the episode ended; call reset() first")
+        self.steps += 1
+        observation = self._step(normalize_action(action))
+        if observation == NOTHING_HAPPENS:
+            self.nothing_happens += 1
+        if self.steps >= self.max_steps:
+            self.done = True
+        return observation, self.done, self.success
+
+    def admissible_actions(self) -> list[str]:
+        raise NotImplementedError
+
+    # subclasses implement these
+    def _reset(self) -> str:
+        raise NotImplementedError
+
+    def _step(self, action: str) -> str:
+        raise NotImplementedError
+
+
+def normalize_action(action: str) -> str:
+    """Lower-case, single spaces, no surrounding quotes/backticks or trailing full stop."""
+    text = " ".join(str(action).strip().split()).lower()
+    text = text.strip("`'\"")
+    return text[:-1].rstrip() if text.endswith(".") else text

@@ -1,0 +1,268 @@
+"""Single-turn question answering: a built-in generated set and JSONL loading.
+
+Built-in set (no download). Four task types, each answered by one number and scored by the lenient
+final-answer check (`verifiers.final_answer_match`):
+
+* `counting`   — count how often a word occurs in a short list given in the question;
+* `lookup`     — facts about 3-4 fictional entities are given; ask for one entity's number;
+* `arithmetic` — one-digit addition and subtraction (a + b, a - b with a >= b; 155 problems);
+* `conversion` — unit conversion from a larger to a smaller unit (value 1-25 times a factor such as
+  60 min/h, 100 cm/m, 12 items/dozen; 225 problems).
+
+They are chosen so that the offline default model (SmolLM2-135M-Instruct) scores between 0 and 1 and a
+skill can carry what it lacks: a procedure and an answer pattern (counting, arithmetic), a conversion
+table (conversion), or a way to find the right fact (lookup). Train and held-out sets are disjoint by
+problem key (see base.py); arithmetic and conversion are small spaces, so `n` per type is capped by
+what the split holds.
+
+JSONL. One JSON object a line, either GAIA's format {"task_id", "Question", "Final answer", "Level"}
+(scored by `gaia_match`, type "level<Level>") or {"question", "answer", "type"?, "id"?, "verifier"?,
+"split"?}. Lines without an explicit split are assigned by a stable hash of their id. A malformed line
+raises ValueError naming the file and line number.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .base import Task, check_split, rng_for, split_of, stable_hash, task_id
+from .verifiers import VERIFIERS
+
+TASK_TYPES = ("counting", "lookup", "arithmetic", "conversion")
+DEFAULT_PER_TYPE = 50
+
+# --------------------------------------------------------------------------- generated problems
+
+_COUNT_WORDS = {  # singular -> plural, grouped so one list mixes words of one kind
+    "animals": [("cow", "cows"), ("pig", "pigs"), ("hen", "hens"), ("goat", "goats"), ("duck", "ducks")],
+    "fruits": [("apple", "apples"), ("pear", "pears"), ("plum", "plums"), ("lemon", "lemons"),
+               ("peach", "peaches")],
+    "colors": [("red", "red"), ("blue", "blue"), ("green", "green"), ("yellow", "yellow"),
+               ("white", "white")],
+}
+_COUNT_TEMPLATES = {
+    "animals": ("A farm has these animals: {items}. How many {plural} are on the farm?",
+                "Here is a list of animals: {items}. How many {plural} are in the list?"),
+    "fruits": ("A basket holds: {items}. How many {plural} are in the basket?",
+               "Here is a list of fruits: {items}. How many {plural} are in the list?"),
+    "colors": ("The balls in a bag are: {items}. How many {plural} balls are in the bag?",
+               "Here is a list of ball colors: {items}. How many {plural} balls are there?"),
+}
+
+_SYLLABLES = ["zor", "vek", "mil", "bra", "quo", "tan", "lix", "dro", "fen", "sul", "gar", "pim",
+              "rok", "nel", "thu", "wex", "jal", "kor", "bim", "yul"]
+_LOOKUP_KINDS = [  # (noun, attribute plural, fact template, question template)
+    ("planet", "moons", "The planet {name} has {value} moons.", "How many moons does {name} have?"),
+    ("castle", "towers", "The castle {name} has {value} towers.", "How many towers does {name} have?"),
+    ("creature", "legs", "The creature {name} has {value} legs.", "How many legs does {name} have?"),
+    ("island", "lakes", "The island {name} has {value} lakes.", "How many lakes does {name} have?"),
+    ("robot", "arms", "The robot {name} has {value} arms.", "How many arms does {name} have?"),
+]
+
+_ARITH_TEMPLATES = ("What is {a} {op} {b}?", "Compute {a} {op} {b}.", "How much is {a} {op} {b}?")
+_ARITH_WORDS = {"+": ("What is {a} plus {b}?", "Add {a} and {b}."),
+                "-": ("What is {a} minus {b}?", "Subtract {b} from {a}.")}
+
+_CONVERSIONS = [  # (big unit plural, big unit singular, small unit plural, factor)
+    ("hours", "hour", "minutes", 60), ("minutes", "minute", "seconds", 60), ("days", "day", "hours", 24),
+    ("weeks", "week", "days", 7), ("years", "year", "months", 12), ("meters", "meter", "centimeters", 100),
+    ("kilometers", "kilometer", "meters", 1000), ("kilograms", "kilogram", "grams", 1000),
+    ("dozen", "dozen", "eggs", 12),
+]
+_CONV_TEMPLATES = ("How many {small} are in {value} {big}?", "Convert {value} {big} to {small}.")
+
+
+def _arithmetic_problems() -> list[tuple[str, dict]]:
+    problems = []
+    for a in range(10):
+        for b in range(10):
+            problems.append((f"arithmetic|{a}+{b}", {"a": a, "op": "+", "b": b, "answer": a + b}))
+            if a >= b:
+                problems.append((f"arithmetic|{a}-{b}", {"a": a, "op": "-", "b": b, "answer": a - b}))
+    return problems
+
+
+def _conversion_problems() -> list[tuple[str, dict]]:
+    problems = []
+    for big, big_one, small, factor in _CONVERSIONS:
+        for value in range(1, 26):
+            problems.append((f"conversion|{value} {big}->{small}",
+                             {"big": big_one if value == 1 else big, "small": small, "value": value,
+                              "answer": value * factor}))
+    return problems
+
+
+def _arithmetic_question(p: dict, rng) -> str:
+    templates = _ARITH_TEMPLATES + _ARITH_WORDS[p["op"]]
+    return rng.choice(templates).format(**p)
+
+
+def _conversion_question(p: dict, rng) -> str:
+    return rng.choice(_CONV_TEMPLATES).format(**p)
+
+
+def _counting_problem(rng) -> tuple[str, str, str]:
+    kind = rng.choice(sorted(_COUNT_WORDS))
+    words = rng.sample(_COUNT_WORDS[kind], 3)
+    target, target_plural = words[0]
+    count = rng.randint(1, 4)
+    others = [rng.choice(words[1:])[0] for _ in range(rng.randint(2, 4))]
+    items = [target] * count + others
+    rng.shuffle(items)
+    question = rng.choice(_COUNT_TEMPLATES[kind]).format(items=", ".join(items), plural=target_plural)
+    return question, str(count), question  # the key is the question itself
+
+
+def _entity_name(rng) -> str:
+    return "".join(rng.sample(_SYLLABLES, 2)).capitalize()
+
+
+def _lookup_problem(rng) -> tuple[str, str, str]:
+    _, _, fact, ask = rng.choice(_LOOKUP_KINDS)
+    k = rng.randint(3, 4)
+    names = []
+    while len(names) < k:
+        name = _entity_name(rng)
+        if name not in names:
+            names.append(name)
+    values = rng.sample(range(2, 10), k)
+    target = rng.randrange(k)
+    facts = " ".join(fact.format(name=n, value=v) for n, v in zip(names, values))
+    question = f"{facts} {ask.format(name=names[target])}"
+    return question, str(values[target]), question
+
+
+def generate_qa(split: str = "train", seed: int = 0, n: int | None = None,
+                types: tuple[str, ...] = TASK_TYPES) -> list[Task]:
+    """The built-in qa tasks of one split: `n` in total (default 50 per type), types interleaved."""
+    check_split(split)
+    if split == "all":
+        return generate_qa("train", seed, n, types) + generate_qa("heldout", seed, n, types)
+    unknown = [t for t in types if t not in TASK_TYPES]
+    if unknown:
+        raise ValueError(f"unknown qa task types {unknown}; known: {', '.join(TASK_TYPES)}")
+    total = DEFAULT_PER_TYPE * len(types) if n is None else n
+    per_type = {t: total // len(types) + (1 if i < total % len(types) else 0) for i, t in enumerate(types)}
+    by_type = {t: _generate_type(t, split, seed, per_type[t]) for t in types}
+    tasks = []
+    for i in range(max(per_type.values(), default=0)):  # interleave so any prefix is balanced
+        tasks.extend(by_type[t][i] for t in types if i < len(by_type[t]))
+    return tasks
+
+
+def _generate_type(task_type: str, split: str, seed: int, count: int) -> list[Task]:
+    rng = rng_for("qa", split, seed, task_type)
+    items: list[tuple[str, str, str]] = []  # (key, question, answer)
+    if task_type in ("arithmetic", "conversion"):
+        pool = _arithmetic_problems() if task_type == "arithmetic" else _conversion_problems()
+        pool = [(key, p) for key, p in pool if split_of(key) == split]
+        if count > len(pool):
+            raise ValueError(f"qa/{task_type}: asked for {count} {split} tasks, the split holds only "
+                             f"{len(pool)} distinct problems")
+        rng.shuffle(pool)
+        ask = _arithmetic_question if task_type == "arithmetic" else _conversion_question
+        items = [(key, ask(p, rng), str(p["answer"])) for key, p in pool[:count]]
+    else:
+        make = _counting_problem if task_type == "counting" else _lookup_problem
+        seen: set[str] = set()
+        attempts = 0
+        while len(items) < count:
+            attempts += 1
+            if attempts > 1000 * (count + 10):
+                raise RuntimeError(f"qa/{task_type}: could not draw {count} distinct {split} problems")
+            question, answer, key = make(rng)
+            key = f"{task_type}|{key}"
+            if key in seen or split_of(key) != split:
+                continue
+            seen.add(key)
+            items.append((key, question, answer))
+    return [Task(id=task_id(f"qa-{task_type}", key), type=task_type, question=question, answer=answer,
+                 verifier="final", metadata={"suite": "qa", "split": split, "seed": seed})
+            for key, question, answer in items]
+
+
+# --------------------------------------------------------------------------- JSONL
+
+def load_jsonl(path: str | Path, split: str = "all", seed: int = 0, n: int | None = None) -> list[Task]:
+    """Tasks from a JSONL file in GAIA's or the plain {question, answer, type} format."""
+    check_split(split)
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"task file not found: {path}")
+    tasks: list[Task] = []
+    seen_ids: set[str] = set()
+    with path.open("r", encoding="utf-8") as handle:
+        for line_number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{line_number}"
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise ValueError(f"{where}: not valid JSON ({error.msg} at column {error.colno})") from None
+            task = _task_from_record(record, where)
+            if task.id in seen_ids:
+                raise ValueError(f"{where}: duplicate task id {task.id!r}")
+            seen_ids.add(task.id)
+            task.metadata.update({"suite": str(path), "line": line_number})
+            task_split = task.metadata.get("split") or split_of(task.id)
+            task.metadata["split"] = task_split
+            if split == "all" or task_split == split:
+                tasks.append(task)
+    if seed:
+        rng_for("jsonl", split, seed).shuffle(tasks)
+    return tasks if n is None else tasks[:n]
+
+
+def _text_field(record: dict, key: str, where: str, required: bool = True) -> str | None:
+    value = record.get(key)
+    if value is None:
+        if required:
+            raise ValueError(f"{where}: missing field {key!r}")
+        return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)
+    if not isinstance(value, str):
+        raise ValueError(f"{where}: field {key!r} must be a string, got {type(value).__name__}")
+    if required and not value.strip():
+        raise ValueError(f"{where}: field {key!r} is empty")
+    return value
+
+
+def _task_from_record(record, where: str) -> Task:
+    if not isinstance(record, dict):
+        raise ValueError(f"{where}: expected a JSON object, got {type(record).__name__}")
+    if "Question" in record:  # GAIA
+        question = _text_field(record, "Question", where)
+        answer = _text_field(record, "Final answer", where)
+        identifier = _text_field(record, "task_id", where, required=False) or f"gaia-{stable_hash(question):012x}"
+        level = _text_field(record, "Level", where, required=False) or "unknown"
+        metadata = {"level": level}
+        if record.get("file_name"):
+            metadata["file_name"] = str(record["file_name"])
+        return Task(id=identifier, type=f"level{level}", question=question, answer=answer,
+                    verifier="gaia", metadata=metadata)
+    if "question" in record:
+        question = _text_field(record, "question", where)
+        answer = _text_field(record, "answer", where)
+        identifier = _text_field(record, "id", where, required=False) or f"qa-{stable_hash(question):012x}"
+        task_type = _text_field(record, "type", where, required=False) or "qa"
+        verifier = _text_field(record, "verifier", where, required=False) or "final"
+        if verifier not in VERIFIERS:
+            raise ValueError(f"{where}: unknown verifier {verifier!r}; known: {', '.join(sorted(VERIFIERS))}")
+        metadata = {}
+        split = record.get("split")
+        if split is not None:
+            if split not in ("train", "heldout"):
+                raise ValueError(f"{where}: field 'split' must be 'train' or 'heldout', got {split!r}")
+            metadata["split"] = split
+        env_spec = {}
+        if "choices" in record:
+            choices = record["choices"]
+            if not isinstance(choices, list) or not all(isinstance(c, str) for c in choices):
+                raise ValueError(f"{where}: field 'choices' must be a list of strings")
+            env_spec["choices"] = choices
+        return Task(id=identifier, type=task_type, question=question, answer=answer, verifier=verifier,
+                    env_spec=env_spec, metadata=metadata)
+    raise ValueError(f"{where}: a task needs 'question' and 'answer' (or GAIA's 'Question' and "
+                     f"'Final answer'); found keys {sorted(record)[:8]}")

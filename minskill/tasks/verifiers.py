@@ -1,0 +1,209 @@
+"""Answer verifiers: turn (model reply, reference answer) into a 0/1 reward.
+
+* `gaia_match` — GAIA's official quasi-exact-match scorer (`question_scorer` of the GAIA leaderboard's
+  `scorer.py`), reproduced branch for branch, without its prints and warnings:
+    - the ground truth parses as a float  -> number: drop `$`, `%`, `,` from the prediction, parse it as a
+      float (a failed parse is +inf, i.e. wrong) and compare with `==`;
+    - else the ground truth contains `,` or `;` -> list: split both on `,`/`;`; different lengths are wrong;
+      element i is compared as a number (same rule) when the ground-truth element parses as a float, else
+      as a string lower-cased with all whitespace removed (punctuation kept);
+    - else -> string: lower-case, remove all whitespace and all `string.punctuation`, compare.
+* `exact_match` — SQuAD / Search-R1 `normalize_answer`: lower-case, remove punctuation, remove the
+  articles a/an/the, collapse whitespace; equal to any of the golden answers.
+* `numeric_match` — the final number of a free-form reply ("The answer is 42." -> 42; `1,234` -> 1234,
+  `-3.5` -> -3.5) equals the reference within |a - b| <= 1e-6 * max(1, |b|).
+* `final_answer_match` — the lenient check of the built-in `qa` suite. The reply is cut where the model
+  starts inventing a new question (a line "Q:" / "Question:"); the candidate answer is what follows
+  the *first* "answer is" / "answer:" / "final answer is" (small models state their answer, then
+  ramble), else what follows the *last* "=", else the whole reply. Numeric references: the first
+  number of the candidate after a marker, the last number of a reply without one. Text references:
+  the normalised reference occurs as whole words in the candidate and, when the task lists its
+  distractors (`choices`), no other choice does.
+"""
+from __future__ import annotations
+
+import re
+import string
+
+__all__ = ["gaia_match", "exact_match", "normalize_answer", "numeric_match", "extract_final_number",
+           "extract_numbers", "final_answer_match", "contains_match", "VERIFIERS", "verify"]
+
+
+# --------------------------------------------------------------------------- GAIA quasi exact match
+
+def _gaia_is_float(element) -> bool:
+    try:
+        float(element)
+        return True
+    except ValueError:
+        return False
+
+
+def _gaia_normalize_number_str(number_str: str) -> float:
+    # The official scorer removes these "units" and thousands separators before float().
+    for char in ["$", "%", ","]:
+        number_str = number_str.replace(char, "")
+    try:
+        return float(number_str)
+    except ValueError:
+        return float("inf")  # never equal to a finite ground truth
+
+
+def _gaia_split_string(s: str, char_list=(",", ";")) -> list[str]:
+    pattern = f"[{''.join(char_list)}]"
+    return re.split(pattern, s)
+
+
+def _gaia_normalize_str(input_str: str, remove_punct: bool = True) -> str:
+    no_spaces = re.sub(r"\s", "", input_str)  # "sea gull" == "seagull"
+    if remove_punct:
+        return no_spaces.lower().translate(str.maketrans("", "", string.punctuation))
+    return no_spaces.lower()
+
+
+def gaia_match(prediction: str | None, ground_truth: str) -> bool:
+    """GAIA's `question_scorer(model_answer, ground_truth)`; see the module docstring for the rules."""
+    if prediction is None:
+        prediction = "None"  # as the official scorer does
+    if _gaia_is_float(ground_truth):
+        return _gaia_normalize_number_str(prediction) == float(ground_truth)
+    if any(char in ground_truth for char in [",", ";"]):
+        gt_elems = _gaia_split_string(ground_truth)
+        ma_elems = _gaia_split_string(prediction)
+        if len(gt_elems) != len(ma_elems):
+            return False
+        comparisons = []
+        for ma_elem, gt_elem in zip(ma_elems, gt_elems):
+            if _gaia_is_float(gt_elem):
+                comparisons.append(_gaia_normalize_number_str(ma_elem) == float(gt_elem))
+            else:
+                # punctuation is kept inside list elements (it can be part of the answer)
+                comparisons.append(_gaia_normalize_str(ma_elem, remove_punct=False)
+                                   == _gaia_normalize_str(gt_elem, remove_punct=False))
+        return all(comparisons)
+    return _gaia_normalize_str(prediction) == _gaia_normalize_str(ground_truth)
+
+
+# --------------------------------------------------------------------------- SQuAD / Search-R1 exact match
+
+def normalize_answer(s: str) -> str:
+    """SQuAD's normalize_answer: lower, drop punctuation, drop articles, collapse whitespace."""
+    s = s.lower()
+    s = "".join(ch for ch in s if ch not in set(string.punctuation))
+    s = re.sub(r"\b(a|an|the)\b", " ", s)
+    return " ".join(s.split())
+
+
+def exact_match(prediction: str, golden_answers: str | list[str]) -> bool:
+    """Search-R1's em_check: normalised prediction equals any normalised golden answer."""
+    if isinstance(golden_answers, str):
+        golden_answers = [golden_answers]
+    normalized = normalize_answer(prediction)
+    return any(normalize_answer(g) == normalized for g in golden_answers)
+
+
+def contains_match(prediction: str, golden_answers: str | list[str]) -> bool:
+    """The normalised golden answer occurs as whole words inside the normalised prediction."""
+    if isinstance(golden_answers, str):
+        golden_answers = [golden_answers]
+    text = f" {normalize_answer(prediction)} "
+    return any(normalize_answer(g) and f" {normalize_answer(g)} " in text for g in golden_answers)
+
+
+# --------------------------------------------------------------------------- numbers in free text
+
+# A number: optional sign, digits with optional thousands separators, optional decimals; or ".5".
+# The lookarounds keep "v2" or "3rd" parts from being read as signs or separators of a bigger number.
+_NUMBER = re.compile(r"(?<![\w.])[-+−]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?![\d])|(?<![\w.])[-+]?\.\d+")
+
+
+def extract_numbers(text: str) -> list[float]:
+    """All numbers of a free-form text, in order ("1,234" -> 1234.0; "−2" with a Unicode minus -> -2.0)."""
+    values = []
+    for match in _NUMBER.finditer(text):
+        token = match.group(0).replace(",", "").replace("−", "-")
+        try:
+            values.append(float(token))
+        except ValueError:  # pragma: no cover - the pattern only matches float syntax
+            continue
+    return values
+
+
+def extract_final_number(text: str) -> float | None:
+    """The last number of a reply ("The answer is 42." -> 42.0), or None when there is none."""
+    numbers = extract_numbers(text)
+    return numbers[-1] if numbers else None
+
+
+def _numbers_equal(a: float, b: float) -> bool:
+    return abs(a - b) <= 1e-6 * max(1.0, abs(b))
+
+
+def _reference_number(answer: str) -> float | None:
+    try:
+        return float(str(answer).replace(",", "").strip())
+    except ValueError:
+        return None
+
+
+def numeric_match(prediction: str, answer: str | float) -> bool:
+    """The final number of the prediction equals the numeric reference answer."""
+    reference = _reference_number(str(answer))
+    if reference is None:
+        raise ValueError(f"numeric_match: reference answer {answer!r} is not a number")
+    value = extract_final_number(prediction)
+    return value is not None and _numbers_equal(value, reference)
+
+
+# --------------------------------------------------------------------------- the lenient qa check
+
+_STRONG_MARKER = re.compile(r"(?:final answer|answer)\s*(?:is|:|=|would be|will be)", re.I)
+_NEW_QUESTION = re.compile(r"\n\s*(?:Q|Question)\s*[:.]", re.I)
+
+
+def _candidate(reply: str) -> tuple[str, bool]:
+    """Where the reply commits to an answer (see the module docstring) and whether a marker was found."""
+    new_question = _NEW_QUESTION.search(reply)
+    if new_question and reply[:new_question.start()].strip():
+        reply = reply[:new_question.start()]  # the model went on to invent questions of its own
+    strong = _STRONG_MARKER.search(reply)
+    if strong:
+        return reply[strong.end():], True
+    equals = reply.rfind("=")
+    if equals >= 0:
+        return reply[equals + 1:], True
+    return reply, False
+
+
+def final_answer_match(prediction: str, answer: str, choices: list[str] | None = None) -> bool:
+    """Lenient final-answer check used by the built-in qa suite (rules in the module docstring)."""
+    candidate, has_marker = _candidate(prediction)
+    reference = _reference_number(answer)
+    if reference is not None:
+        numbers = extract_numbers(candidate)
+        if not numbers:
+            return False
+        value = numbers[0] if has_marker else numbers[-1]
+        return _numbers_equal(value, reference)
+    if not contains_match(candidate, answer):
+        return False
+    others = [c for c in (choices or []) if normalize_answer(c) != normalize_answer(answer)]
+    return not any(contains_match(candidate, other) for other in others)
+
+
+# --------------------------------------------------------------------------- dispatch by name
+
+VERIFIERS = {
+    "gaia": lambda reply, answer, spec: gaia_match(reply, answer),
+    "exact": lambda reply, answer, spec: exact_match(reply, answer),
+    "numeric": lambda reply, answer, spec: numeric_match(reply, answer),
+    "contains": lambda reply, answer, spec: contains_match(reply, answer),
+    "final": lambda reply, answer, spec: final_answer_match(reply, answer, spec.get("choices")),
+}
+
+
+def verify(verifier: str, reply: str, answer: str, spec: dict | None = None) -> bool:
+    """Score `reply` against `answer` with the verifier called `verifier` (a key of VERIFIERS)."""
+    if verifier not in VERIFIERS:
+        raise ValueError(f"unknown verifier {verifier!r}; known: {', '.join(sorted(VERIFIERS))}")
+    return bool(VERIFIERS[verifier](reply if reply is not None else "", answer, spec or {}))

@@ -1,0 +1,248 @@
+"""End-to-end tests of evolve_masa.py: a scripted target and a scripted teacher behind real HTTP servers
+(minskill.server.ScriptedBackend) on a synthetic suite where certain skill content helps.
+
+The suite has two task types. The scripted target answers a `sum` task right only when its system prompt
+holds KEY-GENERAL, and a `secret` task only when it holds KEY-SECRET. The base skills hold neither (R = 0).
+The scripted teacher writes KEY-GENERAL into the general skills (hill climbing: R 0 -> 0.5) and KEY-SECRET
+into the `secret` skills (tree search: that type 0 -> 1), so a working stage 1 must reach R = 1.
+"""
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import evolve_masa  # noqa: E402
+from minskill import masa  # noqa: E402
+from minskill.server import ScriptedBackend, start_server  # noqa: E402
+from minskill.skills import Skill, SkillSet  # noqa: E402
+
+NAMES = ["zorp", "vekk", "milo", "brax", "quon", "tano", "lixa", "drom", "fenn", "sulk", "garr", "pimm",
+         "rokk", "nell", "thux", "wexo", "jall", "korr"]
+ANSWERS: dict[str, str] = {}
+
+
+def write_suite(path: Path) -> Path:
+    """8 train tasks per type (2 of them become preliminary tasks) and 6 held-out per type."""
+    lines = []
+    for i in range(14):
+        split = "train" if i < 8 else "heldout"
+        q_sum = f"What is {i + 3} plus {2 * i + 1}?"
+        q_secret = f"What is the secret number of {NAMES[i]}?"
+        ANSWERS[q_sum], ANSWERS[q_secret] = str(3 * i + 4), str(100 + 7 * i)
+        lines.append({"id": f"sum-{i}", "type": "sum", "question": q_sum, "answer": ANSWERS[q_sum], "split": split})
+        lines.append({"id": f"secret-{i}", "type": "secret", "question": q_secret, "answer": ANSWERS[q_secret],
+                      "split": split})
+    path.write_text("".join(json.dumps(l) + "\n" for l in lines))
+    return path
+
+
+def target_fn(messages, request):
+    system = messages[0]["content"] if messages[0]["role"] == "system" else ""
+    question = messages[-1]["content"]
+    needed = "KEY-GENERAL" if question.startswith("What is") and "plus" in question else "KEY-SECRET"
+    if needed in system and question in ANSWERS:
+        return f"Answer: {ANSWERS[question]}"
+    return "I am not sure, maybe 1."
+
+
+def skill(name, body):
+    return Skill(name=name, description=f"{name} skill; use it on every task.", body=body, metadata={})
+
+
+def teacher_fn(messages, request):
+    prompt = messages[1]["content"]
+    task = re.search(r"^## Task: (.*)$", prompt, re.M).group(1)
+    if masa.STRENGTHS_TASK in task:
+        return 'Summary:\n{"strengths": ["follows instructions"], "weaknesses": ["knows no keys"]}'
+    if masa.ATTRIBUTION_TASK in task:
+        return ('Analysis below.\n```json\n{"failure_categories": [{"category": "missing key", "count": 3, '
+                '"evidence": ["replied: I am not sure"], "suggested_fix": "give the key"}], "summary": "no key"}\n```')
+    if masa.GENERAL_REWRITE_TASK in task:
+        if len(messages) == 2:  # the first answer never parses: exercises the retry
+            return "Let me think about what the model needs."
+        return SkillSet(general=[skill("use-key", "KEY-GENERAL: answer with 'Answer: N'.")], task_specific={},
+                        common_mistakes=["no key"]).to_markdown()
+    if masa.TASK_REWRITE_TASK in task:
+        task_type = re.search(r"of type '([\w-]+)'", task).group(1)
+        body = "KEY-SECRET: look the number up." if task_type == "secret" else "Add the two numbers."
+        return SkillSet(general=[], task_specific={task_type: [skill(f"{task_type.replace('_', '-')}-tip", body)]},
+                        common_mistakes=[]).to_markdown()
+    if masa.ONESHOT_TASK in task:
+        return json.dumps({"general_skills": [{"name": "oneshot", "description": "one-shot skill",
+                                               "body": "Be careful."}],
+                           "task_specific_skills": {}, "common_mistakes": []})
+    return "?"
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("masa")
+    suite = write_suite(tmp / "suite.jsonl")
+    base = SkillSet(general=[skill("be-helpful", "Answer the question.")],
+                    task_specific={"secret": [skill("secret-base", "Think about the name.")]}, common_mistakes=[])
+    base.save_json(tmp / "base.json")
+    servers = [start_server(ScriptedBackend(target_fn, name="target-a")),
+               start_server(ScriptedBackend(target_fn, name="target-b")),
+               start_server(ScriptedBackend(teacher_fn, name="teacher", max_context=100000))]
+    yield {"tmp": tmp, "suite": suite, "base": tmp / "base.json", "a": servers[0].url, "b": servers[1].url,
+           "teacher": servers[2].url}
+    for server in servers:
+        server.close()
+
+
+def argv(env, out, *extra, target="a"):
+    return ["--suite", str(env["suite"]), "--base-skills", str(env["base"]), "--n-train", "12", "--n-prelim", "2",
+            "--n-heldout", "12", "--target-url", env[target], "--target-model", f"target-{target}",
+            "--teacher-url", env["teacher"], "--teacher-model", "teacher", "--iterations", "3", "--patience", "2",
+            "--tree-iterations", "3", "--episodes", "4", "--concurrency", "4", "--out", str(out), *extra]
+
+
+def read(out, name):
+    return json.loads((out / name).read_text())
+
+
+@pytest.fixture(scope="module")
+def full_run(env):
+    out = env["tmp"] / "run-a"
+    assert evolve_masa.main(argv(env, out)) == 0
+    return out
+
+
+def test_end_to_end_raises_target_reward(full_run):
+    out = full_run
+    results = read(out, "results.json")
+    assert results["base_reward"] == 0.0 and results["reward_out"] == 1.0 and results["stopped"] is None
+    held = results["heldout"]
+    assert held["base"]["success_rate"] == 0.0 and held["evolved"]["success_rate"] == 1.0
+    assert held["gained_lost"]["**all**"] == [12, 0]
+    assert "| sum | 6 | 0.00 | 1.00 | +1.00 |" in (out / "heldout.md").read_text()
+    library = SkillSet.load(out / "library.json")
+    assert "KEY-GENERAL" in library.general[0].body
+    assert "KEY-SECRET" in library.task_specific["secret"][0].body
+    assert SkillSet.load(out / "library").to_json() == library.to_json()   # Agent Skills folders
+    card = masa.ModelCard.load(out / "model_card.json")
+    assert card.weaknesses == ["knows no keys"] and card.name == "target-a"
+    assert (out / "reward.svg").read_text().startswith("<svg")
+
+
+def test_search_log_records_every_candidate(full_run):
+    log = [json.loads(line) for line in (full_run / "search_log.jsonl").read_text().splitlines()]
+    cands = [r for r in log if r["kind"] == "candidate"]
+    general = [c for c in cands if c["phase"] in ("base", "general")]
+    # base 0.0; iteration 1: 0.5 accepted; iteration 2: the same set again, equal -> rejected; 3: rejected;
+    # patience 2 stops the climb after iteration 3
+    assert [(c["reward"], c["accepted"]) for c in general] == [(0.0, True), (0.5, True), (0.5, False), (0.5, False)]
+    assert [c["parent"] for c in general] == [None, 0, 1, 1]
+    assert general[1]["attribution"]["failure_categories"][0]["category"] == "missing key"
+    trees = {t: [c for c in cands if c["phase"] == "tree" and c["task_type"] == t] for t in ("sum", "secret")}
+    assert [c["reward"] for c in trees["sum"]] == [1.0]             # perfect root: nothing to search
+    assert [(c["node"], c["reward"]) for c in trees["secret"]] == [("0", 0.0), ("0.0", 1.0)]
+    assert trees["secret"][1]["parent"] == trees["secret"][0]["id"]
+    # the first general-rewrite reply of every iteration did not parse and was retried, not skipped
+    assert not [r for r in log if r["kind"] == "event" and r["event"] == "teacher_skip"]
+
+
+def test_sft_records_well_formed(full_run):
+    records = [json.loads(line) for line in (full_run / "sft.jsonl").read_text().splitlines()]
+    library = read(full_run, "library.json")
+    sources = {r["source"] for r in records}
+    assert {"early", "middle", "late", "teacher_oneshot", "noise", "partial", "verbose"} <= sources
+    for i, r in enumerate(records):
+        masa.check_sft_record(r, f"sft.jsonl:{i + 1}")
+        assert r["skills_out"] == library and r["target_model"] == "target-a" and r["reward_out"] == 1.0
+        assert "secret" in r["task_description"] and r["model_card"]["weaknesses"] == ["knows no keys"]
+    oneshot = next(r for r in records if r["source"] == "teacher_oneshot")
+    assert oneshot["skills_in"]["general_skills"][0]["body"] == "Be careful."
+
+
+def test_cache_second_run_makes_no_target_calls(env, full_run):
+    out = env["tmp"] / "run-a-again"
+    assert evolve_masa.main(argv(env, out, "--cache", str(full_run / "target_cache.jsonl"))) == 0
+    run = read(out, "run.json")
+    assert run["target_calls"] == 0 and run["target_cache_hits"] > 0
+    assert read(out, "library.json") == read(full_run, "library.json")
+    first = read(full_run, "run.json")
+    assert first["target_calls"] > 0 and run["calls_spent"] == run["teacher_calls"] == first["teacher_calls"]
+
+
+def test_no_cache_pays_again(env, full_run):
+    out = env["tmp"] / "run-nocache"
+    assert evolve_masa.main(argv(env, out, "--no-cache", "--n-heldout", "0")) == 0
+    assert not (out / "target_cache.jsonl").exists() and read(out, "run.json")["target_calls"] > 0
+
+
+def test_budget_stop_keeps_best_so_far_then_resume(env, full_run, capsys):
+    out = env["tmp"] / "run-budget"
+    # 2 prelim target calls + 1 teacher call + 12 base-eval calls fit in 20; iteration 1 (attribution, two
+    # rewrite attempts, 12 evaluation calls) does not
+    assert evolve_masa.main(argv(env, out, "--max-calls", "20")) == 0
+    results, state = read(out, "results.json"), read(out, "state.json")
+    assert results["stopped"] and "call budget spent" in results["stopped"]
+    assert state["calls_spent"] <= 20
+    assert [e["event"] for e in state["events"]] == ["budget_stop"]
+    assert state["search"]["general"]["best"] == 0 and state["search"]["phase"] == "general"
+    assert read(out, "library.json") == json.loads(env["base"].read_text())   # best so far: the base skills
+    assert not (out / "heldout.md").exists()
+    assert "STOPPED" in capsys.readouterr().err
+    # a resumed run with a larger budget finishes the same search
+    assert evolve_masa.main(["--resume", "--out", str(out), "--max-calls", "1000"]) == 0
+    assert read(out, "library.json") == read(full_run, "library.json")
+    assert read(out, "results.json")["heldout"]["evolved"]["success_rate"] == 1.0
+
+
+def test_resume_after_interruption(env, full_run, monkeypatch):
+    out = env["tmp"] / "run-interrupted"
+    real_save, saves = evolve_masa.save_checkpoint, []
+
+    def interrupt_on_fourth_save(folder, state):
+        real_save(folder, state)
+        saves.append(1)
+        if len(saves) == 4:   # saves: start, base evaluated, general iteration 1, general iteration 2 -> stop
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(evolve_masa, "save_checkpoint", interrupt_on_fourth_save)
+    assert evolve_masa.main(argv(env, out)) == 130
+    monkeypatch.setattr(evolve_masa, "save_checkpoint", real_save)
+    state = read(out, "state.json")
+    assert state["search"]["general"]["iteration"] == 2 and not (out / "library.json").exists()
+    with pytest.raises(SystemExit):   # a fresh run into the same folder is refused
+        evolve_masa.main(argv(env, out))
+    assert evolve_masa.main(["--resume", "--out", str(out)]) == 0
+    final = read(out, "state.json")["search"]
+    uninterrupted = read(full_run, "state.json")["search"]
+    strip = lambda cands: [{k: c[k] for k in ("phase", "task_type", "parent", "reward", "accepted", "node")}
+                           for c in cands]
+    assert strip(final["candidates"]) == strip(uninterrupted["candidates"])
+    assert read(out, "library.json") == read(full_run, "library.json")
+    # the resumed process re-paid nothing it had done: its target calls are the remaining work only
+    assert read(out, "run.json")["target_calls"] < read(full_run, "run.json")["target_calls"]
+
+
+def test_merge_runs_adds_other_backbone(env, full_run):
+    out_b = env["tmp"] / "run-b"
+    assert evolve_masa.main(argv(env, out_b, "--n-heldout", "0", target="b")) == 0
+    merged = env["tmp"] / "merged"
+    assert evolve_masa.main(["--merge", str(full_run), str(out_b), "--out", str(merged)]) == 0
+    records = [json.loads(line) for line in (merged / "sft.jsonl").read_text().splitlines()]
+    other = [r for r in records if r["source"] == "other_backbone"]
+    assert len(other) == 2 and {r["target_model"] for r in other} == {"target-a", "target-b"}
+    for r in records:
+        masa.check_sft_record(r)
+    a_to = next(r for r in other if r["target_model"] == "target-a")
+    assert a_to["skills_in"] == read(out_b, "library.json") and a_to["skills_out"] == read(full_run, "library.json")
+
+
+def test_budget_spent_before_the_search_starts(env, full_run, capsys):
+    out = env["tmp"] / "run-tiny-budget"
+    # the 2 preliminary target calls fit, the teacher's summary of them does not
+    assert evolve_masa.main(argv(env, out, "--max-calls", "2")) == 0
+    state = read(out, "state.json")
+    assert state["search"] is None and state["calls_spent"] == 2 and state["events"][0]["event"] == "budget_stop"
+    assert "nothing to write" in capsys.readouterr().err
+    assert evolve_masa.main(["--resume", "--out", str(out), "--max-calls", "1000"]) == 0
+    assert read(out, "library.json") == read(full_run, "library.json")

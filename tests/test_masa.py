@@ -1,0 +1,311 @@
+"""Unit tests of minskill/masa.py: model card, reward, reply parsing, teacher retries/skips, hill climbing,
+the target-call cache and budget, augmentations and SFT records. (UCB1 itself: tests/test_ucb.py.)"""
+import json
+import random
+
+import pytest
+
+from minskill import masa
+from minskill.client import ChatResult
+from minskill.masa import (BudgetExhausted, CachingClient, CallBudget, HillClimbState, ModelCard,
+                           TeacherReplyError, hill_climb)
+from minskill.skills import Skill, SkillSet
+
+
+def skillset(general=("alpha one. alpha two. alpha three.",), typed=None) -> SkillSet:
+    return SkillSet(general=[Skill(name=f"g-{i}", description=f"general skill {i}", body=body, metadata={})
+                             for i, body in enumerate(general)],
+                    task_specific={t: [Skill(name=f"{t}-{i}", description=f"{t} skill", body=b, metadata={})
+                                       for i, b in enumerate(bodies)] for t, bodies in (typed or {}).items()},
+                    common_mistakes=["guessing"])
+
+
+# ---------------------------------------------------------------------------------------------- model card
+
+def write_config(tmp_path, **config):
+    folder = tmp_path / "SmolThing-Instruct"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+SMOLLM2_135M = dict(model_type="llama", architectures=["LlamaForCausalLM"], vocab_size=49152, hidden_size=576,
+                    intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
+                    max_position_embeddings=8192, tie_word_embeddings=True)
+
+
+def test_model_card_from_config_fills_architecture(tmp_path):
+    card = masa.model_card_from_config(write_config(tmp_path, **SMOLLM2_135M), alignment_method="SFT+DPO")
+    assert card.family == "Llama" and card.architecture == "LlamaForCausalLM"
+    assert (card.num_layers, card.hidden_size, card.num_attention_heads, card.num_kv_heads) == (30, 576, 9, 3)
+    assert card.context_window == 8192 and card.vocab_size == 49152
+    # SmolLM2-135M has 134,515,008 parameters (tied embeddings)
+    assert card.parameter_count == 134_515_008 and card.variant == "135M"
+    assert card.base_or_instruct == "instruct" and card.alignment_method == "SFT+DPO"
+    assert card.name == "SmolThing-Instruct"
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen2", "qwen3"])
+def test_parameter_count_matches_transformers(model_type):
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    config = dict(model_type=model_type, vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=128,
+                  tie_word_embeddings=model_type != "llama")
+    cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config}
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cls[model_type](**config))
+    reference = sum(p.numel() for p in model.parameters())  # tied weights are counted once
+    assert masa.estimate_parameter_count(config) == reference
+
+
+def test_model_card_json_round_trip_and_errors(tmp_path):
+    card = ModelCard(name="m", family="Qwen3", parameter_count=8_000_000_000, multilingual=True,
+                     strengths=["facts"], weaknesses=["arithmetic", "format"])
+    card.save(tmp_path / "card.json")
+    assert ModelCard.load(tmp_path / "card.json") == card
+    (tmp_path / "bad.json").write_text('{"name": "m", "sizee": 3}')
+    with pytest.raises(ValueError, match=r"bad.json.*unknown field\(s\) \['sizee'\]"):
+        ModelCard.load(tmp_path / "bad.json")
+    (tmp_path / "bad2.json").write_text('{"num_layers": "thirty"}')
+    with pytest.raises(ValueError, match="'num_layers' must be a non-negative integer"):
+        ModelCard.load(tmp_path / "bad2.json")
+    (tmp_path / "bad3.json").write_text('{"name": ')
+    with pytest.raises(ValueError, match="not valid JSON"):
+        ModelCard.load(tmp_path / "bad3.json")
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        masa.model_card_from_config(tmp_path)
+    # lenient reading of other tools' cards (rewrite.py's minimal card has multilingual "unknown", family None)
+    loose = masa.as_model_card({"family": None, "multilingual": "unknown", "num_layers": 2, "extra": 1})
+    assert loose.family == "unknown" and loose.multilingual is None and loose.num_layers == 2
+
+
+def test_adjusted_reward():
+    assert masa.adjusted_reward(0.75, 0.5, 0.1) == pytest.approx(0.70)
+    assert masa.adjusted_reward(0.75, 0.5, 0.0) == 0.75
+
+
+# ------------------------------------------------------------------------------------------ reply parsing
+
+def test_extract_json_from_fences_and_prose():
+    assert masa.extract_json('Sure!\n```json\n{"a": [1, 2]}\n```\nHope that helps.') == {"a": [1, 2]}
+    assert masa.extract_json('Analysis: {"a": 1} and that is {not json}') == {"a": 1}
+    assert masa.extract_json('noise {bad json} then {"b": {"c": 3}} end') == {"b": {"c": 3}}
+    with pytest.raises(TeacherReplyError, match="no JSON object in the reply 'I think the model"):
+        masa.extract_json("I think the model is bad at math.")
+
+
+def test_parse_attribution_normalises_shape():
+    reply = ('Here:\n```json\n{"failure_categories": [{"category": "format", "count": 2, "evidence": "t1: no number",'
+             ' "suggested_fix": "end with Answer: N"}, "arithmetic"], "summary": "two kinds"}\n```')
+    att = masa.parse_attribution(reply)
+    assert att["failure_categories"][0] == {"category": "format", "count": 2, "evidence": ["t1: no number"],
+                                            "suggested_fix": "end with Answer: N"}
+    assert att["failure_categories"][1]["category"] == "arithmetic"
+    assert att["summary"] == "two kinds"
+    with pytest.raises(TeacherReplyError, match="no 'failure_categories' list"):
+        masa.parse_attribution('{"summary": "x"}')
+
+
+def test_parse_skillset_reply_markdown_and_json():
+    s = skillset(general=("Say the answer last.",), typed={"math": ["Add carefully."]})
+    assert masa.parse_skillset_reply("Here you go:\n\n" + s.to_markdown()).to_json() == s.to_json()
+    js = masa.parse_skillset_reply("```json\n" + json.dumps(s.to_json()) + "\n```")
+    assert js.to_json() == s.to_json()
+    with pytest.raises(TeacherReplyError):
+        masa.parse_skillset_reply("I cannot help with that.")
+    too_many = skillset(general=tuple(f"body {i}" for i in range(masa.MAX_SKILLS + 1)))
+    with pytest.raises(TeacherReplyError, match="at most"):
+        masa.parse_skillset_reply(json.dumps(too_many.to_json()))
+
+
+class FakeTeacher:
+    """Replies from a list, recording the conversations it was sent."""
+
+    def __init__(self, replies):
+        self.replies, self.sent = list(replies), []
+
+    def chat(self, messages, **kwargs):
+        self.sent.append((messages, kwargs))
+        return ChatResult([self.replies.pop(0)], ["stop"], 0, 0)
+
+
+def test_ask_teacher_retries_then_succeeds():
+    teacher = FakeTeacher(["no json here", '{"strengths": ["facts"], "weaknesses": []}'])
+    skips = []
+    out = masa.ask_teacher(teacher, [{"role": "user", "content": "q"}], masa.parse_strengths, what="x",
+                           retries=2, seed=10, on_skip=skips.append)
+    assert out == {"strengths": ["facts"], "weaknesses": []} and skips == []
+    retry_messages, retry_kwargs = teacher.sent[1]
+    assert retry_messages[1] == {"role": "assistant", "content": "no json here"}
+    assert "could not be read" in retry_messages[2]["content"] and retry_kwargs["seed"] == 11
+
+
+def test_ask_teacher_skips_after_bounded_retries():
+    teacher = FakeTeacher(["nope"] * 5)
+    skips = []
+    out = masa.ask_teacher(teacher, [{"role": "user", "content": "q"}], masa.parse_attribution, what="attribution",
+                           retries=2, on_skip=skips.append)
+    assert out is None and len(teacher.sent) == 3
+    assert skips[0]["what"] == "attribution" and skips[0]["attempts"] == 3 and len(skips[0]["errors"]) == 3
+    assert skips[0]["last_reply"] == "nope"
+
+
+def test_prompts_carry_their_inputs():
+    card = ModelCard(name="tiny", weaknesses=["adds badly"])
+    s = skillset(general=("Always end with Answer: N.",), typed={"math": ["Carry the one."]})
+    failures = [{"task_id": "t1", "task_type": "math", "question": "2+2?", "expected": "4", "reply": "5",
+                 "transcript": "", "error": None}]
+    att = masa.attribution_messages(card, s, failures, 0.25, task_type="math")[1]["content"]
+    assert masa.ATTRIBUTION_TASK in att and "adds badly" in att and "2+2?" in att and "Carry the one." in att
+    gen = masa.general_rewrite_messages(card, s, 0.25, {"failure_categories": []},
+                                        [(s, 0.5), (skillset(general=("older set",)), 0.25)])[1]["content"]
+    assert masa.GENERAL_REWRITE_TASK in gen and "R = 0.500" in gen and "older set" in gen
+    assert "Carry the one." not in gen  # only general skills are rewritten here
+    task = masa.task_rewrite_messages(card, s, "math", 0.25, None, ["2+2?"])[1]["content"]
+    assert "type 'math'" in task and "Carry the one." in task and "2+2?" in task
+
+
+# ---------------------------------------------------------------------------------------------- hill climbing
+
+def scripted_climb(rewards, base_reward, iterations, patience):
+    """Hill climb whose candidate k has reward rewards[k]; returns (state, proposals made, accept flags)."""
+    proposals, verdicts = [], []
+
+    def propose(state):
+        proposals.append(len(proposals))
+        return len(proposals) - 1
+
+    def on_iteration(state, candidate, reward, accepted):
+        verdicts.append(accepted)
+
+    state = hill_climb(HillClimbState(best="base", best_reward=base_reward), propose, lambda k: rewards[k],
+                       iterations, patience, on_iteration)
+    return state, proposals, verdicts
+
+
+def test_hill_climb_rejects_equal_and_worse():
+    state, proposals, verdicts = scripted_climb([0.5, 0.4, 0.7, 0.7, 0.9], 0.5, iterations=5, patience=5)
+    assert verdicts == [False, False, True, False, True]   # equal (0.5, then 0.7) is rejected
+    assert state.best == 4 and state.best_reward == 0.9 and state.iteration == 5
+
+
+def test_hill_climb_stops_after_patience():
+    state, proposals, verdicts = scripted_climb([0.4, 0.6, 0.6, 0.5, 0.6, 0.99, 1.0], 0.5, iterations=10, patience=3)
+    # accepted at 2nd proposal, then 3 non-improving proposals -> stop; 0.99 is never tried
+    assert verdicts == [False, True, False, False, False] and len(proposals) == 5
+    assert state.best == 1 and state.stale == 3 and state.iteration == 5
+
+
+def test_hill_climb_skipped_proposal_counts_against_patience_and_resumes():
+    calls = []
+    state = HillClimbState(best="base", best_reward=0.0)
+    hill_climb(state, lambda s: calls.append(1), lambda c: 1 / 0, iterations=10, patience=2)
+    assert state.iteration == 2 and state.stale == 2 and len(calls) == 2   # None proposals never evaluated
+    # a saved state continues where it stopped
+    again = HillClimbState.from_json(json.loads(json.dumps(state.to_json())))
+    hill_climb(again, lambda s: "x", lambda c: 0.5, iterations=10, patience=3)
+    assert again.best == "x" and again.iteration == 6 and again.stale == 3   # 1 accept + 3 equal
+
+
+def test_hill_climb_stops_at_max_reward():
+    rewards, proposed = [0.6, 1.0, 0.2], []
+    state = hill_climb(HillClimbState(best="base", best_reward=0.5), lambda s: proposed.append(1) or len(proposed) - 1,
+                       lambda k: rewards[k], iterations=10, patience=3, max_reward=1.0)
+    assert len(proposed) == 2 and state.best == 1 and state.best_reward == 1.0   # nothing can beat R = 1
+
+
+# --------------------------------------------------------------------------------------- cache and budget
+
+class CountingInner:
+    model = "m"
+
+    def __init__(self):
+        self.sent = []
+
+    def chat_many(self, requests, return_exceptions=False):
+        self.sent.extend(requests)
+        return [ChatResult([f"reply to {r['messages'][-1]['content']} seed {r.get('seed')}"], ["stop"], 3, 4)
+                for r in requests]
+
+
+def test_caching_client_hits_after_restart_and_keys_on_everything(tmp_path):
+    path = tmp_path / "cache.jsonl"
+    inner = CountingInner()
+    client = CachingClient(inner, path)
+    msgs = [{"role": "user", "content": "hi"}]
+    first = client.chat(msgs, seed=1)
+    assert client.chat(msgs, seed=1).texts == first.texts and len(inner.sent) == 1
+    client.chat(msgs, seed=2)                     # seed is part of the key
+    client.chat(msgs, seed=1, temperature=0.5)    # so are the sampling parameters
+    client.chat([{"role": "user", "content": "hi "}], seed=1)  # and the exact messages
+    assert len(inner.sent) == 4
+    restarted = CachingClient(CountingInner(), path)
+    out = restarted.chat_many([dict(messages=msgs, seed=1), dict(messages=msgs, seed=2)])
+    assert restarted.inner.sent == [] and restarted.stats["cache_hits"] == 2
+    assert out[0].texts == first.texts and out[0].prompt_tokens == 3
+    other_model = CachingClient(CountingInner(), path, model="other")
+    other_model.chat(msgs, seed=1)
+    assert len(other_model.inner.sent) == 1      # the model is part of the key
+    # a torn last line (killed mid-append) is dropped on load
+    with open(path, "a") as f:
+        f.write('{"key": "abc", "res')
+    assert len(CachingClient(CountingInner(), path)._cache) == 5
+
+
+def test_caching_client_disabled_and_budget():
+    inner = CountingInner()
+    budget = CallBudget(max_calls=3)
+    client = CachingClient(inner, None, budget)
+    msgs = [{"role": "user", "content": "x"}]
+    client.chat(msgs)
+    client.chat(msgs)                              # no cache: paid twice
+    assert len(inner.sent) == 2 and budget.spent == 2
+    with pytest.raises(BudgetExhausted, match="2 of 3 calls used, 2 more needed"):
+        client.chat_many([dict(messages=msgs), dict(messages=msgs)])
+    assert budget.exhausted and len(inner.sent) == 2
+    results = client.chat_many([dict(messages=msgs)] * 2, return_exceptions=True)
+    assert all(isinstance(r, BudgetExhausted) for r in results)
+    client.chat(msgs)                              # one still fits
+    assert budget.spent == 3
+
+
+# --------------------------------------------------------------------------------- augmentations and SFT
+
+def test_augmentations():
+    best = skillset(general=("One two three. Four five six. Seven eight nine. Ten eleven twelve.",) * 3,
+                    typed={"a": ["A one. A two."], "b": ["B one."]})
+    rng = random.Random(0)
+    partial = masa.augment_partial(best, rng, 0.6)
+    n_kept = len(partial.general) + sum(len(v) for v in partial.task_specific.values())
+    assert n_kept == round(0.6 * 5)
+    verbose = masa.augment_verbose(best, rng)
+    assert all(len(v.body) > len(b.body) for v, b in zip(verbose.general, best.general))
+    assert sum(f in verbose.general[0].body for f in masa.FILLER) == 3
+    noisy = masa.augment_noise(best, random.Random(1), 0.3)
+    words = set(best.general[0].body.replace(".", " ").split())
+    changed = [n.body != b.body for n, b in zip(noisy.general, best.general)]
+    assert any(changed)
+    assert all(set(n.body.replace(".", " ").split()) <= words for n in noisy.general)  # nothing new added
+    assert masa.augment_noise(best, random.Random(1), 0.0).to_json() == best.to_json()
+
+
+def test_sft_records_well_formed():
+    card = ModelCard(name="t")
+    cands = [{"reward": 0.1 * i, "skills": skillset(general=(f"version {i}.",)).to_json()} for i in range(7)]
+    best = skillset(general=("best version.",))
+    records = masa.sft_records({"candidates": cands}, card, "tasks", best, 0.9, "t",
+                               oneshot=skillset(general=("teacher version.",)), seed=0, copies=2)
+    sources = [r["source"] for r in records]
+    assert sources[:4] == ["early", "middle", "late", "teacher_oneshot"]
+    assert sources.count("noise") == sources.count("partial") == sources.count("verbose") == 2
+    for i, r in enumerate(records):
+        masa.check_sft_record(r, f"record {i}")
+        assert r["skills_out"] == best.to_json() and r["reward_out"] == 0.9 and r["target_model"] == "t"
+    early = SkillSet.from_json(records[0]["skills_in"]).general[0].body
+    late = SkillSet.from_json(records[2]["skills_in"]).general[0].body
+    assert early in ("version 0.", "version 1.") and late in ("version 4.", "version 5.", "version 6.")
+    with pytest.raises(ValueError, match="lacks field 'source'"):
+        masa.check_sft_record({k: v for k, v in records[0].items() if k != "source"})
+    with pytest.raises(ValueError, match="unknown source"):
+        masa.sft_record(card, best, "d", best, "mystery", "t", 0.0)

@@ -1,0 +1,408 @@
+"""Rollouts against scripted task models behind the real HTTP server (loopback): skills reach the system
+prompt and move success, garbage and HTTP failures become failed tasks, the agent loop plays household and
+webwalk episodes, trajectories are appended as JSONL and read back, summaries match hand-computed numbers."""
+import json
+import re
+import threading
+
+import pytest
+
+from minskill import rollout
+from minskill.rollout import (Trajectory, load_trajectories, parse_action, run_rollouts, skill_text,
+                              summarize, wilson_interval)
+from minskill.server import BackendError, ScriptedBackend, start_server
+from minskill.tasks.base import Task
+
+SKILL = "To add two numbers, count up from the first one. End with: The answer is <number>."
+
+
+def sum_tasks(k=6):
+    return [Task(id=f"sum-{a}", type="arithmetic" if a % 2 else "other", question=f"What is {a} + {a + 1}?",
+                 answer=str(2 * a + 1), verifier="final") for a in range(k)]
+
+
+class Recorder:
+    """A scripted task model: records every request's messages and answers through `answer`."""
+
+    def __init__(self, answer):
+        self.answer, self.seen, self.lock = answer, [], threading.Lock()
+
+    def __call__(self, messages, request):
+        with self.lock:
+            self.seen.append([dict(m) for m in messages])
+        return self.answer(messages, request)
+
+
+def skilled_model(messages, request):
+    """Right only when the skill text is in the system prompt; otherwise a plausible wrong answer."""
+    a, b = map(int, re.findall(r"(\d+) \+ (\d+)", messages[-1]["content"])[0])
+    has_skill = messages[0]["role"] == "system" and SKILL in messages[0]["content"]
+    return f"The answer is {a + b}." if has_skill else f"The answer is {a + b + 1}."
+
+
+@pytest.fixture
+def serve():
+    servers = []
+
+    def start(fn, **client_kwargs):
+        server = start_server(ScriptedBackend(fn))
+        servers.append(server)
+        client_kwargs.setdefault("max_retries", 0)
+        return server.client(**client_kwargs)
+
+    yield start
+    for server in servers:
+        server.close()
+
+
+# ---------------------------------------------------------------------------------------- single-turn
+
+def test_success_moves_with_the_skill(serve):
+    from minskill.skills import Skill, SkillSet
+
+    model = Recorder(skilled_model)
+    client = serve(model)
+    tasks = sum_tasks()
+
+    without = run_rollouts(client, tasks, None)
+    assert [t.success for t in without] == [False] * 6 and all(t.error is None for t in without)
+    # no skill -> no system message at all (the chat template's default system prompt applies)
+    assert all(m[0]["role"] == "user" for m in model.seen)
+    assert without[0].messages == [{"role": "user", "content": "What is 0 + 1?"},
+                                   {"role": "assistant", "content": "The answer is 2."}]
+
+    with_text = run_rollouts(client, tasks, SKILL)
+    assert [t.success for t in with_text] == [True] * 6 and [t.reward for t in with_text] == [1.0] * 6
+    assert with_text[0].messages[0] == {"role": "system", "content": SKILL}
+
+    # a SkillSet: a task-specific skill reaches only tasks of its type
+    skill = Skill(name="add-by-counting", description="How to add two small numbers.", body=SKILL, metadata={})
+    skills = SkillSet(general=[], task_specific={"arithmetic": [skill]}, common_mistakes=[])
+    assert SKILL in skill_text(skills, "arithmetic") and SKILL not in skill_text(skills, "other")
+    typed = run_rollouts(client, tasks, skills)
+    assert {t.task_id: t.success for t in typed} == {t.id: t.type == "arithmetic" for t in tasks}
+    # a single Skill applies to every type
+    assert all(t.success for t in run_rollouts(client, tasks, skill))
+    s = summarize(typed)
+    assert s["success_rate"] == 0.5 and s["per_type"]["arithmetic"]["success_rate"] == 1.0
+    assert s["per_type"]["other"]["success_rate"] == 0.0
+
+
+def test_n_samples_per_task(serve):
+    client = serve(lambda messages, request: "The answer is 1." if request.sample_index == 1 else "no idea")
+    trajs = run_rollouts(client, sum_tasks(2), None, n=3, temperature=1.0, seed=7)
+    assert [(t.task_id, t.sample, t.success) for t in trajs] == [
+        ("sum-0", 0, False), ("sum-0", 1, True), ("sum-0", 2, False),
+        ("sum-1", 0, False), ("sum-1", 1, False), ("sum-1", 2, False)]
+
+
+GARBAGE = ["", "\x00\x01\ufffd", "}{][", "🙂" * 50, "Action: Action: Action:", "\n\n\n", "<|im_end|>"]
+
+
+def test_garbage_model_fails_tasks_without_crashing(serve):
+    client = serve(lambda messages, request: GARBAGE[len(messages[-1]["content"]) % len(GARBAGE)])
+    trajs = run_rollouts(client, sum_tasks(), None)
+    assert len(trajs) == 6 and not any(t.success for t in trajs)
+    assert all(t.error is None and t.reward == 0.0 and t.steps == 1 for t in trajs)
+
+
+def test_http_error_for_one_task_is_a_failed_task(serve):
+    def flaky(messages, request):
+        if "3 + 4" in messages[-1]["content"]:
+            raise BackendError(503, "overloaded, try later")
+        return skilled_model(messages, request)
+
+    trajs = run_rollouts(serve(flaky), sum_tasks(), SKILL)
+    failed = [t for t in trajs if t.error]
+    assert [t.task_id for t in failed] == ["sum-3"]
+    assert "503" in failed[0].error and "overloaded" in failed[0].error
+    assert not failed[0].success and failed[0].reward == 0.0
+    assert sum(t.success for t in trajs) == 5
+    assert summarize(trajs)["errors"] == 1
+
+
+def test_server_down_fails_every_task(serve):
+    server = start_server(ScriptedBackend(lambda m, r: "x"))
+    client = server.client(max_retries=0)
+    server.close()
+    trajs = run_rollouts(client, sum_tasks(2), None)
+    assert len(trajs) == 2 and all(t.error and not t.success for t in trajs)
+
+
+def test_verifier_crash_is_a_failed_task(serve):
+    tasks = sum_tasks(2)
+    tasks[0].verifier = "no-such-verifier"
+    trajs = run_rollouts(serve(skilled_model), tasks, SKILL)
+    assert trajs[0].error and "verifier failed" in trajs[0].error and not trajs[0].success
+    assert trajs[1].success and trajs[1].error is None
+
+
+# ---------------------------------------------------------------------------------------- JSONL
+
+def test_jsonl_append_and_reload(serve, tmp_path):
+    path = tmp_path / "traj.jsonl"
+    seen_on_disk = []
+
+    def progress(done, total, traj):  # each trajectory is on disk before progress hears of it
+        seen_on_disk.append(len(path.read_text().splitlines()))
+
+    client = serve(skilled_model)
+    first = run_rollouts(client, sum_tasks(3), SKILL, out_path=path, progress=progress)
+    assert seen_on_disk == [1, 2, 3]
+    second = run_rollouts(client, sum_tasks(2), None, out_path=path)  # appends, never truncates
+    loaded = load_trajectories(path)  # in the order they finished; the returned lists are in task order
+    assert [t.task_id for t in first] == ["sum-0", "sum-1", "sum-2"]
+    key = lambda t: (t.task_id, t.success)
+    assert sorted(loaded[:3], key=key) == sorted(first, key=key)
+    assert sorted(loaded[3:], key=key) == sorted(second, key=key)
+    assert [t.success for t in loaded] == [True] * 3 + [False] * 2
+    # a run killed mid-write leaves a torn last line: everything before it is kept
+    with open(path, "a") as f:
+        f.write('{"task_id": "sum-9", "task_ty')
+    assert load_trajectories(path) == loaded
+    # a bad line elsewhere is an error naming the file and line
+    path.write_text("not json\n" + json.dumps(first[0].to_json()) + "\n")
+    with pytest.raises(ValueError, match=r"traj.jsonl:1"):
+        load_trajectories(path)
+
+
+# ---------------------------------------------------------------------------------------- summaries
+
+def traj(task_type, success, steps, nh, error=None):
+    return Trajectory(task_id=f"t{steps}{nh}", task_type=task_type, messages=[], success=success,
+                      reward=float(success), steps=steps, nothing_happens=nh, error=error)
+
+
+def test_summarize_hand_checked():
+    trajs = [traj("a", True, 4, 1), traj("a", False, 10, 5), traj("a", True, 2, 0),
+             traj("b", False, 5, 5, error="HTTP 500"), traj("b", True, 1, 0)]
+    s = summarize(trajs, lam_nh=0.5)
+    # SR = 3/5; NHR = mean(1/4, 5/10, 0, 5/5, 0) = 1.75/5 = 0.35; R = 0.6 - 0.5*0.35 = 0.425
+    assert s["n"] == 5 and s["success_rate"] == pytest.approx(0.6)
+    assert s["nhr"] == pytest.approx(0.35) and s["adjusted_reward"] == pytest.approx(0.425)
+    assert s["mean_steps"] == pytest.approx(22 / 5) and s["errors"] == 1 and s["lam_nh"] == 0.5
+    a, b = s["per_type"]["a"], s["per_type"]["b"]
+    assert a["n"] == 3 and a["success_rate"] == pytest.approx(2 / 3)
+    assert a["nhr"] == pytest.approx(0.25) and a["adjusted_reward"] == pytest.approx(2 / 3 - 0.125)
+    assert a["mean_steps"] == pytest.approx(16 / 3)
+    assert b["n"] == 2 and b["success_rate"] == 0.5 and b["nhr"] == 0.5 and b["errors"] == 1
+    assert list(s["per_type"]) == ["a", "b"]
+    # Wilson 95% for 3/5: center (0.6 + 0.38415)/1.76829 = 0.55667, half 0.37552 (computed by hand)
+    lo, hi = s["success_ci95"]
+    assert lo == pytest.approx(0.2307, abs=1e-3) and hi == pytest.approx(0.8824, abs=1e-3)
+    assert summarize([])["n"] == 0 and summarize([])["per_type"] == {}
+
+
+def test_wilson_interval_edges():
+    assert wilson_interval(0, 0) == (0.0, 1.0)
+    lo, hi = wilson_interval(0, 12)
+    assert lo == 0.0 and hi == pytest.approx(0.2425, abs=1e-3)  # "0 of 12" still allows up to ~24%
+    lo, hi = wilson_interval(100, 100)
+    assert hi == 1.0 and lo == pytest.approx(0.963, abs=1e-3)
+
+
+# ---------------------------------------------------------------------------------------- action parsing
+
+ADMISSIBLE = ["go to desk 1", "go to cabinet 1", "open cabinet 1", "take apple 1 from desk 1", "look",
+              "inventory"]
+
+
+@pytest.mark.parametrize("reply, action", [
+    ("Action: go to desk 1.", "go to desk 1"),
+    ("> open cabinet 1", "open cabinet 1"),
+    ("`go to cabinet 1`", "go to cabinet 1"),
+    ('"take apple 1 from desk 1"', "take apple 1 from desk 1"),
+    ("Thought: the apple may be on the desk.\nAction: go to desk 1", "go to desk 1"),
+    ("I think I should go to desk 1 to find the apple.", "go to desk 1"),
+    ("1. go to cabinet 1\n2. open cabinet 1", "go to cabinet 1"),
+    ("go to cabnet 1", "go to cabinet 1"),                      # typo, fuzzy-matched
+    ("take apple from desk 1", "take apple 1 from desk 1"),     # missing number, fuzzy-matched
+    ("Go To  Desk 1", "go to desk 1"),
+    ("put apple 1 in cabinet 1", "put apple 1 in cabinet 1"),   # not admissible now: passed through
+    ("hello there", "hello there"),                              # no action at all: the env says no
+    ("", ""),
+])
+def test_parse_action_household(reply, action):
+    assert parse_action(reply, ADMISSIBLE, rollout.HOUSEHOLD_ACTIONS) == action
+
+
+@pytest.mark.parametrize("reply, action", [
+    ("click About us", "click About us"),
+    ("Action: click about us", "click About us"),
+    ("answer: 42", "answer 42"),
+    ("Answer 42.", "answer 42"),
+    ("The answer is Paris", "answer Paris"),                     # free-text action: not fuzzy-matched
+    ("back", "back"),
+])
+def test_parse_action_webwalk(reply, action):
+    assert parse_action(reply, ["click About us", "click Home", "back"], rollout.WEBWALK_ACTIONS) == action
+
+
+def test_skill_text_cases():
+    assert skill_text(None) == "" and skill_text("  plain text  ") == "plain text"
+    with pytest.raises(TypeError, match="SkillSet, a Skill, a str or None"):
+        skill_text(42)
+
+
+def test_parse_action_misspelt_without_verb():
+    assert parse_action("opne cabinet 1", ADMISSIBLE, rollout.HOUSEHOLD_ACTIONS) == "open cabinet 1"
+    # a free-text action keeps priority over a later line that matches an admissible action
+    assert parse_action("answer 1990\nclick Home", ["click Home"], rollout.WEBWALK_ACTIONS) == "answer 1990"
+
+
+# ---------------------------------------------------------------------------------------- multi-turn
+
+JUNK = "Let me think about this. I will fly to the moon first!"
+DRESS = ["Action: {}", "> {}.", "`{}`", "Thought: that is the next step.\nAction: {}", "I will {} now.", "{}"]
+
+
+class OracleAgent:
+    """A scripted agent behind HTTP. Per episode (told apart by its first user message) it first says
+    something that is no action (the env must answer "Nothing happens."), then plays the oracle's
+    actions, each dressed differently, checking on the way that the prompt shows what it should."""
+
+    def __init__(self, tasks):
+        from minskill.tasks import oracle_actions
+        self.plans = {t.question: oracle_actions(t) for t in tasks}
+        self.state, self.calls, self.problems = {}, [], []
+        self.lock = threading.Lock()
+
+    def __call__(self, messages, request):
+        first_user = next(m["content"] for m in messages if m["role"] == "user")
+        question = next(q for q in self.plans if q in first_user)
+        plan = self.plans[question]
+        with self.lock:
+            step = self.state.get(question, 0)
+            self.state[question] = step + 1
+            self.calls.append((question, step))
+        last = messages[-1]["content"]
+        if "Allowed actions" not in first_user or "Reply with one action only." not in last:
+            self.problems.append(f"prompt lacks the action syntax / instruction: {first_user[:200]!r}")
+        if step == 0:
+            return JUNK
+        if step == 1 and not last.startswith("Observation: Nothing happens."):
+            self.problems.append(f"junk was not answered 'Nothing happens.': {last[:200]!r}")
+        action = plan[step - 1]
+        if not action.startswith("answer") and f"Admissible actions: " not in last or \
+                (not action.startswith("answer") and action not in last.split("Admissible actions: ")[1]):
+            self.problems.append(f"{action!r} not among the admissible actions shown: {last[-300:]!r}")
+        if action.startswith("answer"):  # free text is passed through as is: no trailing words
+            return f"Action: {action}"
+        return DRESS[step % len(DRESS)].format(action)
+
+
+@pytest.mark.parametrize("suite", ["household", "webwalk"])
+def test_agent_loop_with_an_oracle_agent(serve, suite, tmp_path):
+    from minskill.tasks import load_suite, oracle_actions
+
+    tasks = load_suite(suite, split="heldout", n=6 if suite == "household" else 3)
+    agent = OracleAgent(tasks)
+    path = tmp_path / "t.jsonl"
+    trajs = run_rollouts(serve(agent), tasks, "Be systematic.", out_path=path, history=2)
+    assert agent.problems == []
+    assert len(trajs) == len(tasks) and sorted(load_trajectories(path), key=lambda t: t.task_id) == \
+        sorted(trajs, key=lambda t: t.task_id)
+    assert [t.task_id for t in trajs] == [t.id for t in tasks]
+    by_id = {t.task_id: t for t in trajs}
+    for task in tasks:
+        t, plan = by_id[task.id], oracle_actions(task)
+        assert t.error is None and t.success and t.reward == 1.0, (task.id, t.actions, t.observations[-1])
+        assert t.steps == len(plan) + 1 and t.nothing_happens == 1
+        assert t.actions[1:] == plan and t.observations[1] == "Nothing happens."
+        assert len(t.observations) == t.steps + 1
+        assert t.messages[0] == {"role": "system", "content": "Be systematic."}
+        assert [m["role"] for m in t.messages[1:]] == ["user", "assistant"] * t.steps + ["user"]
+    s = summarize(trajs, lam_nh=1.0)
+    assert s["success_rate"] == 1.0
+    expected_nhr = sum(1 / (len(oracle_actions(t)) + 1) for t in tasks) / len(tasks)
+    assert s["nhr"] == pytest.approx(expected_nhr) and s["adjusted_reward"] == pytest.approx(1 - expected_nhr)
+    assert set(s["per_type"]) == {t.type for t in tasks}
+    # lock-step: every episode's step k is asked before any episode's step k+1
+    steps_in_call_order = [step for _, step in agent.calls]
+    assert steps_in_call_order == sorted(steps_in_call_order)
+
+
+def test_agent_loop_step_budget_and_garbage(serve):
+    from minskill.tasks import load_suite
+
+    tasks = load_suite("household", split="train", n=2) + load_suite("webwalk", split="train", n=2)
+    client = serve(lambda messages, request: GARBAGE[len(messages) % len(GARBAGE)])
+    trajs = run_rollouts(client, tasks, None, max_steps=4)
+    assert len(trajs) == 4
+    for t in trajs:
+        assert t.error is None and not t.success and t.reward == 0.0
+        assert t.steps == 4 and t.nothing_happens == 4 and len(t.actions) == 4
+        assert t.messages[0]["role"] == "user"  # no skill -> no system prompt in the agent loop either
+    s = summarize(trajs, lam_nh=0.5)
+    assert s["success_rate"] == 0.0 and s["nhr"] == 1.0 and s["adjusted_reward"] == -0.5
+
+
+def test_agent_loop_http_error_ends_one_episode(serve):
+    from minskill.tasks import load_suite, oracle_actions
+
+    tasks = load_suite("webwalk", split="heldout", n=3)
+    agent = OracleAgent(tasks)
+    doomed = tasks[1].question
+
+    def fn(messages, request):
+        if doomed in messages[-1]["content"] or (doomed in messages[0]["content"] and len(messages) > 3):
+            raise BackendError(500, "the model crashed")
+        return agent(messages, request)
+
+    trajs = {t.task_id: t for t in run_rollouts(serve(fn), tasks, None)}
+    bad = trajs[tasks[1].id]
+    assert bad.error and "500" in bad.error and "the model crashed" in bad.error and not bad.success
+    assert all(trajs[t.id].success and trajs[t.id].error is None for t in (tasks[0], tasks[2]))
+
+
+# ---------------------------------------------------------------------------------------- the command
+
+def test_evaluation_command(serve, tmp_path, capsys):
+    from minskill.tasks import load_suite
+
+    tasks = load_suite("qa", split="heldout", n=8)
+
+    def answer(messages, request):  # right on arithmetic only when the skill is present
+        task = next(t for t in tasks if t.question == messages[-1]["content"])
+        good = messages[0]["role"] == "system" and "WORKED EXAMPLES" in messages[0]["content"] \
+            and task.type == "arithmetic"
+        return f"The answer is {task.answer}." if good else "I am not sure."
+
+    client = serve(answer)
+    skill_file = tmp_path / "skill.txt"
+    skill_file.write_text("WORKED EXAMPLES: 3 + 4 = 7.")
+    out = tmp_path / "run"
+    argv = ["--suite", "qa", "--skills", str(skill_file), "--split", "heldout", "--n-tasks", "8",
+            "--task-url", client.base_url, "--task-model", client.model, "--out", str(out)]
+    assert rollout.main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "| arithmetic | 2 | 1.00 |" in printed and "| counting | 2 | 0.00 |" in printed
+    assert "| **all** | 8 | 0.25 |" in printed
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["n"] == 8 and summary["success_rate"] == 0.25
+    assert summary["per_type"]["arithmetic"]["success_rate"] == 1.0
+    assert summary["run"]["skills"] == str(skill_file) and summary["run"]["split"] == "heldout"
+    assert len(load_trajectories(out / "trajectories.jsonl")) == 8
+
+    # an existing run is not overwritten without --resume; --resume runs only what is missing
+    with pytest.raises(SystemExit):
+        rollout.main(argv)
+    lines = (out / "trajectories.jsonl").read_text().splitlines()
+    (out / "trajectories.jsonl").write_text("\n".join(lines[:5]) + "\n" + lines[5][:30])  # killed mid-line
+    assert rollout.main(argv + ["--resume"]) == 0
+    resumed = load_trajectories(out / "trajectories.jsonl")
+    assert len(resumed) == 8 and len({t.task_id for t in resumed}) == 8
+    assert json.loads((out / "summary.json").read_text())["success_rate"] == 0.25
+
+
+def test_evaluation_command_help_and_bad_input(capsys, tmp_path):
+    with pytest.raises(SystemExit) as exit_info:
+        rollout.main(["--help"])
+    assert exit_info.value.code == 0
+    text = capsys.readouterr().out
+    assert "--suite" in text and "--skills" in text and "--task-url" in text and "Wilson" in text
+    with pytest.raises(FileNotFoundError, match="no-such-skills"):
+        rollout.load_skills(str(tmp_path / "no-such-skills"), "qa")
+    with pytest.raises(SystemExit):
+        rollout.main(["--suite", "no-such-suite", "--task-url", "http://127.0.0.1:9/v1", "--out", str(tmp_path)])
+    assert "unknown suite" in capsys.readouterr().err

@@ -1,0 +1,460 @@
+"""Skills: SKILL.md and skill-set folders round trip, MASA JSON -> folders -> JSON is lossless, spec
+violations are rejected with messages naming file and line, untrusted names never become paths,
+rendering respects the token budget, and LLM replies are parsed leniently (or rejected, quoted)."""
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from minskill.skills import (MAX_BODY_CHARS, Mistake, Skill, SkillFormatError, SkillParseError, SkillSet,
+                             parse_skill, parse_skillset, slugify, validate_name)
+
+BASE_SKILLS = Path(__file__).resolve().parents[1] / "minskill" / "tasks" / "base_skills"
+
+TRICKY_STRINGS = ["Use when: counting", "- starts like a list", "true", "123", "1.5", "null", "# hash",
+                  "ends with colon:", "trailing space ", " leading space", "quote \" and 'single'",
+                  "line one\nline two", "tab\there", "ünïcödé ✓ 漢字", "a # comment-like", "{not: flow}",
+                  "back\\slash", "emoji 🎉", "'quoted'", "2024-01-01", "yes", "~", "C# is fine",
+                  "del\x7fchar", "nbsp\u00a0and\u2028separator"]
+
+
+def _skill(name="count-carefully", **kw):
+    defaults = dict(description="Use when a question asks for a count.", body="# Count carefully\n\nTick items.")
+    return Skill(name=name, **{**defaults, **kw})
+
+
+def _masa_library():
+    return {
+        "general_skills": [
+            {"skill_id": "gen_001", "title": "Check the state", "principle": "Look before acting.\n\n- one\n- two",
+             "when_to_apply": "Always"},
+            {"skill_id": "gen_001", "title": "Same id: twice", "principle": "Ids may repeat."},  # no when_to_apply
+            {"skill_id": "../../etc/passwd", "title": "Evil id", "principle": "p", "when_to_apply": "w"},
+            {"title": "No id at all", "principle": "  padded  \n", "when_to_apply": "x" * 1500},   # too long
+        ],
+        "task_specific_skills": {
+            "pick_and_place": [{"skill_id": "pp_001", "title": "T", "principle": "Go, take, go, put.",
+                                "when_to_apply": "put tasks", "score": 0.5, "tags": ["a", "b"],
+                                "parent": None, "nested": {"k": [1, 2]}, "note": "kept"}],
+            "Math_Algebra": [{"when_to_apply": "w", "principle": "p", "title": "order differs", "skill_id": "m1"}],
+            "empty": [],
+        },
+        "common_mistakes": [
+            "Repeating an action that gave Nothing happens.",
+            {"mistake_id": "err_001", "description": "Looping", "why_it_happens": "no memory",
+             "how_to_avoid": "Try another place --> then report"},
+            "  surrounded by spaces  ",
+            "two\nlines",
+            {"description": "only a description"},
+        ],
+        "version": "1.0",
+        "stats": {"iterations": 3},
+    }
+
+
+# --------------------------------------------------------------------------- SKILL.md
+
+@pytest.mark.parametrize("text", TRICKY_STRINGS)
+def test_skill_md_round_trips_any_description_and_metadata(tmp_path, text):
+    skill = _skill(description=text.strip() or "x", metadata={"title": text, "note": text})
+    folder = skill.save(tmp_path)
+    assert folder == tmp_path / skill.name
+    assert Skill.load(folder) == skill
+    assert Skill.from_skill_md(skill.to_skill_md()) == skill
+
+
+@pytest.mark.parametrize("body", ["", "x", "x\n", "\nstarts blank", "ends blank\n\n", "---\nnot front matter",
+                                  "a\r\nwindows", "```python\nprint(1)\n```"])
+def test_skill_md_keeps_the_body_exactly(tmp_path, body):
+    skill = _skill(body=body)
+    assert Skill.load(skill.save(tmp_path)).body == body
+
+
+def test_skill_md_file_layout(tmp_path):
+    skill = _skill(metadata={"title": "Count carefully", "version": "1.0"}, license="MIT",
+                   compatibility="any chat model", allowed_tools="Read")
+    text = (skill.save(tmp_path) / "SKILL.md").read_text()
+    assert text == ("---\nname: count-carefully\ndescription: Use when a question asks for a count.\n"
+                    "license: MIT\ncompatibility: any chat model\nallowed-tools: Read\nmetadata:\n"
+                    "  title: Count carefully\n  version: \"1.0\"\n---\n\n# Count carefully\n\nTick items.\n")
+    assert Skill.load(tmp_path / "count-carefully") == skill
+
+
+def test_front_matter_subset_hand_written():
+    text = ("---\n# a comment\nname: counting\ndescription: >\n  Use when counting\n  things in lists.\n\n"
+            "  Second paragraph.\nlicense: 'it''s MIT'  # trailing comment\ncompatibility: \"tab\\tand \\u00e9\"\n"
+            "metadata:\n  title: Counting\n  steps: |\n    1. tick\n    2. count\n  empty:\n  plain: a\n"
+            "    continued\n---\nBody\n")
+    skill = Skill.from_skill_md(text)
+    assert skill.description == "Use when counting things in lists.\nSecond paragraph.\n"
+    assert skill.license == "it's MIT"
+    assert skill.compatibility == "tab\tand é"
+    assert skill.metadata == {"title": "Counting", "steps": "1. tick\n2. count\n", "empty": "", "plain": "a continued"}
+    assert skill.body == "Body"
+    assert skill.title == "Counting"
+
+
+def test_block_scalar_chomping():
+    head = "---\nname: x\ndescription: d\nmetadata:\n"
+    assert Skill.from_skill_md(head + "  a: |-\n    one\n\n---\n").metadata["a"] == "one"
+    assert Skill.from_skill_md(head + "  a: |+\n    one\n\n---\n").metadata["a"] == "one\n\n"
+    assert Skill.from_skill_md(head + "  a: >-\n    one\n    two\n---\n").metadata["a"] == "one two"
+
+
+@pytest.mark.parametrize("text, message", [
+    ("name: x\n---\n", r"SKILL.md, line 1: SKILL.md must start with a '---' line"),
+    ("---\nname: x\ndescription: d\n", r"front matter is not closed"),
+    ("---\ndescription: d\n---\n", r"front matter has no 'name'"),
+    ("---\nname: x\n---\n", r"front matter has no 'description'"),
+    ("---\nname: Count\ndescription: d\n---\n", r"'Count' has upper-case letters"),
+    ("---\nname: -count\ndescription: d\n---\n", r"starts or ends with '-'"),
+    ("---\nname: count-\ndescription: d\n---\n", r"starts or ends with '-'"),
+    ("---\nname: co--unt\ndescription: d\n---\n", r"double hyphen"),
+    ("---\nname: co_unt\ndescription: d\n---\n", r"characters outside a-z, 0-9 and '-': \['_'\]"),
+    (f"---\nname: {'a' * 65}\ndescription: d\n---\n", r"is 65 characters; at most 64"),
+    ("---\nname: x\ndescription: ''\n---\n", r"description is empty"),
+    (f"---\nname: x\ndescription: {'d' * 1025}\n---\n", r"description is 1025 characters; at most 1024"),
+    (f"---\nname: x\ndescription: d\n---\n{'b' * (MAX_BODY_CHARS + 1)}", r"body is 20001 characters"),
+    ("---\nname: x\ndescription: d\nversion: 1\n---\n", r"unexpected front-matter field\(s\) \['version'\]"),
+    ("---\nname: x\ndescription: d\ntags:\n  - a\n---\n", r"SKILL.md, line 5: lists are not supported"),
+    ("---\nname: x\ndescription: [a, b]\n---\n", r"SKILL.md, line 3: flow collections"),
+    ("---\nname: x\ndescription: d\nmetadata:\n  a:\n    b: c\n---\n", r"line 6: nested mappings deeper"),
+    ("---\nname: x\ndescription: \"open\n---\n", r"line 3: double-quoted string is not closed"),
+    ("---\nname: x\ndescription: 'open\n---\n", r"line 3: single-quoted string is not closed"),
+    ("---\nname: x\n\tdescription: d\n---\n", r"line 3: tabs are not allowed"),
+    ("---\nname: x\nname: y\ndescription: d\n---\n", r"line 3: duplicate key 'name'"),
+    ("---\nname: x\ndescription: *ref\n---\n", r"anchors, aliases, tags"),
+    ("---\nname: x\ndescription: d\njust text\n---\n", r"line 4: expected 'key: value'"),
+    ("---\nname: x\ndescription: d\nmetadata: text\n---\n", r"metadata must be an indented mapping"),
+    ("---\nname: x\ndescription: d\ncompatibility: ''\n---\n", r"compatibility must be 1-500"),
+    ("---\nname: x\ndescription: \"\\q\"\n---\n", r"unknown escape '\\q'"),
+])
+def test_spec_violations_are_rejected_with_clear_messages(text, message):
+    with pytest.raises(SkillFormatError, match=message):
+        Skill.from_skill_md(text, where="SKILL.md")
+
+
+def test_name_must_equal_folder_name(tmp_path):
+    folder = tmp_path / "other-name"
+    folder.mkdir()
+    (folder / "SKILL.md").write_text("---\nname: count\ndescription: d\n---\n")
+    with pytest.raises(SkillFormatError, match=r"other-name/SKILL.md: name 'count' differs from its folder name"):
+        Skill.load(folder)
+    with pytest.raises(SkillFormatError, match="no SKILL.md"):
+        Skill.load(tmp_path)
+
+
+def test_non_utf8_and_oversized_files_are_refused(tmp_path):
+    folder = tmp_path / "x"
+    folder.mkdir()
+    (folder / "SKILL.md").write_bytes(b"---\nname: x\ndescription: \xff\n---\n")
+    with pytest.raises(SkillFormatError, match="not UTF-8"):
+        Skill.load(folder)
+    (folder / "SKILL.md").write_text("---\nname: x\ndescription: d\n---\n" + "b" * 300_000)
+    with pytest.raises(SkillFormatError, match="bytes; at most"):
+        Skill.load(folder)
+
+
+# --------------------------------------------------------------------------- skill sets and MASA JSON
+
+def test_masa_json_to_folders_to_json_is_lossless(tmp_path):
+    library = _masa_library()
+    skillset = SkillSet.from_json(json.loads(json.dumps(library)))
+    folder = skillset.save(tmp_path / "set")
+    assert sorted(p.name for p in folder.iterdir()) == ["SKILLSET.md", "general", "task-specific"]
+    assert sorted(p.name for p in (folder / "general").iterdir()) == ["etc-passwd", "gen-001", "gen-001-2",
+                                                                      "no-id-at-all"]
+    again = SkillSet.load(folder)
+    assert again.to_json() == library
+    assert json.dumps(again.to_json()) == json.dumps(library)  # same key order too
+    # and through a .json file
+    again.save_json(tmp_path / "library.json")
+    assert SkillSet.load(tmp_path / "library.json").to_json() == library
+    # the folder form is the Agent Skills layout
+    skill = Skill.load(folder / "task-specific" / "pick_and_place" / "pp-001")
+    assert skill.description == "put tasks" and skill.body == "Go, take, go, put."
+    assert skill.metadata["score"] == "0.5" and skill.metadata["tags"] == '["a", "b"]'
+
+
+def test_masa_sections_may_be_missing():
+    for library in ({"general_skills": []}, {"task_specific_skills": {"a": []}}, {"common_mistakes": ["x"]}, {}):
+        assert SkillSet.from_json(library).to_json() == library
+
+
+def test_mistakes_keep_their_fields_and_read_as_text():
+    skillset = SkillSet.from_json(_masa_library())
+    mistake = skillset.common_mistakes[1]
+    assert isinstance(mistake, Mistake) and isinstance(mistake, str)
+    assert mistake == ("Looping Why it happens: no memory How to avoid: Try another place --> then report")
+    assert mistake.fields["mistake_id"] == "err_001"
+
+
+def test_edited_mistake_text_wins_over_its_stored_fields(tmp_path):
+    folder = SkillSet.from_json(_masa_library()).save(tmp_path / "set")
+    index = folder / "SKILLSET.md"
+    index.write_text(index.read_text().replace("- Looping Why", "- Circling Why"))
+    mistakes = SkillSet.load(folder).common_mistakes
+    assert mistakes[1].startswith("Circling") and not isinstance(mistakes[1], Mistake)
+
+
+def test_folder_order_and_dropped_in_skills(tmp_path):
+    skillset = SkillSet(general=[_skill("zeta"), _skill("alpha")], task_specific={"counting": [_skill("b"), _skill("a")]},
+                        common_mistakes=["one", "two"])
+    folder = skillset.save(tmp_path / "set")
+    assert SkillSet.load(folder) == skillset
+    _skill("middle").save(folder / "general")  # a skill dropped in without SKILLSET.md knowing it
+    assert [s.name for s in SkillSet.load(folder).general] == ["zeta", "alpha", "middle"]
+    # saving again replaces the old tree
+    SkillSet(general=[_skill("only")]).save(folder)
+    assert [p.name for p in (folder / "general").iterdir()] == ["only"]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp folders left
+
+
+def test_index_listing_a_missing_skill_is_an_error(tmp_path):
+    folder = SkillSet(general=[_skill("kept"), _skill("lost")]).save(tmp_path / "set")
+    import shutil
+    shutil.rmtree(folder / "general" / "lost")
+    with pytest.raises(SkillFormatError, match=r"lists skill\(s\) \['lost'\] with no folder"):
+        SkillSet.load(folder)
+
+
+def test_load_single_skill_folder_and_errors(tmp_path):
+    folder = _skill().save(tmp_path)
+    assert SkillSet.load(folder).general == [_skill()]
+    assert SkillSet.load(folder / "SKILL.md").general == [_skill()]
+    with pytest.raises(FileNotFoundError):
+        SkillSet.load(tmp_path / "missing")
+    (tmp_path / "bad.json").write_text("{\n  oops")
+    with pytest.raises(SkillFormatError, match=r"bad.json, line 2: not valid JSON"):
+        SkillSet.load(tmp_path / "bad.json")
+    (tmp_path / "list.json").write_text("[]")
+    with pytest.raises(SkillFormatError, match="expected a JSON object"):
+        SkillSet.load(tmp_path / "list.json")
+    stranger = tmp_path / "stranger"
+    stranger.mkdir()
+    (stranger / "notes.txt").write_text("hi")
+    with pytest.raises(SkillFormatError, match="not a skill set"):
+        SkillSet.load(stranger)
+
+
+@pytest.mark.parametrize("library, message", [
+    ({"general_skills": {}}, "general_skills must be a list"),
+    ({"general_skills": ["text"]}, r"general_skills\[0\]: a skill must be a JSON object"),
+    ({"task_specific_skills": []}, "task_specific_skills must be an object"),
+    ({"task_specific_skills": {"../x": []}}, r"'../x' is not a valid task type"),
+    ({"task_specific_skills": {"a": {}}}, r"task_specific_skills\['a'\] must be a list"),
+    ({"common_mistakes": [1]}, r"common_mistakes\[0\] must be a string or an object"),
+    ({"general_skills": [{"title": "t", "principle": "p" * (MAX_BODY_CHARS + 1)}]}, "principle is 20001 characters"),
+    ({"general_skills": [{"title": "t", "bad key": "v"}]}, "field name 'bad key'"),
+])
+def test_bad_masa_json_is_rejected(library, message):
+    with pytest.raises(SkillFormatError, match=message):
+        SkillSet.from_json(library)
+
+
+# --------------------------------------------------------------------------- untrusted names
+
+@pytest.mark.parametrize("name", ["../x", "/etc/passwd", "a/b", "a\\b", ".hidden", "..", "", "x" * 65,
+                                  "Upper", "with space", "tab\tname", "nul\x00", "ünï", "-x", "x-", "a--b", None, 3])
+def test_validate_name_rejects_unsafe_names(name):
+    with pytest.raises(SkillFormatError):
+        validate_name(name)
+
+
+@pytest.mark.parametrize("text, slug", [
+    ("../x", "x"), ("/etc/passwd", "etc-passwd"), ("C:\\Windows\\system32", "c-windows-system32"),
+    ("Ünïcödé Name!", "unicode-name"), ("  --Count -- Carefully--  ", "count-carefully"), ("", "skill"),
+    ("!!!", "skill"), ("漢字", "skill"), ("a" * 100, "a" * 64), ("word " * 20, ("word-" * 13)[:64].rstrip("-")),
+])
+def test_slugify_repairs_names(text, slug):
+    assert slugify(text) == slug
+    assert validate_name(slugify(text)) == slug
+
+
+def test_unsafe_names_never_become_paths(tmp_path):
+    target = tmp_path / "inside"
+    target.mkdir()
+    for bad in ("../escaped", "/abs/olute", "a/b"):
+        with pytest.raises(SkillFormatError):
+            Skill(name=bad, description="d").save(target)
+        with pytest.raises(SkillFormatError):
+            SkillSet(general=[Skill(name=bad, description="d")]).save(tmp_path / "set")
+        with pytest.raises(SkillFormatError):
+            SkillSet(task_specific={bad: []}).save(tmp_path / "set")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["inside"]
+    assert not list(target.iterdir())
+    # a name that comes from an LLM reply is slugged
+    skill = parse_skill("---\nname: ../../etc/cron.d/evil\ndescription: d\n---\nbody")
+    assert skill.name == "etc-cron-d-evil"
+
+
+def test_index_file_cannot_smuggle_paths(tmp_path):
+    folder = SkillSet(general=[_skill("ok")]).save(tmp_path / "set")
+    index = folder / "SKILLSET.md"
+    index.write_text(index.read_text().replace("- [ok](general/ok/SKILL.md)", "- [../../outside](general/ok/SKILL.md)"))
+    with pytest.raises(SkillFormatError, match="looks like a path"):
+        SkillSet.load(folder)
+    index.write_text(index.read_text().replace("- [../../outside](general/ok/SKILL.md)", "- [ok](../../../etc)\n")
+                     .replace("## General skills", "## Task-specific skills: ../up\n\n## General skills"))
+    with pytest.raises(SkillFormatError, match="not a valid task type"):
+        SkillSet.load(folder)
+
+
+def test_symlinked_skill_folders_are_not_followed(tmp_path):
+    outside = _skill("outside").save(tmp_path)
+    folder = SkillSet(general=[_skill("ok")]).save(tmp_path / "set")
+    os.symlink(outside, folder / "general" / "outside")
+    with pytest.raises(SkillFormatError, match="symbolic links are not followed"):
+        SkillSet.load(folder)
+
+
+def test_save_refuses_to_replace_a_foreign_folder(tmp_path):
+    (tmp_path / "project").mkdir()
+    (tmp_path / "project" / "important.txt").write_text("keep me")
+    with pytest.raises(SkillFormatError, match="refusing to replace a folder that is not a skill set"):
+        SkillSet(general=[_skill()]).save(tmp_path / "project")
+    assert (tmp_path / "project" / "important.txt").read_text() == "keep me"
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(SkillFormatError, match="is not a folder"):
+        SkillSet().save(tmp_path / "file")
+
+
+# --------------------------------------------------------------------------- rendering
+
+def _render_set():
+    return SkillSet(general=[_skill("g-one", description="General one.", body="Body G1."),
+                             _skill("g-two", description="General two.", body="Body G2.")],
+                    task_specific={"counting": [_skill("c-one", description="Counting one.", body="Body C1.")],
+                                   "lookup": [_skill("l-one", description="Lookup one.", body="Body L1.")]},
+                    common_mistakes=["Mistake A.", "Mistake\nB."])
+
+
+def test_render_general_first_then_the_task_type():
+    text = _render_set().render("counting")
+    assert text.startswith("## G one\nGeneral one.\n\nBody G1.\n\n## G two\n")
+    order = [text.index(s) for s in ("Body G1.", "Body G2.", "Body C1.", "## Common mistakes to avoid",
+                                     "- Mistake A.\n- Mistake B.")]
+    assert order == sorted(order)
+    assert "Body L1." not in text
+    general_only = _render_set().render()
+    assert "Body C1." not in general_only and "Body L1." not in general_only and "Body G2." in general_only
+    assert SkillSet().render("counting") == ""
+
+
+def test_render_exact_text():
+    skillset = SkillSet(general=[Skill(name="answer-format", description="Use always.", body="End with the answer.",
+                                       metadata={"title": "Answer format"})])
+    assert skillset.render() == "## Answer format\nUse always.\n\nEnd with the answer."
+
+
+def test_render_drops_whole_skills_last_first_and_says_so():
+    skillset = _render_set()
+    words = lambda text: len(text.split())  # noqa: E731 - a custom token counter
+    full = skillset.render("counting", max_tokens=10_000, count_tokens=words)
+    budget = words(full) - 1
+    cut = skillset.render("counting", max_tokens=budget, count_tokens=words)
+    assert words(cut) <= budget and "left out to fit the token budget" in cut
+    assert "Body G1." in cut and "Mistake B." not in cut
+    tiny = skillset.render("counting", max_tokens=20, count_tokens=words)
+    assert "Body G1." in tiny and "Body G2." not in tiny and "(4 more skill(s) left out" in tiny
+    # even the first skill is too long: it is cut, and the text says so
+    long = SkillSet(general=[_skill("long", body="word " * 500)])
+    text = long.render(max_tokens=50)
+    assert len(text) <= 200 and "[cut to fit the token budget]" in text
+
+
+# --------------------------------------------------------------------------- parsing LLM replies
+
+def test_parse_skill_with_fences_and_prose():
+    reply = ("Sure! Here is the improved skill:\n\n```markdown\n---\nname: count-carefully\n"
+             "description: Use when counting.\n---\n# Count\n\nTick each item.\n```\n\nLet me know if you need more!")
+    skill = parse_skill(reply)
+    assert (skill.name, skill.description, skill.body) == ("count-carefully", "Use when counting.", "# Count\n\nTick each item.")
+
+
+def test_parse_skill_without_front_matter():
+    skill = parse_skill("Okay.\n\n## Counting Carefully!\n\nGo through the list one by one.\n\nLet me know if this helps.")
+    assert skill.name == "counting-carefully"
+    assert skill.description == "Go through the list one by one."
+    assert skill.body == "## Counting Carefully!\n\nGo through the list one by one."
+    plain = parse_skill("Always write the final answer as a number.")
+    assert plain.name == "always-write-the-final-answer-as-a-number" and plain.body.startswith("Always")
+
+
+def test_parse_skill_repairs_fields():
+    reply = ("---\nname: Count Things\ndescription: " + "d " * 600 + "\nversion: 2\n---\nbody")
+    skill = parse_skill(reply)
+    assert skill.name == "count-things" and len(skill.description) <= 1024
+    assert skill.metadata == {"version": "2"}
+    fenced = parse_skill("```\n---\nname: x\n---\n# Title\n\nFirst line.\n")  # unclosed fence, no description
+    assert (fenced.name, fenced.description) == ("x", "First line.")
+
+
+@pytest.mark.parametrize("reply, message", [
+    ("", "empty reply"),
+    ("   \n  ", "empty reply"),
+    ("---\nname: x\ndescription: [a\n---\nbody", "front matter could not be read"),
+    ("# Title\n\n" + "x" * (MAX_BODY_CHARS + 10), "skill body is"),
+])
+def test_parse_skill_errors_quote_the_reply(reply, message):
+    with pytest.raises(SkillParseError, match=message) as info:
+        parse_skill(reply)
+    assert repr(reply[:40])[1:-1][:20] in str(info.value) or reply.strip() == ""
+    assert len(str(info.value)) < 600  # quoted, but only its start
+
+
+def test_parse_skillset_round_trips_to_markdown():
+    skillset = SkillSet.from_json(_masa_library())
+    skillset.extra = {}
+    for group in [skillset.general] + list(skillset.task_specific.values()):
+        for skill in group:
+            skill.body = skill.body.strip()
+    assert parse_skillset(skillset.to_markdown()) == skillset
+    assert parse_skillset(_render_set().to_markdown()) == _render_set()
+
+
+def test_parse_skillset_lenient_layouts():
+    reply = ("Here you go.\n\n```\n## General Skills\n\n### Answer format\nAlways end with the answer.\n\n"
+             "## Task-specific skills for counting\n\n### Tick items\nNumber each matching item.\n\n"
+             "## Common mistakes:\n1. Counting the wrong word.\n2. Forgetting the last item.\n```\nThanks!")
+    skillset = parse_skillset(reply)
+    assert [s.name for s in skillset.general] == ["answer-format"]
+    assert [s.name for s in skillset.task_specific["counting"]] == ["tick-items"]
+    assert skillset.task_specific["counting"][0].description == "Number each matching item."
+    assert skillset.common_mistakes == ["Counting the wrong word.", "Forgetting the last item."]
+    as_json = parse_skillset("Result:\n```json\n" + json.dumps(_masa_library()) + "\n```")
+    assert as_json.to_json() == _masa_library()
+    loose = parse_skillset("---\nname: only-one\ndescription: d\n---\nbody")
+    assert [s.name for s in loose.general] == ["only-one"]
+
+
+def test_parse_skillset_errors_quote_the_reply():
+    with pytest.raises(SkillParseError, match=r"no skills or common mistakes found; reply was: '## General skills"):
+        parse_skillset("## General skills\n\n## Common mistakes\n")
+    with pytest.raises(SkillParseError, match="does not name its task type"):
+        parse_skillset("# Task-specific skills\n\n### A\ntext")
+    with pytest.raises(SkillParseError, match="empty reply"):
+        parse_skillset("")
+
+
+# --------------------------------------------------------------------------- the shipped base skills
+
+@pytest.mark.parametrize("suite", ["qa", "household", "webwalk"])
+def test_base_skill_sets_load_and_cover_every_task_type(suite):
+    from minskill.tasks import load_suite
+    skillset = SkillSet.load(BASE_SKILLS / suite)
+    assert skillset.general
+    types = {t.type for t in load_suite(suite, n=6 if suite == "household" else 4 if suite == "qa" else 3)}
+    assert set(skillset.task_specific) == types
+    for task_type in types:
+        text = skillset.render(task_type)
+        assert text and len(text) < 4 * 1024
+
+
+def test_written_front_matter_means_the_same_to_a_real_yaml_reader():
+    yaml = pytest.importorskip("yaml")  # test-only cross-check; minskill itself never imports a YAML package
+    for text in TRICKY_STRINGS:
+        skill = _skill(description=text, metadata={"title": text, "n": "42"})
+        front = skill.to_skill_md().split("---\n")[1]
+        assert yaml.safe_load(front) == {"name": skill.name, "description": text, "metadata": {"title": text, "n": "42"}}

@@ -1,0 +1,311 @@
+"""Task suites: determinism, disjoint splits, JSONL loading, and the environments (every generated task
+is solved by the scripted oracle; impossible actions give exactly "Nothing happens." and are counted)."""
+import copy
+import json
+import re
+
+import pytest
+
+from minskill.tasks import NOTHING_HAPPENS, Task, load_suite, oracle_actions, task_types
+from minskill.tasks.household import TASK_TYPES as HOUSEHOLD_TYPES
+from minskill.tasks.qa import TASK_TYPES as QA_TYPES
+from minskill.tasks.webwalk import LEVELS
+
+
+def _ids(tasks):
+    return [t.id for t in tasks]
+
+
+# --------------------------------------------------------------------------- common
+
+@pytest.mark.parametrize("suite", ["qa", "household", "webwalk"])
+def test_suites_are_deterministic_and_splits_disjoint(suite):
+    train = load_suite(suite, "train", seed=0)
+    assert _ids(train) == _ids(load_suite(suite, "train", seed=0))
+    assert [t.to_dict() for t in train] == [t.to_dict() for t in load_suite(suite, "train", seed=0)]
+    heldout = load_suite(suite, "heldout", seed=0)
+    assert not set(_ids(train)) & set(_ids(heldout))
+    assert not {t.question for t in train} & {t.question for t in heldout}
+    assert len(set(_ids(train))) == len(train)
+    # another seed draws other tasks, still never from the other split
+    other_seed = load_suite(suite, "heldout", seed=1)
+    assert _ids(other_seed) != _ids(heldout)
+    assert not set(_ids(other_seed)) & set(_ids(train))
+    assert all(t.metadata["split"] == "train" for t in train)
+    everything = load_suite(suite, "all", seed=0)
+    assert _ids(everything) == _ids(train) + _ids(heldout)
+
+
+def test_household_splits_hold_different_goals_whatever_the_seed():
+    goals = {split: {(t.type, t.env_spec["goal"]["object"], t.env_spec["goal"]["target"])
+                     for seed in (0, 1, 2) for t in load_suite("household", split, seed=seed)}
+             for split in ("train", "heldout")}
+    assert not goals["train"] & goals["heldout"]
+
+
+def _arithmetic_key(question):
+    a, b = map(int, re.findall(r"\d+", question))
+    if question.startswith("Subtract"):
+        a, b = b, a
+    return (a, "+" if ("+" in question or "plus" in question or "Add" in question) else "-", b)
+
+
+def test_qa_problem_keys_are_disjoint_across_seeds():
+    def keys(split, seed):
+        return {_arithmetic_key(t.question) for t in load_suite("qa", split, seed, n=200) if t.type == "arithmetic"}
+    # the same sum never appears in both splits, whatever the seeds and the wording
+    assert not (keys("train", 0) | keys("train", 3)) & (keys("heldout", 0) | keys("heldout", 5))
+
+
+def test_n_and_interleaved_types():
+    tasks = load_suite("qa", "train", n=10)
+    assert len(tasks) == 10
+    assert [t.type for t in tasks[:4]] == list(QA_TYPES)
+    assert task_types(tasks) == list(QA_TYPES)
+    assert [t.type for t in load_suite("household", "heldout", n=6)] == list(HOUSEHOLD_TYPES)
+    assert [t.type for t in load_suite("webwalk", "train", n=3)] == list(LEVELS)
+    assert len(load_suite("qa")) == 50 * len(QA_TYPES)
+    assert load_suite("qa", n=0) == []
+
+
+def test_bad_arguments_are_named():
+    with pytest.raises(ValueError, match="unknown suite 'nope'"):
+        load_suite("nope")
+    with pytest.raises(ValueError, match="unknown split 'test'"):
+        load_suite("qa", "test")
+    with pytest.raises(ValueError, match="qa/arithmetic: asked for 100 train tasks, the split holds only"):
+        load_suite("qa", "train", n=400)
+    with pytest.raises(ValueError, match="n must be >= 0"):
+        load_suite("qa", n=-1)
+
+
+# --------------------------------------------------------------------------- qa
+
+def test_qa_tasks_score_their_own_answer():
+    tasks = load_suite("qa", "heldout", n=40)
+    for task in tasks:
+        assert not task.multi_turn and task.verifier == "final"
+        assert task.answer.isdigit()
+        assert task.score(f"The answer is {task.answer}.") == 1.0
+        assert task.score(f"The answer is {int(task.answer) + 1}.") == 0.0
+    by_type = {t.type: t for t in tasks}
+    assert "How many" in by_type["counting"].question
+    with pytest.raises(ValueError, match="single-turn"):
+        tasks[0].make_env()
+
+
+def test_qa_generated_answers_are_right():
+    for task in load_suite("qa", "train", n=200):
+        q = task.question
+        if task.type == "arithmetic":
+            a, op, b = _arithmetic_key(q)
+            assert int(task.answer) == (a + b if op == "+" else a - b)
+        elif task.type == "counting":
+            items = q.split(":")[1].split(".")[0].split(", ")
+            word = re.search(r"How many (\w+)", q).group(1)
+            singular = {"peaches": "peach"}.get(word, word[:-1] if word.endswith("s") else word)
+            assert int(task.answer) == sum(item.strip() == singular for item in items)
+        elif task.type == "conversion":
+            from minskill.tasks.qa import _CONVERSIONS
+            value = int(re.search(r"\d+", q).group())
+            factor = next(f for big, one, small, f in _CONVERSIONS
+                          if small in q and (f" {big}" in q or f" {one}" in q))
+            assert int(task.answer) == value * factor
+        elif task.type == "lookup":
+            name = re.search(r"does (\w+) have", q).group(1)
+            assert re.search(rf"{name} has {task.answer} ", q)
+
+
+# --------------------------------------------------------------------------- JSONL
+
+def _write_jsonl(path, rows):
+    path.write_text("\n".join(r if isinstance(r, str) else json.dumps(r) for r in rows) + "\n")
+    return path
+
+
+def test_jsonl_gaia_and_plain_formats(tmp_path):
+    path = _write_jsonl(tmp_path / "tasks.jsonl", [
+        {"task_id": "g1", "Question": "Capital of France?", "Final answer": "Paris", "Level": 1},
+        "",
+        {"question": "2+2?", "answer": 4, "type": "math", "id": "p1", "split": "heldout"},
+        {"question": "Colour of the sky?", "answer": "blue", "verifier": "exact", "choices": ["blue", "red"]},
+    ])
+    tasks = load_suite("qa", split="all", path=path)
+    assert [t.id for t in tasks] == ["g1", "p1", tasks[2].id]
+    gaia, plain, exact = tasks
+    assert (gaia.type, gaia.verifier, gaia.answer) == ("level1", "gaia", "Paris")
+    assert gaia.score("paris") == 1.0 and gaia.score("Lyon") == 0.0
+    assert (plain.type, plain.answer, plain.metadata["split"], plain.metadata["line"]) == ("math", "4", "heldout", 3)
+    assert exact.type == "qa" and exact.env_spec["choices"] == ["blue", "red"]
+    assert exact.score("The blue") == 1.0
+    assert [t.id for t in load_suite(str(path), split="heldout")].count("p1") == 1
+    train, heldout = load_suite(str(path), "train"), load_suite(str(path), "heldout")
+    assert sorted(_ids(train) + _ids(heldout)) == sorted(_ids(tasks))
+    assert load_suite(str(path), "all", n=1) == tasks[:1]
+
+
+@pytest.mark.parametrize("bad_line, message", [
+    ("{not json", r"tasks.jsonl:2: not valid JSON"),
+    ("[1, 2]", r"tasks.jsonl:2: expected a JSON object, got list"),
+    ('{"question": "q"}', r"tasks.jsonl:2: missing field 'answer'"),
+    ('{"question": "", "answer": "a"}', r"tasks.jsonl:2: field 'question' is empty"),
+    ('{"question": "q", "answer": ["a"]}', r"tasks.jsonl:2: field 'answer' must be a string, got list"),
+    ('{"Question": "q", "Level": 1}', r"tasks.jsonl:2: missing field 'Final answer'"),
+    ('{"prompt": "q"}', r"tasks.jsonl:2: a task needs 'question' and 'answer'"),
+    ('{"question": "q", "answer": "a", "verifier": "magic"}', r"tasks.jsonl:2: unknown verifier 'magic'"),
+    ('{"question": "q", "answer": "a", "split": "dev"}', r"tasks.jsonl:2: field 'split' must be"),
+    ('{"question": "q", "answer": "a", "id": "x"}', r"tasks.jsonl:2: duplicate task id 'x'"),
+])
+def test_jsonl_malformed_lines_name_file_and_line(tmp_path, bad_line, message):
+    path = _write_jsonl(tmp_path / "tasks.jsonl", [{"question": "ok?", "answer": "yes", "id": "x"}, bad_line])
+    with pytest.raises(ValueError, match=message):
+        load_suite("qa", "all", path=path)
+
+
+def test_jsonl_missing_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match="task file not found"):
+        load_suite(str(tmp_path / "none.jsonl"))
+
+
+# --------------------------------------------------------------------------- environments
+
+def _run(task, actions):
+    env = task.make_env()
+    observation = env.reset()
+    done = success = False
+    for action in actions:
+        assert not done, f"{task.id}: episode ended before {action!r}"
+        observation, done, success = env.step(action)
+        assert observation != NOTHING_HAPPENS, f"{task.id}: oracle action {action!r} did nothing"
+    return env, done, success
+
+
+@pytest.mark.parametrize("suite", ["household", "webwalk"])
+@pytest.mark.parametrize("split", ["train", "heldout"])
+def test_oracle_solves_every_generated_task(suite, split):
+    tasks = load_suite(suite, split)
+    assert {t.type for t in tasks} == set(HOUSEHOLD_TYPES if suite == "household" else LEVELS)
+    for task in tasks:
+        assert task.multi_turn and task.max_steps >= 1
+        plan = oracle_actions(task)
+        assert len(plan) <= task.max_steps
+        env, done, success = _run(task, plan)
+        assert done and success, f"{task.id} not solved by {plan}"
+        assert env.nothing_happens == 0 and env.steps == len(plan)
+
+
+def _household(task_type="pick_heat_then_place", split="train"):
+    return next(t for t in load_suite("household", split) if t.type == task_type)
+
+
+def test_household_invalid_actions_say_nothing_happens_and_are_counted():
+    task = _household()
+    env = task.make_env()
+    first = env.reset()
+    assert "Your task is to: heat some" in first and task.question in first
+    closed = next(r for r, s in env.receptacles.items() if s["openable"])
+    open_air = next(r for r, s in env.receptacles.items() if not s["openable"])
+    some_object = next(iter(env.objects))
+    invalid = ["fly to the moon", "", f"open {closed}",  # not there yet
+               f"take {some_object} from {open_air}", f"put {some_object} on {open_air}",
+               "go to nowhere 9", f"heat {some_object} with microwave 1", "use desklamp 1",
+               f"examine {some_object}"]
+    for k, action in enumerate(invalid, start=1):
+        observation, done, success = env.step(action)
+        assert observation == NOTHING_HAPPENS, action
+        assert env.nothing_happens == k and not success
+    env.step(f"go to {open_air}")
+    assert env.step(f"go to {open_air}")[0] == NOTHING_HAPPENS       # already there
+    assert env.step(f"open {open_air}")[0] == NOTHING_HAPPENS        # cannot be opened
+    counted = env.nothing_happens
+    for info in ("look", "inventory", f"examine {open_air}"):
+        assert env.step(info)[0] != NOTHING_HAPPENS                   # reports are valid actions
+    assert env.nothing_happens == counted
+
+
+def test_household_mechanics():
+    task = _household("pick_cool_then_place")
+    env = task.make_env()
+    env.reset()
+    fridge = next(r for r, s in env.receptacles.items() if s["type"] == "fridge")
+    assert env.step(f"go to {fridge}")[0] == f"You arrive at {fridge}. The {fridge} is closed."
+    assert env.step(f"open {fridge}")[0].startswith(f"You open the {fridge}. The {fridge} is open. In it, you see")
+    assert env.step(f"open {fridge}")[0] == NOTHING_HAPPENS
+    assert env.step(f"close {fridge}")[0] == f"You close the {fridge}."
+    assert env.step("inventory")[0] == "You are not carrying anything."
+    # hands full: a second take does nothing
+    plan = oracle_actions(task)
+    env.reset()
+    take = next(i for i, a in enumerate(plan) if a.startswith("take "))
+    for action in plan[:take + 1]:
+        env.step(action)
+    assert env.holding and env.step("inventory")[0] == f"You are carrying: {'an' if env.holding[0] in 'aeiou' else 'a'} {env.holding}."
+    others = [f"take {o} from {env.location}" for o in env._contents(env.location)]
+    for action in others:
+        assert env.step(action)[0] == NOTHING_HAPPENS
+
+
+def test_household_admissible_actions_all_do_something():
+    for task in load_suite("household", "train", n=12):
+        env = task.make_env()
+        env.reset()
+        for action in oracle_actions(task)[:-1]:
+            for candidate in env.admissible_actions():
+                probe = copy.deepcopy(env)
+                probe.max_steps = 10 ** 6
+                assert probe.step(candidate)[0] != NOTHING_HAPPENS, (task.id, candidate)
+            assert action in env.admissible_actions()
+            env.step(action)
+
+
+def test_step_budget_and_end_of_episode():
+    task = _household()
+    env = task.make_env()
+    env.reset()
+    for k in range(task.max_steps):
+        observation, done, success = env.step("look")
+        assert done is (k == task.max_steps - 1) and not success
+    with pytest.raises(RuntimeError, match="after the episode ended"):
+        env.step("look")
+    env.reset()
+    assert env.steps == 0 and env.nothing_happens == 0 and not env.done
+    with pytest.raises(ValueError, match="multi-turn"):
+        task.score("anything")
+
+
+def test_action_normalisation():
+    task = _household("pick_and_place")
+    plan = oracle_actions(task)
+    env = task.make_env()
+    env.reset()
+    for action in plan:
+        observation, done, success = env.step(f"  `{action.upper()}.`  ")
+        assert observation != NOTHING_HAPPENS
+    assert success
+
+
+def test_webwalk_navigation_and_answers():
+    task = next(t for t in load_suite("webwalk", "train") if t.type == "hard" and t.metadata["sources"] == 2)
+    env = task.make_env()
+    first = env.reset()
+    assert first.startswith(f"Question: {task.question}") and "Page: " in first and "Links: [About]" in first
+    assert env.step("back")[0] == NOTHING_HAPPENS                    # nothing to go back to
+    assert env.step("click Nowhere")[0] == NOTHING_HAPPENS
+    assert env.step("answer")[0] == NOTHING_HAPPENS                  # an empty answer
+    assert env.nothing_happens == 3
+    assert env.step("click [Departments]")[0].startswith("Page: Departments")
+    assert env.step("back")[0].startswith("Page: ")
+    assert env.admissible_actions()[:3] == ["click About", "click News", "click Departments"]
+    observation, done, success = env.step(f"answer The {task.answer}.")  # SQuAD normalisation
+    assert done and success and observation.startswith("You answered")
+    env.reset()
+    assert env.step("answer something else")[1:] == (True, False)
+    with pytest.raises(RuntimeError):
+        env.step("back")
+
+
+def test_tasks_round_trip_as_dicts():
+    for suite in ("qa", "household", "webwalk"):
+        task = load_suite(suite, n=1)[0]
+        again = Task.from_dict(json.loads(json.dumps(task.to_dict())))
+        assert again == task

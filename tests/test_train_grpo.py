@@ -1,0 +1,268 @@
+"""train_grpo.py end to end with a tiny random editor and a scripted task model behind real HTTP: the outputs
+(checkpoint, metrics.jsonl, reward curve), resume == uninterrupted run, the β > 0 path with a reference model,
+the --eval table, and the plain message when a multi-turn suite gives no reward at all."""
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # train_grpo.py lives at the repo root
+
+import train_grpo  # noqa: E402
+from minskill.server import ScriptedBackend, start_server  # noqa: E402
+from minskill.weights import load_model  # noqa: E402
+from test_skill_r1 import keyword_task_model  # noqa: E402
+from tiny import make_tiny_model_dir  # noqa: E402
+
+ROW_FIELDS = ("step", "reward_per_generation", "carried_reward_per_generation", "reward_mean_candidates", "a_inter",
+              "loss", "kl", "ratio_mean", "clip_frac_low", "clip_frac_high", "grad_norm", "logp_mismatch", "lr",
+              "zero_variance_groups", "unparsed_share", "skill_tokens_mean", "skill_chars_mean", "task_calls",
+              "task_tokens", "editor_sample_tokens_per_s", "train_tokens_per_s", "seconds_sampling_and_rollouts",
+              "seconds_update", "instances", "best_skill", "best_skill_reward", "best_skill_gain",
+              "best_skill_instance")
+TIMING_FIELDS = ("editor_sample_tokens_per_s", "train_tokens_per_s", "seconds_sampling_and_rollouts",
+                 "seconds_update")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def editor_dir(tmp_path_factory):
+    return make_tiny_model_dir(tmp_path_factory.mktemp("editor"), family="llama", chat_format="chatml",
+                               max_position_embeddings=1024)
+
+
+@pytest.fixture(scope="module")
+def suite_file(tmp_path_factory):
+    """The keyword suite of test_skill_r1 as a JSONL file: 8 training and 8 held-out tasks."""
+    path = tmp_path_factory.mktemp("suite") / "keywords.jsonl"
+    lines = [json.dumps({"id": f"{split}-{i}", "type": "keywords", "question": f"Item {i}: solve task {i % 4}",
+                         "answer": "yes", "verifier": "exact", "split": split})
+             for split in ("train", "heldout") for i in range(8)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def task_url():
+    with start_server(ScriptedBackend(keyword_task_model, name="keywords")) as server:
+        yield server.url
+
+
+def common_flags(editor_dir, suite_file, task_url, out):
+    return ["--editor", str(editor_dir), "--task-url", task_url, "--suite", str(suite_file), "--out", str(out),
+            "-G", "2", "-K", "3", "--tasks-per-instance", "2", "--instances-per-step", "2", "--micro-batch", "4",
+            "--max-skill-tokens", "16", "--context-tokens", "512", "--task-max-tokens", "4", "--lr", "1e-3",
+            "--save-every", "2"]
+
+
+def read_rows(out):
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def straight_run(editor_dir, suite_file, task_url, tmp_path_factory):
+    """4 steps without interruption; returns (out folder, printed text)."""
+    out = tmp_path_factory.mktemp("straight")
+    import io
+    from contextlib import redirect_stdout
+    buffer = io.StringIO()
+    with redirect_stdout(buffer):
+        assert train_grpo.main(common_flags(editor_dir, suite_file, task_url, out) + ["--steps", "4"]) == 0
+    return out, buffer.getvalue()
+
+
+def test_smoke_run_writes_checkpoint_metrics_and_picture(straight_run):
+    out, printed = straight_run
+    rows = read_rows(out)
+    assert [r["step"] for r in rows] == [0, 1, 2, 3]
+    for row in rows:
+        assert set(ROW_FIELDS) <= set(row)
+        assert len(row["reward_per_generation"]) == 3 and len(row["a_inter"]) == 2
+        assert all(0.0 <= r <= 1.0 for r in row["reward_per_generation"])
+        assert row["task_calls"] > 0 and row["task_tokens"] > 0 and row["kl"] == 0.0
+    # the progress lines, with ETA, and the closing summary
+    assert "step 4/4 | reward " in printed and "ETA" in printed and "done: 4 steps" in printed
+    svg = (out / "reward_curve.svg").read_text()
+    assert svg.lstrip().startswith("<") and "generation 2" in svg
+    # the checkpoint is an HF folder that loads, plus the trainer state
+    editor, tokenizer = load_model(str(out / "checkpoint"))
+    logits = editor(torch.tensor([tokenizer.encode("Solve task 1")]))
+    assert logits.shape[-1] == editor.config.vocab_size and torch.isfinite(logits).all()
+    state = torch.load(out / "checkpoint" / "trainer_state.pt", weights_only=False)
+    assert state["step"] == 4 and len(state["metrics"]) == 4 and "optimizer" in state and "torch_rng" in state
+    assert not (out / ".checkpoint.tmp").exists() and not (out / ".checkpoint.old").exists()
+
+
+class GradRecorder:
+    """Stands in for the optimizer: step() records the accumulated gradients."""
+
+    def __init__(self, model):
+        self.model, self.grads = model, []
+
+    def zero_grad(self, set_to_none=True):
+        self.model.zero_grad(set_to_none=set_to_none)
+
+    def step(self):
+        self.grads.append({n: p.grad.clone() for n, p in self.model.named_parameters() if p.grad is not None})
+
+
+@pytest.mark.parametrize("agg", ["token_mean", "seq_mean", "dr_grpo"])
+def test_micro_batches_give_the_full_batch_gradient(editor_dir, agg):
+    """policy_update accumulates micro-batches (skipping A = 0 sequences) into exactly the gradient of
+    policy_loss over the whole batch at once, for each aggregation."""
+    from types import SimpleNamespace
+    from minskill.grpo import policy_loss
+    from minskill.sampling import completion_logprobs
+
+    editor, tok = load_model(str(editor_dir))
+    editor.train()
+    lengths, advantages = [3, 7, 1, 5, 6, 2], [0.5, -0.25, 0.0, 1.0, 0.0, -1.25]
+    cands = [SimpleNamespace(prompt_ids=tok.encode(f"prompt number {i} " * (i + 1)),
+                             token_ids=[(7 * i + 3 * j) % 300 + 3 for j in range(n)], logprobs=[0.0] * n, advantage=a)
+             for i, (n, a) in enumerate(zip(lengths, advantages))]
+    args = train_grpo.parse_args(["--agg", agg, "--max-skill-tokens", "8", "--grad-clip", "0"])
+
+    logp, mask = completion_logprobs(editor, [c.prompt_ids for c in cands], [c.token_ids for c in cands])
+    loss, _ = policy_loss(logp, logp.detach(), torch.tensor(advantages), mask, agg=agg, max_new_tokens=8)
+    editor.zero_grad()
+    loss.backward()
+    reference = {n: p.grad.clone() for n, p in editor.named_parameters()}
+    for micro_batch in (1, 2, 6):
+        args.micro_batch = micro_batch
+        recorder = GradRecorder(editor)
+        stats = train_grpo.policy_update(editor, None, recorder, cands, args)
+        assert stats["trained_sequences"] == 4 and stats["ratio_mean"] == pytest.approx(1.0)
+        [grads] = recorder.grads
+        for name, g in reference.items():
+            torch.testing.assert_close(grads[name], g, rtol=1e-4, atol=1e-7, msg=f"{agg} mb={micro_batch} {name}")
+
+
+class Interrupted(Exception):
+    pass
+
+
+def test_resume_equals_the_uninterrupted_run(straight_run, editor_dir, suite_file, task_url, tmp_path, monkeypatch,
+                                             capsys):
+    out = tmp_path / "resumed"
+    flags = common_flags(editor_dir, suite_file, task_url, out) + ["--steps", "4"]
+    save = train_grpo.save_checkpoint
+
+    def save_then_crash(folder, editor, tokenizer, state):
+        save(folder, editor, tokenizer, state)
+        if state["step"] == 2:
+            raise Interrupted  # the process dies right after the step-2 checkpoint
+
+    monkeypatch.setattr(train_grpo, "save_checkpoint", save_then_crash)
+    with pytest.raises(Interrupted):
+        train_grpo.main(flags)
+    monkeypatch.setattr(train_grpo, "save_checkpoint", save)
+    assert [r["step"] for r in read_rows(out)] == [0, 1]
+    assert train_grpo.main(flags + ["--resume"]) == 0
+    assert "resuming" in capsys.readouterr().out
+
+    straight, resumed = read_rows(straight_run[0]), read_rows(out)
+    assert len(resumed) == 4
+    for a, b in zip(straight, resumed):
+        for key in set(ROW_FIELDS) - set(TIMING_FIELDS):
+            assert a[key] == b[key], (a["step"], key)
+    w_straight = load_file(str(straight_run[0] / "checkpoint" / "model.safetensors"))
+    w_resumed = load_file(str(out / "checkpoint" / "model.safetensors"))
+    assert w_straight.keys() == w_resumed.keys()
+    assert all(torch.equal(w_straight[k], w_resumed[k]) for k in w_straight)
+    # and training did change the weights
+    w_start = load_file(str(Path(editor_dir) / "model.safetensors"))
+    assert any(not torch.equal(w_start[k], w_straight[k]) for k in w_start)
+
+
+def test_resume_refuses_changed_flags(straight_run, editor_dir, suite_file, task_url):
+    out = straight_run[0]
+    with pytest.raises(SystemExit, match="--lam 0.5 -> 0.0"):
+        train_grpo.main(common_flags(editor_dir, suite_file, task_url, out) + ["--steps", "4", "--resume", "--lam", "0"])
+
+
+def test_resume_without_checkpoint_says_so(tmp_path, editor_dir, suite_file, task_url):
+    with pytest.raises(SystemExit, match="no checkpoint"):
+        train_grpo.main(common_flags(editor_dir, suite_file, task_url, tmp_path) + ["--resume"])
+
+
+def test_beta_keeps_a_reference_and_reports_kl_with_bf16_and_checkpointing(editor_dir, suite_file, task_url, tmp_path, capsys):
+    out = tmp_path / "beta"
+    flags = common_flags(editor_dir, suite_file, task_url, out) + ["--steps", "1", "--beta", "0.1", "--ppo-epochs",
+                                                                    "2", "--lr", "1e-2", "--agg", "seq_mean",
+                                                                    "--bf16", "--grad-checkpointing"]
+    assert train_grpo.main(flags) == 0
+    assert "reference model: frozen copy of the editor" in capsys.readouterr().out
+    [row] = read_rows(out)
+    # epoch 1 starts at the reference (KL 0, ratio 1); epoch 2 after one update: KL > 0, ratio != 1
+    assert row["kl"] > 0 and row["ratio_mean"] != 1.0
+    assert row["clip_frac_low"] >= 0 and row["clip_frac_high"] >= 0
+
+
+def test_no_reference_model_when_beta_is_zero(straight_run):
+    assert "reference model: none" in straight_run[1]
+
+
+def test_eval_prints_the_papers_rows(straight_run, editor_dir, suite_file, task_url, capsys):
+    ckpt = str(straight_run[0] / "checkpoint")
+    flags = common_flags(editor_dir, suite_file, task_url, straight_run[0]) + [
+        "--eval", "--grpo-editor", ckpt, "--skillr1-editor", ckpt, "--eval-instances", "2"]
+    assert train_grpo.main(flags) == 0
+    printed = capsys.readouterr().out
+    table = [line for line in printed.splitlines() if line.startswith("|")]
+    assert table[0].startswith("| method | success (95% CI) | g=1 | g=2 | task calls: evolve | task calls: evaluate |")
+    names = [line.split("|")[1].strip() for line in table[2:]]
+    assert names[0] == "no skill" and names[1].startswith("seed skill")
+    assert names[2].startswith("Skill-R1 inference-only") and names[3].startswith("vanilla GRPO")
+    assert names[4].startswith("Skill-R1 (λ > 0)")
+    for line in table[2:]:
+        cells = [c.strip() for c in line.split("|")[1:-1]]
+        assert 0.0 <= float(cells[1].split()[0]) <= 1.0
+        assert int(cells[-1]) > 0                 # every row was scored on the evaluation tasks
+    assert all(int(line.split("|")[-3]) > 0 for line in table[4:])  # editor rows spent calls evolving
+    # with the scripted model: no skill answers nothing ('no' to everything)
+    assert table[2].split("|")[2].strip().startswith("0.000")
+
+
+def test_all_zero_multi_turn_suite_says_so(editor_dir, tmp_path, capsys):
+    with start_server(ScriptedBackend(lambda messages, request: "dance wildly", name="mute")) as server:
+        flags = ["--editor", str(editor_dir), "--task-url", server.url, "--suite", "household", "--n-tasks", "6",
+                 "--out", str(tmp_path), "-G", "1", "-K", "2", "--tasks-per-instance", "1", "--instances-per-step",
+                 "1", "--max-skill-tokens", "8", "--context-tokens", "900", "--task-max-tokens", "4", "--steps", "1"]
+        assert train_grpo.main(flags) == 0
+    printed = capsys.readouterr().out
+    assert "every reward was 0" in printed and "multi-turn" in printed and "nothing was learned" in printed
+
+
+def test_help_lists_the_flags(capsys):
+    with pytest.raises(SystemExit):
+        train_grpo.main(["--help"])
+    text = capsys.readouterr().out
+    for flag in ("--task-url", "--generations", "--candidates", "--lam", "--beta", "--agg", "--eps-low", "--bf16",
+                 "--grad-checkpointing", "--resume", "--eval", "--grpo-editor", "--skillr1-editor"):
+        assert flag in text
+
+
+def test_lr_schedule_warms_up_then_decays_by_cosine():
+    factors = [train_grpo.lr_factor(s, 20, 0.1) for s in range(20)]
+    assert factors[:2] == [0.5, 1.0]                                   # 2 warmup steps, linear
+    assert all(a > b for a, b in zip(factors[1:], factors[2:]))        # then strictly decreasing
+    assert factors[2] == pytest.approx(0.5 * (1 + math.cos(math.pi / 19)))
+    assert 0 < factors[-1] < 0.01
+
+
+def test_instance_order_is_a_fresh_permutation_per_pass():
+    picks = [i for step in range(6) for i in train_grpo.instance_order(5, step, 2, seed=3)]
+    assert sorted(picks[:5]) == list(range(5)) and sorted(picks[5:10]) == list(range(5))
+    assert picks == [i for step in range(6) for i in train_grpo.instance_order(5, step, 2, seed=3)]
+    assert picks != [i for step in range(6) for i in train_grpo.instance_order(5, step, 2, seed=4)]
