@@ -821,7 +821,8 @@ class SkillSet:
                 if entry.name not in types:
                     types.append(entry.name)
         for task_type in types:
-            specific[task_type] = _load_group(task_root / task_type, order.task_types.get(task_type, []) if order else [])
+            listed = order.task_types.get(task_type, []) if order else []
+            specific[task_type] = _load_group(task_root / task_type, listed)
         mistakes = order.mistakes if order else []
         extra = order.extra if order else {}
         return cls(general, specific, mistakes, extra).validate()

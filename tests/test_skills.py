@@ -199,7 +199,8 @@ def test_edited_mistake_text_wins_over_its_stored_fields(tmp_path):
 
 
 def test_folder_order_and_dropped_in_skills(tmp_path):
-    skillset = SkillSet(general=[_skill("zeta"), _skill("alpha")], task_specific={"counting": [_skill("b"), _skill("a")]},
+    skillset = SkillSet(general=[_skill("zeta"), _skill("alpha")],
+                        task_specific={"counting": [_skill("b"), _skill("a")]},
                         common_mistakes=["one", "two"])
     folder = skillset.save(tmp_path / "set")
     assert SkillSet.load(folder) == skillset
@@ -370,11 +371,13 @@ def test_parse_skill_with_fences_and_prose():
     reply = ("Sure! Here is the improved skill:\n\n```markdown\n---\nname: count-carefully\n"
              "description: Use when counting.\n---\n# Count\n\nTick each item.\n```\n\nLet me know if you need more!")
     skill = parse_skill(reply)
-    assert (skill.name, skill.description, skill.body) == ("count-carefully", "Use when counting.", "# Count\n\nTick each item.")
+    assert skill.name == "count-carefully" and skill.description == "Use when counting."
+    assert skill.body == "# Count\n\nTick each item."
 
 
 def test_parse_skill_without_front_matter():
-    skill = parse_skill("Okay.\n\n## Counting Carefully!\n\nGo through the list one by one.\n\nLet me know if this helps.")
+    skill = parse_skill("Okay.\n\n## Counting Carefully!\n\nGo through the list one by one.\n\n"
+                        "Let me know if this helps.")
     assert skill.name == "counting-carefully"
     assert skill.description == "Go through the list one by one."
     assert skill.body == "## Counting Carefully!\n\nGo through the list one by one."
@@ -457,4 +460,5 @@ def test_written_front_matter_means_the_same_to_a_real_yaml_reader():
     for text in TRICKY_STRINGS:
         skill = _skill(description=text, metadata={"title": text, "n": "42"})
         front = skill.to_skill_md().split("---\n")[1]
-        assert yaml.safe_load(front) == {"name": skill.name, "description": text, "metadata": {"title": text, "n": "42"}}
+        expected = {"name": skill.name, "description": text, "metadata": {"title": text, "n": "42"}}
+        assert yaml.safe_load(front) == expected

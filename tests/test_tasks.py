@@ -239,7 +239,9 @@ def test_household_mechanics():
     take = next(i for i, a in enumerate(plan) if a.startswith("take "))
     for action in plan[:take + 1]:
         env.step(action)
-    assert env.holding and env.step("inventory")[0] == f"You are carrying: {'an' if env.holding[0] in 'aeiou' else 'a'} {env.holding}."
+    assert env.step(f"examine {env.holding}")[0] == f"There's nothing special about {env.holding}."
+    article = "an" if env.holding[0] in "aeiou" else "a"
+    assert env.step("inventory")[0] == f"You are carrying: {article} {env.holding}."
     others = [f"take {o} from {env.location}" for o in env._contents(env.location)]
     for action in others:
         assert env.step(action)[0] == NOTHING_HAPPENS

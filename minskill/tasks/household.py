@@ -240,8 +240,9 @@ class HouseholdEnv(Environment):
                 states = [s for s in ("clean", "hot", "cool") if obj.get(s)]
                 if obj["type"] == "desklamp":
                     return f"This is a desklamp. It is {'on' if obj['on'] else 'off'}."
-                return f"This is {' and '.join(states) + ' ' if states else 'a '}{target}." if states \
-                    else f"There's nothing special about {target}."
+                if states:
+                    return f"This is a {' and '.join(states)} {target}."
+                return f"There's nothing special about {target}."
             return NOTHING_HAPPENS
         return NOTHING_HAPPENS
 
