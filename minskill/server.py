@@ -271,10 +271,12 @@ class _Job:
 class BatchScheduler:
     """Queue of pending requests; one thread serves them in batches of up to max_batch samples."""
 
-    def __init__(self, backend: Backend, max_batch: int = 16, log_requests: bool = False):
+    def __init__(self, backend: Backend, max_batch: int = 16, log_requests: bool = False,
+                 batch_window: float = 0.02):
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.backend, self.max_batch, self.log_requests = backend, max_batch, log_requests
+        self.batch_window = batch_window  # seconds the first request of a batch waits for companions
         self.pending: collections.deque[_Job] = collections.deque()
         self.condition = threading.Condition()
         self.stopping = False
@@ -303,9 +305,20 @@ class BatchScheduler:
                 return None
             batch = [self.pending.popleft()]
             samples = batch[0].request.n
-            while self.pending and samples + self.pending[0].request.n <= self.max_batch:
-                batch.append(self.pending.popleft())
-                samples += batch[-1].request.n
+            # Wait a short window for companions: concurrent clients rarely arrive in the same millisecond,
+            # and a request that just misses a batch waits for the whole of it (static batching).
+            deadline = time.monotonic() + self.batch_window
+            while samples < self.max_batch and not self.stopping:
+                if self.pending:
+                    if samples + self.pending[0].request.n > self.max_batch:
+                        break
+                    batch.append(self.pending.popleft())
+                    samples += batch[-1].request.n
+                    continue
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self.condition.wait(remaining)
             return batch
 
     def _run(self):
@@ -523,6 +536,7 @@ def start_server(backend: Backend, host: str = "127.0.0.1", port: int = 0, api_k
 
 
 # ---- the embedded default -------------------------------------------------------------------------
+PARENT_PID_ENV = "MINSKILL_PARENT_PID"  # set by embedded_client: the server exits when that process is gone
 URL_LINE = re.compile(r"(https?://\S+/v1)\s*$")
 
 
@@ -543,7 +557,7 @@ def embedded_client(url=None, model=None, api_key=None, model_spec="smollm2-135m
 
     api_key = api_key or secrets.token_hex(16)
     package_root = str(Path(__file__).resolve().parent.parent)
-    env = dict(os.environ, **{API_KEY_ENV: api_key})
+    env = dict(os.environ, **{API_KEY_ENV: api_key, PARENT_PID_ENV: str(os.getpid())})
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
     command = [sys.executable, "-m", "minskill.server", "--model", str(model_spec), "--port", "0", *server_args]
     with tempfile.TemporaryFile("w+b") as stderr_file:
@@ -624,8 +638,12 @@ def main(argv=None):
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
     print(f"minskill.server: serving {backend.name} at {server.url}", flush=True)
+    # an embedded server must not outlive the run that started it, even one killed without cleanup
+    parent = int(os.environ.get(PARENT_PID_ENV, "0"))
     while not stop.wait(0.5):
-        pass
+        if parent and os.getppid() != parent:
+            print("minskill.server: the process that started it is gone; stopping", file=sys.stderr, flush=True)
+            break
     server.close()
     print("minskill.server: stopped", file=sys.stderr, flush=True)
     return 0

@@ -2,6 +2,7 @@
 its 4xx and the server keeps serving), batching, backend errors, token accounting; with a tiny
 random model: seeds, batched == sequential greedy, context limits; the CLI and the embedded default."""
 import json
+import os
 import re
 import signal
 import subprocess
@@ -422,6 +423,40 @@ def test_embedded_client_starts_and_stops_the_server(tiny_dir):
     assert process.returncode == 0  # stopped by SIGTERM, cleanly
     with pytest.raises(ChatError, match="connection failed"):
         client.chat(USER)
+
+
+def test_embedded_server_exits_when_its_parent_is_killed(tiny_dir, tmp_path):
+    """A run killed without cleanup (SIGKILL) must not leave its embedded server behind."""
+    import textwrap
+
+    script = tmp_path / "parent.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys, time
+        from minskill.server import embedded_client
+        with embedded_client(model_spec={str(tiny_dir)!r}) as client:
+            print(client.server_process.pid, flush=True)
+            time.sleep(600)
+    """))
+    root = str(Path(__file__).resolve().parent.parent)
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, cwd=root,
+                              env=dict(os.environ, PYTHONPATH=root))
+    server_pid = int(parent.stdout.readline())
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            os.kill(server_pid, 0)
+        except ProcessLookupError:
+            break
+        try:  # reap it if it is our zombie grandchild's leftover
+            os.waitpid(server_pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+        time.sleep(0.2)
+    else:
+        os.kill(server_pid, signal.SIGKILL)
+        pytest.fail("the embedded server outlived its parent by 60 s")
 
 
 def test_embedded_client_reports_a_server_that_dies(tmp_path):
