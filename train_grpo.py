@@ -479,6 +479,14 @@ def train(args) -> int:
 # -------------------------------------------------------------------------------------------- evaluation
 
 
+def trained_with_lambda(spec: str) -> float | None:
+    """λ of the run that wrote a checkpoint folder (from its trainer_state.pt), None when unknown."""
+    state_file = Path(spec) / "trainer_state.pt"
+    if not state_file.is_file():
+        return None
+    return float(torch.load(state_file, weights_only=False)["args"]["lam"])
+
+
 def evaluate(args) -> int:
     """The paper's rows on held-out instances. Each held-out instance has tasks_per_instance tasks the editor
     evolves the skill on (with their verifier feedback) and as many *other* tasks of the same type on which
@@ -525,6 +533,11 @@ def evaluate(args) -> int:
             if not spec:
                 print(f"skipped: {name} (no editor given)", flush=True)
                 continue
+            trained_lam = trained_with_lambda(spec)
+            if trained_lam is not None and name != editors[0][0]:
+                if (trained_lam == 0) != name.startswith("vanilla"):
+                    print(f"warning: {spec} was trained with λ = {trained_lam}, yet it fills the row '{name}'")
+                name = f"{name.split(' (')[0]} (λ = {trained_lam:g})"
             editor, tokenizer = load_model(spec, dtype=torch.float32, device=device())
             editor.eval()
             c0 = client.stats["calls"]

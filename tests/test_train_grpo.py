@@ -223,8 +223,9 @@ def test_eval_prints_the_papers_rows(straight_run, editor_dir, suite_file, task_
     assert table[0].startswith("| method | success (95% CI) | g=1 | g=2 | task calls: evolve | task calls: evaluate |")
     names = [line.split("|")[1].strip() for line in table[2:]]
     assert names[0] == "no skill" and names[1].startswith("seed skill")
-    assert names[2].startswith("Skill-R1 inference-only") and names[3].startswith("vanilla GRPO")
-    assert names[4].startswith("Skill-R1 (λ > 0)")
+    assert names[2].startswith("Skill-R1 inference-only") and names[3].startswith("vanilla GRPO (λ = 0.5)")
+    assert names[4].startswith("Skill-R1 (λ = 0.5)")           # λ read from the checkpoint's trainer state
+    assert "warning: " in printed and "trained with λ = 0.5, yet it fills the row 'vanilla GRPO" in printed
     for line in table[2:]:
         cells = [c.strip() for c in line.split("|")[1:-1]]
         assert 0.0 <= float(cells[1].split()[0]) <= 1.0
