@@ -28,6 +28,7 @@ import statistics
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -48,11 +49,22 @@ def _reset_peak_rss() -> None:
         pass
 
 
+def _release_freed_memory() -> None:
+    """Hand memory that earlier workloads freed back to the OS (glibc keeps it otherwise), so that the
+    workload measured second does not start with a warm heap and look smaller than the first."""
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 class PeakMemory:
     """Peak RSS above the level at entry, in MiB (Linux /proc; 0 elsewhere)."""
 
     def __enter__(self):
         gc.collect()
+        _release_freed_memory()
         self.base = _rss_kb()
         _reset_peak_rss()
         return self
@@ -251,10 +263,11 @@ def bench_grpo(args) -> None:
             samples = generate(editor, [prompt], n=K, max_new_tokens=args.skill_tokens, temperature=1.0,
                                stop_token_ids=tok.stop_token_ids, seed=step, tokenizer=tok)
             t1 = time.perf_counter()
-            rewards = []
-            for s in samples:
-                trs = run_rollouts(client, tasks, s.text, max_tokens=args.decode_tokens)
-                rewards.append(sum(t.reward for t in trs) / len(trs))
+            # the K candidates are scored concurrently, as train_grpo does, so the server batches them
+            with ThreadPoolExecutor(max_workers=K) as pool:
+                runs = list(pool.map(lambda s: run_rollouts(client, tasks, s.text, max_tokens=args.decode_tokens),
+                                     samples))
+            rewards = [sum(t.reward for t in trs) / len(trs) for trs in runs]
             t2 = time.perf_counter()
             editor.train()
             adv = bilevel_advantages(rewards, 0.0, 0.5)

@@ -309,3 +309,16 @@ def test_sft_records_well_formed():
         masa.check_sft_record({k: v for k, v in records[0].items() if k != "source"})
     with pytest.raises(ValueError, match="unknown source"):
         masa.sft_record(card, best, "d", best, "mystery", "t", 0.0)
+
+
+def test_one_shot_rewrite_accepts_dict_card_and_keeps_missing_types():
+    base = skillset(general=("old general.",), typed={"math": ["old math."], "facts": ["old facts."]})
+    new = skillset(general=("new general.",), typed={"math": ["new math."]})
+    teacher = FakeTeacher(["Here is the library:\n```json\n" + json.dumps(new.to_json()) + "\n```"])
+    card = {"family": None, "multilingual": "unknown", "num_layers": 30, "weaknesses": ["math"]}  # rewrite.py style
+    out = masa.one_shot_rewrite(teacher, card, base, "qa tasks")
+    assert out.general[0].body == "new general."
+    assert out.task_specific["math"][0].body == "new math." and out.task_specific["facts"][0].body == "old facts."
+    prompt = teacher.sent[0][0][1]["content"]
+    assert masa.ONESHOT_TASK in prompt and "num_layers: 30" in prompt and "old facts." in prompt
+    assert masa.one_shot_rewrite(FakeTeacher(["no", "no", "no"]), card, base, "qa") is None
