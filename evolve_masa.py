@@ -41,7 +41,7 @@ from minskill.masa import (BudgetExhausted, CachingClient, CallBudget, MasaConfi
 # Flags that may change when a run is resumed (endpoints move, budgets grow); every other flag is restored
 # from the saved run so that the resumed search is the same search.
 RESUMABLE_OVERRIDES = ("max_calls", "no_cache", "cache", "target_url", "target_model", "target_api_key",
-                       "teacher_url", "teacher_model", "teacher_api_key", "concurrency", "startup_timeout")
+                       "teacher_url", "teacher_model", "teacher_api_key", "concurrency", "timeout", "startup_timeout")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -71,6 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--teacher-api-key", default=None, help="API key of the teacher (default $OPENAI_API_KEY)")
     g.add_argument("--model-spec", default="smollm2-135m", help="model of the embedded server (no URL given)")
     g.add_argument("--concurrency", type=int, default=16, help="requests in flight per endpoint")
+    g.add_argument("--timeout", type=float, default=600.0,
+                   help="seconds to wait for one reply (a 135M teacher on a busy CPU writes slowly)")
     g.add_argument("--startup-timeout", type=float, default=600.0, help="seconds to wait for the embedded server")
     g = p.add_argument_group("search")
     g.add_argument("--lam-nh", type=float, default=0.1, help="λ of R = SR − λ·NHR")
@@ -255,7 +257,8 @@ def main(argv=None) -> int:
 
     with contextlib.ExitStack() as stack:
         from minskill.server import embedded_client
-        kw = dict(max_workers=args.concurrency, startup_timeout=args.startup_timeout, model_spec=args.model_spec)
+        kw = dict(max_workers=args.concurrency, startup_timeout=args.startup_timeout, model_spec=args.model_spec,
+                  timeout=args.timeout)
         target_raw = stack.enter_context(embedded_client(url=args.target_url, model=args.target_model,
                                                          api_key=args.target_api_key, **kw))
         if args.teacher_url is None and args.target_url is None:
@@ -297,8 +300,10 @@ def main(argv=None) -> int:
         except ChatError as e:  # the client already retried; an endpoint that keeps failing ends the run
             if search is not None:
                 checkpoint(search.last_checkpoint)
-            log(f"FAILED: {e}\nThe last finished iteration is saved; fix the endpoint and continue with: "
-                f"python evolve_masa.py --resume --out {out}")
+            log(f"FAILED: {e}")
+            if state_path.exists():
+                log(f"The last finished iteration is saved; fix the endpoint and continue with: "
+                    f"python evolve_masa.py --resume --out {out}")
             return 1
         except KeyboardInterrupt:
             if search is not None:

@@ -382,13 +382,13 @@ class _Episode:
 def run_rollouts(client, tasks, skills=None, *, n: int = 1, temperature: float = 0.0, max_tokens: int = 256,
                  seed: int | None = 0, out_path=None, progress: Callable | None = None,
                  max_steps: int | None = None, action_max_tokens: int = 64, history: int | None = 8,
-                 skill_max_tokens: int = 1024) -> list[Trajectory]:
+                 skill_max_tokens: int = 1024, on_step: Callable | None = None) -> list[Trajectory]:
     """Run `n` rollouts of every task under `skills` and return their trajectories in task order (samples
     of a task together); out_path gets them in the order they finish. `client` is a ChatClient (`chat`
     and `chat_many`; its `max_workers` bounds the requests in flight). `max_steps` overrides the tasks'
     step budgets; `action_max_tokens` bounds one agent reply; `history` is how many past (action,
     observation) exchanges an agent prompt keeps (None = all). `progress(done, total, trajectory)` is
-    called as each trajectory finishes."""
+    called as each trajectory finishes, `on_step(step, live_episodes)` before each agent step."""
     if n < 1:
         raise ValueError(f"run_rollouts: n must be >= 1, got {n}")
     tasks = list(tasks)
@@ -445,7 +445,11 @@ def run_rollouts(client, tasks, skills=None, *, n: int = 1, temperature: float =
                 finish(ep.traj, position)
             else:
                 episodes.append(ep)
+    step = 0
     while episodes:
+        if on_step is not None:
+            on_step(step, len(episodes))
+        step += 1
         requests = [dict(messages=ep.prompt(history), n=1, temperature=temperature,
                          max_tokens=action_max_tokens, seed=None if seed is None else seed + ep.sample)
                     for ep in episodes]
@@ -641,7 +645,10 @@ def main(argv=None) -> int:
         trajs = run_rollouts(client, tasks, skills, n=args.n, temperature=args.temperature,
                              max_tokens=args.max_tokens, seed=args.seed, out_path=traj_path, progress=report,
                              max_steps=args.max_steps, action_max_tokens=args.action_max_tokens,
-                             history=args.history, skill_max_tokens=args.skill_max_tokens)
+                             history=args.history, skill_max_tokens=args.skill_max_tokens,
+                             on_step=lambda step, live: print(f"  agent step {step + 1}: {live} episodes live  "
+                                                              f"{time.time() - started:.0f}s", file=sys.stderr,
+                                                              flush=True))
         stats = dict(getattr(client, "stats", {}) or {})
     summary = summarize(previous + trajs, lam_nh=args.lam_nh)
     summary["run"] = dict(suite=args.suite, split=args.split, n_tasks=args.n_tasks, task_seed=args.task_seed,
@@ -649,6 +656,7 @@ def main(argv=None) -> int:
                           task_url=args.task_url, task_model=args.task_model,
                           model=None if args.task_url else args.model_spec,
                           seconds=round(time.time() - started, 1), client_stats=stats,
+                          resumed_trajectories=len(previous),  # seconds and client_stats cover this call only
                           command="python -m minskill.rollout " + " ".join(sys.argv[1:] if argv is None else argv))
     _write_text_atomic(out_dir / "summary.json", json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
     print(format_table(summary))

@@ -327,8 +327,9 @@ def test_agent_loop_step_budget_and_garbage(serve):
 
     tasks = load_suite("household", split="train", n=2) + load_suite("webwalk", split="train", n=2)
     client = serve(lambda messages, request: GARBAGE[len(messages) % len(GARBAGE)])
-    trajs = run_rollouts(client, tasks, None, max_steps=4)
-    assert len(trajs) == 4
+    steps = []
+    trajs = run_rollouts(client, tasks, None, max_steps=4, on_step=lambda step, live: steps.append((step, live)))
+    assert len(trajs) == 4 and steps == [(0, 4), (1, 4), (2, 4), (3, 4)]
     for t in trajs:
         assert t.error is None and not t.success and t.reward == 0.0
         assert t.steps == 4 and t.nothing_happens == 4 and len(t.actions) == 4
@@ -406,3 +407,16 @@ def test_evaluation_command_help_and_bad_input(capsys, tmp_path):
     with pytest.raises(SystemExit):
         rollout.main(["--suite", "no-such-suite", "--task-url", "http://127.0.0.1:9/v1", "--out", str(tmp_path)])
     assert "unknown suite" in capsys.readouterr().err
+
+
+def test_evaluation_command_multi_turn_says_when_nothing_is_solved(serve, tmp_path, capsys):
+    client = serve(lambda messages, request: "back")
+    out = tmp_path / "ww"
+    assert rollout.main(["--suite", "webwalk", "--skills", "base", "--n-tasks", "3", "--max-steps", "2",
+                         "--task-url", client.base_url, "--out", str(out)]) == 0
+    captured = capsys.readouterr()
+    assert "every reward is 0" in captured.out and "| **all** | 3 | 0.00 |" in captured.out
+    assert "agent step 2: 3 episodes live" in captured.err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["nhr"] == 1.0 and summary["mean_steps"] == 2.0 and set(summary["per_type"]) == {
+        "easy", "medium", "hard"}
