@@ -44,7 +44,7 @@ The success rate is reported with a 95% Wilson score interval (z = 1.96, k succe
 
 Evaluation command (prints a table per task type, writes trajectories.jsonl + summary.json):
 
-    python -m minskill.rollout --suite qa --skills base --split heldout --n-tasks 300
+    python -m minskill.rollout --suite qa --skills base --split heldout --n-tasks 320
 """
 from __future__ import annotations
 
@@ -560,11 +560,13 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m minskill.rollout",
         description="Evaluate a frozen task model on a task suite under a skill set. Prints success, "
-                    "NHR (share of 'Nothing happens.' steps), mean steps and n per task type, with a 95%% "
+                    "NHR (share of 'Nothing happens.' steps), mean steps and n per task type, with a 95% "
                     "Wilson interval for success, and writes OUT/trajectories.jsonl (appended as tasks "
                     "finish) and OUT/summary.json. With no --task-url it starts the embedded default model "
                     "(SmolLM2-135M-Instruct, offline) on a loopback port.",
-        epilog="example: python -m minskill.rollout --suite qa --skills base --split heldout --n-tasks 300")
+        epilog="example: python -m minskill.rollout --suite qa --skills base --split heldout --n-tasks 320   "
+               "(on a CPU shared with other jobs, export OMP_NUM_THREADS=1 first: the embedded server "
+               "inherits it and decodes far faster than with a busy-waiting thread pool)")
     p.add_argument("--suite", required=True, help="qa | household | webwalk | PATH.jsonl (your own tasks)")
     p.add_argument("--skills", default="none",
                    help="skill set: an Agent Skills folder, a MASA .json, a text file used as-is, 'base' "
