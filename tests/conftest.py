@@ -1,5 +1,6 @@
 """pytest configuration: tests marked `slow` (the real 135M default model) run only with `--slow`."""
 import pytest
+import torch
 
 
 def pytest_addoption(parser):
@@ -18,3 +19,13 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip_slow)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def one_torch_thread():
+    """One torch thread for the whole suite: tiny models gain nothing from more, and on a CPU shared with
+    other processes (a server subprocess, other jobs) more threads wait for cores and run many times slower."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -13,14 +13,6 @@ from minskill.tokenizer import Tokenizer
 from tiny import make_tiny_model_dir, make_tiny_tokenizer_dir
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # The test machine's few cores are shared; one thread is far faster for these tiny models.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):

@@ -39,14 +39,6 @@ def keyword_tasks(prefix="kw"):
             for k in range(len(KEYWORDS))]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One torch thread: tiny models gain nothing from more, and on a busy shared CPU they lose a lot."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 @pytest.fixture(scope="module")
 def editor_dir(tmp_path_factory):

@@ -28,13 +28,6 @@ TIMING_FIELDS = ("editor_sample_tokens_per_s", "train_tokens_per_s", "seconds_sa
                  "seconds_update")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 @pytest.fixture(scope="module")
 def editor_dir(tmp_path_factory):
