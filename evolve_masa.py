@@ -86,7 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--teacher-max-tokens", type=int, default=None,
                    help="reply budget of the teacher (default 1536 for --teacher-url, 384 for the slow embedded model)")
     g.add_argument("--teacher-temperature", type=float, default=0.7, help="teacher sampling temperature")
-    g.add_argument("--teacher-retries", type=int, default=1, help="retries of a teacher reply that does not parse")
+    g.add_argument("--teacher-retries", type=int, default=None,
+                   help="retries of a teacher reply that does not parse (default 1 for --teacher-url; 0 for the "
+                        "embedded 135M teacher, whose retries cost a minute and rarely parse)")
     g.add_argument("--seed", type=int, default=0, help="seed of target/teacher sampling and augmentations")
     g = p.add_argument_group("run control")
     g.add_argument("--max-calls", type=int, default=None, help="model-call budget of the whole run")
@@ -100,8 +102,13 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+STARTED = time.time()
+
+
 def log(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
+    """A progress line on stderr, prefixed with the minutes:seconds since the start."""
+    elapsed = int(time.time() - STARTED)
+    print(f"[{elapsed // 60:3d}:{elapsed % 60:02d}] {line}", file=sys.stderr, flush=True)
 
 
 def save_checkpoint(out: Path, run_state: dict) -> None:
@@ -145,7 +152,8 @@ def initial_card(args, target) -> ModelCard:
                                            Path(args.target_checkpoint).name)
     if args.target_url is None:  # the embedded model: its (converted) checkpoint has a config.json
         from minskill.weights import DEFAULT_MODEL, resolve_model
-        # what SmolLM2-135M-Instruct's own model card says, which no config.json holds
+        # what SmolLM2-135M-Instruct's own model card says (huggingface.co/HuggingFaceTB/SmolLM2-135M-Instruct:
+        # "trained on 2 trillion tokens", "SFT ... then DPO using UltraFeedback", English), which no config.json holds
         known = (dict(family="SmolLM2", variant="135M-Instruct", base_or_instruct="instruct",
                       alignment_method="SFT + DPO", training_data_size="2T tokens", multilingual=False)
                  if args.model_spec == DEFAULT_MODEL else {})
@@ -233,8 +241,11 @@ def main(argv=None) -> int:
         parser.error(f"{out} already holds a run (state.json); pass --resume to continue it or choose another --out")
     out.mkdir(parents=True, exist_ok=True)
 
+    embedded_teacher = args.teacher_url is None
     if args.teacher_max_tokens is None:
-        args.teacher_max_tokens = 384 if args.teacher_url is None else 1536
+        args.teacher_max_tokens = 384 if embedded_teacher else 1536
+    if args.teacher_retries is None:
+        args.teacher_retries = 0 if embedded_teacher else 1
     config = MasaConfig(lam_nh=args.lam_nh, iterations=args.iterations, patience=args.patience,
                         tree_iterations=args.tree_iterations, episodes=args.episodes, c=args.c,
                         max_children=args.max_children, seed=args.seed, teacher_retries=args.teacher_retries,
@@ -249,6 +260,8 @@ def main(argv=None) -> int:
     run_state = saved or {"version": 1, "args": {k: v for k, v in vars(args).items() if k not in ("resume", "merge")},
                           "card": None, "calls_spent": 0, "search": None, "events": []}
     started = time.time()
+    global STARTED
+    STARTED = started
 
     def checkpoint(search_state: dict) -> None:
         run_state["search"] = search_state

@@ -98,19 +98,37 @@ def load_input_skills(spec: str, suite: str | None):
 
 def parse_rewriter_output(text: str, finish_reason: str = "stop"):
     """The SkillSet in a rewriter reply: the MASA JSON object it was trained to write (the text from its
-    first "{" to its last "}"; a code fence or words around it are ignored). Raises ValueError saying why
-    it does not parse. Free text is never re-read leniently as Markdown (a garbled or cut-off reply would
-    become the body of a broken skill), and an empty skill set counts as not parsed."""
+    first "{" to its last "}"; a code fence or words around it are ignored). A small rewriter sometimes
+    closes the object early and writes the rest of the set as a second object ({"general_skills": ...}
+    {"task_specific_skills": ...}); whitespace-separated objects whose keys are distinct skill-set keys
+    are merged into one. Raises ValueError saying why it does not parse. Free text is never re-read
+    leniently as Markdown (a garbled or cut-off reply would become the body of a broken skill), and an
+    empty skill set counts as not parsed."""
     from minskill.skills import SkillSet
+    keys = {"general_skills", "task_specific_skills", "common_mistakes"}
     cut = " (the reply hit the token limit: raise --max-new-tokens)" if finish_reason == "length" else ""
     start, end = text.find("{"), text.rfind("}")
     if start == -1:
         raise ValueError(f"no JSON object in the reply{cut}")
+    body = text[start:end + 1] if end > start else text[start:]
+    decoder, objects, pos = json.JSONDecoder(), [], 0
     try:
-        data = json.loads(text[start:end + 1] if end > start else text[start:])
+        while pos < len(body):
+            value, pos = decoder.raw_decode(body, pos)
+            objects.append(value)
+            pos = len(body) - len(body[pos:].lstrip())
     except json.JSONDecodeError as e:
         raise ValueError(f"not valid JSON ({e.msg} at line {e.lineno} column {e.colno}){cut}") from None
-    if not isinstance(data, dict) or not {"general_skills", "task_specific_skills", "common_mistakes"} & set(data):
+    if len(objects) > 1:
+        seen: set = set()
+        for i, part in enumerate(objects, 1):
+            if not isinstance(part, dict) or not set(part) <= keys or seen & set(part):
+                raise ValueError(f"the reply holds {len(objects)} JSON values and value {i} is not a further part "
+                                 f"of one skill set (distinct keys among {sorted(keys)})")
+            seen |= set(part)
+        objects = [{k: v for part in objects for k, v in part.items()}]
+    data = objects[0]
+    if not isinstance(data, dict) or not keys & set(data):
         raise ValueError("the JSON object has none of general_skills, task_specific_skills, common_mistakes")
     try:
         skills = SkillSet.from_json(data, where="rewriter output")

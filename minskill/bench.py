@@ -14,6 +14,8 @@ Figures (all on the same weights, same inputs, same thread count):
     bandwidth bound      = copy bandwidth / bytes of weights read per decoded token
                            (every matrix once; the embedding table only as one row per token unless tied,
                            when it is read in full as the output projection)
+    matmuls only         = 1 / seconds of F.linear(one row, W) over every weight matrix of a decode step:
+                           the ceiling the BLAS matrix-vector kernel sets, shown beside the bound
 
 Hugging Face `transformers` is the reference; it is imported only here, only when a bench runs, and is
 not a runtime dependency of minskill (install tests/requirements.txt).
@@ -100,6 +102,20 @@ def weight_bytes_per_token(model) -> int:
     return (total - (0 if cfg.tie_word_embeddings else embed - cfg.hidden_size)) * per_param
 
 
+def matmul_only_tokens_per_s(model, repeats: int) -> float:
+    """Batch-1 decode speed if a token cost nothing but its matrix-vector products: one input row through
+    every weight matrix a decode step reads (q, k, v, o, gate, up, down of each layer, lm_head), by the same
+    F.linear the model calls. It is the ceiling the BLAS kernel sets on this machine, whatever the model code."""
+    mats = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    rows = {n: torch.randn(1, n, dtype=model.dtype, device=model.device) for n in {w.shape[1] for w in mats}}
+
+    @torch.no_grad()
+    def run():
+        for w in mats:
+            torch.nn.functional.linear(rows[w.shape[1]], w)
+    return 1 / _timed(run, repeats)
+
+
 def _hf_model(folder: str, dtype):
     try:
         from transformers import AutoModelForCausalLM
@@ -171,6 +187,8 @@ def bench_model(args) -> None:
                 figures["fwd+bwd 4x256 (s)"] = _timed(step, max(1, args.repeats - 1))
                 if impl == "minskill":
                     figures["bound"] = bw * 1e9 / weight_bytes_per_token(model)
+                    model.eval()
+                    figures["matmuls only"] = matmul_only_tokens_per_s(model, args.repeats)
             figures["peak MiB"] = mem.peak_mib
             if impl == "minskill":
                 ours = figures
@@ -183,7 +201,9 @@ def bench_model(args) -> None:
         results.append((f"peak memory MiB {dname}", ours["peak MiB"], theirs["peak MiB"], False))
         if "bound" in ours:
             print(f"{dname}: batch-1 decode {ours['decode b1']:.1f} tok/s = {ours['decode b1'] / ours['bound']:.0%}"
-                  f" of the bandwidth bound {ours['bound']:.1f} tok/s", flush=True)
+                  f" of the bandwidth bound {ours['bound']:.1f} tok/s; its matrix-vector products alone"
+                  f" (F.linear, batch 1) run at {ours['matmuls only']:.1f} tok/s ="
+                  f" {ours['matmuls only'] / ours['bound']:.0%} of the bound", flush=True)
     _print_table(results, "minskill", "HF transformers")
 
 

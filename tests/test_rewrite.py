@@ -121,6 +121,22 @@ def test_parse_rewriter_output():
         rewrite.parse_rewriter_output('{"general_skills": "oops"}')
 
 
+def test_parse_rewriter_output_merges_a_skill_set_split_over_objects():
+    general = {"general_skills": [{"skill_id": "end-with-answer", "title": "End with the answer",
+                                   "principle": "Write the answer last.", "when_to_apply": "Always."}]}
+    specific = {"task_specific_skills": {"counting": [{"skill_id": "count-one", "title": "Count one item",
+                                                        "principle": "Tally the item.", "when_to_apply": "Counting."}]}}
+    skills = rewrite.parse_rewriter_output(json.dumps(general, indent=1) + "\n\n" + json.dumps(specific) + "\n")
+    assert skills.to_json()["general_skills"][0]["skill_id"] == "end-with-answer"
+    assert [s.name for s in skills.task_specific["counting"]] == ["count-one"]
+    with pytest.raises(ValueError, match="value 2 is not a further part"):     # the same key twice: ambiguous
+        rewrite.parse_rewriter_output(json.dumps(general) + json.dumps(general))
+    with pytest.raises(ValueError, match="value 2 is not a further part"):
+        rewrite.parse_rewriter_output(json.dumps(general) + ' {"answer": 3}')
+    with pytest.raises(ValueError, match="not valid JSON"):                      # prose between the parts
+        rewrite.parse_rewriter_output(json.dumps(general) + " and then " + json.dumps(specific))
+
+
 def test_apply_compare_prints_one_table_of_input_rewritten_and_teacher(trained, files):
     tasks = files["root"] / "tasks.jsonl"
     tasks.write_text("".join(json.dumps({"id": f"t{i}", "question": f"What is {i} + {i}?", "answer": str(2 * i),
