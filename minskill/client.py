@@ -224,8 +224,6 @@ class ChatClient:
                                 f"{_quote(json.dumps(body))}", 200, url) from None
         return self.model
 
-    _model_name = resolve_model  # the earlier private name (minskill/masa.py calls it)
-
     # ---- public API ------------------------------------------------------------------------------
     def chat(self, messages, n=1, temperature=0.0, top_p=1.0, max_tokens=256, stop=None, seed=None) -> ChatResult:
         if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):

@@ -58,7 +58,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from minskill import ucb
-from minskill.rollout import run_rollouts, summarize
+from minskill.rollout import read_jsonl, run_rollouts, summarize
 from minskill.skills import Skill, SkillParseError, SkillSet, parse_skillset
 
 
@@ -87,22 +87,6 @@ def write_json_atomic(path, obj) -> None:
 
 def write_jsonl_atomic(path, records) -> None:
     write_text_atomic(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
-
-
-def read_jsonl(path) -> list[dict]:
-    """Read a JSONL file; a torn last line (interrupted append) is dropped, any other bad line is an error."""
-    lines = Path(path).read_text(encoding="utf-8").splitlines()
-    out = []
-    for lineno, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError as e:
-            if lineno == len(lines):
-                break
-            raise ValueError(f"{path}:{lineno}: not a JSON line ({e})") from None
-    return out
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -341,7 +325,7 @@ class CachingClient:
         self._cache: dict[str, dict] = {}
         self.calls = self.cache_hits = 0
         if self.cache_path is not None and self.cache_path.exists():
-            for record in read_jsonl(self.cache_path):
+            for _, record in read_jsonl(self.cache_path):
                 if isinstance(record, dict) and "key" in record and "result" in record:
                     self._cache[record["key"]] = record["result"]
 
@@ -350,8 +334,8 @@ class CachingClient:
         """The target's model name (asked from the server once when none was configured)."""
         if self._model is None:
             self._model = getattr(self.inner, "model", None)
-            if self._model is None and hasattr(self.inner, "_model_name"):
-                self._model = self.inner._model_name()
+            if self._model is None and hasattr(self.inner, "resolve_model"):
+                self._model = self.inner.resolve_model()
             self._model = self._model or "default"
         return self._model
 
@@ -1202,7 +1186,7 @@ def merge_sft_runs(run_dirs: list) -> list[dict]:
             if not (folder / name).is_file():
                 raise FileNotFoundError(f"merge: {folder} has no {name} (is it an evolve_masa.py output folder?)")
         info = json.loads((folder / "run.json").read_text(encoding="utf-8"))
-        runs.append((folder, info, read_jsonl(folder / "sft.jsonl")))
+        runs.append((folder, info, [record for _, record in read_jsonl(folder / "sft.jsonl")]))
     records = [r for _, _, recs in runs for r in recs]
     for a_dir, a, _ in runs:
         for b_dir, b, _ in runs:

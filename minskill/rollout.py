@@ -63,7 +63,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 NOTHING_HAPPENS = "Nothing happens."  # the observation of an action that changed nothing (ALFWorld's wording)
 
@@ -106,20 +106,31 @@ def append_jsonl(path, record: dict) -> None:
         os.fsync(f.fileno())
 
 
-def load_trajectories(path) -> list[Trajectory]:
-    """Read a trajectories JSONL file; a torn last line (interrupted write) is skipped, any other bad line
-    is an error naming the file and line."""
+def read_jsonl(path) -> list[tuple[int, Any]]:
+    """(line number, value) of each non-blank line of a JSONL file that runs append to. A torn last line
+    (the run was killed mid-write) is dropped, keeping everything before it; any other bad line is an
+    error naming the file and line."""
     lines = Path(path).read_text(encoding="utf-8").splitlines()
     out = []
     for lineno, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
-            out.append(Trajectory.from_json(json.loads(line)))
+            out.append((lineno, json.loads(line)))
         except json.JSONDecodeError as e:
-            if lineno == len(lines):  # the run was killed mid-write: keep everything before it
+            if lineno == len(lines):
                 break
             raise ValueError(f"{path}:{lineno}: not a JSON line ({e})") from None
+    return out
+
+
+def load_trajectories(path) -> list[Trajectory]:
+    """Read a trajectories JSONL file (see read_jsonl); a record that is not a trajectory is an error
+    naming the file and line."""
+    out = []
+    for lineno, record in read_jsonl(path):
+        try:
+            out.append(Trajectory.from_json(record))
         except (TypeError, ValueError) as e:
             raise ValueError(f"{path}:{lineno}: {e}") from None
     return out
