@@ -36,7 +36,7 @@ class Sample:
     token_ids: list[int]         # generated tokens, including the stop token when one ended the sample
     logprobs: list[float]        # log_softmax(logits / T) of each token in token_ids
     text: str                    # decoded without the stop token, cut at the first stop string
-    finish_reason: str           # "stop" | "length"
+    finish_reason: str           # "stop" | "length" | "cancelled"
 
 
 def _per_prompt(value, n_prompts: int, name: str, is_scalar) -> list:
@@ -130,8 +130,12 @@ def _sample_step(logits, temperature, top_k, top_p, generators):
 
 @torch.no_grad()
 def generate(model, prompts: list[list[int]], *, n=1, max_new_tokens=128, temperature=1.0, top_k=0,
-             top_p=1.0, stop_token_ids=(), stop_strings=(), seed=None, tokenizer=None, pad_id=0) -> list[Sample]:
-    """len(prompts) * n samples, prompt-major. See the module docstring; parameters may be per-prompt lists."""
+             top_p=1.0, stop_token_ids=(), stop_strings=(), seed=None, tokenizer=None, pad_id=0,
+             should_stop=None) -> list[Sample]:
+    """len(prompts) * n samples, prompt-major. See the module docstring; parameters may be per-prompt lists.
+
+    should_stop(prompt_index) -> bool, asked before each decoding step, ends that prompt's samples early
+    (finish_reason "cancelled"): a server stops work whose client has gone."""
     P = len(prompts)
     if P == 0:
         return []
@@ -186,6 +190,14 @@ def generate(model, prompts: list[list[int]], *, n=1, max_new_tokens=128, temper
     logits = logits[active]
 
     while active:
+        if should_stop is not None:   # logits rows follow `active`
+            keep = [i for i, r in enumerate(active) if not should_stop(row_prompt[r])]
+            if len(keep) < len(active):
+                for r in set(active) - {active[i] for i in keep}:
+                    finish[r] = "cancelled"
+                active, logits = [active[i] for i in keep], logits[keep]
+                if not active:
+                    break
         rows = torch.tensor(active, device=device)
         tokens, lps = _sample_step(logits, temp_t[rows], top_k_t[rows], top_p_t[rows],
                                    [generators[r] for r in active])

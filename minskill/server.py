@@ -16,6 +16,10 @@ pile up and form the next batch, so throughput grows with concurrency. Prompts a
 masked, and each seeded prompt draws from its own generator, so a greedy (or seeded) reply does not
 depend on what else shared its batch.
 
+Cancellation. A handler thread waiting for its batch checks every 0.5 s whether its client closed the
+connection (a client that timed out does); then the request leaves the queue, or, if its batch is running,
+generation stops for it at the next token. A timed-out client that retries thus never doubles the work.
+
 Limits. With context length C and a prompt of P tokens: P < C is required; max_tokens must lie in
 1..C and is then clamped to C - P (the reply is cut with finish_reason "length"); without
 max_tokens the reply may use all C - P remaining positions.
@@ -45,7 +49,9 @@ import json
 import os
 import re
 import secrets
+import select
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -82,6 +88,8 @@ class CompletionRequest:
     seed: int | None = None
     prompt_tokens: int = 0
     sample_index: int = 0         # ScriptedBackend sets it per call of fn (choice j of n)
+    # set when the client has gone (it timed out or was killed): its reply would be lost, so stop working on it
+    cancelled: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
 
 
 @dataclass
@@ -182,6 +190,7 @@ class ModelBackend:
                 group = [requests[i] for i in indices]
                 samples = generate(
                     self.model, [self.tokenizer.apply_chat_template(r.messages) for r in group], n=n,
+                    should_stop=lambda k, group=group: group[k].cancelled.is_set(),
                     max_new_tokens=[r.max_tokens for r in group], temperature=[r.temperature for r in group],
                     top_p=[r.top_p for r in group], stop_strings=[list(r.stop) for r in group],
                     seed=[r.seed for r in group], stop_token_ids=self.tokenizer.stop_token_ids,
@@ -268,8 +277,17 @@ class _Job:
         self.error: BaseException | None = None
 
 
+class ClientGone(Exception):
+    """The client closed its connection before its reply was ready."""
+
+
 class BatchScheduler:
-    """Queue of pending requests; one thread serves them in batches of up to max_batch samples."""
+    """Queue of pending requests; one thread serves them in batches of up to max_batch samples.
+
+    A request whose client has gone (submit's client_gone() turns true, checked every `poll` seconds) is
+    cancelled: dropped from the queue if it has not started, else its `cancelled` event tells the backend
+    to stop generating for it. A client that times out and retries would otherwise double the work.
+    """
 
     def __init__(self, backend: Backend, max_batch: int = 16, log_requests: bool = False,
                  batch_window: float = 0.02):
@@ -281,18 +299,29 @@ class BatchScheduler:
         self.condition = threading.Condition()
         self.stopping = False
         self.batches_served = 0
+        self.cancelled_requests = 0
         self.thread = threading.Thread(target=self._run, name="minskill-scheduler", daemon=True)
         self.thread.start()
 
-    def submit(self, request: CompletionRequest) -> list[Choice]:
-        """Queue a request and block until its batch is done."""
+    def submit(self, request: CompletionRequest, client_gone: Callable[[], bool] | None = None,
+               poll: float = 0.5) -> list[Choice]:
+        """Queue a request and block until its batch is done; raise ClientGone once client_gone() is true."""
         job = _Job(request)
         with self.condition:
             if self.stopping:
                 raise BackendError(503, "the server is shutting down", code="shutting_down")
             self.pending.append(job)
             self.condition.notify()
-        job.done.wait()
+        while not job.done.wait(None if client_gone is None else poll):
+            if client_gone():
+                request.cancelled.set()
+                with self.condition:
+                    if job in self.pending:
+                        self.pending.remove(job)
+                    self.cancelled_requests += 1
+                if self.log_requests:
+                    print("[minskill.server] client gone: request cancelled", file=sys.stderr, flush=True)
+                raise ClientGone()
         if job.error is not None:
             raise job.error
         return job.choices
@@ -303,7 +332,7 @@ class BatchScheduler:
                 self.condition.wait()
             if self.stopping:
                 return None
-            batch = [self.pending.popleft()]
+            batch = [self.pending.popleft()]   # (cancelled jobs leave the queue themselves, under this lock)
             samples = batch[0].request.n
             # Wait a short window for companions: concurrent clients rarely arrive in the same millisecond,
             # and a request that just misses a batch waits for the whole of it (static batching).
@@ -461,9 +490,21 @@ class _Handler(BaseHTTPRequestHandler):
         except (UnicodeDecodeError, ValueError) as error:
             raise _bad_request(f"the request body is not valid JSON: {error}")
 
+    def _client_gone(self) -> bool:
+        """True once the client has closed the connection: it is readable and a peek reads end-of-file."""
+        try:
+            readable, _, _ = select.select([self.connection], [], [], 0)
+            return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
+        except (OSError, ValueError):   # reset or already closed
+            return True
+
     def _chat_completions(self, state: "ServerState"):
         request = parse_chat_request(self._read_json(state), state.backend)
-        choices = state.scheduler.submit(request)
+        try:
+            choices = state.scheduler.submit(request, client_gone=self._client_gone)
+        except ClientGone:
+            self.close_connection = True
+            return
         completion_tokens = sum(choice.completion_tokens for choice in choices)
         self._send_json(200, {
             "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),

@@ -87,6 +87,21 @@ def test_same_seed_same_samples_and_independent_of_companions(model):
     assert [s.token_ids for s in mixed[3:6]] == [s.token_ids for s in a]
 
 
+def test_should_stop_ends_only_that_prompts_samples(model):
+    kw = dict(n=2, max_new_tokens=12, temperature=1.0, seed=3)
+    alone = generate(model, [PROMPTS[0]], **kw)
+    asked = []
+
+    def should_stop(prompt_index):      # asked once per sample per step: prompt 1 stops before its 5th token
+        asked.append(prompt_index)
+        return prompt_index == 1 and asked.count(1) > 2 * 4
+
+    mixed = generate(model, [PROMPTS[0], PROMPTS[1]], should_stop=should_stop, **kw)
+    assert [s.token_ids for s in mixed[:2]] == [s.token_ids for s in alone]   # the other prompt is untouched
+    assert all(s.finish_reason == "length" for s in mixed[:2])
+    assert [(len(s.token_ids), s.finish_reason) for s in mixed[2:]] == [(4, "cancelled")] * 2
+
+
 def test_prompt_is_prefilled_once_and_samples_are_prompt_major(model, monkeypatch):
     prefills = []
     original = model.hidden_states

@@ -480,3 +480,65 @@ def test_embedded_default_model_answers():
         assert client.model == "smollm2-135m"
         assert len({r.text for r in results}) == 1  # greedy, batched or not
         assert "Paris" in results[0].text
+
+
+# ---- cancellation of requests whose client has gone ------------------------------------------------
+def _wait_until(condition, seconds=20.0):
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return condition()
+
+
+def test_a_queued_request_whose_client_timed_out_is_never_run():
+    import threading
+    release, seen = threading.Event(), []
+
+    def fn(messages, request):
+        seen.append(messages[-1]["content"])
+        if messages[-1]["content"] == "first":
+            release.wait(30)          # holds the only batch slot while the second request queues
+        return "done"
+
+    with start_server(ScriptedBackend(fn), max_batch=1) as server:
+        scheduler = server.state.scheduler
+        first = threading.Thread(target=lambda: server.client().chat([{"role": "user", "content": "first"}]))
+        first.start()
+        assert _wait_until(lambda: seen == ["first"])
+        impatient = server.client(timeout=0.5, max_retries=0)
+        with pytest.raises(ChatError, match="no reply within 0.5 s"):
+            impatient.chat([{"role": "user", "content": "second"}])
+        assert _wait_until(lambda: scheduler.cancelled_requests == 1)   # noticed while still queued
+        assert not scheduler.pending
+        release.set()
+        first.join(30)
+        assert server.client().chat([{"role": "user", "content": "third"}]).text == "done"
+        assert seen == ["first", "third"]                                # "second" never reached the backend
+
+
+def test_a_running_request_whose_client_has_gone_stops_generating(tmp_path):
+    from minskill.server import ModelBackend
+    from minskill.weights import load_model
+    from tiny import make_tiny_model_dir
+
+    model, tokenizer = load_model(str(make_tiny_model_dir(tmp_path / "m", family="llama")))
+    tokenizer.stop_token_ids = []          # a random model must not end its reply early by chance
+    backend = ModelBackend(model, tokenizer, name="tiny")
+    steps = []
+    real_forward = model.forward
+
+    def slow_forward(*args, **kwargs):     # ~20 ms per decoding step: 100 tokens outlast the 0.5 s timeout
+        steps.append(1)
+        time.sleep(0.02)
+        return real_forward(*args, **kwargs)
+
+    model.forward = slow_forward
+    with start_server(backend) as server:
+        impatient = server.client(timeout=0.5, max_retries=0)
+        with pytest.raises(ChatError, match="no reply within"):
+            impatient.chat([{"role": "user", "content": "count"}], max_tokens=200)
+        assert _wait_until(lambda: server.state.scheduler.cancelled_requests == 1)
+        assert _wait_until(lambda: server.state.scheduler.batches_served == 1)   # the batch ended early
+        assert len(steps) < 150
+        reply = server.client().chat([{"role": "user", "content": "count"}], max_tokens=5)
+        assert reply.finish_reasons == ["length"] and reply.completion_tokens == 5
