@@ -44,6 +44,24 @@ def check_split(split: str) -> str:
     return split
 
 
+def counts_per_type(types, known, n: int | None, default_per_type: int, what: str) -> dict[str, int]:
+    """How many tasks of each type make `n` in total (default: `default_per_type` each), as even as can be,
+    earlier types taking the remainder. `what` names the types in the error for one not in `known`."""
+    unknown = [t for t in types if t not in known]
+    if unknown:
+        raise ValueError(f"unknown {what} {unknown}; known: {', '.join(known)}")
+    total = default_per_type * len(types) if n is None else n
+    return {t: total // len(types) + (1 if i < total % len(types) else 0) for i, t in enumerate(types)}
+
+
+def interleave(by_type: dict[str, list], types) -> list:
+    """Round-robin over the types (in `types` order), so that any prefix of the list is balanced."""
+    out = []
+    for i in range(max((len(v) for v in by_type.values()), default=0)):
+        out.extend(by_type[t][i] for t in types if i < len(by_type[t]))
+    return out
+
+
 def rng_for(suite: str, split: str, seed: int, stream: str = "") -> random.Random:
     """A private random generator for one suite/split/seed (never the global `random` state)."""
     return random.Random(stable_hash(f"{suite}|{split}|{seed}|{stream}"))

@@ -26,7 +26,8 @@ from __future__ import annotations
 import copy
 import re
 
-from .base import NOTHING_HAPPENS, Environment, Task, check_split, rng_for, split_of, task_id
+from .base import (NOTHING_HAPPENS, Environment, Task, check_split, counts_per_type, interleave, rng_for,
+                   split_of, task_id)
 
 TASK_TYPES = ("pick_and_place", "look_at_obj_in_light", "pick_clean_then_place", "pick_heat_then_place",
               "pick_cool_then_place", "pick_two_obj")
@@ -356,14 +357,11 @@ def generate_household(split: str = "train", seed: int = 0, n: int | None = None
     check_split(split)
     if split == "all":
         return generate_household("train", seed, n, types) + generate_household("heldout", seed, n, types)
-    unknown = [t for t in types if t not in TASK_TYPES]
-    if unknown:
-        raise ValueError(f"unknown household task types {unknown}; known: {', '.join(TASK_TYPES)}")
-    total = DEFAULT_PER_TYPE * len(types) if n is None else n
+    per_type = counts_per_type(types, TASK_TYPES, n, DEFAULT_PER_TYPE, "household task types")
     pool = _goal_pool(split)
     by_type = {}
-    for i, t in enumerate(types):
-        count = total // len(types) + (1 if i < total % len(types) else 0)
+    for t in types:
+        count = per_type[t]
         if count > len(pool[t]):
             raise ValueError(f"household/{t}: asked for {count} {split} tasks, the split has "
                              f"{len(pool[t])} distinct goals")
@@ -379,10 +377,7 @@ def generate_household(split: str = "train", seed: int = 0, n: int | None = None
                               answer=None, verifier="env", multi_turn=True, max_steps=MAX_STEPS,
                               env_spec=spec, metadata={"suite": "household", "split": split, "seed": seed}))
         by_type[t] = tasks
-    out = []
-    for i in range(max((len(v) for v in by_type.values()), default=0)):
-        out.extend(by_type[t][i] for t in types if i < len(by_type[t]))
-    return out
+    return interleave(by_type, types)
 
 
 # --------------------------------------------------------------------------- oracle

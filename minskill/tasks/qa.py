@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .base import Task, check_split, rng_for, split_of, stable_hash, task_id
+from .base import Task, check_split, counts_per_type, interleave, rng_for, split_of, stable_hash, task_id
 from .verifiers import VERIFIERS
 
 TASK_TYPES = ("counting", "lookup", "arithmetic", "conversion")
@@ -143,16 +143,8 @@ def generate_qa(split: str = "train", seed: int = 0, n: int | None = None,
     check_split(split)
     if split == "all":
         return generate_qa("train", seed, n, types) + generate_qa("heldout", seed, n, types)
-    unknown = [t for t in types if t not in TASK_TYPES]
-    if unknown:
-        raise ValueError(f"unknown qa task types {unknown}; known: {', '.join(TASK_TYPES)}")
-    total = DEFAULT_PER_TYPE * len(types) if n is None else n
-    per_type = {t: total // len(types) + (1 if i < total % len(types) else 0) for i, t in enumerate(types)}
-    by_type = {t: _generate_type(t, split, seed, per_type[t]) for t in types}
-    tasks = []
-    for i in range(max(per_type.values(), default=0)):  # interleave so any prefix is balanced
-        tasks.extend(by_type[t][i] for t in types if i < len(by_type[t]))
-    return tasks
+    per_type = counts_per_type(types, TASK_TYPES, n, DEFAULT_PER_TYPE, "qa task types")
+    return interleave({t: _generate_type(t, split, seed, per_type[t]) for t in types}, types)
 
 
 def _generate_type(task_type: str, split: str, seed: int, count: int) -> list[Task]:

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 from collections import deque
 
-from .base import NOTHING_HAPPENS, Environment, Task, check_split, rng_for, split_of, task_id
+from .base import (NOTHING_HAPPENS, Environment, Task, check_split, counts_per_type, interleave, rng_for,
+                   split_of, task_id)
 from .verifiers import exact_match
 
 LEVELS = ("easy", "medium", "hard")
@@ -201,13 +202,10 @@ def generate_webwalk(split: str = "train", seed: int = 0, n: int | None = None,
     check_split(split)
     if split == "all":
         return generate_webwalk("train", seed, n, types) + generate_webwalk("heldout", seed, n, types)
-    unknown = [t for t in types if t not in LEVELS]
-    if unknown:
-        raise ValueError(f"unknown webwalk levels {unknown}; known: {', '.join(LEVELS)}")
-    total = DEFAULT_PER_TYPE * len(types) if n is None else n
+    per_level = counts_per_type(types, LEVELS, n, DEFAULT_PER_TYPE, "webwalk levels")
     by_level = {}
-    for i, level in enumerate(types):
-        count = total // len(types) + (1 if i < total % len(types) else 0)
+    for level in types:
+        count = per_level[level]
         rng = rng_for("webwalk", split, seed, level)
         tasks, seen = [], set()
         while len(tasks) < count:
@@ -225,10 +223,7 @@ def generate_webwalk(split: str = "train", seed: int = 0, n: int | None = None,
                               env_spec=spec, metadata={"suite": "webwalk", "split": split, "seed": seed,
                                                        "sources": len(sources)}))
         by_level[level] = tasks
-    out = []
-    for i in range(max((len(v) for v in by_level.values()), default=0)):
-        out.extend(by_level[t][i] for t in types if i < len(by_level[t]))
-    return out
+    return interleave(by_level, types)
 
 
 def _path(pages: dict, start: str, goal: str) -> list[str]:
