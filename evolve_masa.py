@@ -259,9 +259,8 @@ def main(argv=None) -> int:
     cache_path = None if args.no_cache else Path(args.cache or out / "target_cache.jsonl")
     run_state = saved or {"version": 1, "args": {k: v for k, v in vars(args).items() if k not in ("resume", "merge")},
                           "card": None, "calls_spent": 0, "search": None, "events": []}
-    started = time.time()
     global STARTED
-    STARTED = started
+    STARTED = time.time()   # progress lines and run.json count from here
 
     def checkpoint(search_state: dict) -> None:
         run_state["search"] = search_state
@@ -389,7 +388,7 @@ def main(argv=None) -> int:
             "target_model": target.model, "model_card": card.to_json(), "task_description": task_description,
             "best_skills": library.to_json(), "reward_out": reward_out, "calls_spent": budget.spent,
             "target_calls": target.calls, "target_cache_hits": target.cache_hits, "teacher_calls": teacher.calls,
-            "seconds": round(time.time() - started, 1), "args": run_state["args"]})
+            "seconds": round(time.time() - STARTED, 1), "args": run_state["args"]})
 
     # what it did
     s = search.state
@@ -402,7 +401,7 @@ def main(argv=None) -> int:
           f" accepted); {n_tree} tree nodes over {len(s['trees'])} task types; evolved library R = {reward_out:.3f} "
           f"on the {len(tasks)} search tasks")
     print(f"calls: {budget.spent} model calls ({target.calls} target, {target.cache_hits} target cache hits, "
-          f"{teacher.calls} teacher); {skips} teacher replies skipped; {time.time() - started:.0f} s")
+          f"{teacher.calls} teacher); {skips} teacher replies skipped; {time.time() - STARTED:.0f} s")
     if table:
         print(f"\nheld-out ({len(heldout)} tasks), base vs evolved skills:\n{table}")
     evaluated = [x for x in s["candidates"] if x["metrics"] is not None]

@@ -187,7 +187,6 @@ def bench_model(args) -> None:
                 figures["fwd+bwd 4x256 (s)"] = _timed(step, max(1, args.repeats - 1))
                 if impl == "minskill":
                     figures["bound"] = bw * 1e9 / weight_bytes_per_token(model)
-                    model.eval()
                     figures["matmuls only"] = matmul_only_tokens_per_s(model, args.repeats)
             figures["peak MiB"] = mem.peak_mib
             if impl == "minskill":
