@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 
 from minskill import masa
+from minskill.runs import check_run_folder, open_run_folder
 from minskill.client import ChatError
 from minskill.masa import (BudgetExhausted, CachingClient, CallBudget, MasaConfig, MasaSearch, ModelCard,
                            write_json_atomic, write_jsonl_atomic, write_text_atomic)
@@ -95,6 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--cache", default=None, help="target-call cache file (default OUT/target_cache.jsonl)")
     g.add_argument("--no-cache", action="store_true", help="do not cache target calls")
     g.add_argument("--resume", action="store_true", help="continue the run saved in --out")
+    g.add_argument("--overwrite", action="store_true", help="replace the run that a non-empty --out holds, keeping "
+                   "its target_cache.jsonl (without --resume or --overwrite such an --out is refused)")
     g.add_argument("--out", default=None, help="output folder (default runs/masa-SUITE-TIME)")
     g.add_argument("--sft-copies", type=int, default=1, help="augmented copies per augmentation kind in sft.jsonl")
     g.add_argument("--merge", nargs="+", default=None, metavar="RUN_DIR",
@@ -213,7 +216,9 @@ def reward_plot(out: Path, state: dict) -> None:
 
 def merge(args) -> int:
     out = Path(args.out or "runs/masa-merged")
+    check_run_folder(out, False, args.overwrite, "evolve_masa.py --merge")
     records = masa.merge_sft_runs(args.merge)
+    open_run_folder(out, False, args.overwrite, "evolve_masa.py --merge")
     write_jsonl_atomic(out / "sft.jsonl", records)
     extra = sum(r["source"] == "other_backbone" for r in records)
     print(f"merged {len(args.merge)} runs: {len(records)} records ({extra} other_backbone) -> {out / 'sft.jsonl'}")
@@ -233,13 +238,12 @@ def main(argv=None) -> int:
             parser.error(f"--resume: no saved run in {out} (state.json is missing)")
         saved = json.loads(state_path.read_text(encoding="utf-8"))
         explicit = {k: v for k, v in vars(args).items() if k in RESUMABLE_OVERRIDES and v != parser.get_default(k)}
-        args = argparse.Namespace(**{**saved["args"], **explicit, "resume": True, "out": str(out), "merge": None})
+        args = argparse.Namespace(**{**saved["args"], **explicit, "resume": True, "overwrite": False, "out": str(out),
+                                  "merge": None})
         search_state = saved.get("search") or {"phase": "start", "candidates": []}
         log(f"resuming {out}: phase {search_state['phase']}, {len(search_state['candidates'])} candidates, "
             f"{saved['calls_spent']} calls spent")
-    elif state_path.exists():
-        parser.error(f"{out} already holds a run (state.json); pass --resume to continue it or choose another --out")
-    out.mkdir(parents=True, exist_ok=True)
+    check_run_folder(out, args.resume, args.overwrite, "evolve_masa.py")
 
     embedded_teacher = args.teacher_url is None
     if args.teacher_max_tokens is None:
@@ -253,11 +257,12 @@ def main(argv=None) -> int:
                         target_max_tokens=args.max_tokens)
     prelim, tasks, heldout = load_tasks(args)
     base_skills = load_base_skills(args)
+    out = open_run_folder(out, args.resume, args.overwrite, "evolve_masa.py", keep=("target_cache.jsonl",))
     suite_name = Path(args.suite).stem
     task_description = masa.suite_description(tasks, suite_name)
     budget = CallBudget(args.max_calls, spent=saved["calls_spent"] if saved else 0)
     cache_path = None if args.no_cache else Path(args.cache or out / "target_cache.jsonl")
-    run_state = saved or {"version": 1, "args": {k: v for k, v in vars(args).items() if k not in ("resume", "merge")},
+    run_state = saved or {"version": 1, "args": {k: v for k, v in vars(args).items() if k not in ("resume", "overwrite", "merge")},
                           "card": None, "calls_spent": 0, "search": None, "events": []}
     global STARTED
     STARTED = time.time()   # progress lines and run.json count from here

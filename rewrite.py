@@ -31,6 +31,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from minskill.runs import check_run_folder, open_run_folder
+
 # ----------------------------------------------------------------------------------------------- helpers
 
 
@@ -191,6 +193,7 @@ def cmd_train(args) -> int:
                         chunk_tokens=args.chunk_tokens, val_fraction=args.val_fraction, eval_every=args.eval_every,
                         save_every=args.save_every, keep_checkpoints=args.keep_checkpoints,
                         log_every=args.log_every, seed=args.seed, max_steps=args.max_steps)
+    check_run_folder(args.out, bool(args.resume), args.overwrite, "rewrite.py train")
     warn = lambda message: print(message, file=sys.stderr, flush=True)   # noqa: E731
     records, problems = sft.read_records(args.data, warn=warn)
     if args.val_file:
@@ -212,8 +215,7 @@ def cmd_train(args) -> int:
     print(f"data: {len(records) + (len(val_records) if args.val_file else 0)} records read, "
           f"{len(problems)} malformed lines skipped, {too_long} longer than {cfg.max_length} tokens skipped, "
           f"{truncated} truncated -> {len(train)} train / {len(val)} validation examples", flush=True)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = open_run_folder(args.out, bool(args.resume), args.overwrite, "rewrite.py train")
     _write_text_atomic(out / "run_config.json", json.dumps(
         {"command": "python rewrite.py " + " ".join(args.argv), "data": args.data, "val_file": args.val_file,
          "base_model": args.base_model, "config": vars(cfg) | {"adam_betas": list(cfg.adam_betas)},
@@ -383,6 +385,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda when available)")
     t.add_argument("--resume", nargs="?", const="latest", default=None, metavar="CHECKPOINT",
                    help="continue from the latest checkpoint in --out (or the given checkpoint folder)")
+    t.add_argument("--overwrite", action="store_true", help="replace the run that a non-empty --out holds "
+                   "(without --resume or --overwrite such an --out is refused)")
     t.set_defaults(func=cmd_train)
 
     a = commands.add_parser(

@@ -45,6 +45,8 @@ from pathlib import Path
 
 import torch
 
+from minskill.runs import check_run_folder, open_run_folder
+
 # flags that must equal the checkpoint's when resuming, or the continued run would not be the same run
 RESUME_MUST_MATCH = ("suite", "seed_skills", "generations", "candidates", "rollouts", "lam", "scale_by_std",
                      "eps_low", "eps_high", "beta", "agg", "ppo_epochs", "tasks_per_instance", "n_tasks",
@@ -116,6 +118,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    "reward_curve.svg (default runs/skill-r1)")
     t.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint; the next steps equal "
                    "those of an uninterrupted run")
+    t.add_argument("--overwrite", action="store_true", help="replace the run that a non-empty --out holds "
+                   "(without --resume or --overwrite such an --out is refused)")
     t.add_argument("--seed", type=int, default=0, help="seeds the suite, the instance order, every sample")
     t.add_argument("--threads", type=int, default=None, help="torch CPU threads of this process and of the "
                    "embedded task-model server (default: torch's choice; 1 is much faster on a CPU that other busy "
@@ -166,11 +170,8 @@ def lr_factor(step: int, total: int, warmup_ratio: float) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
 
 
-def _padded(rows: list[torch.Tensor], width: int) -> torch.Tensor:
-    out = torch.zeros(len(rows), width)
-    for i, r in enumerate(rows):
-        out[i, :len(r)] = r
-    return out
+def _padded(rows: list[list[float]], width: int, device) -> torch.Tensor:
+    return torch.tensor([list(r) + [0.0] * (width - len(r)) for r in rows], dtype=torch.float32, device=device)
 
 
 def policy_update(editor, ref_model, optimizer, candidates, args) -> dict:
@@ -202,14 +203,14 @@ def policy_update(editor, ref_model, optimizer, candidates, args) -> dict:
                 logp, mask = completion_logprobs(editor, prompts, completions, temperature=args.editor_temperature)
             if epoch == 0:
                 old_logps.append(logp.detach())
-                sampled = _padded([torch.tensor(c.logprobs) for c in mb], logp.shape[1])
+                sampled = _padded([c.logprobs for c in mb], logp.shape[1], logp.device)
                 mismatch += float(((sampled - logp.detach()).abs() * mask).sum())
             ref_logp = None
             if beta > 0:
                 with torch.no_grad(), autocast(args):
                     ref_logp, _ = completion_logprobs(ref_model, prompts, completions,
                                                       temperature=args.editor_temperature)
-            adv = torch.tensor([c.advantage for c in mb], dtype=torch.float32)
+            adv = torch.tensor([c.advantage for c in mb], dtype=torch.float32, device=logp.device)
             loss, st = policy_loss(logp, old_logps[k], adv, mask, ref_logp=ref_logp, eps_low=args.eps_low,
                                    eps_high=args.eps_high, beta=beta, agg=args.agg,
                                    max_new_tokens=args.max_skill_tokens)
@@ -355,7 +356,7 @@ def train(args) -> int:
     from minskill.weights import load_model
 
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    check_run_folder(out, args.resume, args.overwrite, "train_grpo.py")
     state, ckpt = None, None
     if args.resume:
         ckpt = find_checkpoint(out)
@@ -399,6 +400,7 @@ def train(args) -> int:
         sys.exit(f"suite {args.suite!r} has no task type with {args.tasks_per_instance} training tasks")
     seed_skillset = load_skills(args.seed_skills, args.suite)
     metrics_path, svg_path = out / "metrics.jsonl", out / "reward_curve.svg"
+    open_run_folder(out, args.resume, args.overwrite, "train_grpo.py")
     write_metrics(metrics_path, rows)  # exactly the steps the checkpoint holds
     n_params = sum(p.numel() for p in editor.parameters())
     print(f"Skill-R1 (bi-level GRPO): editor {editor_spec} ({n_params / 1e6:.1f}M parameters), task model "

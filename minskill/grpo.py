@@ -142,7 +142,7 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
 
     logp (B, T): log-probs of the sampled tokens under the current policy (differentiable).
     old_logp (B, T): the same under the sampling policy (detached here). advantages (B,): one per
-    sequence (detached here). mask (B, T): bool or 0/1, True at valid completion tokens.
+    sequence (detached here; a list, or a tensor on any device, is moved to logp's device). mask (B, T): bool or 0/1, True at valid completion tokens.
     ref_logp (B, T) or None: the frozen reference's log-probs; the KL is added to the loss only when
     beta > 0 (beta > 0 without ref_logp is an error); with ref_logp given, stats["kl_mean"] is reported
     even when beta = 0. agg: "token_mean" | "seq_mean" | "dr_grpo"; dr_grpo needs max_new_tokens (the
@@ -154,6 +154,9 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
     """
     if agg not in AGGREGATIONS:
         raise ValueError(f"policy_loss: unknown agg {agg!r}; choose one of {', '.join(AGGREGATIONS)}")
+    # the advantages come from rewards computed on the CPU; the log-probs live where the model does
+    advantages = torch.as_tensor(advantages, dtype=torch.float32, device=logp.device)
+    mask = mask.to(logp.device)
     _check_loss_inputs(logp, old_logp, advantages, mask, ref_logp, eps_low, eps_high, beta)
     valid = mask.bool()
     weight = valid.to(logp.dtype)

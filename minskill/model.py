@@ -304,6 +304,7 @@ def attention_mask_for(key_mask: torch.Tensor | None, T: int, offset: int):
 
     key_mask (B, S) marks real keys (None = all real). Returns None masks where SDPA's fast paths apply.
     """
+    device = key_mask.device if key_mask is not None else None
     if key_mask is None or bool(key_mask.all()):
         if T == 1:
             return None, False          # a single new token may see every cached one
@@ -311,7 +312,6 @@ def attention_mask_for(key_mask: torch.Tensor | None, T: int, offset: int):
             return None, True           # plain causal prefill
         key_mask = None
     S = offset + T
-    device = key_mask.device if key_mask is not None else None
     q_pos = torch.arange(offset, S, device=device)[:, None]
     k_pos = torch.arange(S, device=device)[None, :]
     allowed = k_pos <= q_pos                                                   # (T, S) causal

@@ -72,13 +72,9 @@ def _cut_at_stop(text: str, stop_strings) -> str | None:
 
 def _left_pad(seqs: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     width = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), width), dtype=torch.long)
-    for i, s in enumerate(seqs):
-        if s:
-            ids[i, width - len(s):] = torch.tensor(s, dtype=torch.long)
-            mask[i, width - len(s):] = 1
-    return ids.to(device), mask.to(device)
+    ids = [[pad_id] * (width - len(s)) + list(s) for s in seqs]
+    mask = [[0] * (width - len(s)) + [1] * len(s) for s in seqs]
+    return torch.tensor(ids, dtype=torch.long, device=device), torch.tensor(mask, dtype=torch.long, device=device)
 
 
 def _filtered_choice(probs, top_k, top_p, u, total):
@@ -117,7 +113,8 @@ def _sample_step(logits, temperature, top_k, top_p, generators):
     if not bool(greedy.all()):
         probs = logprobs.exp()
         cdf = probs.cumsum(-1)                                                      # vocabulary order
-        u = torch.cat([torch.rand(1, generator=g) for g in generators]).to(cdf.device)
+        # the generators live on the CPU (the same draws on every device), so their numbers are drawn there
+        u = torch.cat([torch.rand(1, generator=g, device="cpu") for g in generators]).to(cdf.device)
         choice = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).squeeze(1)
         choice = choice.clamp(max=cdf.shape[1] - 1)
         filtered = ~greedy & ((top_k > 0) | (top_p < 1))
@@ -165,7 +162,7 @@ def generate(model, prompts: list[list[int]], *, n=1, max_new_tokens=128, temper
     for r in range(R):
         s = seeds[row_prompt[r]]
         g = torch.Generator()
-        base = int(torch.randint(0, 2**62, (1,))) if s is None else s   # unseeded: drawn from torch's RNG
+        base = int(torch.randint(0, 2**62, (1,), device="cpu")) if s is None else s  # unseeded: torch's CPU RNG
         g.manual_seed((base * _SEED_MIX + r % n) % 2**63)
         generators.append(g)
 
@@ -272,9 +269,7 @@ def completion_logprobs(model, prompts: list[list[int]], completions: list[list[
     hidden = model.hidden_states(ids, attn)                                          # (B, T, H)
     # completion token j of row b sits at T - len_b + j (left padding); it is predicted one slot earlier
     where = (T - lengths[:, None] + torch.arange(Tc, device=device)[None, :] - 1).clamp(0, T - 1)
-    targets = torch.full((B, Tc), 0, dtype=torch.long, device=device)
-    for b, c in enumerate(completions):
-        targets[b, :len(c)] = torch.tensor(c, dtype=torch.long)
+    targets = torch.tensor([list(c) + [0] * (Tc - len(c)) for c in completions], dtype=torch.long, device=device)
     h = hidden.gather(1, where[..., None].expand(-1, -1, hidden.shape[-1]))[mask]    # (N, H)
     t = targets[mask]                                                                # (N,)
     weight = model.lm_head.weight

@@ -246,3 +246,11 @@ def test_budget_spent_before_the_search_starts(env, full_run, capsys):
     assert "nothing to write" in capsys.readouterr().err
     assert evolve_masa.main(["--resume", "--out", str(out), "--max-calls", "1000"]) == 0
     assert read(out, "library.json") == read(full_run, "library.json")
+
+
+def test_a_jsonl_suite_without_base_skills_starts_from_no_skills(tmp_path):
+    """--suite FILE.jsonl and no --base-skills: an empty library (it used to read the root of the built-in
+    base skills as one skill set, and crash)."""
+    args = evolve_masa.build_parser().parse_args(["--suite", str(write_suite(tmp_path / "mine.jsonl"))])
+    skills = evolve_masa.load_base_skills(args)
+    assert skills.general == [] and skills.task_specific == {} and skills.common_mistakes == []

@@ -184,6 +184,21 @@ def test_resume_refuses_changed_flags(straight_run, editor_dir, suite_file, task
         train_grpo.main(common_flags(editor_dir, suite_file, task_url, out) + ["--steps", "4", "--resume", "--lam", "0"])
 
 
+def test_a_rerun_is_refused_and_overwrite_replaces_the_run(editor_dir, suite_file, task_url, tmp_path):
+    """A second run into the same --out is refused (the first run's checkpoint and metrics stay); with
+    --overwrite it replaces them."""
+    out = tmp_path / "run"
+    flags = common_flags(editor_dir, suite_file, task_url, out) + ["--steps", "2"]
+    assert train_grpo.main(flags) == 0
+    first = (out / "metrics.jsonl").read_bytes(), (out / "checkpoint" / "trainer_state.pt").read_bytes()
+    with pytest.raises(SystemExit, match="--overwrite"):
+        train_grpo.main(flags[:-1] + ["1"])
+    assert ((out / "metrics.jsonl").read_bytes(), (out / "checkpoint" / "trainer_state.pt").read_bytes()) == first
+    assert train_grpo.main(flags[:-1] + ["1", "--overwrite"]) == 0
+    assert [r["step"] for r in read_rows(out)] == [0]
+    assert torch.load(out / "checkpoint" / "trainer_state.pt", weights_only=False)["step"] == 1
+
+
 def test_resume_without_checkpoint_says_so(tmp_path, editor_dir, suite_file, task_url):
     with pytest.raises(SystemExit, match="no checkpoint"):
         train_grpo.main(common_flags(editor_dir, suite_file, task_url, tmp_path) + ["--resume"])
