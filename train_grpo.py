@@ -35,17 +35,16 @@ import argparse
 import contextlib
 import copy
 import json
-import math
 import os
 import random
-import shutil
 import sys
 import time
 from pathlib import Path
 
 import torch
 
-from minskill.runs import check_run_folder, open_run_folder
+from minskill.runs import (TRAINER_STATE, check_run_folder, load_trainer_state, lr_factor, open_run_folder,
+                           recover_checkpoint, save_checkpoint, set_rng_state, write_jsonl_atomic)
 
 # flags that must equal the checkpoint's when resuming, or the continued run would not be the same run
 RESUME_MUST_MATCH = ("suite", "seed_skills", "generations", "candidates", "rollouts", "lam", "scale_by_std",
@@ -160,16 +159,6 @@ def device() -> str:
 # ---------------------------------------------------------------------------------------------- training
 
 
-def lr_factor(step: int, total: int, warmup_ratio: float) -> float:
-    """Multiplier of the peak lr at optimizer step `step`: linear warmup over max(1, warmup_ratio·total)
-    steps, then cosine decay  0.5·(1 + cos(π·progress))  towards 0 at step `total`."""
-    warmup = max(1, int(round(warmup_ratio * total)))
-    if step < warmup:
-        return (step + 1) / warmup
-    progress = (step - warmup + 1) / max(1, total - warmup + 1)
-    return 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
-
-
 def _padded(rows: list[list[float]], width: int, device) -> torch.Tensor:
     return torch.tensor([list(r) + [0.0] * (width - len(r)) for r in rows], dtype=torch.float32, device=device)
 
@@ -232,29 +221,11 @@ def policy_update(editor, ref_model, optimizer, candidates, args) -> dict:
     return stats
 
 
-def save_checkpoint(out: Path, editor, tokenizer, state: dict) -> Path:
-    """Write OUT/checkpoint (editor in HF layout + trainer_state.pt) atomically: build it in a temporary
-    folder, then swap it in with renames; a crash leaves either the old or the new checkpoint."""
-    final, tmp, old = out / "checkpoint", out / ".checkpoint.tmp", out / ".checkpoint.old"
-    shutil.rmtree(tmp, ignore_errors=True)
-    editor.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    torch.save(state, tmp / ".trainer_state.pt.tmp")
-    os.replace(tmp / ".trainer_state.pt.tmp", tmp / "trainer_state.pt")
-    shutil.rmtree(old, ignore_errors=True)
-    if final.exists():
-        os.replace(final, old)
-    os.replace(tmp, final)
-    shutil.rmtree(old, ignore_errors=True)
-    return final
-
-
 def find_checkpoint(out: Path) -> Path | None:
-    """OUT/checkpoint, or the previous one if a crash hit between the two renames of save_checkpoint."""
-    for folder in (out / "checkpoint", out / ".checkpoint.old"):
-        if (folder / "trainer_state.pt").is_file():
-            return folder
-    return None
+    """OUT/checkpoint (after undoing what a kill during its save left), or None."""
+    folder = out / "checkpoint"
+    recover_checkpoint(folder)
+    return folder if (folder / TRAINER_STATE).is_file() else None
 
 
 def instance_order(n_instances: int, step: int, per_step: int, seed: int) -> list[int]:
@@ -335,12 +306,6 @@ def metrics_row(step, evolutions, cands, st, client_delta, t0, t_sampled, t_trai
     }
 
 
-def write_metrics(path: Path, rows: list[dict]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    os.replace(tmp, path)
-
-
 def plot_rewards(path: Path, rows: list[dict], generations: int) -> None:
     from minskill.plot import write_svg_plot
     series = {("seed skill (g=0)" if g == 0 else f"generation {g}"):
@@ -362,7 +327,7 @@ def train(args) -> int:
         ckpt = find_checkpoint(out)
         if ckpt is None:
             sys.exit(f"--resume: no checkpoint in {out} (nothing to resume; drop --resume to start a run)")
-        state = torch.load(ckpt / "trainer_state.pt", weights_only=False)
+        state = load_trainer_state(ckpt, restore_rng=False)  # restored below, once the models are built
         changed = [f"--{k.replace('_', '-')} {state['args'].get(k)!r} -> {getattr(args, k)!r}"
                    for k in RESUME_MUST_MATCH if state["args"].get(k) != getattr(args, k)]
         if changed:
@@ -386,8 +351,7 @@ def train(args) -> int:
     if state is not None:
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
-        torch.set_rng_state(state["torch_rng"])
-        random.setstate(state["python_rng"])
+        set_rng_state(state["rng"])
         rows, start_step = list(state["metrics"]), state["step"]
         print(f"resuming {ckpt} at step {start_step}", flush=True)
     else:
@@ -401,7 +365,7 @@ def train(args) -> int:
     seed_skillset = load_skills(args.seed_skills, args.suite)
     metrics_path, svg_path = out / "metrics.jsonl", out / "reward_curve.svg"
     open_run_folder(out, args.resume, args.overwrite, "train_grpo.py")
-    write_metrics(metrics_path, rows)  # exactly the steps the checkpoint holds
+    write_jsonl_atomic(metrics_path, rows)  # exactly the steps the checkpoint holds
     n_params = sum(p.numel() for p in editor.parameters())
     print(f"Skill-R1 (bi-level GRPO): editor {editor_spec} ({n_params / 1e6:.1f}M parameters), task model "
           f"{args.task_url or 'embedded default (smollm2-135m, greedy)'}; suite {args.suite}: "
@@ -454,10 +418,9 @@ def train(args) -> int:
                 print(f"warning: so far {all_zero_note(tasks)}", flush=True)
                 warned = True
             if (step + 1) % args.save_every == 0 or step + 1 == args.steps:
-                save_checkpoint(out, editor, tokenizer, {
+                save_checkpoint(out / "checkpoint", editor, tokenizer, {
                     "step": step + 1, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                    "torch_rng": torch.get_rng_state(), "python_rng": random.getstate(), "args": vars(args),
-                    "editor_spec": editor_spec, "metrics": rows})
+                    "args": vars(args), "editor_spec": editor_spec, "metrics": rows})
         calls = client.stats["calls"]
 
     if rows:

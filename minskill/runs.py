@@ -13,11 +13,40 @@ must not silently replace them, so every script that writes one follows one rule
 a model; `open_run_folder` applies it again and then clears (with --overwrite) and creates the folder,
 so a script calls it at the moment it writes its first file. Both raise `RunFolderError`, a
 `SystemExit` whose message is the refusal, so a script's `main` needs no handler of its own.
+
+What a run folder holds is written here too, once for both trainers and all three scripts:
+
+* `write_text_atomic` / `write_json_atomic` / `write_jsonl_atomic`: a temp file in the same folder, then
+  `os.replace`, so a reader (or a killed run) sees the old file or the new one, never half of one.
+* `save_checkpoint(folder, model, tokenizer, state)`: model + tokenizer in HF layout and `trainer_state.pt`
+  (the caller's state plus the RNG states), built in `.tmp-NAME-*` and swapped in by renames
+  (NAME → `.old-NAME`, tmp → NAME, drop `.old-NAME`). `recover_checkpoint(folder)`, called before a
+  checkpoint is read or written, undoes what a kill between those renames left: the old checkpoint comes
+  back when the new one never arrived, and stale staging folders are removed. So at every moment one
+  complete checkpoint exists under NAME or `.old-NAME`.
+* `rng_state()` / `set_rng_state(state)`: Python's and torch's generators (CUDA's too where present), so a
+  resumed run draws the same numbers as an uninterrupted one.
+* `lr_factor(step, total, warmup_ratio, min_ratio)`: the multiplier of the peak learning rate at optimizer
+  step `step` (0-based), with  w = ceil(warmup_ratio · total)  warmup steps:
+
+      f(step) = (step + 1) / w                                            step < w
+      f(step) = min_ratio + (1 − min_ratio) · ½ (1 + cos(π · (step − w) / max(1, total − w)))   otherwise
+
+  so a 3-step run with ratio 0.1 gets [1, 1, 0.5]: the first step is at the peak, the last is not 0.
 """
 from __future__ import annotations
 
+import json
+import math
+import os
+import random
 import shutil
+import tempfile
 from pathlib import Path
+
+import torch
+
+TRAINER_STATE = "trainer_state.pt"
 
 
 class RunFolderError(SystemExit):
@@ -69,3 +98,111 @@ def open_run_folder(out: str | Path, resume: bool, overwrite: bool, script: str,
                 entry.unlink()
     out.mkdir(parents=True, exist_ok=True)
     return out
+
+
+# ---------------------------------------------------------------------------------------- atomic writes
+
+def write_text_atomic(path: str | Path, text: str) -> Path:
+    """Write `text` (UTF-8) to `path` through a temp file in the same folder and os.replace."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".tmp-{path.name}-")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(tmp, 0o644)  # mkstemp makes files private (0600); these are ordinary outputs
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def write_json_atomic(path: str | Path, obj, indent: int | None = 1) -> Path:
+    return write_text_atomic(path, json.dumps(obj, indent=indent, ensure_ascii=False) + "\n")
+
+
+def write_jsonl_atomic(path: str | Path, records) -> Path:
+    return write_text_atomic(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
+
+
+# ------------------------------------------------------------------------------------------ checkpoints
+
+def rng_state() -> dict:
+    state = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _as_tuple(value):
+    """random.setstate needs tuples; a state that went through JSON comes back as lists."""
+    return tuple(_as_tuple(v) for v in value) if isinstance(value, (list, tuple)) else value
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(_as_tuple(state["python"]))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def recover_checkpoint(folder: str | Path) -> None:
+    """Finish or undo a save_checkpoint that a kill interrupted (see the module docstring)."""
+    folder = Path(folder)
+    old = folder.with_name(f".old-{folder.name}")
+    if old.is_dir() and not folder.exists():
+        os.replace(old, folder)       # killed between the two renames: the old checkpoint is the one
+    elif old.is_dir():
+        shutil.rmtree(old)            # killed after the swap, before the clean-up
+    for stale in folder.parent.glob(f".tmp-{folder.name}-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+
+
+def save_checkpoint(folder: str | Path, model, tokenizer, state: dict | None = None) -> Path:
+    """Write model + tokenizer (HF layout) and, when `state` is given, trainer_state.pt = state plus
+    {"rng": rng_state()} into `folder`, replacing an earlier checkpoint there atomically."""
+    folder = Path(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    recover_checkpoint(folder)
+    tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".tmp-{folder.name}-"))
+    old = folder.with_name(f".old-{folder.name}")
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        if state is not None:
+            torch.save({**state, "rng": rng_state()}, tmp / TRAINER_STATE)
+        if folder.exists():
+            os.replace(folder, old)
+        os.replace(tmp, folder)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+    return folder
+
+
+def load_trainer_state(folder: str | Path, restore_rng: bool = True) -> dict:
+    """trainer_state.pt of a checkpoint (recovered first); restores the RNG states it holds unless told not."""
+    folder = Path(folder)
+    recover_checkpoint(folder)
+    path = folder / TRAINER_STATE
+    if not path.is_file():
+        raise FileNotFoundError(f"{folder} is not a training checkpoint (no {TRAINER_STATE})")
+    state = torch.load(path, weights_only=False)
+    if restore_rng and "rng" in state:
+        set_rng_state(state["rng"])
+    return state
+
+
+# ------------------------------------------------------------------------------------------ lr schedule
+
+def lr_factor(step: int, total: int, warmup_ratio: float = 0.1, min_ratio: float = 0.0) -> float:
+    """Multiplier of the peak learning rate at optimizer step `step`: linear warmup over
+    ceil(warmup_ratio · total) steps, then cosine decay to min_ratio (module docstring)."""
+    warmup = math.ceil(warmup_ratio * total)
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))

@@ -3,6 +3,7 @@
 A refused command must write nothing: each test snapshots the folder's files (names and bytes) before the
 command and compares after."""
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -13,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the scripts l
 import evolve_masa  # noqa: E402
 import rewrite  # noqa: E402
 import train_grpo  # noqa: E402
-from minskill.runs import RunFolderError, check_run_folder, open_run_folder  # noqa: E402
+from minskill.runs import RunFolderError, check_run_folder, lr_factor, open_run_folder  # noqa: E402
 
 
 def snapshot(folder: Path) -> dict:
@@ -99,3 +100,74 @@ def test_a_refused_rewrite_train_writes_no_run_config(tmp_path):
     with pytest.raises(SystemExit):
         rewrite.main(["train", str(data), "--out", str(out), "--base-model", str(tmp_path / "no-model")])
     assert json.loads((out / "run_config.json").read_text()) == {"earlier": True}
+
+
+def test_lr_schedule_warms_up_then_decays_by_cosine():
+    """One schedule for both trainers (SFT's convention): ceil(0.1·20) = 2 warmup steps, then cosine."""
+    factors = [lr_factor(s, 20, 0.1) for s in range(20)]
+    assert factors[:3] == [0.5, 1.0, 1.0]                              # linear warmup, then the peak
+    assert all(a > b for a, b in zip(factors[2:], factors[3:]))        # then strictly decreasing
+    assert factors[3] == pytest.approx(0.5 * (1 + math.cos(math.pi / 18)))
+    assert factors[-1] == pytest.approx(0.5 * (1 + math.cos(math.pi * 17 / 18)))
+    assert [lr_factor(s, 10, 0.1, min_ratio=0.2) for s in (1, 10)] == [1.0, pytest.approx(0.2)]
+
+
+def test_a_short_run_warms_up_and_trains_every_step():
+    """3 steps: the first is at the peak, the last is not 0 (the old GRPO schedule gave [1, .75, .25])."""
+    assert [lr_factor(s, 3, 0.1) for s in range(3)] == [1.0, 1.0, 0.5]
+
+
+class Saves:
+    """Stands in for a model and a tokenizer: save_pretrained writes one file with a tag."""
+
+    def __init__(self, tag: str):
+        self.tag = tag
+
+    def save_pretrained(self, folder):
+        (Path(folder) / "weights.txt").write_text(self.tag)
+
+
+def test_checkpoint_holds_the_state_and_the_rng_and_leaves_no_staging(tmp_path):
+    import random
+    import torch
+    from minskill.runs import load_trainer_state, save_checkpoint
+    random.seed(1)
+    torch.manual_seed(1)
+    save_checkpoint(tmp_path / "checkpoint", Saves("a"), Saves("a"), {"step": 3})
+    expected = random.random(), float(torch.rand(()))
+    state = load_trainer_state(tmp_path / "checkpoint")            # restores the RNG states it holds
+    assert state["step"] == 3 and (random.random(), float(torch.rand(()))) == expected
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint"]
+
+
+def test_a_save_killed_between_its_renames_leaves_the_old_checkpoint(tmp_path, monkeypatch):
+    import os
+    from minskill import runs
+    folder = tmp_path / "checkpoint"
+    runs.save_checkpoint(folder, Saves("old"), Saves("old"), {"step": 1})
+    real_replace, calls = os.replace, []
+
+    def killed_at_second_rename(src, dst):
+        calls.append(dst)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # the kill: the old checkpoint is renamed away, the new one not yet in
+        real_replace(src, dst)
+
+    monkeypatch.setattr(runs.os, "replace", killed_at_second_rename)
+    with pytest.raises(KeyboardInterrupt):
+        runs.save_checkpoint(folder, Saves("new"), Saves("new"), {"step": 2})
+    monkeypatch.setattr(runs.os, "replace", real_replace)
+    assert not folder.exists() and (tmp_path / ".old-checkpoint").is_dir()
+    assert runs.load_trainer_state(folder)["step"] == 1 and (folder / "weights.txt").read_text() == "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint"]
+
+
+def test_stale_staging_folders_are_cleaned_at_the_next_save(tmp_path):
+    from minskill.runs import save_checkpoint
+    (tmp_path / ".tmp-checkpoint-killed").mkdir()            # a save killed while writing
+    (tmp_path / ".tmp-checkpoint-killed" / "weights.txt").write_text("half")
+    (tmp_path / "checkpoint").mkdir()
+    (tmp_path / ".old-checkpoint").mkdir()                   # killed after the swap, before the clean-up
+    save_checkpoint(tmp_path / "checkpoint", Saves("new"), Saves("new"), {"step": 2})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint"]
+    assert (tmp_path / "checkpoint" / "weights.txt").read_text() == "new"

@@ -93,8 +93,8 @@ def test_smoke_run_writes_checkpoint_metrics_and_picture(straight_run):
     logits = editor(torch.tensor([tokenizer.encode("Solve task 1")]))
     assert logits.shape[-1] == editor.config.vocab_size and torch.isfinite(logits).all()
     state = torch.load(out / "checkpoint" / "trainer_state.pt", weights_only=False)
-    assert state["step"] == 4 and len(state["metrics"]) == 4 and "optimizer" in state and "torch_rng" in state
-    assert not (out / ".checkpoint.tmp").exists() and not (out / ".checkpoint.old").exists()
+    assert state["step"] == 4 and len(state["metrics"]) == 4 and "optimizer" in state and "rng" in state
+    assert [p.name for p in out.iterdir() if p.name.startswith(".")] == []   # no staging folder left
 
 
 class GradRecorder:
@@ -260,14 +260,6 @@ def test_help_lists_the_flags(capsys):
     for flag in ("--task-url", "--generations", "--candidates", "--lam", "--beta", "--agg", "--eps-low", "--bf16",
                  "--grad-checkpointing", "--resume", "--eval", "--grpo-editor", "--skillr1-editor"):
         assert flag in text
-
-
-def test_lr_schedule_warms_up_then_decays_by_cosine():
-    factors = [train_grpo.lr_factor(s, 20, 0.1) for s in range(20)]
-    assert factors[:2] == [0.5, 1.0]                                   # 2 warmup steps, linear
-    assert all(a > b for a, b in zip(factors[1:], factors[2:]))        # then strictly decreasing
-    assert factors[2] == pytest.approx(0.5 * (1 + math.cos(math.pi / 19)))
-    assert 0 < factors[-1] < 0.01
 
 
 def test_instance_order_is_a_fresh_permutation_per_pass():
