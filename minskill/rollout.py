@@ -27,7 +27,9 @@ What happens for one task:
 * **Failures never crash a run.** A garbage reply is simply a failed task (reward 0). An HTTP failure, an
   exception in a verifier or an environment ends that task as failed with `.error` set.
 * **Trajectories** are appended to `out_path` as JSONL the moment they finish (append + flush per line),
-  so an interrupted run keeps what it did; `load_trajectories` reads them back.
+  so an interrupted run keeps what it did; `load_trajectories` reads them back (with
+  `read_jsonl`, which reads masa's call cache too); `remove_staging` clears what killed writes left in a
+  run folder.
 
 Rewards (per trajectory i; `summarize` averages them over trajectories, overall and per task type):
 
@@ -55,6 +57,7 @@ import json
 import math
 import os
 import re
+import shutil
 import signal
 import sys
 import tempfile
@@ -107,21 +110,47 @@ def append_jsonl(path, record: dict) -> None:
 
 
 def read_jsonl(path) -> list[tuple[int, Any]]:
-    """(line number, value) of each non-blank line of a JSONL file that runs append to. A torn last line
-    (the run was killed mid-write) is dropped, keeping everything before it; any other bad line is an
-    error naming the file and line."""
-    lines = Path(path).read_text(encoding="utf-8").splitlines()
+    """(line number, value) of each non-blank line of a JSONL file that runs append to (trajectories, the
+    target-call cache). UTF-8, a byte order mark allowed; lines end at LF only (JSON text may hold
+    U+2028, where str.splitlines would cut). A torn last line (the run was killed mid-write, perhaps inside
+    a multi-byte character) is dropped, keeping everything before it; any other line that is not UTF-8 or
+    not JSON is an error naming the file and line."""
+    lines = Path(path).read_bytes().removeprefix(b"\xef\xbb\xbf").split(b"\n")
+    if lines[-1] == b"":
+        lines.pop()  # the newline that ends the last line
     out = []
-    for lineno, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
+    for lineno, raw in enumerate(lines, 1):
         try:
-            out.append((lineno, json.loads(line)))
-        except json.JSONDecodeError as e:
+            line = raw.decode("utf-8")
+            if line.strip():
+                out.append((lineno, json.loads(line)))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
             if lineno == len(lines):
                 break
-            raise ValueError(f"{path}:{lineno}: not a JSON line ({e})") from None
+            what = "not UTF-8" if isinstance(e, UnicodeDecodeError) else "not a JSON line"
+            raise ValueError(f"{path}:{lineno}: {what} ({e})") from None
     return out
+
+
+def remove_staging(folder) -> list[Path]:
+    """Clean up what writes killed mid-way left in a run folder; a script calls it before it writes there
+    again. Each skill set with staging folders beside it is recovered (`skills.recover_saves`: a set caught
+    between its two renames is put back), and `.tmp-*` entries (the staging of sft checkpoints and of
+    atomic file writes, never read) are deleted. Returns the staging entries that were removed."""
+    from minskill.skills import recover_saves
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    before = set(folder.iterdir())
+    recover_saves(folder)
+    for entry in before:
+        if entry.name.startswith(".tmp-"):
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+    after = set(folder.iterdir())
+    return sorted(before - after)
 
 
 def load_trajectories(path) -> list[Trajectory]:
@@ -529,7 +558,7 @@ def format_table(summary: dict) -> str:
 
 
 def _write_text_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".tmp-{path.name}-")  # see remove_staging
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
@@ -623,6 +652,7 @@ def main(argv=None) -> int:
     suite_name = Path(args.suite).stem if args.suite.endswith(".jsonl") else args.suite
     out_dir = Path(args.out or f"runs/eval-{suite_name}-{time.strftime('%Y%m%d-%H%M%S')}")
     out_dir.mkdir(parents=True, exist_ok=True)
+    remove_staging(out_dir)  # what a killed earlier run left half-written
     traj_path = out_dir / "trajectories.jsonl"
     previous: list[Trajectory] = []
     if traj_path.exists() and traj_path.stat().st_size > 0:

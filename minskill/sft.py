@@ -122,28 +122,33 @@ def read_records(paths: Iterable[str | os.PathLike], warn: Callable[[str], None]
                  ) -> tuple[list[dict], list[str]]:
     """Read SFT records from JSONL files. Returns (records, problems).
 
-    Every malformed line (bad JSON, not an object, missing or mistyped field) is reported through
-    `warn` as "path:line: reason" and skipped. Blank lines are ignored. A missing file is an error."""
+    Files are UTF-8 (a byte order mark is allowed); lines end at LF only (JSON text may hold U+2028).
+    Every malformed line (not UTF-8, bad JSON, not an object, missing or mistyped field) is reported
+    through `warn` as "path:line: skipped: reason" and skipped. Blank lines are ignored. A missing file is
+    an error."""
     records, problems = [], []
     for path in paths:
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"SFT data file not found: {path}")
-        with open(path, encoding="utf-8", errors="replace") as f:
-            for line_number, line in enumerate(f, start=1):
+        data = path.read_bytes().removeprefix(b"\xef\xbb\xbf")
+        for line_number, raw in enumerate(data.split(b"\n"), start=1):
+            try:
+                line = raw.decode("utf-8")  # strict: a replaced byte would train on corrupted text
                 if not line.strip():
                     continue
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as e:
-                    reason = f"invalid JSON ({e.msg} at column {e.colno})"
-                else:
-                    reason = check_record(record)
-                if reason is not None:
-                    problems.append(f"{path}:{line_number}: skipped: {reason}")
-                    warn(problems[-1])
-                    continue
-                records.append(record)
+                record = json.loads(line)
+            except UnicodeDecodeError as e:
+                reason = f"not UTF-8 ({e.reason} at byte {e.start + 1} of the line)"
+            except json.JSONDecodeError as e:
+                reason = f"invalid JSON ({e.msg} at column {e.colno})"
+            else:
+                reason = check_record(record)
+            if reason is not None:
+                problems.append(f"{path}:{line_number}: skipped: {reason}")
+                warn(problems[-1])
+                continue
+            records.append(record)
     return records, problems
 
 

@@ -48,8 +48,14 @@ Text written by an LLM is untrusted: names are validated (`validate_name`) or re
 they become paths, sizes are bounded, nothing from it is executed. The YAML reader is a small parser for
 the subset SKILL.md uses (key: value scalars, quoted strings, one nested `metadata` mapping, simple `|`
 and `>` block scalars); anything else raises SkillFormatError naming the file and line. Files are
-written atomically (temp file + os.replace); a skill-set folder is built beside the target and renamed
-into place.
+written atomically (temp file + os.replace); symbolic links are never followed inside a skill set.
+
+Saving a skill-set folder NAME: it is built in a staging folder `.NAME.tmp-*` beside it (SKILLSET.md last);
+then an existing NAME is moved to `.NAME.old-*/set` and the staging folder is renamed to NAME. A process
+killed at any point leaves NAME (old or new) complete, or, between the two renames, NAME missing and the old
+set complete in `.NAME.old-*/set`: `SkillSet.load` then reads that one, and the next save (or
+`recover_save` / `recover_saves`, for a script at its start) moves it back and deletes the staging folders
+(so one process at a time saves a given folder).
 """
 from __future__ import annotations
 
@@ -63,8 +69,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 __all__ = ["Skill", "SkillSet", "Mistake", "SkillFormatError", "SkillParseError", "validate_name",
-           "validate_task_type", "slugify", "parse_skill", "parse_skillset", "approx_tokens",
-           "MAX_NAME_CHARS", "MAX_DESCRIPTION_CHARS", "MAX_BODY_CHARS"]
+           "validate_task_type", "slugify", "parse_skill", "parse_skillset", "approx_tokens", "recover_save",
+           "recover_saves", "MAX_NAME_CHARS", "MAX_DESCRIPTION_CHARS", "MAX_BODY_CHARS"]
 
 MAX_NAME_CHARS = 64
 MAX_DESCRIPTION_CHARS = 1024
@@ -785,7 +791,8 @@ class SkillSet:
     # ---- folders
     @classmethod
     def load(cls, path: str | Path) -> "SkillSet":
-        """A skill-set folder, a single skill folder (-> one general skill), or a MASA .json file."""
+        """A skill-set folder, a single skill folder (-> one general skill), or a MASA .json file. No link
+        inside a skill set is followed: a symbolic link there is an error naming it."""
         path = Path(path)
         if path.is_file():
             text = _read_text(path, MAX_JSON_BYTES if path.suffix.lower() == ".json" else MAX_FILE_BYTES)
@@ -799,9 +806,15 @@ class SkillSet:
                 return cls(general=[Skill.load(path.parent)])
             raise SkillFormatError(f"{path}: expected a skill-set folder, a skill folder or a .json library")
         if not path.is_dir():
-            raise FileNotFoundError(f"skill set not found: {path}")
+            retired = _retired_set(path)
+            if retired is None:
+                raise FileNotFoundError(f"skill set not found: {path}")
+            return cls.load(retired)  # a save was killed between its renames: this is still the set
         if (path / "SKILL.md").is_file():
             return cls(general=[Skill.load(path)])
+        for group in (path / GENERAL_DIR, path / TASK_DIR):  # (per-type folders: below)
+            if group.is_symlink():
+                raise SkillFormatError(f"{group}: symbolic links are not followed")
         markers = [path / SKILLSET_FILE, path / GENERAL_DIR, path / TASK_DIR]
         if not any(m.exists() for m in markers) and any(not p.name.startswith(".") for p in path.iterdir()):
             raise SkillFormatError(f"{path}: not a skill set (no {SKILLSET_FILE}, {GENERAL_DIR}/, "
@@ -813,10 +826,10 @@ class SkillSet:
         types = list(order.task_types) if order else []
         if task_root.is_dir():
             for entry in sorted(task_root.iterdir()):
+                if entry.is_symlink() and not entry.name.startswith("."):  # even one to a file or nowhere
+                    raise SkillFormatError(f"{entry}: symbolic links are not followed")
                 if entry.name.startswith(".") or not entry.is_dir():
                     continue
-                if entry.is_symlink():
-                    raise SkillFormatError(f"{entry}: symbolic links are not followed")
                 validate_task_type(entry.name, str(entry))
                 if entry.name not in types:
                     types.append(entry.name)
@@ -828,10 +841,12 @@ class SkillSet:
         return cls(general, specific, mistakes, extra).validate()
 
     def save(self, path: str | Path) -> Path:
-        """Write the folder tree. Built beside `path`, then renamed into place; an existing folder is
-        replaced only when it is a skill set (holds nothing but SKILLSET.md, general/, task-specific/)."""
+        """Write the folder tree. Built beside `path`, then renamed into place (see the module docstring);
+        what an earlier killed save left is recovered first. An existing folder is replaced only when it
+        is a skill set (holds nothing but SKILLSET.md, general/, task-specific/)."""
         path = Path(path)
         self.validate()
+        recover_save(path)
         if path.exists():
             if not path.is_dir() or path.is_symlink():
                 raise SkillFormatError(f"{path}: exists and is not a folder")
@@ -858,7 +873,11 @@ class SkillSet:
             if path.exists():
                 retired = Path(tempfile.mkdtemp(prefix=f".{path.name}.old-", dir=path.parent))
                 os.replace(path, retired / "set")
-                os.replace(staging, path)
+                try:
+                    os.replace(staging, path)
+                except BaseException:
+                    os.replace(retired / "set", path)
+                    raise
                 shutil.rmtree(retired, ignore_errors=True)
             else:
                 os.replace(staging, path)
@@ -1023,6 +1042,50 @@ def _load_group(folder: Path, order: list[str]) -> list[Skill]:
         raise SkillFormatError(f"{folder}: {SKILLSET_FILE} lists skill(s) {missing} with no folder here")
     names = list(dict.fromkeys(order)) + [n for n in found if n not in order]
     return [Skill.load(found[name]) for name in names]
+
+
+# mkdtemp names: the prefix, then 8 characters of [a-z0-9_]
+_STAGING = re.compile(r"\.(?P<name>.+)\.(?P<kind>tmp|old)-[a-z0-9_]{8}")
+
+
+def _staging_folders(path: Path) -> dict[str, list[Path]]:
+    """The folders SkillSet.save(path) stages in: {"tmp": [new sets being built], "old": [retired sets]}."""
+    found: dict[str, list[Path]] = {"tmp": [], "old": []}
+    if path.parent.is_dir():
+        for entry in path.parent.iterdir():
+            match = _STAGING.fullmatch(entry.name)
+            if match and match["name"] == path.name and entry.is_dir() and not entry.is_symlink():
+                found[match["kind"]].append(entry)
+    return found
+
+
+def _retired_set(path: Path) -> Path | None:
+    """The set a killed save moved aside and had not yet replaced (`path` is missing), or None."""
+    if os.path.lexists(path):
+        return None
+    sets = [old / "set" for old in _staging_folders(path)["old"] if (old / "set").is_dir()]
+    return max(sets, key=lambda s: s.parent.stat().st_mtime_ns, default=None)  # the latest one moved
+
+
+def recover_save(path: str | Path) -> None:
+    """Undo what a killed `SkillSet.save(path)` left: put the retired set back when `path` is missing,
+    then delete the staging folders. Every save calls it first; a script may call it at its start."""
+    path = Path(path)
+    retired = _retired_set(path)
+    if retired is not None:
+        os.replace(retired, path)
+    for folders in _staging_folders(path).values():
+        for folder in folders:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def recover_saves(folder: str | Path) -> None:
+    """recover_save for every skill set that has staging folders in `folder` (a run folder, at start)."""
+    folder = Path(folder)
+    for entry in sorted(folder.iterdir()) if folder.is_dir() else []:
+        match = _STAGING.fullmatch(entry.name)
+        if match and entry.is_dir():
+            recover_save(folder / match["name"])
 
 
 # --------------------------------------------------------------------------- parsing LLM replies

@@ -166,6 +166,64 @@ def test_jsonl_append_and_reload(serve, tmp_path):
         load_trajectories(path)
 
 
+def _one_traj(task_id, reply="The answer is 3."):
+    return Trajectory(task_id=task_id, task_type="qa", messages=[{"role": "assistant", "content": reply}],
+                      reply=reply)
+
+
+@pytest.mark.parametrize("lines", [1, 2])
+def test_read_jsonl_accepts_a_byte_order_mark(tmp_path, lines):
+    path = tmp_path / "traj.jsonl"
+    records = [_one_traj(f"t{i}").to_json() for i in range(lines)]
+    path.write_bytes(b"\xef\xbb\xbf" + "".join(json.dumps(r) + "\r\n" for r in records).encode())
+    assert [r for _, r in rollout.read_jsonl(path)] == records
+    assert [t.task_id for t in load_trajectories(path)] == [f"t{i}" for i in range(lines)]
+
+
+def test_read_jsonl_reports_invalid_utf8_with_file_and_line(tmp_path):
+    path = tmp_path / "traj.jsonl"
+    good = json.dumps(_one_traj("t0").to_json()).encode()
+    path.write_bytes(good + b"\n" + good.replace(b"t0", b"t\xff") + b"\n" + good + b"\n")
+    with pytest.raises(ValueError, match=r"traj.jsonl:2: not UTF-8"):
+        rollout.read_jsonl(path)
+    # a run killed mid-write may cut the last line inside a multi-byte character: dropped like any torn line
+    path.write_bytes(good + b"\n" + '{"task_id": "caf\u00e9'.encode()[:-1])
+    assert [r["task_id"] for _, r in rollout.read_jsonl(path)] == ["t0"]
+
+
+def test_read_jsonl_keeps_line_separators_inside_json_strings(tmp_path):
+    """ensure_ascii=False writes U+2028/U+2029/U+0085 raw; only "\\n" ends a JSONL line."""
+    path = tmp_path / "traj.jsonl"
+    trajs = [_one_traj("t0", "one\u2028two\u2029three\x85four\x1cfive"), _one_traj("t1")]
+    for t in trajs:
+        rollout.append_jsonl(path, t.to_json())
+    assert load_trajectories(path) == trajs
+
+
+def test_remove_staging_cleans_what_killed_writes_left(tmp_path):
+    from minskill.skills import Skill, SkillSet
+    out = tmp_path / "run"
+    (out / "checkpoint-5").mkdir(parents=True)
+    (out / "checkpoint-5" / "model.safetensors").write_text("kept")
+    (out / ".tmp-checkpoint-10-k3j_x9a2").mkdir()           # sft.save_checkpoint killed mid-write
+    (out / ".tmp-checkpoint-10-k3j_x9a2" / "model.safetensors").write_text("partial")
+    (out / ".tmp-metrics.jsonl-ab12cd34").write_text("partial")   # an atomic file write killed
+    (out / "metrics.jsonl").write_text("{}\n")
+    skills = SkillSet(general=[Skill(name="a", description="d")])
+    skills.save(out / "library")
+    # a skill-set save killed between its renames: library/ is missing, the old set is in .library.old-*
+    retired = out / ".library.old-zz11yy22"
+    retired.mkdir()
+    (out / "library").rename(retired / "set")
+    (out / ".library.tmp-qq33rr44").mkdir()
+    removed = rollout.remove_staging(out)
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint-5", "library", "metrics.jsonl"]
+    assert sorted(p.name for p in removed) == [".library.old-zz11yy22", ".library.tmp-qq33rr44",
+                                               ".tmp-checkpoint-10-k3j_x9a2", ".tmp-metrics.jsonl-ab12cd34"]
+    assert SkillSet.load(out / "library").to_json() == skills.to_json()
+    assert rollout.remove_staging(out) == [] and rollout.remove_staging(tmp_path / "absent") == []
+
+
 # ---------------------------------------------------------------------------------------- summaries
 
 def traj(task_type, success, steps, nh, error=None):

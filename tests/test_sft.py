@@ -52,6 +52,24 @@ def test_malformed_jsonl_lines_are_reported_with_line_numbers_and_skipped(tmp_pa
         sft.read_records([tmp_path / "absent.jsonl"])
 
 
+def test_a_byte_order_mark_keeps_the_first_record(tmp_path):
+    records = [record("alpha", "Carry the one."), record("beta", "Borrow ten.")]
+    path = tmp_path / "data.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + "".join(json.dumps(r) + "\r\n" for r in records).encode())
+    assert sft.read_records([path], warn=pytest.fail) == (records, [])
+
+
+def test_invalid_utf8_is_reported_with_file_and_line_not_replaced(tmp_path):
+    good = json.dumps(record("alpha", "Carry the one.")).encode()
+    path = tmp_path / "data.jsonl"
+    path.write_bytes(good + b"\n" + good.replace(b"Carry", b"C\xe4rry") + b"\n" + good + b"\n")
+    warnings = []
+    records, problems = sft.read_records([path], warn=warnings.append)
+    assert records == [record("alpha", "Carry the one.")] * 2
+    assert problems == warnings and len(problems) == 1
+    assert problems[0].startswith(f"{path}:2: skipped: not UTF-8")
+
+
 @pytest.mark.parametrize("chat_format", ["chatml", "llama3"])
 def test_loss_mask_covers_exactly_the_target_tokens(tmp_path, chat_format):
     tok = Tokenizer.from_pretrained(make_tiny_tokenizer_dir(tmp_path / chat_format, chat_format))

@@ -3,6 +3,7 @@ violations are rejected with messages naming file and line, untrusted names neve
 rendering respects the token budget, and LLM replies are parsed leniently (or rejected, quoted)."""
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -462,3 +463,113 @@ def test_written_front_matter_means_the_same_to_a_real_yaml_reader():
         front = skill.to_skill_md().split("---\n")[1]
         expected = {"name": skill.name, "description": text, "metadata": {"title": text, "n": "42"}}
         assert yaml.safe_load(front) == expected
+
+
+# --------------------------------------------------------------------------- links and interrupted saves
+
+@pytest.mark.parametrize("link", ["general", "task-specific", "task-specific/counting", "task-specific/dangling",
+                                  "general-dangling"])
+def test_symlinked_group_folders_are_refused(tmp_path, link):
+    """general/, task-specific/ and each per-type folder are folders of the set, never links out of it."""
+    outside = SkillSet(general=[_skill("outside")], task_specific={"counting": [_skill("outside")]})
+    outside.save(tmp_path / "outside")
+    folder = SkillSet(general=[_skill("ok")], task_specific={"counting": [_skill("ok")]}).save(tmp_path / "set")
+    target = folder / link.replace("-dangling", "")
+    if target.exists():
+        shutil.rmtree(target)
+    os.symlink(tmp_path / "outside" / ("nowhere" if "dangling" in link else link), target)
+    with pytest.raises(SkillFormatError, match=f"{target}: symbolic links are not followed"):
+        SkillSet.load(folder)
+
+
+class Killed(BaseException):
+    """The process dies here: nothing after it (no `finally`, no `except`) touches the disk."""
+
+
+def _save_killed_after(skills, path, n) -> bool:
+    """Run skills.save(path), dying before its (n+1)-th disk change; True if it died."""
+    calls = [0]
+
+    def mortal(real):
+        def call(*args, **kwargs):
+            calls[0] += 1
+            if calls[0] > n:
+                raise Killed
+            return real(*args, **kwargs)
+        return call
+
+    with pytest.MonkeyPatch.context() as patch:
+        for name in ("replace", "rename", "mkdir", "rmdir", "unlink", "open"):
+            patch.setattr(os, name, mortal(getattr(os, name)))
+        try:
+            skills.save(path)
+        except Killed:
+            return True
+    return False
+
+
+def _staging_left(parent):
+    return sorted(p.name for p in parent.iterdir() if p.name.startswith("."))
+
+
+@pytest.mark.parametrize("had_old", [True, False])
+def test_a_save_killed_at_any_point_leaves_the_old_or_the_new_set(tmp_path, had_old):
+    old = SkillSet(general=[_skill("old-one"), _skill("old-two")], task_specific={"counting": [_skill("c")]},
+                   common_mistakes=["old mistake"])
+    new = SkillSet(general=[_skill("new-one")], task_specific={"lookup": [_skill("l")]}, common_mistakes=["new"])
+    newer = SkillSet(general=[_skill("newer")])
+    allowed = [new.to_json()] + ([old.to_json()] if had_old else [])
+    n, missing_seen = 0, False
+    while True:
+        parent = tmp_path / str(n)
+        parent.mkdir()
+        if had_old:
+            old.save(parent / "lib")
+        if not _save_killed_after(new, parent / "lib", n):
+            break                                     # n is past the last disk change: the save completed
+        n += 1
+        missing_seen |= not (parent / "lib").exists()
+        # the next load finds one set complete, whatever was on disk when the process died
+        try:
+            assert SkillSet.load(parent / "lib").to_json() in allowed
+        except FileNotFoundError:
+            assert not had_old                        # nothing had been saved there yet
+        # the next save recovers, replaces, and leaves no staging behind
+        newer.save(parent / "lib")
+        assert SkillSet.load(parent / "lib").to_json() == newer.to_json()
+        assert _staging_left(parent) == []
+    assert n > 5 and (missing_seen or not had_old)    # some kill did hit between the two renames
+
+
+def test_a_save_killed_while_recovering_still_leaves_a_complete_set(tmp_path):
+    """Kill a save between its renames (the target is missing), then kill the next save at every point."""
+    old, new, newer = (SkillSet(general=[_skill(name)]) for name in ("old", "new", "newer"))
+    m = 0
+    while True:
+        parent = tmp_path / str(m)
+        parent.mkdir()
+        old.save(parent / "lib")
+        n = 0
+        while _save_killed_after(new, parent / "lib", n) and (parent / "lib").exists():
+            shutil.rmtree(parent)
+            parent.mkdir()
+            old.save(parent / "lib")
+            n += 1
+        assert not (parent / "lib").exists()          # died between the two renames
+        if not _save_killed_after(newer, parent / "lib", m):
+            break
+        m += 1
+        assert SkillSet.load(parent / "lib").to_json() in (old.to_json(), newer.to_json())
+        newer.save(parent / "lib")
+        assert _staging_left(parent) == [] and SkillSet.load(parent / "lib").to_json() == newer.to_json()
+    assert m > 3
+
+
+def test_recover_save_cleans_staging_and_leaves_other_entries(tmp_path):
+    from minskill.skills import recover_save
+    SkillSet(general=[_skill("a")]).save(tmp_path / "lib")
+    for name in (".lib.tmp-abcd1234", ".lib.old-abcd1234", ".other.tmp-abcd1234", ".lib.tmp-keep"):
+        (tmp_path / name).mkdir()
+    recover_save(tmp_path / "lib")
+    assert _staging_left(tmp_path) == [".lib.tmp-keep", ".other.tmp-abcd1234"]
+    assert SkillSet.load(tmp_path / "lib").general[0].name == "a"

@@ -167,6 +167,64 @@ def test_jsonl_missing_file(tmp_path):
         load_suite(str(tmp_path / "none.jsonl"))
 
 
+def test_jsonl_with_a_byte_order_mark_loads_every_task(tmp_path):
+    rows = [{"question": "2+2?", "answer": "4", "id": "a"}, {"question": "3+3?", "answer": "6", "id": "b"}]
+    plain = _write_jsonl(tmp_path / "plain.jsonl", rows)
+    bom = tmp_path / "bom.jsonl"
+    bom.write_bytes(b"\xef\xbb\xbf" + plain.read_bytes().replace(b"\n", b"\r\n"))  # as Windows editors save
+    assert [(t.id, t.question, t.answer) for t in load_suite("qa", "all", path=bom)] == \
+           [(t.id, t.question, t.answer) for t in load_suite("qa", "all", path=plain)]
+
+
+def test_jsonl_invalid_utf8_names_file_and_line(tmp_path):
+    path = tmp_path / "tasks.jsonl"
+    path.write_bytes(b'{"question": "ok?", "answer": "yes"}\n{"question": "caf\xe9?", "answer": "x"}\n')
+    with pytest.raises(ValueError, match=r"tasks.jsonl:2: not UTF-8"):
+        load_suite("qa", "all", path=path)
+
+
+@pytest.mark.parametrize("text", ["", "\n\n  \n", "\ufeff\n"])
+def test_an_empty_task_file_is_an_error(tmp_path, text):
+    path = tmp_path / "tasks.jsonl"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(ValueError, match=f"{path}: no tasks"):
+        load_suite(str(path))
+
+
+@pytest.mark.parametrize("row, shown", [
+    ({"question": "q", "answer": "a", "type": "../../etc"}, "'../../etc'"),
+    ({"question": "q", "answer": "a", "type": "two words"}, "'two words'"),
+    ({"question": "q", "answer": "a", "type": ".hidden"}, "'.hidden'"),
+    ({"question": "q", "answer": "a", "type": "x" * 65}, "'xxx"),
+    ({"Question": "q", "Final answer": "a", "Level": "1/2"}, "'level1/2'"),
+])
+def test_a_task_type_that_is_no_safe_folder_name_is_refused_at_load(tmp_path, row, shown):
+    """Task types name the folders of task-specific skills: a bad one is refused before any model call."""
+    path = _write_jsonl(tmp_path / "tasks.jsonl", [{"question": "ok?", "answer": "yes"}, row])
+    with pytest.raises(ValueError, match=rf"tasks.jsonl:2: task type {re.escape(shown)}"):
+        load_suite("qa", "all", path=path)
+
+
+def test_the_task_type_rule_is_the_skill_folder_rule():
+    """tasks/ keeps its own copy of skills.validate_task_type (each can be copied alone): they agree."""
+    from minskill.skills import SkillFormatError, validate_task_type
+    from minskill.tasks.base import check_task_type
+    candidates = ["qa", "level1", "Math_Algebra", "a.b-c", "x" * 64, "x" * 65, "", ".x", "-x", "_x", "a..b",
+                  "a/b", "a\\b", "a b", "é", "a\n", "..", "1", "level1/2", None, 3]
+    for candidate in candidates:
+        try:
+            validate_task_type(candidate)
+            skills_ok = True
+        except SkillFormatError:
+            skills_ok = False
+        try:
+            check_task_type(candidate, "here")
+            tasks_ok = True
+        except ValueError:
+            tasks_ok = False
+        assert tasks_ok == skills_ok, candidate
+
+
 # --------------------------------------------------------------------------- environments
 
 def _run(task, actions):

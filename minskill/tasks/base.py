@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+import re
 from dataclasses import asdict, dataclass, field
 
 from .verifiers import verify
@@ -36,6 +37,19 @@ def split_of(key: str) -> str:
 def task_id(prefix: str, key: str) -> str:
     """A short id that depends only on the problem, so the same task has the same id in every run."""
     return f"{prefix}-{stable_hash('id:' + key):012x}"
+
+
+_TASK_TYPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
+def check_task_type(task_type, where: str) -> str:
+    """A task type becomes the folder name of its task-specific skills, so it follows skills.py's rule
+    (kept here too, so that tasks/ can be copied alone): 1-64 of A-Z a-z 0-9 _ . -, starting with a letter
+    or digit, no '..'. Raises ValueError naming `where`."""
+    if not isinstance(task_type, str) or not _TASK_TYPE.fullmatch(task_type) or ".." in task_type:
+        raise ValueError(f"{where}: task type {task_type!r} cannot name a skill folder (use 1-64 characters "
+                         f"of A-Z, a-z, 0-9, '_', '.', '-', starting with a letter or digit, no '..')")
+    return task_type
 
 
 def check_split(split: str) -> str:

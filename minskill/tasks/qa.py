@@ -22,15 +22,18 @@ conversion (225) are small spaces, so `n` per type is capped by what the split h
 
 JSONL. One JSON object a line, either GAIA's format {"task_id", "Question", "Final answer", "Level"}
 (scored by `gaia_match`, type "level<Level>") or {"question", "answer", "type"?, "id"?, "verifier"?,
-"split"?}. Lines without an explicit split are assigned by a stable hash of their id. A malformed line
-raises ValueError naming the file and line number.
+"split"?}. Lines without an explicit split are assigned by a stable hash of their id. The file is UTF-8
+(a byte order mark is allowed). A malformed line (bad UTF-8 or JSON, missing fields, a type that cannot
+name a skill folder: see base.check_task_type) raises ValueError naming the file and line number, and a
+file holding no task raises ValueError naming the file.
 """
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from .base import Task, check_split, counts_per_type, interleave, rng_for, split_of, stable_hash, task_id
+from .base import (Task, check_split, check_task_type, counts_per_type, interleave, rng_for, split_of, stable_hash,
+                   task_id)
 from .verifiers import VERIFIERS
 
 TASK_TYPES = ("counting", "lookup", "arithmetic", "conversion")
@@ -181,34 +184,50 @@ def _generate_type(task_type: str, split: str, seed: int, count: int) -> list[Ta
 # --------------------------------------------------------------------------- JSONL
 
 def load_jsonl(path: str | Path, split: str = "all", seed: int = 0, n: int | None = None) -> list[Task]:
-    """Tasks from a JSONL file in GAIA's or the plain {question, answer, type} format."""
+    """Tasks from a JSONL file in GAIA's or the plain {question, answer, type} format (see the module
+    docstring for what is an error)."""
     check_split(split)
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"task file not found: {path}")
     tasks: list[Task] = []
     seen_ids: set[str] = set()
-    with path.open("r", encoding="utf-8") as handle:
-        for line_number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{line_number}"
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise ValueError(f"{where}: not valid JSON ({error.msg} at column {error.colno})") from None
-            task = _task_from_record(record, where)
-            if task.id in seen_ids:
-                raise ValueError(f"{where}: duplicate task id {task.id!r}")
-            seen_ids.add(task.id)
-            task.metadata.update({"suite": str(path), "line": line_number})
-            task_split = task.metadata.get("split") or split_of(task.id)
-            task.metadata["split"] = task_split
-            if split == "all" or task_split == split:
-                tasks.append(task)
+    for line_number, line in _lines(path):
+        where = f"{path}:{line_number}"
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{where}: not valid JSON ({error.msg} at column {error.colno})") from None
+        task = _task_from_record(record, where)
+        check_task_type(task.type, where)  # now, not after a whole search when its skills are saved
+        if task.id in seen_ids:
+            raise ValueError(f"{where}: duplicate task id {task.id!r}")
+        seen_ids.add(task.id)
+        task.metadata.update({"suite": str(path), "line": line_number})
+        task_split = task.metadata.get("split") or split_of(task.id)
+        task.metadata["split"] = task_split
+        if split == "all" or task_split == split:
+            tasks.append(task)
+    if not seen_ids:
+        raise ValueError(f"{path}: no tasks (the file is empty)")
     if seed:
         rng_for("jsonl", split, seed).shuffle(tasks)
     return tasks if n is None else tasks[:n]
+
+
+def _lines(path: Path):
+    """(number, text) of each non-blank line. Lines end at LF only (JSON text may hold U+2028, where
+    str.splitlines would cut); a UTF-8 byte order mark is dropped; bytes that are not UTF-8 are an error
+    naming the line."""
+    data = path.read_bytes().removeprefix(b"\xef\xbb\xbf")
+    for number, raw in enumerate(data.split(b"\n"), start=1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise ValueError(f"{path}:{number}: not UTF-8 text ({error.reason} at byte {error.start + 1} "
+                             f"of the line)") from None
+        if line.strip():
+            yield number, line
 
 
 def _text_field(record: dict, key: str, where: str, required: bool = True) -> str | None:

@@ -1,0 +1,40 @@
+"""A suite file is checked whole when it loads: a task type that cannot name a skill folder stops
+evolve_masa.py with FILE:LINE before any model call is spent (it used to run the whole search, then crash
+when the task-specific skills were saved)."""
+import json
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import evolve_masa  # noqa: E402
+from minskill.server import ScriptedBackend, start_server  # noqa: E402
+from minskill.skills import SkillSet  # noqa: E402
+
+
+def test_evolve_masa_refuses_a_bad_task_type_before_any_model_call(tmp_path):
+    calls, lock = [], threading.Lock()
+
+    def model(messages, request):
+        with lock:
+            calls.append(messages)
+        return "Answer: 1"
+
+    suite = tmp_path / "suite.jsonl"
+    suite.write_text(json.dumps({"question": "What is 1 + 1?", "answer": "2", "type": "sum"}) + "\n"
+                     + json.dumps({"question": "What is 2 + 2?", "answer": "4", "type": "sums/../../up"}) + "\n")
+    SkillSet().save_json(tmp_path / "base.json")
+    server = start_server(ScriptedBackend(model, name="m"))
+    try:
+        with pytest.raises(ValueError, match=rf"{suite}:2: task type 'sums/../../up'"):
+            evolve_masa.main(["--suite", str(suite), "--base-skills", str(tmp_path / "base.json"),
+                              "--target-url", server.url, "--target-model", "m",
+                              "--teacher-url", server.url, "--teacher-model", "m", "--n-train", "1",
+                              "--n-prelim", "0", "--n-heldout", "0", "--iterations", "1", "--tree-iterations", "1",
+                              "--episodes", "1", "--max-calls", "20", "--out", str(tmp_path / "out")])
+    finally:
+        server.close()
+    assert calls == [] and not (tmp_path / "out").exists()
