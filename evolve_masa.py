@@ -255,7 +255,10 @@ def main(argv=None) -> int:
                         max_children=args.max_children, seed=args.seed, teacher_retries=args.teacher_retries,
                         teacher_temperature=args.teacher_temperature, teacher_max_tokens=args.teacher_max_tokens,
                         target_max_tokens=args.max_tokens)
-    prelim, tasks, heldout = load_tasks(args)
+    try:
+        prelim, tasks, heldout = load_tasks(args)
+    except (ValueError, FileNotFoundError) as e:   # a bad suite file: refused before any model call
+        parser.error(str(e))
     base_skills = load_base_skills(args)
     out = open_run_folder(out, args.resume, args.overwrite, "evolve_masa.py", keep=("target_cache.jsonl",))
     suite_name = Path(args.suite).stem

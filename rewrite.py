@@ -25,23 +25,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from minskill.runs import check_run_folder, open_run_folder
+from minskill.runs import check_run_folder, open_run_folder, write_text_atomic
 
 # ----------------------------------------------------------------------------------------------- helpers
-
-
-def _write_text_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".tmp-{path.name}-")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
 
 
 def _default_device() -> str:
@@ -216,7 +207,7 @@ def cmd_train(args) -> int:
           f"{len(problems)} malformed lines skipped, {too_long} longer than {cfg.max_length} tokens skipped, "
           f"{truncated} truncated -> {len(train)} train / {len(val)} validation examples", flush=True)
     out = open_run_folder(args.out, bool(args.resume), args.overwrite, "rewrite.py train")
-    _write_text_atomic(out / "run_config.json", json.dumps(
+    write_text_atomic(out / "run_config.json", json.dumps(
         {"command": "python rewrite.py " + " ".join(args.argv), "data": args.data, "val_file": args.val_file,
          "base_model": args.base_model, "config": vars(cfg) | {"adam_betas": list(cfg.adam_betas)},
          "data_counts": {"records": len(records), "malformed_lines": len(problems), "too_long_skipped": too_long,
@@ -272,7 +263,7 @@ def cmd_apply(args) -> int:
     try:
         rewritten = save_skills_validated(parse_rewriter_output(text, finish_reason), out)
     except ValueError as e:
-        _write_text_atomic(raw_path, text)
+        write_text_atomic(raw_path, text)
         print(f"rewrite.py apply: the rewriter's output does not parse as a skill set: {e}\n"
               f"  raw output saved to {raw_path}; nothing was written to {out}", file=sys.stderr)
         if not args.compare:
@@ -313,7 +304,7 @@ def compare(args, card: dict, skills, rewritten) -> int:
         if teacher is not None:
             save_skills_validated(teacher, report_dir / "teacher_oneshot")
         else:
-            _write_text_atomic(report_dir / "teacher_oneshot.raw.txt", teacher_raw)
+            write_text_atomic(report_dir / "teacher_oneshot.raw.txt", teacher_raw)
             log(f"teacher one-shot rewrite: no parseable reply in {args.teacher_attempts} attempts "
                 f"(last reply saved to {report_dir / 'teacher_oneshot.raw.txt'})")
         rows, results = [], {}
@@ -329,7 +320,7 @@ def compare(args, card: dict, skills, rewritten) -> int:
             rows.append((name, summary, ""))
             results[name] = summary
     table = _table(rows)
-    _write_text_atomic(report_dir / "compare.json", json.dumps(
+    write_text_atomic(report_dir / "compare.json", json.dumps(
         {"suite": args.suite, "split": args.split, "n_tasks": len(tasks), "task_url": args.task_url,
          "task_model": args.task_model or (None if args.task_url else args.model_spec),
          "rewriter": args.rewriter, "task": args.task, "results": results, "table": table}, indent=2) + "\n")

@@ -255,7 +255,10 @@ def seed_skill_for(skillset, task_type: str) -> str:
 
 def load_tasks(args, split: str):
     from minskill.tasks import load_suite
-    return load_suite(args.suite, split=split, seed=args.seed, n=args.n_tasks)
+    try:
+        return load_suite(args.suite, split=split, seed=args.seed, n=args.n_tasks)
+    except (ValueError, FileNotFoundError) as e:   # a bad suite file: refused before any model call
+        sys.exit(f"train_grpo.py: --suite {args.suite}: {e}")
 
 
 def all_zero_note(tasks, training: bool = True) -> str:

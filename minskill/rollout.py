@@ -28,7 +28,7 @@ What happens for one task:
   exception in a verifier or an environment ends that task as failed with `.error` set.
 * **Trajectories** are appended to `out_path` as JSONL the moment they finish (append + flush per line),
   so an interrupted run keeps what it did; `load_trajectories` reads them back (with
-  `read_jsonl`, which reads masa's call cache too); `remove_staging` clears what killed writes left in a
+  `read_jsonl`, which reads masa's call cache too); `runs.clean_staging` clears what killed writes left in a
   run folder.
 
 Rewards (per trajectory i; `summarize` averages them over trajectories, overall and per task type):
@@ -67,6 +67,8 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, Iterable
+
+from minskill.runs import clean_staging
 
 NOTHING_HAPPENS = "Nothing happens."  # the observation of an action that changed nothing (ALFWorld's wording)
 
@@ -130,27 +132,6 @@ def read_jsonl(path) -> list[tuple[int, Any]]:
             what = "not UTF-8" if isinstance(e, UnicodeDecodeError) else "not a JSON line"
             raise ValueError(f"{path}:{lineno}: {what} ({e})") from None
     return out
-
-
-def remove_staging(folder) -> list[Path]:
-    """Clean up what writes killed mid-way left in a run folder; a script calls it before it writes there
-    again. Each skill set with staging folders beside it is recovered (`skills.recover_saves`: a set caught
-    between its two renames is put back), and `.tmp-*` entries (the staging of sft checkpoints and of
-    atomic file writes, never read) are deleted. Returns the staging entries that were removed."""
-    from minskill.skills import recover_saves
-    folder = Path(folder)
-    if not folder.is_dir():
-        return []
-    before = set(folder.iterdir())
-    recover_saves(folder)
-    for entry in before:
-        if entry.name.startswith(".tmp-"):
-            if entry.is_dir() and not entry.is_symlink():
-                shutil.rmtree(entry, ignore_errors=True)
-            else:
-                entry.unlink(missing_ok=True)
-    after = set(folder.iterdir())
-    return sorted(before - after)
 
 
 def load_trajectories(path) -> list[Trajectory]:
@@ -558,7 +539,7 @@ def format_table(summary: dict) -> str:
 
 
 def _write_text_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".tmp-{path.name}-")  # see remove_staging
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".tmp-{path.name}-")  # see runs.clean_staging
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
@@ -582,7 +563,7 @@ def load_skills(spec: str | None, suite: str):
         if callable(base):
             return base(suite)
         folder = Path(tasks_pkg.__file__).parent / "base_skills"
-        for candidate in (folder / suite, folder / f"{suite}.json", folder):
+        for candidate in (folder / suite, folder / f"{suite}.json"):
             if candidate.exists():
                 from minskill.skills import SkillSet
                 return SkillSet.load(candidate)
@@ -652,7 +633,7 @@ def main(argv=None) -> int:
     suite_name = Path(args.suite).stem if args.suite.endswith(".jsonl") else args.suite
     out_dir = Path(args.out or f"runs/eval-{suite_name}-{time.strftime('%Y%m%d-%H%M%S')}")
     out_dir.mkdir(parents=True, exist_ok=True)
-    remove_staging(out_dir)  # what a killed earlier run left half-written
+    clean_staging(out_dir)  # what a killed earlier run left half-written
     traj_path = out_dir / "trajectories.jsonl"
     previous: list[Trajectory] = []
     if traj_path.exists() and traj_path.stat().st_size > 0:

@@ -10,8 +10,9 @@ must not silently replace them, so every script that writes one follows one rule
     --out holds anything, neither  refuse, naming the folder and both flags; nothing is written
 
 `check_run_folder` applies the rule without touching the disk, so a script can refuse before it loads
-a model; `open_run_folder` applies it again and then clears (with --overwrite) and creates the folder,
-so a script calls it at the moment it writes its first file. Both raise `RunFolderError`, a
+a model; `open_run_folder` applies it again, then clears (with --overwrite) and creates the folder, then
+`clean_staging` undoes what a killed earlier run left half-written; a script calls it at the moment it
+writes its first file. Both raise `RunFolderError`, a
 `SystemExit` whose message is the refusal, so a script's `main` needs no handler of its own.
 
 What a run folder holds is written here too, once for both trainers and all three scripts:
@@ -45,6 +46,8 @@ import tempfile
 from pathlib import Path
 
 import torch
+
+from minskill.skills import recover_saves
 
 TRAINER_STATE = "trainer_state.pt"
 
@@ -97,7 +100,30 @@ def open_run_folder(out: str | Path, resume: bool, overwrite: bool, script: str,
             else:
                 entry.unlink()
     out.mkdir(parents=True, exist_ok=True)
+    clean_staging(out)
     return out
+
+
+def clean_staging(folder: str | Path) -> list[Path]:
+    """Undo what writes killed mid-way left in `folder`, before anything writes there again:
+    a checkpoint caught between its renames is put back (`recover_checkpoint`), so is a skill set
+    (`skills.recover_saves`), and `.tmp-*` entries (staging of checkpoints and atomic writes, never read)
+    are deleted. Returns the entries that were removed or moved."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    before = set(folder.iterdir())
+    for old in sorted(before):
+        if old.name.startswith(".old-") and old.is_dir():
+            recover_checkpoint(folder / old.name[len(".old-"):])
+    recover_saves(folder)
+    for entry in before:
+        if entry.name.startswith(".tmp-") and entry.exists():
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+    return sorted(before - set(folder.iterdir()))
 
 
 # ---------------------------------------------------------------------------------------- atomic writes
@@ -190,7 +216,7 @@ def load_trainer_state(folder: str | Path, restore_rng: bool = True) -> dict:
     path = folder / TRAINER_STATE
     if not path.is_file():
         raise FileNotFoundError(f"{folder} is not a training checkpoint (no {TRAINER_STATE})")
-    state = torch.load(path, weights_only=False)
+    state = torch.load(path, map_location="cpu", weights_only=True)
     if restore_rng and "rng" in state:
         set_rng_state(state["rng"])
     return state

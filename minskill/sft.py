@@ -34,24 +34,25 @@ never attends to a later pad, and the positions of real tokens are 0..L−1 as w
 attention mask is needed and the loss mask alone removes the pads.
 
 Checkpoints are HF folders (config.json, model.safetensors, tokenizer files) plus trainer_state.pt
-(optimizer moments, step, schedule, RNG states), written to a temp folder and renamed into place.
+(optimizer moments, step, schedule, RNG states), written by minskill.runs.save_checkpoint (staged, then
+renamed into place; a kill leaves the old checkpoint or the new one). The schedule is
+minskill.runs.lr_factor, shared with the Skill-R1 trainer.
 The data order of epoch e is a permutation seeded by (seed, e), so a resumed run replays the same
 batches and continues exactly where the interrupted one stopped.
 
 Bad data never crashes a run: malformed JSONL lines are reported as `file:line: reason` and skipped;
 records longer than max_length are skipped (or truncated, keeping the head) and counted.
 
-This module imports only minskill.model and minskill.tokenizer, so it can be copied with them.
+This module imports minskill.model, minskill.tokenizer, minskill.plot and minskill.runs (checkpoints,
+atomic writes, the schedule).
 """
 from __future__ import annotations
 
-import html
 import json
 import math
 import os
 import random
 import shutil
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -62,6 +63,9 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from minskill.model import Transformer
+from minskill.plot import write_svg_plot
+from minskill.runs import (TRAINER_STATE, load_trainer_state, lr_factor, recover_checkpoint, save_checkpoint,
+                           set_rng_state, write_jsonl_atomic)
 from minskill.tokenizer import Tokenizer
 
 REWRITER_SYSTEM_PROMPT = (
@@ -219,12 +223,10 @@ def encode_records(tokenizer: Tokenizer, records: list[dict], max_length: int = 
 def collate(examples: list[Example], pad_id: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
     """Right-pad a batch. Returns input_ids (B, T) and loss_mask (B, T): True exactly at target tokens."""
     width = max(len(e.input_ids) for e in examples)
-    input_ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
-    loss_mask = torch.zeros((len(examples), width), dtype=torch.bool)
-    for row, e in enumerate(examples):
-        input_ids[row, :len(e.input_ids)] = torch.tensor(e.input_ids, dtype=torch.long)
-        loss_mask[row, e.num_prompt_tokens:len(e.input_ids)] = True
-    return input_ids.to(device), loss_mask.to(device)
+    input_ids = [e.input_ids + [pad_id] * (width - len(e.input_ids)) for e in examples]
+    loss_mask = [[e.num_prompt_tokens <= t < len(e.input_ids) for t in range(width)] for e in examples]
+    return (torch.tensor(input_ids, dtype=torch.long, device=device),
+            torch.tensor(loss_mask, dtype=torch.bool, device=device))
 
 
 # ----------------------------------------------------------------------------- the loss
@@ -255,17 +257,6 @@ def target_nll(model: Transformer, input_ids: torch.Tensor, loss_mask: torch.Ten
 
 
 # ----------------------------------------------------------------------------- schedule and config
-
-def lr_at(step: int, total_steps: int, peak_lr: float, warmup_ratio: float = 0.1,
-          min_lr_ratio: float = 0.0) -> float:
-    """Learning rate of optimizer step `step` (0-based): linear warmup, then cosine decay to min_lr_ratio·lr."""
-    warmup = math.ceil(warmup_ratio * total_steps)
-    if step < warmup:
-        return peak_lr * (step + 1) / warmup
-    progress = (step - warmup) / max(1, total_steps - warmup)
-    cosine = 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
-    return peak_lr * (min_lr_ratio + (1.0 - min_lr_ratio) * cosine)
-
 
 @dataclass
 class SFTConfig:
@@ -325,7 +316,6 @@ def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
 
 # ----------------------------------------------------------------------------- checkpoints
 
-TRAINER_STATE = "trainer_state.pt"
 
 
 def _fingerprint(examples: list[Example]) -> str:
@@ -336,28 +326,11 @@ def _fingerprint(examples: list[Example]) -> str:
     return digest.hexdigest()[:16]
 
 
-def save_checkpoint(folder: str | os.PathLike, model: Transformer, tokenizer: Tokenizer,
-                    state: dict | None = None) -> Path:
-    """Write model + tokenizer (HF layout) and optional trainer state to `folder`, atomically."""
-    folder = Path(folder)
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".tmp-{folder.name}-"))
-    try:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        if state is not None:
-            torch.save(state, tmp / TRAINER_STATE)
-        if folder.exists():
-            shutil.rmtree(folder)
-        os.replace(tmp, folder)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return folder
-
-
 def latest_checkpoint(out_dir: str | os.PathLike) -> Path | None:
-    """The checkpoint-<step> folder with the highest step that has a trainer state, or None."""
+    """The checkpoint-<step> folder with the highest step that has a trainer state, or None (after putting
+    back a checkpoint that a kill left aside between the renames of its save)."""
+    for aside in Path(out_dir).glob(".old-checkpoint-*"):
+        recover_checkpoint(aside.with_name(aside.name[len(".old-"):]))
     best, best_step = None, -1
     for child in Path(out_dir).glob("checkpoint-*"):
         suffix = child.name.split("-", 1)[1]
@@ -373,73 +346,7 @@ def _prune_checkpoints(out_dir: Path, keep: int) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def _rng_state() -> dict:
-    state = {"python": random.getstate(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def _set_rng_state(state: dict) -> None:
-    random.setstate(_as_tuple(state["python"]))
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def _as_tuple(value):
-    return tuple(_as_tuple(v) for v in value) if isinstance(value, (list, tuple)) else value
-
-
 # ----------------------------------------------------------------------------- output: metrics, plot
-
-def _write_text_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".tmp-{path.name}-")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-
-
-def write_svg_plot(path: str | os.PathLike, series: dict[str, list[tuple[float, float]]], title: str = "",
-                   xlabel: str = "", ylabel: str = "") -> None:
-    """A dependency-free SVG line plot of named (x, y) series, written atomically."""
-    width, height, left, right, top, bottom = 640, 380, 64, 130, 34, 44
-    points = [p for pts in series.values() for p in pts] or [(0.0, 0.0), (1.0, 1.0)]
-    x_lo, x_hi = min(p[0] for p in points), max(p[0] for p in points)
-    y_lo, y_hi = min(p[1] for p in points), max(p[1] for p in points)
-    x_hi, y_hi = (x_hi if x_hi > x_lo else x_lo + 1), (y_hi if y_hi > y_lo else y_lo + 1)
-    plot_w, plot_h = width - left - right, height - top - bottom
-    sx = lambda x: left + (x - x_lo) / (x_hi - x_lo) * plot_w          # noqa: E731
-    sy = lambda y: top + (1 - (y - y_lo) / (y_hi - y_lo)) * plot_h     # noqa: E731
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" '
-           f'font-size="12"><rect width="100%" height="100%" fill="white"/>',
-           f'<text x="{left + plot_w / 2}" y="20" text-anchor="middle" font-size="14">{html.escape(title)}</text>',
-           f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#444"/>',
-           f'<text x="{left + plot_w / 2}" y="{height - 8}" text-anchor="middle">{html.escape(xlabel)}</text>',
-           f'<text x="14" y="{top + plot_h / 2}" text-anchor="middle" '
-           f'transform="rotate(-90 14 {top + plot_h / 2})">{html.escape(ylabel)}</text>']
-    for i in range(5):
-        x, y = x_lo + i * (x_hi - x_lo) / 4, y_lo + i * (y_hi - y_lo) / 4
-        out.append(f'<line x1="{left}" x2="{left + plot_w}" y1="{sy(y):.1f}" y2="{sy(y):.1f}" stroke="#ddd"/>'
-                   f'<text x="{left - 6}" y="{sy(y) + 4:.1f}" text-anchor="end">{y:.3g}</text>'
-                   f'<text x="{sx(x):.1f}" y="{top + plot_h + 16}" text-anchor="middle">{x:.3g}</text>')
-    for i, (name, pts) in enumerate(series.items()):
-        color = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd"][i % 5]
-        if pts:
-            line = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in pts)
-            out.append(f'<polyline points="{line}" fill="none" stroke="{color}" stroke-width="2"/>')
-        ly = top + 14 + 18 * i
-        out.append(f'<line x1="{left + plot_w + 10}" x2="{left + plot_w + 28}" y1="{ly - 4}" y2="{ly - 4}" '
-                   f'stroke="{color}" stroke-width="2"/><text x="{left + plot_w + 32}" y="{ly}">'
-                   f'{html.escape(name)}</text>')
-    _write_text_atomic(Path(path), "\n".join(out) + "\n</svg>\n")
-
 
 def _format_seconds(seconds: float) -> str:
     seconds = int(max(0, seconds))
@@ -538,25 +445,23 @@ def train_sft(model: Transformer, tokenizer: Tokenizer, train_examples: list[Exa
         if ckpt is None:
             log(f"resume: no checkpoint in {out_dir}; starting from scratch")
         else:
-            if not (ckpt / TRAINER_STATE).is_file():
-                raise FileNotFoundError(f"resume: {ckpt} is not a training checkpoint (no {TRAINER_STATE})")
-            state = torch.load(ckpt / TRAINER_STATE, map_location="cpu", weights_only=True)
+            state = load_trainer_state(ckpt, restore_rng=False)   # restored below, after the weights load
             saved = Transformer.from_pretrained(ckpt, device=device)
             model.load_state_dict(saved.state_dict())
             del saved
             optimizer.load_state_dict(state["optimizer"])
-            _set_rng_state(state["rng"])
+            set_rng_state(state["rng"])
             step = state["step"]
             if state.get("data_fingerprint") != fingerprint:
                 log("resume: warning: the training data differ from the checkpoint's; batches will not replay")
             changed = {k for k, v in state.get("config", {}).items()
                        if k not in ("max_steps", "eval_every", "save_every", "log_every", "keep_checkpoints")
-                       and asdict(cfg).get(k) != _as_tuple(v)}
+                       and asdict(cfg).get(k) != (tuple(v) if isinstance(v, list) else v)}
             if changed:
                 log(f"resume: warning: config changed since the checkpoint: {sorted(changed)}")
             log(f"resume: continuing from {ckpt} at step {step}/{total_steps}")
     # Drop metric rows from beyond the resumed step (an interrupted run may have logged past its checkpoint).
-    _write_text_atomic(metrics_path, "".join(json.dumps(r) + "\n" for r in _read_metrics(metrics_path, step)))
+    write_jsonl_atomic(metrics_path, _read_metrics(metrics_path, step))
 
     n_params = sum(p.numel() for p in model.parameters())
     log(f"sft: {len(train_examples)} train / {len(val_examples)} validation examples, {n_params / 1e6:.1f}M params, "
@@ -572,7 +477,7 @@ def train_sft(model: Transformer, tokenizer: Tokenizer, train_examples: list[Exa
             order = epoch_order(len(train_examples), cfg.seed, epoch)
             batch = [train_examples[i] for i in order[index * cfg.batch_size:(index + 1) * cfg.batch_size]]
             n_targets = sum(e.num_target_tokens for e in batch)
-            lr = lr_at(step, total_steps, cfg.lr, cfg.warmup_ratio, cfg.min_lr_ratio)
+            lr = cfg.lr * lr_factor(step, total_steps, cfg.warmup_ratio, cfg.min_lr_ratio)
             for group in optimizer.param_groups:
                 group["lr"] = lr
             optimizer.zero_grad(set_to_none=True)
@@ -598,7 +503,7 @@ def train_sft(model: Transformer, tokenizer: Tokenizer, train_examples: list[Exa
                     + (f" | val {row['val_loss']:.4f}" if "val_loss" in row else "")
                     + f" | lr {lr:.2e} | {row['tokens_per_s']:.0f} tok/s | ETA {_format_seconds(eta)}")
             if step % cfg.save_every == 0 or step == stop_step:
-                state = {"step": step, "optimizer": optimizer.state_dict(), "rng": _rng_state(),
+                state = {"step": step, "optimizer": optimizer.state_dict(),
                          "config": asdict(cfg), "data_fingerprint": fingerprint,
                          "schedule": {"total_steps": total_steps, "peak_lr": cfg.lr,
                                       "warmup_ratio": cfg.warmup_ratio, "min_lr_ratio": cfg.min_lr_ratio}}

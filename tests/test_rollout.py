@@ -200,30 +200,6 @@ def test_read_jsonl_keeps_line_separators_inside_json_strings(tmp_path):
     assert load_trajectories(path) == trajs
 
 
-def test_remove_staging_cleans_what_killed_writes_left(tmp_path):
-    from minskill.skills import Skill, SkillSet
-    out = tmp_path / "run"
-    (out / "checkpoint-5").mkdir(parents=True)
-    (out / "checkpoint-5" / "model.safetensors").write_text("kept")
-    (out / ".tmp-checkpoint-10-k3j_x9a2").mkdir()           # sft.save_checkpoint killed mid-write
-    (out / ".tmp-checkpoint-10-k3j_x9a2" / "model.safetensors").write_text("partial")
-    (out / ".tmp-metrics.jsonl-ab12cd34").write_text("partial")   # an atomic file write killed
-    (out / "metrics.jsonl").write_text("{}\n")
-    skills = SkillSet(general=[Skill(name="a", description="d")])
-    skills.save(out / "library")
-    # a skill-set save killed between its renames: library/ is missing, the old set is in .library.old-*
-    retired = out / ".library.old-zz11yy22"
-    retired.mkdir()
-    (out / "library").rename(retired / "set")
-    (out / ".library.tmp-qq33rr44").mkdir()
-    removed = rollout.remove_staging(out)
-    assert sorted(p.name for p in out.iterdir()) == ["checkpoint-5", "library", "metrics.jsonl"]
-    assert sorted(p.name for p in removed) == [".library.old-zz11yy22", ".library.tmp-qq33rr44",
-                                               ".tmp-checkpoint-10-k3j_x9a2", ".tmp-metrics.jsonl-ab12cd34"]
-    assert SkillSet.load(out / "library").to_json() == skills.to_json()
-    assert rollout.remove_staging(out) == [] and rollout.remove_staging(tmp_path / "absent") == []
-
-
 # ---------------------------------------------------------------------------------------- summaries
 
 def traj(task_type, success, steps, nh, error=None):

@@ -171,3 +171,31 @@ def test_stale_staging_folders_are_cleaned_at_the_next_save(tmp_path):
     save_checkpoint(tmp_path / "checkpoint", Saves("new"), Saves("new"), {"step": 2})
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint"]
     assert (tmp_path / "checkpoint" / "weights.txt").read_text() == "new"
+
+
+def test_clean_staging_undoes_what_killed_writes_left(tmp_path):
+    from minskill.runs import clean_staging
+    from minskill.skills import Skill, SkillSet
+    out = tmp_path / "run"
+    (out / "checkpoint-5").mkdir(parents=True)
+    (out / "checkpoint-5" / "model.safetensors").write_text("kept")
+    (out / ".tmp-checkpoint-10-k3j_x9a2").mkdir()           # sft.save_checkpoint killed mid-write
+    (out / ".tmp-checkpoint-10-k3j_x9a2" / "model.safetensors").write_text("partial")
+    (out / ".tmp-metrics.jsonl-ab12cd34").write_text("partial")   # an atomic file write killed
+    (out / "metrics.jsonl").write_text("{}\n")
+    (out / "checkpoint").mkdir()                             # train_grpo's checkpoint killed between renames:
+    (out / "checkpoint").rename(out / ".old-checkpoint")     # only the old one, aside
+    skills = SkillSet(general=[Skill(name="a", description="d")])
+    skills.save(out / "library")
+    # a skill-set save killed between its renames: library/ is missing, the old set is in .library.old-*
+    retired = out / ".library.old-zz11yy22"
+    retired.mkdir()
+    (out / "library").rename(retired / "set")
+    (out / ".library.tmp-qq33rr44").mkdir()
+    removed = clean_staging(out)
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint", "checkpoint-5", "library", "metrics.jsonl"]
+    assert sorted(p.name for p in removed) == [".library.old-zz11yy22", ".library.tmp-qq33rr44", ".old-checkpoint",
+                                               ".tmp-checkpoint-10-k3j_x9a2", ".tmp-metrics.jsonl-ab12cd34"]
+    assert SkillSet.load(out / "library").to_json() == skills.to_json()
+    assert clean_staging(out) == [] and clean_staging(tmp_path / "absent") == []
+

@@ -139,13 +139,15 @@ def test_target_nll_equals_full_logit_reference_and_ignores_padding(tiny_dir):
 
 
 def test_learning_rate_schedule_warmup_then_cosine():
+    """SFT's schedule is minskill.runs.lr_factor times the peak lr (the one Skill-R1 uses too)."""
+    from minskill.runs import lr_factor
     total, peak = 100, 1e-3
-    lrs = [sft.lr_at(s, total, peak, warmup_ratio=0.1) for s in range(total)]
+    lrs = [peak * lr_factor(s, total, warmup_ratio=0.1) for s in range(total)]
     assert lrs[0] == pytest.approx(peak / 10) and lrs[9] == pytest.approx(peak)       # 10 warmup steps
     assert all(a < b for a, b in zip(lrs[:9], lrs[1:10]))
     assert all(a >= b for a, b in zip(lrs[10:], lrs[11:]))                          # then decays
-    assert sft.lr_at(10 + 45, total, peak, 0.1) == pytest.approx(peak * 0.5)        # halfway through cosine
-    assert sft.lr_at(total, total, peak, 0.1, min_lr_ratio=0.1) == pytest.approx(peak * 0.1)
+    assert peak * lr_factor(10 + 45, total, 0.1) == pytest.approx(peak * 0.5)        # halfway through cosine
+    assert peak * lr_factor(total, total, 0.1, min_ratio=0.1) == pytest.approx(peak * 0.1)
     with pytest.raises(ValueError, match="multiple of micro_batch_size"):
         sft.SFTConfig(batch_size=4, micro_batch_size=3)
 

@@ -15,7 +15,7 @@ from minskill.server import ScriptedBackend, start_server  # noqa: E402
 from minskill.skills import SkillSet  # noqa: E402
 
 
-def test_evolve_masa_refuses_a_bad_task_type_before_any_model_call(tmp_path):
+def test_evolve_masa_refuses_a_bad_task_type_before_any_model_call(tmp_path, capsys):
     calls, lock = [], threading.Lock()
 
     def model(messages, request):
@@ -29,7 +29,7 @@ def test_evolve_masa_refuses_a_bad_task_type_before_any_model_call(tmp_path):
     SkillSet().save_json(tmp_path / "base.json")
     server = start_server(ScriptedBackend(model, name="m"))
     try:
-        with pytest.raises(ValueError, match=rf"{suite}:2: task type 'sums/../../up'"):
+        with pytest.raises(SystemExit):   # a usage error naming FILE:LINE, no traceback
             evolve_masa.main(["--suite", str(suite), "--base-skills", str(tmp_path / "base.json"),
                               "--target-url", server.url, "--target-model", "m",
                               "--teacher-url", server.url, "--teacher-model", "m", "--n-train", "1",
@@ -37,4 +37,5 @@ def test_evolve_masa_refuses_a_bad_task_type_before_any_model_call(tmp_path):
                               "--episodes", "1", "--max-calls", "20", "--out", str(tmp_path / "out")])
     finally:
         server.close()
+    assert f"{suite}:2: task type 'sums/../../up'" in capsys.readouterr().err
     assert calls == [] and not (tmp_path / "out").exists()
