@@ -236,7 +236,7 @@ def main(argv=None) -> int:
     if args.resume:
         if not state_path.is_file():
             parser.error(f"--resume: no saved run in {out} (state.json is missing)")
-        saved = json.loads(state_path.read_text(encoding="utf-8"))
+        saved = json.loads(state_path.read_text(encoding="utf-8-sig"))
         explicit = {k: v for k, v in vars(args).items() if k in RESUMABLE_OVERRIDES and v != parser.get_default(k)}
         args = argparse.Namespace(**{**saved["args"], **explicit, "resume": True, "overwrite": False, "out": str(out),
                                   "merge": None})

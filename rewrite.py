@@ -47,7 +47,7 @@ def load_model_card(spec: str) -> dict:
     path = Path(spec)
     if path.is_file():
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            data = json.loads(path.read_text(encoding="utf-8-sig"))
         except json.JSONDecodeError as e:
             raise ValueError(f"--model-card {spec}: not valid JSON ({e.msg}, line {e.lineno})") from None
         return as_model_card(data).to_json()

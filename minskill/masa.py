@@ -139,7 +139,7 @@ class ModelCard:
         if not path.is_file():
             raise FileNotFoundError(f"model card {path}: no such file")
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            data = json.loads(path.read_text(encoding="utf-8-sig"))
         except json.JSONDecodeError as e:
             raise ValueError(f"model card {path}: not valid JSON ({e})") from None
         return cls.from_json(data, where=f"model card {path}")
@@ -233,7 +233,7 @@ def model_card_from_config(path, **overrides) -> ModelCard:
     if not config_path.is_file():
         raise FileNotFoundError(f"model card: no config.json at {config_path}")
     try:
-        config = json.loads(config_path.read_text(encoding="utf-8"))
+        config = json.loads(config_path.read_text(encoding="utf-8-sig"))
     except json.JSONDecodeError as e:
         raise ValueError(f"model card: {config_path} is not valid JSON ({e})") from None
     if not isinstance(config, dict):
@@ -1185,7 +1185,7 @@ def merge_sft_runs(run_dirs: list) -> list[dict]:
         for name in ("sft.jsonl", "run.json"):
             if not (folder / name).is_file():
                 raise FileNotFoundError(f"merge: {folder} has no {name} (is it an evolve_masa.py output folder?)")
-        info = json.loads((folder / "run.json").read_text(encoding="utf-8"))
+        info = json.loads((folder / "run.json").read_text(encoding="utf-8-sig"))
         runs.append((folder, info, [record for _, record in read_jsonl(folder / "sft.jsonl")]))
     records = [r for _, _, recs in runs for r in recs]
     for a_dir, a, _ in runs:

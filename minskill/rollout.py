@@ -57,7 +57,6 @@ import json
 import math
 import os
 import re
-import shutil
 import signal
 import sys
 import tempfile
@@ -66,9 +65,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Callable, Iterable
 
-from minskill.runs import clean_staging
+from minskill.runs import append_jsonl, clean_staging, read_jsonl
 
 NOTHING_HAPPENS = "Nothing happens."  # the observation of an action that changed nothing (ALFWorld's wording)
 
@@ -101,37 +100,6 @@ class Trajectory:
         if missing:
             raise ValueError(f"trajectory record lacks field(s) {sorted(missing)}: {str(record)[:200]}")
         return cls(**{k: v for k, v in record.items() if k in known})
-
-
-def append_jsonl(path, record: dict) -> None:
-    """Append one JSON line and flush it to disk (a crash loses at most the line being written)."""
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(json.dumps(record, ensure_ascii=False) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def read_jsonl(path) -> list[tuple[int, Any]]:
-    """(line number, value) of each non-blank line of a JSONL file that runs append to (trajectories, the
-    target-call cache). UTF-8, a byte order mark allowed; lines end at LF only (JSON text may hold
-    U+2028, where str.splitlines would cut). A torn last line (the run was killed mid-write, perhaps inside
-    a multi-byte character) is dropped, keeping everything before it; any other line that is not UTF-8 or
-    not JSON is an error naming the file and line."""
-    lines = Path(path).read_bytes().removeprefix(b"\xef\xbb\xbf").split(b"\n")
-    if lines[-1] == b"":
-        lines.pop()  # the newline that ends the last line
-    out = []
-    for lineno, raw in enumerate(lines, 1):
-        try:
-            line = raw.decode("utf-8")
-            if line.strip():
-                out.append((lineno, json.loads(line)))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            if lineno == len(lines):
-                break
-            what = "not UTF-8" if isinstance(e, UnicodeDecodeError) else "not a JSON line"
-            raise ValueError(f"{path}:{lineno}: {what} ({e})") from None
-    return out
 
 
 def load_trajectories(path) -> list[Trajectory]:
@@ -574,7 +542,7 @@ def load_skills(spec: str | None, suite: str):
     if path.is_dir() or path.suffix.lower() == ".json":
         from minskill.skills import SkillSet
         return SkillSet.load(path)
-    return path.read_text(encoding="utf-8")
+    return path.read_text(encoding="utf-8-sig")
 
 
 def main(argv=None) -> int:

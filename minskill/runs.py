@@ -25,6 +25,8 @@ What a run folder holds is written here too, once for both trainers and all thre
   checkpoint is read or written, undoes what a kill between those renames left: the old checkpoint comes
   back when the new one never arrived, and stale staging folders are removed. So at every moment one
   complete checkpoint exists under NAME or `.old-NAME`.
+* `append_jsonl` / `read_jsonl`: the logs that runs append to (metrics, trajectories, the call cache);
+  the reader takes a byte order mark, drops a torn last line and names FILE:LINE for any other bad line.
 * `rng_state()` / `set_rng_state(state)`: Python's and torch's generators (CUDA's too where present), so a
   resumed run draws the same numbers as an uninterrupted one.
 * `lr_factor(step, total, warmup_ratio, min_ratio)`: the multiplier of the peak learning rate at optimizer
@@ -44,6 +46,7 @@ import random
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -126,7 +129,7 @@ def clean_staging(folder: str | Path) -> list[Path]:
     return sorted(before - set(folder.iterdir()))
 
 
-# ---------------------------------------------------------------------------------------- atomic writes
+# ------------------------------------------------------------------------------ atomic writes, JSONL
 
 def write_text_atomic(path: str | Path, text: str) -> Path:
     """Write `text` (UTF-8) to `path` through a temp file in the same folder and os.replace."""
@@ -143,6 +146,37 @@ def write_text_atomic(path: str | Path, text: str) -> Path:
             os.unlink(tmp)
         raise
     return path
+
+
+def append_jsonl(path, record: dict) -> None:
+    """Append one JSON line and flush it to disk (a crash loses at most the line being written)."""
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(record, ensure_ascii=False) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read_jsonl(path) -> list[tuple[int, Any]]:
+    """(line number, value) of each non-blank line of a JSONL file that runs append to (trajectories, the
+    target-call cache). UTF-8, a byte order mark allowed; lines end at LF only (JSON text may hold
+    U+2028, where str.splitlines would cut). A torn last line (the run was killed mid-write, perhaps inside
+    a multi-byte character) is dropped, keeping everything before it; any other line that is not UTF-8 or
+    not JSON is an error naming the file and line."""
+    lines = Path(path).read_bytes().removeprefix(b"\xef\xbb\xbf").split(b"\n")
+    if lines[-1] == b"":
+        lines.pop()  # the newline that ends the last line
+    out = []
+    for lineno, raw in enumerate(lines, 1):
+        try:
+            line = raw.decode("utf-8")
+            if line.strip():
+                out.append((lineno, json.loads(line)))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            if lineno == len(lines):
+                break
+            what = "not UTF-8" if isinstance(e, UnicodeDecodeError) else "not a JSON line"
+            raise ValueError(f"{path}:{lineno}: {what} ({e})") from None
+    return out
 
 
 def write_json_atomic(path: str | Path, obj, indent: int | None = 1) -> Path:

@@ -65,7 +65,7 @@ from torch.utils.checkpoint import checkpoint
 from minskill.model import Transformer
 from minskill.plot import write_svg_plot
 from minskill.runs import (TRAINER_STATE, load_trainer_state, lr_factor, recover_checkpoint, save_checkpoint,
-                           set_rng_state, write_jsonl_atomic)
+                           read_jsonl, set_rng_state, write_jsonl_atomic)
 from minskill.tokenizer import Tokenizer
 
 REWRITER_SYSTEM_PROMPT = (
@@ -355,16 +355,8 @@ def _format_seconds(seconds: float) -> str:
 
 
 def _read_metrics(path: Path, up_to_step: int | None = None) -> list[dict]:
-    rows = []
-    if path.is_file():
-        for line in path.read_text(encoding="utf-8").splitlines():
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                continue          # a line cut by a crash while appending
-            if isinstance(row, dict) and (up_to_step is None or row.get("step", 0) <= up_to_step):
-                rows.append(row)
-    return rows
+    rows = [row for _, row in read_jsonl(path)] if path.is_file() else []   # a torn last line is dropped
+    return [r for r in rows if isinstance(r, dict) and (up_to_step is None or r.get("step", 0) <= up_to_step)]
 
 
 def plot_metrics(metrics_path: str | os.PathLike, svg_path: str | os.PathLike) -> None:

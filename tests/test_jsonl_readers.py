@@ -9,6 +9,7 @@ from minskill import rollout, sft
 from minskill.client import ChatResult
 from minskill.masa import CachingClient
 from minskill.rollout import Trajectory
+from minskill.runs import read_jsonl
 from minskill.tasks import load_suite
 
 BOM = b"\xef\xbb\xbf"
@@ -59,7 +60,7 @@ def test_every_reader_reads_the_same_bom_crlf_file_alike(tmp_path):
              "task_id": f"t{i}", "task_type": "qa", "messages": []} for i in range(3)]
     path = tmp_path / "data.jsonl"
     path.write_bytes(BOM + "".join(json.dumps(r, ensure_ascii=False) + "\r\n" for r in rows).encode())
-    assert [r for _, r in rollout.read_jsonl(path)] == rows
+    assert [r for _, r in read_jsonl(path)] == rows
     assert sft.read_records([path], warn=pytest.fail)[0] == rows
     assert [t.id for t in load_suite("qa", "all", path=path)] == ["t0", "t1", "t2"]
     assert [t.task_id for t in rollout.load_trajectories(path)] == ["t0", "t1", "t2"]

@@ -8,6 +8,7 @@ import threading
 import pytest
 
 from minskill import rollout
+from minskill.runs import append_jsonl, read_jsonl
 from minskill.rollout import (Trajectory, load_trajectories, parse_action, run_rollouts, skill_text,
                               summarize, wilson_interval)
 from minskill.server import BackendError, ScriptedBackend, start_server
@@ -176,7 +177,7 @@ def test_read_jsonl_accepts_a_byte_order_mark(tmp_path, lines):
     path = tmp_path / "traj.jsonl"
     records = [_one_traj(f"t{i}").to_json() for i in range(lines)]
     path.write_bytes(b"\xef\xbb\xbf" + "".join(json.dumps(r) + "\r\n" for r in records).encode())
-    assert [r for _, r in rollout.read_jsonl(path)] == records
+    assert [r for _, r in read_jsonl(path)] == records
     assert [t.task_id for t in load_trajectories(path)] == [f"t{i}" for i in range(lines)]
 
 
@@ -185,10 +186,10 @@ def test_read_jsonl_reports_invalid_utf8_with_file_and_line(tmp_path):
     good = json.dumps(_one_traj("t0").to_json()).encode()
     path.write_bytes(good + b"\n" + good.replace(b"t0", b"t\xff") + b"\n" + good + b"\n")
     with pytest.raises(ValueError, match=r"traj.jsonl:2: not UTF-8"):
-        rollout.read_jsonl(path)
+        read_jsonl(path)
     # a run killed mid-write may cut the last line inside a multi-byte character: dropped like any torn line
     path.write_bytes(good + b"\n" + '{"task_id": "caf\u00e9'.encode()[:-1])
-    assert [r["task_id"] for _, r in rollout.read_jsonl(path)] == ["t0"]
+    assert [r["task_id"] for _, r in read_jsonl(path)] == ["t0"]
 
 
 def test_read_jsonl_keeps_line_separators_inside_json_strings(tmp_path):
@@ -196,7 +197,7 @@ def test_read_jsonl_keeps_line_separators_inside_json_strings(tmp_path):
     path = tmp_path / "traj.jsonl"
     trajs = [_one_traj("t0", "one\u2028two\u2029three\x85four\x1cfive"), _one_traj("t1")]
     for t in trajs:
-        rollout.append_jsonl(path, t.to_json())
+        append_jsonl(path, t.to_json())
     assert load_trajectories(path) == trajs
 
 
