@@ -1,0 +1,91 @@
+"""int8 weight-only quantization (minskill.quantize): the codes and scales by hand, the layer against its
+equation, the kernel path against the dequantized fallback, and a quantized tiny model that still decodes
+like its float original."""
+import pytest
+import torch
+from torch import nn
+
+from minskill.quantize import Int8Linear, apply_quantization, has_int8_kernel, quantize_int8, quantize_rows
+from minskill.sampling import generate
+from minskill.weights import load_model
+from tiny import make_tiny_model_dir
+
+
+def test_rows_are_scaled_by_their_largest_weight():
+    w = torch.tensor([[0.5, -1.27, 0.0], [0.0, 0.0, 0.0], [2.54, 1.0, -2.54]])
+    codes, scales = quantize_rows(w)
+    assert scales.tolist() == pytest.approx([0.01, 1.0, 0.02])   # max|W_o·| / 127; an all-zero row gets 1
+    assert codes.dtype == torch.int8 and codes.tolist() == [[50, -127, 0], [0, 0, 0], [127, 50, -127]]
+
+
+def test_the_error_of_each_weight_is_at_most_half_a_step():
+    w = torch.randn(64, 48, generator=torch.Generator().manual_seed(0))
+    codes, scales = quantize_rows(w)
+    assert ((codes.float() * scales[:, None] - w).abs() <= scales[:, None] / 2 + 1e-7).all()
+
+
+@pytest.mark.parametrize("use_kernel", [True, False])
+def test_layer_computes_s_times_x_q_plus_b(use_kernel):
+    if use_kernel and not has_int8_kernel("cpu"):
+        pytest.skip("no int8 kernel in this torch build")
+    g = torch.Generator().manual_seed(1)
+    linear = nn.Linear(32, 24, bias=True)
+    with torch.no_grad():
+        linear.weight.copy_(torch.randn(24, 32, generator=g))
+        linear.bias.copy_(torch.randn(24, generator=g))
+    layer = Int8Linear(linear, use_kernel=use_kernel)
+    x = torch.randn(2, 3, 32, generator=g)
+    codes, scales = quantize_rows(linear.weight)
+    by_hand = (x.bfloat16().float() @ codes.float().T) * scales + linear.bias
+    y = layer(x)
+    assert y.dtype == torch.bfloat16 and y.shape == (2, 3, 24)
+    assert torch.allclose(y.float(), by_hand, rtol=2e-2, atol=5e-2)
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    return make_tiny_model_dir(tmp_path_factory.mktemp("q"), family="qwen2", chat_format="chatml")
+
+
+def test_quantized_model_keeps_only_embeddings_and_norms_in_float(tiny_dir):
+    model, _ = load_model(str(tiny_dir), dtype=torch.float32)
+    quantize_int8(model)
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    int8 = [m for m in model.modules() if isinstance(m, Int8Linear)]
+    assert linears == [] and len(int8) == 7 * model.config.num_hidden_layers + 1
+    assert all(p.dtype == torch.bfloat16 for p in model.parameters())
+    assert not any(p.requires_grad for p in model.parameters())
+
+
+def test_quantized_model_logits_follow_the_float_model(tiny_dir):
+    model, tokenizer = load_model(str(tiny_dir), dtype=torch.float32)
+    ids = torch.tensor([tokenizer.encode("the quick brown fox jumps over the lazy dog")])
+    with torch.no_grad():
+        reference = model(ids).float()
+        quantized = quantize_int8(model)(ids).float()
+    cos = torch.nn.functional.cosine_similarity(reference.flatten(), quantized.flatten(), dim=0)
+    assert cos > 0.99 and (reference.argmax(-1) == quantized.argmax(-1)).float().mean() > 0.9
+
+
+def test_kernel_path_equals_the_dequantized_fallback_and_decodes(tiny_dir):
+    if not has_int8_kernel("cpu"):
+        pytest.skip("no int8 kernel in this torch build")
+    logits = []
+    for use_kernel in (True, False):
+        model, tokenizer = load_model(str(tiny_dir), dtype=torch.float32)
+        quantize_int8(model, use_kernel=use_kernel)
+        ids = torch.tensor([tokenizer.encode("a b c d e f g")])
+        with torch.no_grad():
+            logits.append(model(ids).float())
+    # the same numbers up to bf16 rounding (the kernel rounds x·Q, the fallback rounds diag(s)·Q)
+    assert torch.allclose(logits[0], logits[1], atol=2e-2 * logits[1].abs().max().item())
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "hello"}], add_generation_prompt=True)
+    samples = generate(model, [prompt, prompt[:5]], max_new_tokens=6, tokenizer=tokenizer,
+                       pad_id=tokenizer.pad_token_id)
+    assert [len(s.token_ids) for s in samples] == [6, 6]
+
+
+def test_apply_quantization_names_the_choices():
+    assert apply_quantization("model", "none") == "model"
+    with pytest.raises(ValueError, match="choose one of none, int8"):
+        apply_quantization(None, "int4")
