@@ -13,24 +13,42 @@ Contract
 * `chat(messages, n, temperature, top_p, max_tokens, stop, seed) -> ChatResult` with the `n` reply
   texts in choice order, their finish reasons and the token usage the server reported.
 * `chat_many(requests)` runs many `chat` calls on a bounded thread pool; results come back in order.
-* Retried (up to `max_retries` times): connection errors (refused, reset), timeouts, HTTP 429 and
-  5xx. Attempt a = 0, 1, ... that fails waits, before attempt a+1,
+* `timeout` (seconds) bounds a whole `chat` call begun at t0: the model lookup, every attempt and every
+  backoff wait end by the deadline T = t0 + timeout. An attempt begun at t may take
+
+      limit = min(attempt_timeout, T - t)        (attempt_timeout None: T - t)
+
+  seconds: its connect and read timeouts are `limit`, and a watchdog shuts its connection down when
+  `limit` is over (a read timeout bounds each socket read only, so a server that sends a byte every
+  half second would hold the call as long as it likes). Not bounded: name resolution, and reads
+  through a SOCKS proxy (bounded per read only).
+* Retried (up to `max_retries` times): connection errors (refused, reset), attempts that timed out,
+  HTTP 429 and 5xx. Attempt a = 0, 1, ... that fails waits, before attempt a+1,
 
       delay_a = max(retry_after, U(0, min(backoff_max, backoff_base * 2**a)))
 
   i.e. exponential backoff with "full jitter" (a uniform draw below the exponential cap, which
-  spreads out clients that failed together), but never less than the server's `Retry-After`
-  seconds when it sent one. After the last retry fails, `ChatError` says how many attempts were
-  made and what the last failure was.
+  spreads out clients that failed together), but never less than the server's `Retry-After`:
+  retry_after = min(Retry-After, MAX_RETRY_AFTER = 60 s), in delta-seconds or an HTTP date; absent,
+  unparseable, negative or non-finite ("inf", "nan") values count as 0. A retry whose wait would
+  reach T is not made. When the call gives up, `ChatError` says how many attempts were made, why no
+  more, and what the last failure was.
 * Not retried: any other 4xx raises `ChatError` carrying the server's message, the status and the
-  endpoint. A reply that is not the expected JSON raises `ChatError` quoting the start of the body.
+  endpoint. A reply that is not the expected JSON (or has choices, finish reasons or usage counts of
+  the wrong type) raises `ChatError` quoting the start of the body.
+* Every failure of a call raises `ChatError` (`status`: the HTTP status, None without a reply): of the
+  connection, the server, the model list (`GET {base_url}/models`), or the reply. Only arguments that
+  cannot be sent at all (messages not a list of dicts, values JSON cannot encode) raise TypeError or
+  ValueError instead, without a chat request.
 * `stats` (thread-safe): calls (successful chat calls), prompt_tokens, completion_tokens,
-  retries (re-sent requests), failures (chat calls that raised).
+  retries (re-sent requests), failures (chat calls that raised ChatError).
 """
 
 import json
+import math
 import os
 import random
+import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -39,18 +57,21 @@ from email.utils import parsedate_to_datetime
 from urllib.parse import urlsplit
 
 import requests
+import urllib3
+from requests.adapters import HTTPAdapter
 
 BODY_QUOTE_CHARS = 200  # how much of an unexpected reply body an error message quotes
+MAX_RETRY_AFTER = 60.0  # seconds: a longer Retry-After (a server asking for a day) is cut to this
 
 
 class ChatError(RuntimeError):
     """A chat request failed for good. `status` is the HTTP status (None: no HTTP reply)."""
 
-    def __init__(self, message: str, status: int | None = None, endpoint: str = ""):
+    def __init__(self, message: str, status: int | None = None, endpoint: str = "", method: str = "POST"):
         self.message = message
         self.status = status
         self.endpoint = endpoint
-        where = f"POST {endpoint}" if endpoint else "chat request"
+        where = f"{method} {endpoint}" if endpoint else "chat request"
         super().__init__(f"{where} failed" + (f" with HTTP {status}" if status else "") + f": {message}")
 
 
@@ -86,32 +107,42 @@ def _quote(text: str) -> str:
 
 
 def _parse_retry_after(value: str | None) -> float:
-    """Retry-After is either delta-seconds or an HTTP date; unparseable values count as absent."""
+    """Retry-After in seconds, at most MAX_RETRY_AFTER: delta-seconds or an HTTP date; unparseable,
+    negative and non-finite values ("inf", "nan", "1e999") count as absent."""
     if not value:
         return 0.0
     try:
-        return max(0.0, float(value))
+        seconds = float(value)
     except ValueError:
-        pass
+        try:
+            seconds = parsedate_to_datetime(value).timestamp() - time.time()
+        except (TypeError, ValueError, IndexError, OverflowError):
+            return 0.0
+    return min(seconds, MAX_RETRY_AFTER) if math.isfinite(seconds) and seconds >= 0 else 0.0
+
+
+def _decode_json(content: bytes):
+    """The JSON value of a reply body; ValueError if it is not JSON (also when nested too deeply to decode)."""
     try:
-        return max(0.0, parsedate_to_datetime(value).timestamp() - time.time())
-    except (TypeError, ValueError, IndexError, OverflowError):
-        return 0.0
+        return json.loads(content)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
 
 
 def _server_message(response: requests.Response) -> str:
     """The error message in an error reply: OpenAI's {"error": {"message"}}, or common variants."""
+    text = response.content.decode("utf-8", "replace")
     try:
-        body = response.json()
+        body = _decode_json(response.content)
     except ValueError:
-        return _quote(response.text) if response.text.strip() else response.reason or "(empty body)"
+        return _quote(text) if text.strip() else response.reason or "(empty body)"
     if isinstance(body, dict):
         error = body.get("error", body.get("detail", body.get("message")))
         if isinstance(error, dict) and isinstance(error.get("message"), str):
             return error["message"]
         if isinstance(error, str):
             return error
-    return _quote(response.text)
+    return _quote(text)
 
 
 def normalize_base_url(base_url: str) -> str:
@@ -123,22 +154,99 @@ def normalize_base_url(base_url: str) -> str:
     return base_url if parts.path else base_url + "/v1"
 
 
+# ---- the per-attempt deadline ----------------------------------------------------------------------
+_current = threading.local()  # .watchdog: the _Watchdog of the attempt this thread is making, if any
+
+
+class _Watchdog:
+    """Shuts down the connection of one attempt once `seconds` have passed, which ends a blocked read
+    at once: timeouts on the socket bound each read alone, and a trickling server never trips them."""
+
+    def __init__(self, seconds: float):
+        self.expired, self._connection, self._lock = False, None, threading.Lock()
+        self._timer = threading.Timer(seconds, self._expire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def watch(self, connection) -> None:
+        """`connection` (a urllib3 connection) is about to wait for the reply."""
+        with self._lock:
+            self._connection = connection
+            if self.expired:
+                self._cut()
+
+    def _expire(self) -> None:
+        with self._lock:
+            self.expired = True
+            self._cut()
+
+    def _cut(self) -> None:
+        sock = getattr(self._connection, "sock", None)
+        if sock is not None:
+            try:  # socket.socket's shutdown also for TLS: an SSLSocket's own would unwrap under the reader
+                socket.socket.shutdown(sock, socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def stop(self) -> None:
+        self._timer.cancel()
+        with self._lock:
+            self._connection = None  # back in the pool: no longer this attempt's to cut
+
+
+class _Watched:
+    """Mixed into urllib3's connection classes: shows the connection that waits for a reply to the watchdog."""
+
+    def getresponse(self, *args, **kwargs):
+        watchdog = getattr(_current, "watchdog", None)
+        if watchdog is not None:
+            watchdog.watch(self)
+        return super().getresponse(*args, **kwargs)
+
+
+class _HTTPPool(urllib3.HTTPConnectionPool):
+    ConnectionCls = type("WatchedHTTPConnection", (_Watched, urllib3.connection.HTTPConnection), {})
+
+
+class _HTTPSPool(urllib3.HTTPSConnectionPool):
+    ConnectionCls = type("WatchedHTTPSConnection", (_Watched, urllib3.connection.HTTPSConnection), {})
+
+
+class _WatchedAdapter(HTTPAdapter):
+    """requests' adapter, with connections (direct, or through an HTTP proxy) that the watchdog can cut."""
+    pools = {"http": _HTTPPool, "https": _HTTPSPool}
+
+    def init_poolmanager(self, *args, **kwargs):
+        super().init_poolmanager(*args, **kwargs)
+        self.poolmanager.pool_classes_by_scheme = self.pools
+
+    def proxy_manager_for(self, proxy, **proxy_kwargs):
+        manager = super().proxy_manager_for(proxy, **proxy_kwargs)
+        if not proxy.lower().startswith("socks"):  # SOCKS has pool classes of its own: left unwatched
+            manager.pool_classes_by_scheme = self.pools
+        return manager
+
+
+# ---- the client ------------------------------------------------------------------------------------
 class ChatClient:
     def __init__(self, base_url=None, model=None, api_key=None, timeout=120.0, max_retries=5,
-                 max_workers=8, backoff_base=0.5, backoff_max=30.0):
+                 max_workers=8, backoff_base=0.5, backoff_max=30.0, attempt_timeout=None):
         base_url = base_url or os.environ.get("OPENAI_BASE_URL")
         if not base_url:
             raise ValueError("no endpoint: pass base_url (e.g. http://127.0.0.1:8000/v1) "
                              "or set OPENAI_BASE_URL")
-        if max_retries < 0 or max_workers < 1 or timeout <= 0 or backoff_base < 0 or backoff_max < 0:
-            raise ValueError(f"ChatClient: need max_retries >= 0, max_workers >= 1, timeout > 0 and "
-                             f"backoff >= 0, got max_retries={max_retries}, max_workers={max_workers}, "
-                             f"timeout={timeout}, backoff_base={backoff_base}, backoff_max={backoff_max}")
+        if (max_retries < 0 or max_workers < 1 or not timeout > 0 or backoff_base < 0 or backoff_max < 0
+                or (attempt_timeout is not None and not attempt_timeout > 0)):
+            raise ValueError(f"ChatClient: need max_retries >= 0, max_workers >= 1, timeout > 0, "
+                             f"attempt_timeout > 0 (or None) and backoff >= 0, got max_retries={max_retries}, "
+                             f"max_workers={max_workers}, timeout={timeout}, attempt_timeout={attempt_timeout}, "
+                             f"backoff_base={backoff_base}, backoff_max={backoff_max}")
         self.base_url = normalize_base_url(base_url)
         self.endpoint = self.base_url + "/chat/completions"
         self.model = model or os.environ.get("OPENAI_MODEL") or None
         self.api_key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
         self.timeout, self.max_retries, self.max_workers = timeout, max_retries, max_workers
+        self.attempt_timeout = attempt_timeout  # None: an attempt may use all the time the call has left
         self.backoff_base, self.backoff_max = backoff_base, backoff_max
         self._lock = threading.Lock()
         self._sessions = threading.local()  # requests.Session is not thread-safe: one per thread
@@ -165,6 +273,8 @@ class ChatClient:
         session = getattr(self._sessions, "session", None)
         if session is None:
             session = self._sessions.session = requests.Session()
+            for prefix in ("http://", "https://"):
+                session.mount(prefix, _WatchedAdapter())
         return session
 
     def _headers(self) -> dict:
@@ -179,63 +289,91 @@ class ChatClient:
         return max(retry_after, random.uniform(0.0, cap))
 
     # ---- one HTTP exchange, with retries ---------------------------------------------------------
-    def _attempt(self, method: str, url: str, payload: dict | None):
-        """One request. Returns the decoded JSON; raises _Retryable or ChatError."""
+    def _attempt(self, method: str, url: str, data: str | None, deadline: float):
+        """One request, over by `deadline` (a time.monotonic() time) or sooner with attempt_timeout.
+        Returns the decoded JSON; raises _Retryable or ChatError."""
+        left = deadline - time.monotonic()
+        limit = left if self.attempt_timeout is None else min(left, self.attempt_timeout)
+        timed_out = (f"no reply within {self.timeout} s (the call's timeout)" if limit == left
+                     else f"no reply within {self.attempt_timeout} s (attempt_timeout)")
+        if limit <= 0:
+            raise _Retryable(timed_out)
+        watchdog = _current.watchdog = _Watchdog(limit)
         try:
-            response = self._session().request(method, url, headers=self._headers(), timeout=self.timeout,
-                                               data=None if payload is None else json.dumps(payload))
-        except requests.Timeout as error:
-            raise _Retryable(f"no reply within {self.timeout} s ({type(error).__name__})")
-        except (requests.ConnectionError, requests.exceptions.ChunkedEncodingError) as error:
-            raise _Retryable(f"connection failed ({type(error).__name__}: {error})")
-        except requests.RequestException as error:  # e.g. an invalid URL: retrying cannot help
-            raise ChatError(f"{type(error).__name__}: {error}", None, url)
+            response = self._session().request(method, url, headers=self._headers(), data=data,
+                                               timeout=(limit, limit))
+        except Exception as error:  # whatever the exchange raised, the caller gets a ChatError
+            if watchdog.expired or isinstance(error, requests.Timeout):
+                raise _Retryable(f"{timed_out} ({type(error).__name__})") from None
+            if isinstance(error, (requests.ConnectionError, requests.exceptions.ChunkedEncodingError)):
+                raise _Retryable(f"connection failed ({type(error).__name__}: {error})") from None
+            # e.g. an invalid URL, an API key that no HTTP header can carry: retrying cannot help
+            raise ChatError(f"{type(error).__name__}: {error}", None, url, method) from None
+        finally:
+            watchdog.stop()
+            _current.watchdog = None
         status = response.status_code
         if status == 429 or status >= 500:
             raise _Retryable(_server_message(response), status,
                              _parse_retry_after(response.headers.get("Retry-After")))
         if status >= 400:
-            raise ChatError(_server_message(response), status, url)
+            raise ChatError(_server_message(response), status, url, method)
         try:
-            return response.json()
-        except ValueError:
-            raise ChatError(f"reply is not JSON; body starts {_quote(response.text)}", status, url)
+            return _decode_json(response.content)
+        except ValueError as error:
+            raise ChatError(f"reply is not JSON ({error}); body starts "
+                            f"{_quote(response.content.decode('utf-8', 'replace'))}", status, url, method) from None
 
-    def _request(self, method: str, url: str, payload: dict | None = None):
+    def _request(self, method: str, url: str, payload: dict | None, deadline: float):
+        data = None if payload is None else json.dumps(payload)  # TypeError here: the caller's values
         for attempt in range(self.max_retries + 1):
             try:
-                return self._attempt(method, url, payload)
+                return self._attempt(method, url, data, deadline)
             except _Retryable as failure:
+                delay = self.backoff_delay(attempt, failure.retry_after)
                 if attempt == self.max_retries:
-                    raise ChatError(f"gave up after {attempt + 1} attempts ({self.max_retries} retries); "
-                                    f"last failure: {failure.reason}", failure.status, url) from None
-                self._count(retries=1)
-                sleep(self.backoff_delay(attempt, failure.retry_after))
+                    why = f"({self.max_retries} retries)"
+                elif time.monotonic() + delay >= deadline:
+                    why = (f"({attempt} retries): the next would start after the call's {self.timeout} s "
+                           f"deadline (wait {delay:.3g} s)")
+                else:
+                    self._count(retries=1)
+                    sleep(delay)
+                    continue
+                raise ChatError(f"gave up after {attempt + 1} attempts {why}; last failure: {failure.reason}",
+                                failure.status, url, method) from None
 
     def resolve_model(self) -> str:
         """The model to ask for; with none configured, the first one the server lists (asked once)."""
+        return self._resolve_model(time.monotonic() + self.timeout)
+
+    def _resolve_model(self, deadline: float) -> str:
         if self.model is None:
             url = self.base_url + "/models"
-            body = self._request("GET", url)
+            body = self._request("GET", url, None, deadline)
             try:
-                self.model = body["data"][0]["id"]
+                model = body["data"][0]["id"]
             except (KeyError, IndexError, TypeError):
-                raise ChatError(f"no model given and the model list has no 'data[0].id'; body starts "
-                                f"{_quote(json.dumps(body))}", 200, url) from None
+                model = None
+            if not isinstance(model, str) or not model:
+                raise ChatError(f"no model given and the model list has no 'data[0].id' string; body starts "
+                                f"{_quote(json.dumps(body))}", 200, url, "GET")
+            self.model = model
         return self.model
 
     # ---- public API ------------------------------------------------------------------------------
     def chat(self, messages, n=1, temperature=0.0, top_p=1.0, max_tokens=256, stop=None, seed=None) -> ChatResult:
         if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
             raise TypeError(f"messages must be a list of {{'role', 'content'}} dicts, got {messages!r:.200}")
+        deadline = time.monotonic() + self.timeout
         try:
-            payload = {"model": self.resolve_model(), "messages": messages, "n": n, "temperature": temperature,
-                       "top_p": top_p, "max_tokens": max_tokens}
+            payload = {"model": self._resolve_model(deadline), "messages": messages, "n": n,
+                       "temperature": temperature, "top_p": top_p, "max_tokens": max_tokens}
             if stop is not None:
                 payload["stop"] = [stop] if isinstance(stop, str) else list(stop)
             if seed is not None:
                 payload["seed"] = seed
-            result = self._parse(self._request("POST", self.endpoint, payload), n)
+            result = self._parse(self._request("POST", self.endpoint, payload, deadline), n)
         except ChatError:
             self._count(failures=1)
             raise
@@ -246,24 +384,34 @@ class ChatClient:
         def wrong_shape(problem: str) -> ChatError:
             return ChatError(f"reply has {problem}; body starts {_quote(json.dumps(body))}", 200, self.endpoint)
 
-        if not isinstance(body, dict) or not isinstance(body.get("choices"), list) or not body["choices"]:
+        choices = body.get("choices") if isinstance(body, dict) else None
+        if not isinstance(choices, list) or not choices:
             raise wrong_shape("no 'choices' list")
-        choices = body["choices"]
         if len(choices) != n:
             raise wrong_shape(f"{len(choices)} choices where n={n} were asked for")
-        try:
-            choices = sorted(choices, key=lambda choice: choice.get("index", 0))
-            texts = [choice["message"]["content"] or "" for choice in choices]  # null content -> ""
-            reasons = [choice.get("finish_reason") or "stop" for choice in choices]
-        except (KeyError, TypeError, AttributeError):
-            raise wrong_shape("a choice without 'message.content'") from None
-        if not all(isinstance(text, str) for text in texts):
-            raise wrong_shape("a non-string 'message.content'")
+        if not all(isinstance(choice, dict) for choice in choices):
+            raise wrong_shape("a choice that is not an object")
+        if not all(type(choice.get("index", 0)) is int for choice in choices):
+            raise wrong_shape("a choice 'index' that is not an integer")
+        texts, reasons = [], []
+        for choice in sorted(choices, key=lambda choice: choice.get("index", 0)):
+            message = choice.get("message")
+            if not isinstance(message, dict) or "content" not in message:
+                raise wrong_shape("a choice without 'message.content'")
+            text, reason = message["content"], choice.get("finish_reason")
+            if not isinstance(text, str | None):
+                raise wrong_shape("a non-string 'message.content'")
+            if not isinstance(reason, str | None):
+                raise wrong_shape("a non-string 'finish_reason'")
+            texts.append(text or "")      # null content -> ""
+            reasons.append(reason or "stop")
         usage = body.get("usage") or {}
         if not isinstance(usage, dict):
             raise wrong_shape("a non-object 'usage'")
-        return ChatResult(texts, reasons, int(usage.get("prompt_tokens") or 0),
-                          int(usage.get("completion_tokens") or 0))
+        counts = [usage.get(key) or 0 for key in ("prompt_tokens", "completion_tokens")]  # absent/null: 0
+        if not all(type(count) is int and count >= 0 for count in counts):  # (type: not bool, float, NaN)
+            raise wrong_shape(f"'usage' token counts that are not non-negative integers: {counts}")
+        return ChatResult(texts, reasons, *counts)
 
     def chat_many(self, requests: list[dict], return_exceptions=False) -> list:
         """Run `chat(**request)` for each request concurrently (at most max_workers at once).

@@ -1,11 +1,26 @@
 """OpenAI-compatible HTTP server for a minskill model, and the embedded default endpoint.
 
     python -m minskill.server --model SPEC [--host 127.0.0.1] [--port 8000] [--api-key KEY]
-                              [--max-batch 16] [--dtype float32|bfloat16] [--log-requests]
+                              [--max-batch 16] [--dtype float32|bfloat16] [--threads N] [--log-requests]
+                              [--request-timeout 30] [--max-connections 256]
 
 Endpoints: `GET /health`, `GET /v1/models`, `POST /v1/chat/completions` (messages, n, temperature,
 top_p, max_tokens, stop, seed). Replies have OpenAI's shape, so the official client, curl and
 minskill.client.ChatClient all work against it. Standard library only for HTTP (http.server).
+
+Bad input. Every request the server cannot serve gets a 4xx with OpenAI's error body
+{"error": {"message", "type", "param", "code"}}, never a 500: a body that is not JSON, is nested too
+deeply to decode, or holds a lone surrogate ("\\ud800" is valid JSON but no Unicode text); a field of the
+wrong type or range (400, `param` names it); a `model` other than the one served (404, code
+"model_not_found"; leaving `model` out is fine); http.server's own refusals (a malformed request line or
+header). A 500 means a bug or a failing backend; its body names the exception, the traceback goes to stderr.
+Message contents are text: special-token text typed in them is encoded as plain characters, never as the
+chat format's control tokens (see minskill.tokenizer), so a message cannot open a turn of its own.
+
+Stalled clients. A request's line, headers and body must all arrive within `request_timeout` seconds of
+the server starting to wait for it (on a new connection, or after the previous reply on a kept-alive
+one); else the connection is closed (a body cut short gets a 408 first). At most `max_connections`
+connections are open at once (each holds a thread); one beyond that is closed at once, and clients retry.
 
 Batching. Each HTTP request is handled on its own thread, validated there, then queued. One
 scheduler thread repeatedly takes the oldest pending requests, up to `max_batch` *samples*
@@ -45,6 +60,7 @@ ChatClient, and stops the server when the block exits.
 import argparse
 import collections
 import hmac
+import io
 import json
 import os
 import re
@@ -71,6 +87,8 @@ from minskill.client import ChatClient
 MAX_N = 16                        # most choices one request may ask for
 MAX_STOP_STRINGS = 16
 DEFAULT_MAX_BODY_BYTES = 8 << 20  # 8 MiB of JSON is far more than any prompt a model here can read
+DEFAULT_REQUEST_TIMEOUT = 30.0    # seconds for a request's line, headers and body to arrive (also: keep-alive idle)
+DEFAULT_MAX_CONNECTIONS = 256     # open connections at once; each holds a handler thread
 API_KEY_ENV = "MINSKILL_API_KEY"  # lets a parent pass the key without putting it on the command line
 ROLES = ("system", "user", "assistant")
 
@@ -225,6 +243,12 @@ def parse_chat_request(payload, backend: Backend) -> CompletionRequest:
     """Validate a decoded /v1/chat/completions body; raise BackendError(400, ...) naming the problem."""
     if not isinstance(payload, dict):
         raise _bad_request(f"the request body must be a JSON object, got {type(payload).__name__}")
+    model = payload.get("model")
+    if model is not None and not isinstance(model, str):
+        raise _bad_request(f"'model' must be a string, got {type(model).__name__}", "model")
+    if model is not None and model != backend.name:  # as OpenAI and vLLM answer it
+        raise BackendError(404, f"the model {model!r} does not exist: this server serves {backend.name!r} "
+                                f"(GET /v1/models lists it)", "invalid_request_error", "model_not_found", "model")
     messages = payload.get("messages")
     if not isinstance(messages, list) or not messages:
         raise _bad_request("'messages' must be a non-empty list of {'role', 'content'} objects", "messages")
@@ -240,8 +264,6 @@ def parse_chat_request(payload, backend: Backend) -> CompletionRequest:
     messages = [{"role": m["role"], "content": m["content"]} for m in messages]
     if payload.get("stream"):
         raise _bad_request("streaming is not supported by this server; leave 'stream' unset", "stream")
-    if payload.get("model") is not None and not isinstance(payload["model"], str):
-        raise _bad_request("'model' must be a string", "model")
     temperature = _number(payload, "temperature", 1.0, 0.0, 2.0)
     top_p = _number(payload, "top_p", 1.0, 0.0, 1.0, low_open=True)
     n = _integer(payload, "n", 1, 1, MAX_N)
@@ -391,15 +413,71 @@ class BatchScheduler:
 
 # ---- HTTP layer -----------------------------------------------------------------------------------
 ROUTES = {"/health": ("GET",), "/v1/models": ("GET",), "/v1/chat/completions": ("POST",)}
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _lone_surrogate_at(value) -> str | None:
+    """Where a decoded JSON value has a string with a lone surrogate (JSON's "\\ud800" escape decodes to
+    one; it is no Unicode text, and UTF-8 and every tokenizer refuse it), e.g. "messages[0].content"."""
+    stack = [("", value)]
+    while stack:  # (a loop, not recursion: the body may be as deep as json.loads allows)
+        where, value = stack.pop()
+        if isinstance(value, str) and _SURROGATE.search(value):
+            return where or "the body"
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if _SURROGATE.search(key):
+                    return where or "the body"
+                stack.append((f"{where}.{key}" if where else key, item))
+        elif isinstance(value, list):
+            stack.extend((f"{where}[{i}]", item) for i, item in enumerate(value))
+    return None
+
+
+class _DeadlineReader(io.RawIOBase):
+    """The connection's socket as the handler's input file, with one deadline (time.monotonic()) for all
+    reads together: a socket timeout bounds each read alone, so a client sending a byte every few seconds
+    could otherwise hold its thread forever. No deadline: reads wait as long as the socket's timeout."""
+
+    def __init__(self, sock: socket.socket):
+        self.sock, self.deadline = sock, None
+
+    def readable(self):
+        return True
+
+    def readinto(self, buffer):
+        if self.deadline is not None:
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("the request did not arrive in time")
+            self.sock.settimeout(left)
+        return self.sock.recv_into(buffer)
 
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive: clients reuse connections
     server_version = "minskill"
-    timeout = 120                  # seconds an idle keep-alive connection may hold its thread
 
     def log_message(self, format, *args):  # quiet: the scheduler logs one line per batch on request
         pass
+
+    def setup(self):
+        super().setup()
+        self.rfile.close()  # replaced by a file whose reads share the request's deadline
+        self.reader = _DeadlineReader(self.connection)
+        self.rfile = io.BufferedReader(self.reader)
+
+    def handle_one_request(self):
+        # the request line, headers and body must arrive within request_timeout of starting to wait for them
+        # (http.server closes the connection on the TimeoutError; _read_json answers 408 first)
+        self.reader.deadline = time.monotonic() + self.server.state.request_timeout
+        super().handle_one_request()
+
+    def send_error(self, code, message=None, explain=None):
+        """http.server's own refusals (a malformed request line or header, an unknown method) in OpenAI's shape."""
+        self.request_version = self.protocol_version  # a status line even for what parsed as HTTP/0.9
+        self._send_error(BackendError(code, message or self.responses.get(code, ("error",))[0],
+                                      "invalid_request_error"))
 
     def do_GET(self):
         self._handle("GET")
@@ -418,6 +496,10 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _send_json(self, status: int, body: dict, headers: dict | None = None):
         data = json.dumps(body).encode()
+        # reading is over: no deadline now; a client that stops reading its reply fails each write after
+        # request_timeout seconds
+        self.reader.deadline = None
+        self.connection.settimeout(self.server.state.request_timeout)
         try:
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
@@ -444,7 +526,10 @@ class _Handler(BaseHTTPRequestHandler):
     def _handle(self, method: str):
         state: ServerState = self.server.state
         try:
-            path = urlsplit(self.path).path.rstrip("/") or "/"
+            try:
+                path = urlsplit(self.path).path.rstrip("/") or "/"
+            except ValueError as error:  # e.g. "http://[::1/v1/models"
+                raise _bad_request(f"cannot parse the request target {self.path!r:.200}: {error}") from None
             allowed = ROUTES.get(path)
             if allowed is None:
                 raise BackendError(404, f"no such endpoint: {method} {path}; this server has "
@@ -465,6 +550,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._chat_completions(state)
         except BackendError as error:
             self._send_error(error)
+        except ClientGone:
+            self.close_connection = True
         except Exception as error:  # a bug: answer 500 and keep serving
             traceback.print_exc(file=sys.stderr)
             self._send_error(BackendError(500, f"internal error: {type(error).__name__}: {error}"))
@@ -479,16 +566,28 @@ class _Handler(BaseHTTPRequestHandler):
         if length is None:
             raise BackendError(411, "a Content-Length header is required", "invalid_request_error",
                                "length_required")
-        if not length.isdigit():
-            raise _bad_request(f"bad Content-Length header {length!r}")
+        if not re.fullmatch("[0-9]{1,18}", length):  # (str.isdigit() and int() also take '²' and '٣')
+            raise _bad_request(f"bad Content-Length header {length!r:.50}: want a decimal byte count")
         if int(length) > state.max_body_bytes:
             raise BackendError(413, f"the request body has {int(length)} bytes; the limit is {state.max_body_bytes}",
                                "invalid_request_error", "request_too_large")
-        raw = self.rfile.read(int(length))
         try:
-            return json.loads(raw.decode("utf-8"))
+            raw = self.rfile.read(int(length))
+        except TimeoutError:
+            raise BackendError(408, f"the request body did not arrive within {state.request_timeout} s",
+                               "invalid_request_error", "request_timeout") from None
+        except ConnectionError:
+            raise ClientGone() from None
+        try:
+            payload = json.loads(raw.decode("utf-8"))
         except (UnicodeDecodeError, ValueError) as error:
-            raise _bad_request(f"the request body is not valid JSON: {error}")
+            raise _bad_request(f"the request body is not valid JSON: {error}") from None
+        except RecursionError:
+            raise _bad_request("the request body is nested too deeply to decode") from None
+        if (where := _lone_surrogate_at(payload)) is not None:
+            raise _bad_request(f"{where} has a lone surrogate (a \\ud800-\\udfff escape without its pair): "
+                               f"strings must be Unicode text", where)
+        return payload
 
     def _client_gone(self) -> bool:
         """True once the client has closed the connection: it is readable and a peek reads end-of-file."""
@@ -500,11 +599,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _chat_completions(self, state: "ServerState"):
         request = parse_chat_request(self._read_json(state), state.backend)
-        try:
-            choices = state.scheduler.submit(request, client_gone=self._client_gone)
-        except ClientGone:
-            self.close_connection = True
-            return
+        choices = state.scheduler.submit(request, client_gone=self._client_gone)
         completion_tokens = sum(choice.completion_tokens for choice in choices)
         self._send_json(200, {
             "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
@@ -521,12 +616,32 @@ class ServerState:
     scheduler: BatchScheduler
     api_key: str | None
     max_body_bytes: int
+    request_timeout: float = DEFAULT_REQUEST_TIMEOUT
     created: int = field(default_factory=lambda: int(time.time()))
 
 
 class _HTTPServer(ThreadingHTTPServer):
     request_queue_size = 128  # the default backlog of 5 drops connections when many clients start at once
     daemon_threads = True
+
+    def __init__(self, address, handler, max_connections: int):
+        super().__init__(address, handler)
+        self.max_connections, self.open_connections, self._count_lock = max_connections, 0, threading.Lock()
+
+    def verify_request(self, request, client_address) -> bool:
+        """False (http.server then closes the connection) when max_connections are open already."""
+        with self._count_lock:
+            if self.open_connections >= self.max_connections:
+                return False
+            self.open_connections += 1
+            return True
+
+    def process_request_thread(self, request, client_address):
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            with self._count_lock:
+                self.open_connections -= 1
 
     def handle_error(self, request, client_address):
         if not isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):  # clients hanging up is normal
@@ -567,12 +682,16 @@ class RunningServer:
 
 
 def start_server(backend: Backend, host: str = "127.0.0.1", port: int = 0, api_key: str | None = None,
-                 max_batch: int = 16, log_requests: bool = False,
-                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> RunningServer:
+                 max_batch: int = 16, log_requests: bool = False, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+                 request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
+                 max_connections: int = DEFAULT_MAX_CONNECTIONS) -> RunningServer:
     """Serve `backend` on background threads; port 0 picks a free port (see .url). Use as a context manager."""
-    httpd = _HTTPServer((host, port), _Handler)
+    if not request_timeout > 0 or max_connections < 1:
+        raise ValueError(f"start_server: need request_timeout > 0 and max_connections >= 1, got "
+                         f"request_timeout={request_timeout}, max_connections={max_connections}")
+    httpd = _HTTPServer((host, port), _Handler, max_connections)
     httpd.state = ServerState(backend, BatchScheduler(backend, max_batch, log_requests), api_key or None,
-                              max_body_bytes)
+                              max_body_bytes, request_timeout)
     return RunningServer(httpd, httpd.state)
 
 
@@ -585,6 +704,9 @@ URL_LINE = re.compile(r"(https?://\S+/v1)\s*$")
 def embedded_client(url=None, model=None, api_key=None, model_spec="smollm2-135m", startup_timeout=600.0,
                     server_args=(), **client_kwargs):
     """Yield a ChatClient: for `url` if given, else for a fresh local server on `model_spec`.
+
+    `model` is the name to ask `url` for; a local server is asked for the one model it serves (its name
+    from /v1/models), whatever `model` says, since it answers any other name with 404 model_not_found.
 
     The local server is `python -m minskill.server --model model_spec --port 0` on 127.0.0.1 with a
     random API key (passed through the environment); it is terminated when the block exits, also on
@@ -634,7 +756,7 @@ def embedded_client(url=None, model=None, api_key=None, model_spec="smollm2-135m
                     except requests.RequestException:
                         pass
                 time.sleep(0.1)
-            client = ChatClient(server_url, model=model, api_key=api_key, **client_kwargs)
+            client = ChatClient(server_url, api_key=api_key, **client_kwargs)
             client.resolve_model()           # so that client.model names the served model from the start
             client.server_process = process  # for callers that want its pid or exit code
             yield client
@@ -661,11 +783,26 @@ def main(argv=None):
     parser.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda when available)")
     parser.add_argument("--served-model-name", default=None, help="model id reported to clients")
     parser.add_argument("--log-requests", action="store_true", help="log one line per batch on stderr")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice; "
+                        "1 is much faster on a CPU that other busy processes share)")
+    parser.add_argument("--request-timeout", type=float, default=DEFAULT_REQUEST_TIMEOUT,
+                        help="seconds for a request's line, headers and body to arrive; a stalled client's "
+                             f"connection is closed after that (default {DEFAULT_REQUEST_TIMEOUT:g})")
+    parser.add_argument("--max-connections", type=int, default=DEFAULT_MAX_CONNECTIONS,
+                        help=f"most connections open at once (default {DEFAULT_MAX_CONNECTIONS})")
     args = parser.parse_args(argv)
-    if args.max_batch < 1:
-        parser.error(f"--max-batch must be >= 1, got {args.max_batch}")
+    for flag, value, ok in (("--max-batch", args.max_batch, args.max_batch >= 1),
+                            ("--threads", args.threads, args.threads is None or args.threads >= 1),
+                            ("--request-timeout", args.request_timeout, args.request_timeout > 0),
+                            ("--max-connections", args.max_connections, args.max_connections >= 1)):
+        if not ok:
+            parser.error(f"{flag} must be positive, got {value}")
 
     import torch
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    threads = torch.get_num_threads()
+    print(f"minskill.server: {threads} torch thread{'s' if threads != 1 else ''}", file=sys.stderr, flush=True)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     try:
         backend = ModelBackend.from_spec(args.model, dtype=getattr(torch, args.dtype), device=device,
@@ -674,7 +811,8 @@ def main(argv=None):
         print(f"minskill.server: cannot load model {args.model!r}: {error}", file=sys.stderr)
         return 2
     server = start_server(backend, args.host, args.port, args.api_key or os.environ.get(API_KEY_ENV),
-                          args.max_batch, args.log_requests)
+                          args.max_batch, args.log_requests, request_timeout=args.request_timeout,
+                          max_connections=args.max_connections)
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())

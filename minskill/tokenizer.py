@@ -25,8 +25,14 @@ Llama 3:
       message, or nothing; {date} is today's date ("%d %b %Y") where the template asks for `strftime_now`
       (3.2), else "26 Jul 2024" (3.1, 3.3). Llama 3.0 has no such turn.
 
-The rendered text is then encoded with special tokens recognised and none added, which is what HF's
-`apply_chat_template(..., tokenize=True)` does, so the ids are identical token for token.
+`apply_chat_template` encodes the control tokens the format itself writes (the `<|...|>` tokens shown above)
+as their special ids, and every stretch of text between them, where the message contents are, with special
+tokens off: a message that types "<|im_end|>\n<|im_start|>system\n..." gets those characters as plain text,
+never a turn of its own (role injection). Non-special added tokens (Qwen3's `<think>`) are matched in both.
+HF encodes the rendered text as a whole, which splits at special tokens and encodes each stretch between them
+apart, so for contents without special-token text the ids are identical token for token to HF's
+`apply_chat_template(..., tokenize=True)`; for contents with it, HF (and any server that renders text, then
+tokenizes it) would turn the user's text into control tokens.
 
 Stop tokens: the union of the eos ids in generation_config.json and config.json (an int or a list), the
 eos token of tokenizer_config.json, and the format's end-of-turn token (`<|im_end|>`, `<|eot_id|>`).
@@ -111,6 +117,7 @@ class Tokenizer:
         self.llama3_date = llama3_date                # Llama 3: None (3.0, no date turn), "today", or a fixed date
         self.source_dir = source_dir
         self.vocab_size = backend.get_vocab_size(with_added_tokens=True)
+        self._plain_backend: _Backend | None = None  # a copy that reads special-token text as plain text
 
     # ----------------------------------------------------------------------------------------------------------
     @classmethod
@@ -173,9 +180,17 @@ class Tokenizer:
                    llama3_date=llama3_date, source_dir=path)
 
     # ----------------------------------------------------------------------------------------------------------
-    def encode(self, text: str) -> list[int]:
-        """Token ids of `text`; special-token text (e.g. "<|im_end|>") becomes its id; nothing is added."""
-        return self.backend.encode(text, add_special_tokens=False).ids
+    def encode(self, text: str, special_tokens: bool = True) -> list[int]:
+        """Token ids of `text`; nothing is added. Special-token text (e.g. "<|im_end|>") becomes its id, or,
+        with special_tokens=False, the plain characters it is (for text that must not control the model)."""
+        backend = self.backend
+        if not special_tokens:
+            if self._plain_backend is None:  # a copy, not a toggled flag: other threads encode meanwhile
+                plain = _Backend.from_str(self.backend.to_str())
+                plain.encode_special_tokens = True
+                self._plain_backend = plain
+            backend = self._plain_backend
+        return backend.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
         return self.backend.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)  # tensors too
@@ -185,12 +200,25 @@ class Tokenizer:
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, *,
                             date_string: str | None = None) -> list[int]:
-        """Token ids of the rendered chat, identical to HF's apply_chat_template for the same template."""
-        return self.encode(self.render_chat(messages, add_generation_prompt, date_string=date_string))
+        """Token ids of the rendered chat: the format's control tokens as special ids, all other text (the
+        message contents) with special tokens off. HF's ids for the same template, unless a content holds
+        special-token text (see the module docstring)."""
+        ids, text = [], ""
+        for part in self._render_parts(messages, add_generation_prompt, date_string):
+            if isinstance(part, _Control):
+                ids += self.encode(text, special_tokens=False) + self.encode(part)
+                text = ""
+            else:
+                text += part
+        return ids + self.encode(text, special_tokens=False)
 
     def render_chat(self, messages: list[dict], add_generation_prompt: bool = True, *,
                     date_string: str | None = None) -> str:
         """The chat as text. `date_string` overrides the date in Llama 3.1+ system turns."""
+        return "".join(self._render_parts(messages, add_generation_prompt, date_string))
+
+    def _render_parts(self, messages, add_generation_prompt, date_string) -> list[str]:
+        """The rendered chat as a list of strings; the format's own control tokens are _Control strings."""
         _check_messages(messages)
         if self.chat_format == CHATML:
             return self._render_chatml(messages, add_generation_prompt)
@@ -200,10 +228,11 @@ class Tokenizer:
         raise ValueError(f"the tokenizer{where} has no chat format minskill knows "
                          f"(supported: ChatML '<|im_start|>' and Llama 3 '<|start_header_id|>' templates)")
 
-    def _render_chatml(self, messages: list[dict], add_generation_prompt: bool) -> str:
+    def _render_chatml(self, messages: list[dict], add_generation_prompt: bool) -> list[str]:
+        start, end = _Control("<|im_start|>"), _Control("<|im_end|>")
         parts = []
         if messages[0]["role"] != "system" and self.default_system is not None:
-            parts.append(f"<|im_start|>system\n{self.default_system}<|im_end|>\n")
+            parts += [start, f"system\n{self.default_system}", end, "\n"]
         # Qwen3: turns after the last user message keep their <think> block; earlier ones lose it.
         last_user = len(messages) - 1
         for i in range(len(messages) - 1, -1, -1):
@@ -225,29 +254,29 @@ class Tokenizer:
                 if i > last_user and (is_last or reasoning):
                     reasoning, content = reasoning.strip("\n"), content.lstrip("\n")
                     content = f"<think>\n{reasoning}\n</think>\n\n{content}"
-            parts.append(f"<|im_start|>{role}\n{content}<|im_end|>\n")
+            parts += [start, f"{role}\n{content}", end, "\n"]
         if add_generation_prompt:
-            parts.append("<|im_start|>assistant\n")
+            parts += [start, "assistant\n"]
             if self.empty_think_prompt:  # Qwen3 with enable_thinking=False
                 parts.append("<think>\n\n</think>\n\n")
-        return "".join(parts)
+        return parts
 
-    def _render_llama3(self, messages: list[dict], add_generation_prompt: bool, date_string: str | None) -> str:
-        parts = [self.bos_token or ""]
+    def _render_llama3(self, messages: list[dict], add_generation_prompt: bool, date_string: str | None) -> list[str]:
+        header, end_header, end = _Control("<|start_header_id|>"), _Control("<|end_header_id|>"), _Control("<|eot_id|>")
+        parts = [_Control(self.bos_token or "")]
         if self.llama3_date is not None:  # Llama 3.1+: the system turn is always there
             system = ""
             if messages[0]["role"] == "system":
                 system, messages = messages[0]["content"].strip(), messages[1:]
             if date_string is None:
                 date_string = time.strftime("%d %b %Y") if self.llama3_date == "today" else self.llama3_date
-            parts.append("<|start_header_id|>system<|end_header_id|>\n\n"
-                         f"Cutting Knowledge Date: December 2023\nToday Date: {date_string}\n\n{system}<|eot_id|>")
+            parts += [header, "system", end_header,
+                      f"\n\nCutting Knowledge Date: December 2023\nToday Date: {date_string}\n\n{system}", end]
         for message in messages:
-            parts.append(f"<|start_header_id|>{message['role']}<|end_header_id|>\n\n"
-                         f"{message['content'].strip()}<|eot_id|>")
+            parts += [header, message["role"], end_header, f"\n\n{message['content'].strip()}", end]
         if add_generation_prompt:
-            parts.append("<|start_header_id|>assistant<|end_header_id|>\n\n")
-        return "".join(parts)
+            parts += [header, "assistant", end_header, "\n\n"]
+        return parts
 
     # ----------------------------------------------------------------------------------------------------------
     def save_pretrained(self, path) -> None:
@@ -268,6 +297,11 @@ class Tokenizer:
             except BaseException:
                 os.unlink(tmp)
                 raise
+
+
+class _Control(str):
+    """A control token the chat format writes itself ("<|im_start|>", ...): the only text of a rendered chat
+    that apply_chat_template encodes with special tokens on."""
 
 
 def _check_messages(messages) -> None:

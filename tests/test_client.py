@@ -1,6 +1,9 @@
-"""ChatClient over real loopback HTTP: retries (503, 429, resets, slow replies), Retry-After, errors
-that must not be retried, malformed replies, URL/env handling, chat_many, and token accounting."""
+"""ChatClient over real loopback HTTP: retries (503, 429, resets, slow replies), Retry-After (capped,
+finite), the whole-call deadline (against servers that trickle their reply), errors that must not be
+retried, malformed replies (every failure a counted ChatError), URL/env handling, chat_many, and token
+accounting."""
 import json
+import re
 import socket
 import struct
 import threading
@@ -124,7 +127,7 @@ def test_retries_503_then_succeeds(script_server):
 
 def test_retries_connection_reset_and_slow_reply(script_server):
     server = script_server("reset", ("slow", 1.5), ("json", 200, ok_body(["fine"]), {}))
-    client = fast_client(server.url, timeout=0.3)
+    client = fast_client(server.url, timeout=30, attempt_timeout=0.3)  # a slow attempt is cut and retried
     assert client.chat(MESSAGES).texts == ["fine"]
     assert len(server.seen) == 3
     assert client.stats["retries"] == 2 and client.stats["failures"] == 0
@@ -162,8 +165,11 @@ def test_retry_after_is_honoured(script_server, fast_sleep):
 
 
 def test_retry_after_http_date():
-    in_an_hour = time.strftime("%a, %d %b %Y %H:%M:%S GMT", time.gmtime(time.time() + 3600))
-    assert 3500 < client_module._parse_retry_after(in_an_hour) <= 3600
+    def http_date(seconds_ahead):
+        return time.strftime("%a, %d %b %Y %H:%M:%S GMT", time.gmtime(time.time() + seconds_ahead))
+
+    assert 25 < client_module._parse_retry_after(http_date(30)) <= 30
+    assert client_module._parse_retry_after(http_date(3600)) == client_module.MAX_RETRY_AFTER
     assert client_module._parse_retry_after("2.5") == 2.5
     assert client_module._parse_retry_after("soon") == 0.0 and client_module._parse_retry_after(None) == 0.0
 
@@ -308,3 +314,153 @@ def test_chat_many_exceptions():
         with pytest.raises(ChatError, match="temperature"):
             client.chat_many(requests)
         assert client.chat_many([]) == []
+
+
+# ---- the client keeps its promises (issue #11, point 3) ------------------------------------------
+class TrickleServer:
+    """Answers each request with a valid 200 reply sent one byte every `gap` seconds: from the status
+    line on (headers_too) or, after headers sent at once, the body only. Requests' timeouts bound each
+    socket read, so without a deadline for the whole call such a server holds a client for minutes."""
+
+    def __init__(self, gap=0.1, headers_too=True):
+        self.gap, self.headers_too, self.stopped = gap, headers_too, threading.Event()
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}/v1"
+        self.requests = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while not self.stopped.is_set():
+            try:
+                connection, _ = self.listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(connection,), daemon=True).start()
+
+    def _serve(self, connection):
+        with connection:
+            try:
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    data += connection.recv(65536)
+                head, body = data.split(b"\r\n\r\n", 1)
+                length = re.search(rb"(?i)\r\ncontent-length: *(\d+)", head)
+                while len(body) < (int(length.group(1)) if length else 0):
+                    body += connection.recv(65536)
+                self.requests += 1
+                reply = json.dumps(ok_body(["x" * 300])).encode()
+                headers = (f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                           f"Content-Length: {len(reply)}\r\n\r\n").encode()
+                slow = headers + reply if self.headers_too else reply
+                if not self.headers_too:
+                    connection.sendall(headers)
+                for i in range(len(slow)):
+                    if self.stopped.is_set():
+                        return
+                    connection.sendall(slow[i:i + 1])
+                    time.sleep(self.gap)
+            except OSError:  # the client cut the connection: what the test wants
+                return
+
+    def close(self):
+        self.stopped.set()
+        self.listener.close()
+
+
+@pytest.mark.parametrize("headers_too, max_retries, proxy", [(True, 0, False), (False, 0, False), (True, 3, False),
+                                                            (True, 0, True)],
+                         ids=["trickled-headers", "trickled-body", "trickled-with-retries", "through-a-proxy"])
+def test_timeout_bounds_the_whole_call(monkeypatch, headers_too, max_retries, proxy):
+    server = TrickleServer(gap=0.1, headers_too=headers_too)  # ~40 s to send a whole reply
+    url = server.url
+    if proxy:  # requests sends "POST http://chat.test/v1/..." to the proxy, which trickles its reply
+        monkeypatch.setenv("HTTP_PROXY", server.url[:-len("/v1")])
+        monkeypatch.delenv("NO_PROXY", raising=False)
+        monkeypatch.delenv("no_proxy", raising=False)
+        url = "http://chat.test/v1"
+    try:
+        client = fast_client(url, timeout=1.0, max_retries=max_retries)
+        started = time.monotonic()
+        with pytest.raises(ChatError, match="1.0 s") as caught:
+            client.chat(MESSAGES)
+        assert time.monotonic() - started < 10  # the old per-read timeout let this run for ~40 s
+        assert caught.value.status is None and server.requests >= 1
+        assert client.stats["failures"] == 1 and client.stats["calls"] == 0
+    finally:
+        server.close()
+
+
+def test_a_retry_that_would_start_after_the_deadline_is_not_made(script_server):
+    server = script_server(("json", 503, {"error": {"message": "busy"}}, {"Retry-After": "30"}),
+                           ("json", 200, ok_body(), {}))
+    client = fast_client(server.url, timeout=2.0, max_retries=1)
+    started = time.monotonic()
+    with pytest.raises(ChatError, match="busy") as caught:
+        client.chat(MESSAGES)
+    assert time.monotonic() - started < 10  # the old client slept the whole 30 s first
+    assert "deadline" in str(caught.value) and caught.value.status == 503 and len(server.seen) == 1
+    assert client.stats["failures"] == 1 and client.stats["retries"] == 0
+
+
+def test_retry_after_is_capped_and_must_be_finite(script_server, fast_sleep):
+    busy = [("json", 503, {"error": {"message": "busy"}}, {"Retry-After": value})
+            for value in ("86400", "inf", "nan", "-3", "1e309")]
+    server = script_server(*busy, ("json", 200, ok_body(), {}))
+    client = fast_client(server.url, timeout=1e6, max_retries=len(busy))
+    assert client.chat(MESSAGES).text == "42"
+    cap = client_module.MAX_RETRY_AFTER
+    assert 0 < cap <= 600 and len(fast_sleep) == len(busy)
+    assert fast_sleep[0] == cap                     # a day is cut to the cap
+    assert all(0 <= s <= 0.01 for s in fast_sleep[1:])  # non-finite and negative values are ignored
+    assert client_module._parse_retry_after("86400") == cap
+    for value in ("inf", "-inf", "nan", "-3", "1e309"):
+        assert client_module._parse_retry_after(value) == 0.0
+
+
+@pytest.mark.parametrize("usage", ['{"prompt_tokens": "five"}', '{"prompt_tokens": 1.5}',
+                                   '{"completion_tokens": [1]}', '{"prompt_tokens": -2}',
+                                   '{"completion_tokens": true}', '{"prompt_tokens": NaN}',
+                                   '{"completion_tokens": 1e999}'])
+def test_non_integer_usage_is_a_chat_error(script_server, usage):
+    body = json.dumps(ok_body())
+    body = body[:body.index('"usage"')] + f'"usage": {usage}}}'
+    server = script_server(("raw", 200, body))
+    client = fast_client(server.url)
+    with pytest.raises(ChatError, match="usage"):
+        client.chat(MESSAGES)
+    assert client.stats["failures"] == 1
+
+
+DEEP = "[" * 100_000 + "]" * 100_000
+BAD_REPLIES = [  # (id, model: None = ask /v1/models first, n, what the server answers, words in the ChatError)
+    ("deeply-nested-reply", "m", 1, [("raw", 200, DEEP)], "not JSON"),
+    ("deeply-nested-error", "m", 1, [("raw", 400, '{"error": ' + DEEP + "}")], "HTTP 400"),
+    ("deeply-nested-503", "m", 1, [("raw", 503, DEEP)], "gave up"),
+    ("non-string-finish-reason", "m", 1, [("json", 200, {"choices": [{"index": 0, "message": {"content": "a"},
+                                                                  "finish_reason": 7}]}, {})], "finish_reason"),
+    ("unsortable-indices", "m", 2, [("json", 200, {"choices": [{"index": "0", "message": {"content": "a"}},
+                                                            {"index": 1, "message": {"content": "b"}}]}, {})], "index"),
+    ("model-list-deeply-nested", None, 1, [("raw", 200, DEEP)], "GET"),
+    ("model-id-not-a-string", None, 1, [("json", 200, {"data": [{"id": 7}]}, {}), ("json", 200, ok_body(), {})], "GET"),
+    ("model-id-empty", None, 1, [("json", 200, {"data": [{"id": ""}]}, {}), ("json", 200, ok_body(), {})], "GET"),
+]
+
+
+@pytest.mark.parametrize("model, n, actions, words", [case[1:] for case in BAD_REPLIES],
+                         ids=[case[0] for case in BAD_REPLIES])
+def test_every_failure_is_a_counted_chat_error(script_server, fast_sleep, model, n, actions, words):
+    server = script_server(*actions)
+    client = ChatClient(server.url, model=model, max_retries=1, backoff_base=0.001)
+    with pytest.raises(ChatError, match=words) as caught:
+        client.chat(MESSAGES, n=n)
+    if model is None:  # the failure names the request that failed
+        assert f"GET {server.url}/models" in str(caught.value) and len(server.seen) == 1
+    assert client.stats["failures"] == 1 and client.stats["calls"] == 0
+
+
+def test_an_unsendable_api_key_is_a_chat_error(script_server):
+    server = script_server(("json", 200, ok_body(), {}))
+    client = fast_client(server.url, api_key="ключ")  # not latin-1: no HTTP header can carry it
+    with pytest.raises(ChatError, match="Authorization|latin-1"):
+        client.chat(MESSAGES)
+    assert client.stats["failures"] == 1 and server.seen == []
