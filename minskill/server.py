@@ -1,7 +1,8 @@
 """OpenAI-compatible HTTP server for a minskill model, and the embedded default endpoint.
 
     python -m minskill.server --model SPEC [--host 127.0.0.1] [--port 8000] [--api-key KEY]
-                              [--max-batch 16] [--dtype float32|bfloat16] [--threads N] [--log-requests]
+                              [--max-batch 16] [--dtype float32|bfloat16] [--quantize none|int8] [--threads N]
+                              [--log-requests]
                               [--request-timeout 30] [--max-connections 256]
 
 Endpoints: `GET /health`, `GET /v1/models`, `POST /v1/chat/completions` (messages, n, temperature,
@@ -39,18 +40,16 @@ Limits. With context length C and a prompt of P tokens: P < C is required; max_t
 1..C and is then clamped to C - P (the reply is cut with finish_reason "length"); without
 max_tokens the reply may use all C - P remaining positions.
 
-Backends. The HTTP layer talks to any object with `name`, `max_context`,
-`count_prompt_tokens(messages)` and `complete(requests) -> [[Choice, ...] per request]`
-(an entry may instead be an exception, which fails that request only):
-  * ModelBackend    a minskill Transformer + Tokenizer, batched through sampling.generate;
-  * ScriptedBackend fn(messages, request) -> str; puts a scripted model behind real HTTP in tests:
+Backends (minskill.backends). The HTTP layer talks to any object with `name`, `max_context`,
+`count_prompt_tokens(messages)` and `complete(requests)`: ModelBackend (a minskill model, optionally with
+int8 weights, `--quantize int8`) or ScriptedBackend, which puts a scripted model behind real HTTP in tests:
 
-        with start_server(ScriptedBackend(lambda messages, request: "42")) as server:
-            client = server.client()      # a ChatClient for server.url
-            client.chat([{"role": "user", "content": "6*7?"}]).text   # -> "42"
+    with start_server(ScriptedBackend(lambda messages, request: "42")) as server:
+        client = server.client()      # a ChatClient for server.url
+        client.chat([{"role": "user", "content": "6*7?"}]).text   # -> "42"
 
-    A scripted fn may raise BackendError(status, message, retry_after=...) to answer with that
-    HTTP error (e.g. 503), which is how tests make a server flaky.
+A scripted fn may raise BackendError(status, message, retry_after=...) to answer with that HTTP error
+(e.g. 503), which is how tests make a server flaky.
 
 `embedded_client()` is what the top-level scripts use when given no endpoint URL: it starts this
 server as a subprocess on a free loopback port with the default model, waits for /health, yields a
@@ -76,219 +75,24 @@ import time
 import traceback
 import uuid
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Callable
 from urllib.parse import urlsplit
 
-from minskill.client import ChatClient
+import requests
+import torch
 
-MAX_N = 16                        # most choices one request may ask for
-MAX_STOP_STRINGS = 16
+from minskill.backends import (Backend, BackendError, Choice, CompletionRequest, ModelBackend,  # noqa: F401
+                               ScriptedBackend, _bad_request, parse_chat_request)
+from minskill.client import ChatClient
+from minskill.quantize import QUANTIZE_CHOICES
+
 DEFAULT_MAX_BODY_BYTES = 8 << 20  # 8 MiB of JSON is far more than any prompt a model here can read
 DEFAULT_REQUEST_TIMEOUT = 30.0    # seconds for a request's line, headers and body to arrive (also: keep-alive idle)
 DEFAULT_MAX_CONNECTIONS = 256     # open connections at once; each holds a handler thread
 API_KEY_ENV = "MINSKILL_API_KEY"  # lets a parent pass the key without putting it on the command line
-ROLES = ("system", "user", "assistant")
-
-
-# ---- what backends see and return -----------------------------------------------------------------
-@dataclass
-class CompletionRequest:
-    """A validated chat request. max_tokens is already clamped to the room left in the context."""
-    messages: list[dict]
-    n: int = 1
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_tokens: int = 16
-    stop: list[str] = field(default_factory=list)
-    seed: int | None = None
-    prompt_tokens: int = 0
-    sample_index: int = 0         # ScriptedBackend sets it per call of fn (choice j of n)
-    # set when the client has gone (it timed out or was killed): its reply would be lost, so stop working on it
-    cancelled: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
-
-
-@dataclass
-class Choice:
-    text: str
-    finish_reason: str            # "stop" | "length"
-    completion_tokens: int        # generated tokens, counting the stop token that ended the reply
-
-
-class Backend(Protocol):
-    name: str
-    max_context: int
-
-    def count_prompt_tokens(self, messages: list[dict]) -> int: ...
-
-    def complete(self, requests: list[CompletionRequest]) -> list[list[Choice]]: ...
-
-
-class BackendError(Exception):
-    """Raised by a backend (or a scripted fn) to answer a request with this HTTP status."""
-
-    def __init__(self, status: int, message: str, type: str = "server_error", code: str | None = None,
-                 param: str | None = None, retry_after: float | None = None, headers: dict | None = None):
-        super().__init__(message)
-        self.status, self.message, self.type, self.code = status, message, type, code
-        self.param, self.retry_after, self.headers = param, retry_after, headers or {}
-
-
-def _bad_request(message: str, param: str | None = None, code: str | None = None) -> BackendError:
-    return BackendError(400, message, "invalid_request_error", code, param)
-
-
-class ScriptedBackend:
-    """A backend whose replies come from `fn(messages, request) -> str`, called once per choice.
-
-    Tokens are whitespace-separated words: prompt_tokens = words in all message contents,
-    completion_tokens = words in the reply. A reply is cut at the first stop string
-    (finish_reason "stop") and after max_tokens words (finish_reason "length").
-    `request.sample_index` tells fn which of the n choices it is producing.
-    """
-
-    def __init__(self, fn: Callable[[list[dict], CompletionRequest], str], name: str = "scripted",
-                 max_context: int = 4096):
-        self.fn, self.name, self.max_context = fn, name, max_context
-
-    def count_prompt_tokens(self, messages):
-        return sum(len(message["content"].split()) for message in messages)
-
-    def _choice(self, text, request) -> Choice:
-        if not isinstance(text, str):
-            raise TypeError(f"scripted fn returned {type(text).__name__}, expected str")
-        cuts = [text.find(stop) for stop in request.stop if stop in text]
-        if cuts:
-            text = text[:min(cuts)]
-        words = text.split()
-        if len(words) > request.max_tokens:
-            return Choice(" ".join(words[:request.max_tokens]), "length", request.max_tokens)
-        return Choice(text, "stop", len(words))
-
-    def complete(self, requests):
-        results = []
-        for request in requests:
-            try:
-                results.append([self._choice(self.fn(request.messages, replace(request, sample_index=j)), request)
-                                for j in range(request.n)])
-            except Exception as error:  # one failing script fails its own request, not the batch
-                results.append(error)
-        return results
-
-
-class ModelBackend:
-    """A minskill Transformer + Tokenizer; a batch is served by sampling.generate (one call per n)."""
-
-    def __init__(self, model, tokenizer, name: str = "minskill"):
-        self.model, self.tokenizer, self.name = model, tokenizer, name
-        self.max_context = int(model.config.max_position_embeddings)
-
-    @classmethod
-    def from_spec(cls, spec: str, dtype=None, device=None, name: str | None = None) -> "ModelBackend":
-        from minskill.weights import load_model
-        model, tokenizer = load_model(spec, dtype=dtype, device=device)
-        model.eval()
-        return cls(model, tokenizer, name or Path(str(spec).rstrip("/")).name or str(spec))
-
-    def count_prompt_tokens(self, messages):
-        return len(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True))
-
-    def complete(self, requests):
-        import torch
-        from minskill.sampling import generate
-
-        results: list = [None] * len(requests)
-        by_n = collections.defaultdict(list)   # generate takes one n per call
-        for i, request in enumerate(requests):
-            by_n[request.n].append(i)
-        with torch.inference_mode():
-            for n, indices in by_n.items():
-                group = [requests[i] for i in indices]
-                samples = generate(
-                    self.model, [self.tokenizer.apply_chat_template(r.messages) for r in group], n=n,
-                    should_stop=lambda k, group=group: group[k].cancelled.is_set(),
-                    max_new_tokens=[r.max_tokens for r in group], temperature=[r.temperature for r in group],
-                    top_p=[r.top_p for r in group], stop_strings=[list(r.stop) for r in group],
-                    seed=[r.seed for r in group], stop_token_ids=self.tokenizer.stop_token_ids,
-                    tokenizer=self.tokenizer, pad_id=self.tokenizer.pad_token_id)
-                for k, i in enumerate(indices):  # samples are prompt-major: prompt k owns k*n .. k*n+n-1
-                    results[i] = [Choice(s.text, s.finish_reason, len(s.token_ids)) for s in samples[k * n:(k + 1) * n]]
-        return results
-
-
-# ---- request validation ---------------------------------------------------------------------------
-def _number(payload, key, default, low, high, low_open=False):
-    value = payload.get(key, default)
-    if value is None:
-        value = default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-            (low < value if low_open else low <= value) and value <= high):
-        low_text = f"> {low}" if low_open else f">= {low}"
-        raise _bad_request(f"'{key}' must be a number {low_text} and <= {high}, got {value!r}", key)
-    return float(value)
-
-
-def _integer(payload, key, default, low, high):
-    value = payload.get(key, default)
-    if value is None:
-        value = default
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise _bad_request(f"'{key}' must be an integer from {low} to {high}, got {value!r}", key)
-    return value
-
-
-def parse_chat_request(payload, backend: Backend) -> CompletionRequest:
-    """Validate a decoded /v1/chat/completions body; raise BackendError(400, ...) naming the problem."""
-    if not isinstance(payload, dict):
-        raise _bad_request(f"the request body must be a JSON object, got {type(payload).__name__}")
-    model = payload.get("model")
-    if model is not None and not isinstance(model, str):
-        raise _bad_request(f"'model' must be a string, got {type(model).__name__}", "model")
-    if model is not None and model != backend.name:  # as OpenAI and vLLM answer it
-        raise BackendError(404, f"the model {model!r} does not exist: this server serves {backend.name!r} "
-                                f"(GET /v1/models lists it)", "invalid_request_error", "model_not_found", "model")
-    messages = payload.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise _bad_request("'messages' must be a non-empty list of {'role', 'content'} objects", "messages")
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict):
-            raise _bad_request(f"messages[{i}] must be an object, got {type(message).__name__}", f"messages[{i}]")
-        if message.get("role") not in ROLES:
-            raise _bad_request(f"messages[{i}].role must be one of {', '.join(ROLES)}, got {message.get('role')!r}",
-                               f"messages[{i}].role")
-        if not isinstance(message.get("content"), str):
-            raise _bad_request(f"messages[{i}].content must be a string, got "
-                               f"{type(message.get('content')).__name__}", f"messages[{i}].content")
-    messages = [{"role": m["role"], "content": m["content"]} for m in messages]
-    if payload.get("stream"):
-        raise _bad_request("streaming is not supported by this server; leave 'stream' unset", "stream")
-    temperature = _number(payload, "temperature", 1.0, 0.0, 2.0)
-    top_p = _number(payload, "top_p", 1.0, 0.0, 1.0, low_open=True)
-    n = _integer(payload, "n", 1, 1, MAX_N)
-    seed = _integer(payload, "seed", None, -2**63, 2**64 - 1) if payload.get("seed") is not None else None
-    key = "max_tokens" if payload.get("max_tokens") is not None else "max_completion_tokens"
-    context = backend.max_context
-    max_tokens = _integer(payload, key, None, 1, context) if payload.get(key) is not None else None
-
-    stop = payload.get("stop")
-    stop = [] if stop is None else [stop] if isinstance(stop, str) else stop
-    if (not isinstance(stop, list) or len(stop) > MAX_STOP_STRINGS
-            or not all(isinstance(s, str) and s for s in stop)):
-        raise _bad_request(f"'stop' must be a non-empty string or a list of at most {MAX_STOP_STRINGS} "
-                           f"non-empty strings, got {payload.get('stop')!r:.200}", "stop")
-
-    try:
-        prompt_tokens = backend.count_prompt_tokens(messages)
-    except (ValueError, KeyError) as error:  # e.g. a chat template that refuses this message order
-        raise _bad_request(f"cannot format these messages for the model: {error}", "messages")
-    if prompt_tokens >= context:
-        raise _bad_request(f"the prompt has {prompt_tokens} tokens but the model's context is {context} tokens "
-                           f"(and the reply needs at least one)", "messages", "context_length_exceeded")
-    room = context - prompt_tokens
-    return CompletionRequest(messages, n, temperature, top_p, min(max_tokens or room, room), stop, seed,
-                             prompt_tokens)
 
 
 # ---- batching scheduler ---------------------------------------------------------------------------
@@ -716,8 +520,6 @@ def embedded_client(url=None, model=None, api_key=None, model_spec="smollm2-135m
     if url is not None:
         yield ChatClient(url, model=model, api_key=api_key, **client_kwargs)
         return
-    import requests
-
     api_key = api_key or secrets.token_hex(16)
     package_root = str(Path(__file__).resolve().parent.parent)
     env = dict(os.environ, **{API_KEY_ENV: api_key, PARENT_PID_ENV: str(os.getpid())})
@@ -780,6 +582,9 @@ def main(argv=None):
     parser.add_argument("--api-key", default=None, help=f"require this bearer key (or set {API_KEY_ENV})")
     parser.add_argument("--max-batch", type=int, default=16, help="most samples served in one batch")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    parser.add_argument("--quantize", choices=QUANTIZE_CHOICES, default="none",
+                        help="int8: int8 weights with per-output-channel scales and bf16 activations "
+                             "(minskill.quantize; a frozen model only; default none)")
     parser.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda when available)")
     parser.add_argument("--served-model-name", default=None, help="model id reported to clients")
     parser.add_argument("--log-requests", action="store_true", help="log one line per batch on stderr")
@@ -798,7 +603,6 @@ def main(argv=None):
         if not ok:
             parser.error(f"{flag} must be positive, got {value}")
 
-    import torch
     if args.threads:
         torch.set_num_threads(args.threads)
     threads = torch.get_num_threads()
@@ -806,7 +610,7 @@ def main(argv=None):
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     try:
         backend = ModelBackend.from_spec(args.model, dtype=getattr(torch, args.dtype), device=device,
-                                         name=args.served_model_name)
+                                         name=args.served_model_name, quantize=args.quantize)
     except (ValueError, OSError) as error:
         print(f"minskill.server: cannot load model {args.model!r}: {error}", file=sys.stderr)
         return 2

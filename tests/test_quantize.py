@@ -89,3 +89,13 @@ def test_apply_quantization_names_the_choices():
     assert apply_quantization("model", "none") == "model"
     with pytest.raises(ValueError, match="choose one of none, int8"):
         apply_quantization(None, "int4")
+
+
+def test_server_serves_a_quantized_model_over_http(tiny_dir):
+    from minskill.quantize import Int8Linear as Int8
+    from minskill.server import ModelBackend, start_server
+    backend = ModelBackend.from_spec(str(tiny_dir), quantize="int8", name="tiny-int8")
+    assert isinstance(backend.model.lm_head, Int8)
+    with start_server(backend) as server:
+        result = server.client().chat([{"role": "user", "content": "hi"}], max_tokens=4, temperature=0.0)
+    assert result.completion_tokens >= 1 and isinstance(result.text, str)

@@ -1,0 +1,227 @@
+"""What the HTTP server (minskill.server) serves with: the backends, and the validation of a chat request.
+
+A backend is any object with `name`, `max_context`, `count_prompt_tokens(messages)` and
+`complete(requests) -> [[Choice, ...] per request]` (an entry may instead be an exception, which fails
+that request only):
+
+  * ModelBackend    a minskill Transformer + Tokenizer, batched through sampling.generate (optionally
+                    with int8 weights: `from_spec(..., quantize="int8")`, see minskill.quantize);
+  * ScriptedBackend fn(messages, request) -> str; puts a scripted model behind real HTTP in tests.
+
+`parse_chat_request(payload, backend)` turns a decoded /v1/chat/completions body into a
+CompletionRequest, or raises BackendError(400/404, ...) naming the field at fault.
+"""
+from __future__ import annotations
+
+import collections
+import threading
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Callable, Protocol
+
+import torch
+
+from minskill.quantize import apply_quantization
+from minskill.sampling import generate
+from minskill.weights import load_model
+
+MAX_N = 16                        # most choices one request may ask for
+MAX_STOP_STRINGS = 16
+ROLES = ("system", "user", "assistant")
+
+
+# ---- what backends see and return -----------------------------------------------------------------
+@dataclass
+class CompletionRequest:
+    """A validated chat request. max_tokens is already clamped to the room left in the context."""
+    messages: list[dict]
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int = 16
+    stop: list[str] = field(default_factory=list)
+    seed: int | None = None
+    prompt_tokens: int = 0
+    sample_index: int = 0         # ScriptedBackend sets it per call of fn (choice j of n)
+    # set when the client has gone (it timed out or was killed): its reply would be lost, so stop working on it
+    cancelled: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
+
+
+@dataclass
+class Choice:
+    text: str
+    finish_reason: str            # "stop" | "length"
+    completion_tokens: int        # generated tokens, counting the stop token that ended the reply
+
+
+class Backend(Protocol):
+    name: str
+    max_context: int
+
+    def count_prompt_tokens(self, messages: list[dict]) -> int: ...
+
+    def complete(self, requests: list[CompletionRequest]) -> list[list[Choice]]: ...
+
+
+class BackendError(Exception):
+    """Raised by a backend (or a scripted fn) to answer a request with this HTTP status."""
+
+    def __init__(self, status: int, message: str, type: str = "server_error", code: str | None = None,
+                 param: str | None = None, retry_after: float | None = None, headers: dict | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.code = status, message, type, code
+        self.param, self.retry_after, self.headers = param, retry_after, headers or {}
+
+
+def _bad_request(message: str, param: str | None = None, code: str | None = None) -> BackendError:
+    return BackendError(400, message, "invalid_request_error", code, param)
+
+
+class ScriptedBackend:
+    """A backend whose replies come from `fn(messages, request) -> str`, called once per choice.
+
+    Tokens are whitespace-separated words: prompt_tokens = words in all message contents,
+    completion_tokens = words in the reply. A reply is cut at the first stop string
+    (finish_reason "stop") and after max_tokens words (finish_reason "length").
+    `request.sample_index` tells fn which of the n choices it is producing.
+    """
+
+    def __init__(self, fn: Callable[[list[dict], CompletionRequest], str], name: str = "scripted",
+                 max_context: int = 4096):
+        self.fn, self.name, self.max_context = fn, name, max_context
+
+    def count_prompt_tokens(self, messages):
+        return sum(len(message["content"].split()) for message in messages)
+
+    def _choice(self, text, request) -> Choice:
+        if not isinstance(text, str):
+            raise TypeError(f"scripted fn returned {type(text).__name__}, expected str")
+        cuts = [text.find(stop) for stop in request.stop if stop in text]
+        if cuts:
+            text = text[:min(cuts)]
+        words = text.split()
+        if len(words) > request.max_tokens:
+            return Choice(" ".join(words[:request.max_tokens]), "length", request.max_tokens)
+        return Choice(text, "stop", len(words))
+
+    def complete(self, requests):
+        results = []
+        for request in requests:
+            try:
+                results.append([self._choice(self.fn(request.messages, replace(request, sample_index=j)), request)
+                                for j in range(request.n)])
+            except Exception as error:  # one failing script fails its own request, not the batch
+                results.append(error)
+        return results
+
+
+class ModelBackend:
+    """A minskill Transformer + Tokenizer; a batch is served by sampling.generate (one call per n)."""
+
+    def __init__(self, model, tokenizer, name: str = "minskill"):
+        self.model, self.tokenizer, self.name = model, tokenizer, name
+        self.max_context = int(model.config.max_position_embeddings)
+
+    @classmethod
+    def from_spec(cls, spec: str, dtype=None, device=None, name: str | None = None,
+                  quantize: str | None = None) -> "ModelBackend":
+        """Load `spec`; quantize="int8" serves it with int8 weights (minskill.quantize)."""
+        model, tokenizer = load_model(spec, dtype=dtype, device=device)
+        model.eval()
+        apply_quantization(model, quantize)
+        return cls(model, tokenizer, name or Path(str(spec).rstrip("/")).name or str(spec))
+
+    def count_prompt_tokens(self, messages):
+        return len(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True))
+
+    def complete(self, requests):
+        results: list = [None] * len(requests)
+        by_n = collections.defaultdict(list)   # generate takes one n per call
+        for i, request in enumerate(requests):
+            by_n[request.n].append(i)
+        with torch.inference_mode():
+            for n, indices in by_n.items():
+                group = [requests[i] for i in indices]
+                samples = generate(
+                    self.model, [self.tokenizer.apply_chat_template(r.messages) for r in group], n=n,
+                    should_stop=lambda k, group=group: group[k].cancelled.is_set(),
+                    max_new_tokens=[r.max_tokens for r in group], temperature=[r.temperature for r in group],
+                    top_p=[r.top_p for r in group], stop_strings=[list(r.stop) for r in group],
+                    seed=[r.seed for r in group], stop_token_ids=self.tokenizer.stop_token_ids,
+                    tokenizer=self.tokenizer, pad_id=self.tokenizer.pad_token_id)
+                for k, i in enumerate(indices):  # samples are prompt-major: prompt k owns k*n .. k*n+n-1
+                    results[i] = [Choice(s.text, s.finish_reason, len(s.token_ids)) for s in samples[k * n:(k + 1) * n]]
+        return results
+
+
+# ---- request validation ---------------------------------------------------------------------------
+def _number(payload, key, default, low, high, low_open=False):
+    value = payload.get(key, default)
+    if value is None:
+        value = default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+            (low < value if low_open else low <= value) and value <= high):
+        low_text = f"> {low}" if low_open else f">= {low}"
+        raise _bad_request(f"'{key}' must be a number {low_text} and <= {high}, got {value!r}", key)
+    return float(value)
+
+
+def _integer(payload, key, default, low, high):
+    value = payload.get(key, default)
+    if value is None:
+        value = default
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise _bad_request(f"'{key}' must be an integer from {low} to {high}, got {value!r}", key)
+    return value
+
+
+def parse_chat_request(payload, backend: Backend) -> CompletionRequest:
+    """Validate a decoded /v1/chat/completions body; raise BackendError(400, ...) naming the problem."""
+    if not isinstance(payload, dict):
+        raise _bad_request(f"the request body must be a JSON object, got {type(payload).__name__}")
+    model = payload.get("model")
+    if model is not None and not isinstance(model, str):
+        raise _bad_request(f"'model' must be a string, got {type(model).__name__}", "model")
+    if model is not None and model != backend.name:  # as OpenAI and vLLM answer it
+        raise BackendError(404, f"the model {model!r} does not exist: this server serves {backend.name!r} "
+                                f"(GET /v1/models lists it)", "invalid_request_error", "model_not_found", "model")
+    messages = payload.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise _bad_request("'messages' must be a non-empty list of {'role', 'content'} objects", "messages")
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise _bad_request(f"messages[{i}] must be an object, got {type(message).__name__}", f"messages[{i}]")
+        if message.get("role") not in ROLES:
+            raise _bad_request(f"messages[{i}].role must be one of {', '.join(ROLES)}, got {message.get('role')!r}",
+                               f"messages[{i}].role")
+        if not isinstance(message.get("content"), str):
+            raise _bad_request(f"messages[{i}].content must be a string, got "
+                               f"{type(message.get('content')).__name__}", f"messages[{i}].content")
+    messages = [{"role": m["role"], "content": m["content"]} for m in messages]
+    if payload.get("stream"):
+        raise _bad_request("streaming is not supported by this server; leave 'stream' unset", "stream")
+    temperature = _number(payload, "temperature", 1.0, 0.0, 2.0)
+    top_p = _number(payload, "top_p", 1.0, 0.0, 1.0, low_open=True)
+    n = _integer(payload, "n", 1, 1, MAX_N)
+    seed = _integer(payload, "seed", None, -2**63, 2**64 - 1) if payload.get("seed") is not None else None
+    key = "max_tokens" if payload.get("max_tokens") is not None else "max_completion_tokens"
+    context = backend.max_context
+    max_tokens = _integer(payload, key, None, 1, context) if payload.get(key) is not None else None
+
+    stop = payload.get("stop")
+    stop = [] if stop is None else [stop] if isinstance(stop, str) else stop
+    if (not isinstance(stop, list) or len(stop) > MAX_STOP_STRINGS
+            or not all(isinstance(s, str) and s for s in stop)):
+        raise _bad_request(f"'stop' must be a non-empty string or a list of at most {MAX_STOP_STRINGS} "
+                           f"non-empty strings, got {payload.get('stop')!r:.200}", "stop")
+
+    try:
+        prompt_tokens = backend.count_prompt_tokens(messages)
+    except (ValueError, KeyError) as error:  # e.g. a chat template that refuses this message order
+        raise _bad_request(f"cannot format these messages for the model: {error}", "messages")
+    if prompt_tokens >= context:
+        raise _bad_request(f"the prompt has {prompt_tokens} tokens but the model's context is {context} tokens "
+                           f"(and the reply needs at least one)", "messages", "context_length_exceeded")
+    room = context - prompt_tokens
+    return CompletionRequest(messages, n, temperature, top_p, min(max_tokens or room, room), stop, seed,
+                             prompt_tokens)
