@@ -506,15 +506,15 @@ URL_LINE = re.compile(r"(https?://\S+/v1)\s*$")
 
 @contextmanager
 def embedded_client(url=None, model=None, api_key=None, model_spec="smollm2-135m", startup_timeout=600.0,
-                    server_args=(), **client_kwargs):
+                    server_args=(), quantize: str = "none", **client_kwargs):
     """Yield a ChatClient: for `url` if given, else for a fresh local server on `model_spec`.
 
     `model` is the name to ask `url` for; a local server is asked for the one model it serves (its name
     from /v1/models), whatever `model` says, since it answers any other name with 404 model_not_found.
 
-    The local server is `python -m minskill.server --model model_spec --port 0` on 127.0.0.1 with a
-    random API key (passed through the environment); it is terminated when the block exits, also on
-    an exception. If it dies or is not healthy within startup_timeout seconds, RuntimeError shows
+    The local server is `python -m minskill.server --model model_spec --port 0 --quantize quantize` on
+    127.0.0.1 with a random API key (passed through the environment); it is terminated when the block
+    exits, also on an exception. If it dies or is not healthy within startup_timeout seconds, RuntimeError shows
     the tail of its stderr. The yielded client's `server_process` is the subprocess.Popen.
     """
     if url is not None:
@@ -524,7 +524,8 @@ def embedded_client(url=None, model=None, api_key=None, model_spec="smollm2-135m
     package_root = str(Path(__file__).resolve().parent.parent)
     env = dict(os.environ, **{API_KEY_ENV: api_key, PARENT_PID_ENV: str(os.getpid())})
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
-    command = [sys.executable, "-m", "minskill.server", "--model", str(model_spec), "--port", "0", *server_args]
+    command = [sys.executable, "-m", "minskill.server", "--model", str(model_spec), "--port", "0",
+               "--quantize", quantize, *server_args]
     with tempfile.TemporaryFile("w+b") as stderr_file:
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr_file, env=env, text=True,
                                    stdin=subprocess.DEVNULL)
