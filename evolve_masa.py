@@ -31,13 +31,22 @@ import contextlib
 import json
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
-from minskill import masa
-from minskill.runs import check_run_folder, open_run_folder
+from minskill import masa, masa_data
+from minskill.caching import BudgetExhausted, CachingClient, CallBudget
 from minskill.client import ChatError
-from minskill.masa import (BudgetExhausted, CachingClient, CallBudget, MasaConfig, MasaSearch, ModelCard,
-                           write_json_atomic, write_jsonl_atomic, write_text_atomic)
+from minskill.masa import MasaConfig, MasaSearch
+from minskill.model_card import ModelCard, model_card_from_config
+from minskill.plot import write_svg_plot
+from minskill.rollout import load_skills, summarize
+from minskill.runs import (check_run_folder, open_run_folder, write_json_atomic, write_jsonl_atomic,
+                           write_text_atomic)
+from minskill.server import embedded_client
+from minskill.skills import SkillSet
+from minskill.tasks import load_suite
+from minskill.weights import DEFAULT_MODEL, resolve_model
 
 # Flags that may change when a run is resumed (endpoints move, budgets grow); every other flag is restored
 # from the saved run so that the resumed search is the same search.
@@ -114,17 +123,77 @@ def log(line: str) -> None:
     print(f"[{elapsed // 60:3d}:{elapsed % 60:02d}] {line}", file=sys.stderr, flush=True)
 
 
-def save_checkpoint(out: Path, run_state: dict) -> None:
-    """state.json and search_log.jsonl, both atomically (called after every iteration)."""
-    write_json_atomic(out / "state.json", run_state)
-    log_records = masa.search_log(run_state["search"] or {})
-    log_records += [{"kind": "event", **e} for e in run_state["events"]]
-    write_jsonl_atomic(out / "search_log.jsonl", log_records)
+# ----------------------------------------------------------------------------------------------------------
+# The run: set-up and resume
+
+@dataclass
+class Run:
+    """What one run works with. `state` is what state.json holds: the arguments, the model card, the calls
+    spent, the search (MasaSearch.to_json) and the run's own events (teacher skips, budget stop)."""
+    args: argparse.Namespace
+    out: Path
+    state: dict
+    config: MasaConfig
+    prelim: list
+    tasks: list
+    heldout: list
+    base_skills: SkillSet
+    budget: CallBudget
+    cache_path: Path | None
+    task_description: str
+
+
+def resume_args(parser: argparse.ArgumentParser, args: argparse.Namespace, out: Path):
+    """--resume: (the saved run's arguments with the flags in RESUMABLE_OVERRIDES given now, saved state)."""
+    state_path = out / "state.json"
+    if not state_path.is_file():
+        parser.error(f"--resume: no saved run in {out} (state.json is missing)")
+    saved = json.loads(state_path.read_text(encoding="utf-8-sig"))
+    explicit = {k: v for k, v in vars(args).items() if k in RESUMABLE_OVERRIDES and v != parser.get_default(k)}
+    args = argparse.Namespace(**{**saved["args"], **explicit, "resume": True, "overwrite": False, "out": str(out),
+                              "merge": None})
+    search_state = saved.get("search") or {"phase": "start", "candidates": []}
+    log(f"resuming {out}: phase {search_state['phase']}, {len(search_state['candidates'])} candidates, "
+        f"{saved['calls_spent']} calls spent")
+    return args, saved
+
+
+def set_up(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Run:
+    """Resume or start: arguments, config, tasks and base skills (a bad suite is refused before any model
+    call), the run folder, the budget and the state."""
+    global STARTED
+    out = Path(args.out or f"runs/masa-{Path(args.suite).stem}-{time.strftime('%Y%m%d-%H%M%S')}")
+    saved = None
+    if args.resume:
+        args, saved = resume_args(parser, args, out)
+    check_run_folder(out, args.resume, args.overwrite, "evolve_masa.py")
+    embedded_teacher = args.teacher_url is None
+    if args.teacher_max_tokens is None:
+        args.teacher_max_tokens = 384 if embedded_teacher else 1536
+    if args.teacher_retries is None:
+        args.teacher_retries = 0 if embedded_teacher else 1
+    config = MasaConfig(lam_nh=args.lam_nh, iterations=args.iterations, patience=args.patience,
+                        tree_iterations=args.tree_iterations, episodes=args.episodes, c=args.c,
+                        max_children=args.max_children, seed=args.seed, teacher_retries=args.teacher_retries,
+                        teacher_temperature=args.teacher_temperature, teacher_max_tokens=args.teacher_max_tokens,
+                        target_max_tokens=args.max_tokens)
+    try:
+        prelim, tasks, heldout = load_tasks(args)
+    except (ValueError, FileNotFoundError) as e:   # a bad suite file: refused before any model call
+        parser.error(str(e))
+    base_skills = load_base_skills(args)
+    out = open_run_folder(out, args.resume, args.overwrite, "evolve_masa.py", keep=("target_cache.jsonl",))
+    state = saved or {"version": 1, "args": {k: v for k, v in vars(args).items()
+                                             if k not in ("resume", "overwrite", "merge")},
+                      "card": None, "calls_spent": 0, "search": None, "events": []}
+    STARTED = time.time()   # progress lines and run.json count from here
+    return Run(args, out, state, config, prelim, tasks, heldout, base_skills,
+               CallBudget(args.max_calls, spent=saved["calls_spent"] if saved else 0),
+               None if args.no_cache else Path(args.cache or out / "target_cache.jsonl"),
+               masa.suite_description(tasks, Path(args.suite).stem))
 
 
 def load_tasks(args):
-    from minskill.tasks import load_suite
-
     def load(split: str, n: int) -> list:
         return load_suite(args.suite, split=split, seed=args.task_seed, n=n)  # a name, or a .jsonl path
     train = load("train", args.n_train + args.n_prelim)
@@ -134,8 +203,6 @@ def load_tasks(args):
 
 
 def load_base_skills(args):
-    from minskill.rollout import load_skills
-    from minskill.skills import SkillSet
     if args.base_skills:
         return SkillSet.load(args.base_skills)
     try:
@@ -147,21 +214,188 @@ def load_base_skills(args):
     return skills if skills is not None else SkillSet(general=[], task_specific={}, common_mistakes=[])
 
 
+@contextlib.contextmanager
+def connect(run: Run):
+    """(target, teacher): CachingClients (target calls cached on disk; both charged to the budget) around the
+    endpoints, or around one embedded server that serves both."""
+    args = run.args
+    kw = dict(max_workers=args.concurrency, startup_timeout=args.startup_timeout, model_spec=args.model_spec,
+              timeout=args.timeout)
+    with contextlib.ExitStack() as stack:
+        target_raw = stack.enter_context(embedded_client(url=args.target_url, model=args.target_model,
+                                                         api_key=args.target_api_key, **kw))
+        if args.teacher_url is None and args.target_url is None:
+            teacher_raw = target_raw  # one embedded server serves both
+        else:
+            teacher_raw = stack.enter_context(embedded_client(url=args.teacher_url, model=args.teacher_model,
+                                                              api_key=args.teacher_api_key, **kw))
+        target = CachingClient(target_raw, run.cache_path, run.budget)
+        teacher = CachingClient(teacher_raw, None, run.budget)
+        c = run.config
+        log(f"MASA stage 1 -> {run.out}: target {target.model} ({args.target_url or 'embedded'}), teacher "
+            f"{teacher.model} ({args.teacher_url or 'embedded'}); {len(run.tasks)} search tasks of types "
+            f"{sorted({t.type for t in run.tasks})}, {len(run.heldout)} held-out; I={c.iterations} p={c.patience} "
+            f"J={c.tree_iterations} N={c.episodes} C={c.c} λ={c.lam_nh}; cache "
+            f"{run.cache_path or 'off'}; budget {args.max_calls or 'unlimited'} calls")
+        yield target, teacher
+
+
+def save_checkpoint(out: Path, run_state: dict) -> None:
+    """state.json and search_log.jsonl, both atomically (called after every iteration)."""
+    write_json_atomic(out / "state.json", run_state)
+    log_records = masa.search_log(run_state["search"] or {})
+    log_records += [{"kind": "event", **e} for e in run_state["events"]]
+    write_jsonl_atomic(out / "search_log.jsonl", log_records)
+
+
+def checkpoint(run: Run, search_state: dict) -> None:
+    run.state["search"] = search_state
+    run.state["calls_spent"] = run.budget.spent
+    save_checkpoint(run.out, run.state)
+
+
+def teacher_skipped(run: Run, event: dict) -> None:
+    run.state["events"].append({"event": "teacher_skip", **event})
+    log(f"  teacher reply skipped ({event['what']}) after {event['attempts']} attempts")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The phases
+
 def initial_card(args, target) -> ModelCard:
     if args.model_card:
         return ModelCard.load(args.model_card)
     if args.target_checkpoint:
-        return masa.model_card_from_config(args.target_checkpoint, name=args.target_model or
-                                           Path(args.target_checkpoint).name)
+        return model_card_from_config(args.target_checkpoint, name=args.target_model or
+                                      Path(args.target_checkpoint).name)
     if args.target_url is None:  # the embedded model: its (converted) checkpoint has a config.json
-        from minskill.weights import DEFAULT_MODEL, resolve_model
         # what SmolLM2-135M-Instruct's own model card says (huggingface.co/HuggingFaceTB/SmolLM2-135M-Instruct:
         # "trained on 2 trillion tokens", "SFT ... then DPO using UltraFeedback", English), which no config.json holds
         known = (dict(family="SmolLM2", variant="135M-Instruct", base_or_instruct="instruct",
                       alignment_method="SFT + DPO", training_data_size="2T tokens", multilingual=False)
                  if args.model_spec == DEFAULT_MODEL else {})
-        return masa.model_card_from_config(resolve_model(args.model_spec), name=args.model_spec, **known)
+        return model_card_from_config(resolve_model(args.model_spec), name=args.model_spec, **known)
     return ModelCard(name=target.model)
+
+
+def model_card(run: Run, target, teacher) -> ModelCard:
+    """1. The target's card; its strengths and weaknesses summarised from the preliminary rollouts, once."""
+    if run.state["card"] is None:
+        card = initial_card(run.args, target)
+        if run.prelim and not card.weaknesses:
+            log(f"[card] summarising the target from {len(run.prelim)} preliminary rollouts")
+            card = masa.summarize_model(teacher, card, target, run.prelim, run.config,
+                                        on_skip=lambda event: teacher_skipped(run, event), budget=run.budget)
+        run.state["card"] = card.to_json()
+        card.save(run.out / "model_card.json")
+    return ModelCard.from_json(run.state["card"])
+
+
+def run_search(run: Run, target, teacher) -> tuple[MasaSearch | None, str | None]:
+    """1-3: the card, hill climbing, the trees, checkpointed after every iteration. Returns (the search, or
+    None when the budget ran out before it began; why it stopped early, or None). On a spent budget the
+    search is rolled back to its last checkpoint (an iteration cut short is not a result); on an endpoint
+    failure or Ctrl-C that checkpoint is saved and the exception passes on."""
+    search = None
+    try:
+        card = model_card(run, target, teacher)
+        search = MasaSearch(target, teacher, card, run.tasks, run.base_skills, run.config, state=run.state["search"],
+                            log=log, checkpoint=lambda state: checkpoint(run, state), budget=run.budget)
+        checkpoint(run, search.to_json())
+        search.run()
+    except BudgetExhausted as e:
+        if search is not None:
+            search.restore(search.last_checkpoint)
+            checkpoint(run, search.last_checkpoint)
+        run.state["events"].append({"event": "budget_stop", "message": str(e)})
+        log(f"STOPPED: {e}. Keeping the best skills so far (resume with a larger --max-calls).")
+        return search, str(e)
+    except (ChatError, KeyboardInterrupt):
+        if search is not None:
+            checkpoint(run, search.last_checkpoint)
+        raise
+    return search, None
+
+
+def stopped_by(run: Run, error: BaseException) -> int:
+    """The exit status and the message for a run cut off by a failing endpoint (1) or Ctrl-C (130)."""
+    saved = (run.out / "state.json").exists()
+    resume = f"python evolve_masa.py --resume --out {run.out}"
+    if isinstance(error, ChatError):  # the client already retried; an endpoint that keeps failing ends the run
+        log(f"FAILED: {error}")
+        if saved:
+            log(f"The last finished iteration is saved; fix the endpoint and continue with: {resume}")
+        return 1
+    if saved:
+        log(f"interrupted; the state of the last finished iteration is in {run.out / 'state.json'}. "
+            f"Continue with: {resume}")
+    else:
+        log("interrupted before the first checkpoint; there is nothing to resume")
+    return 130
+
+
+# ----------------------------------------------------------------------------------------------------------
+# 4. Outputs
+
+def write_outputs(run: Run, search: MasaSearch, target, teacher, stopped: str | None) -> dict:
+    """library/, library.json, sft.jsonl, reward.svg, heldout.md, results.json, run.json, state.json.
+    What the budget no longer allows is left out and said in `notes`."""
+    out, config, notes = run.out, run.config, []
+    library = search.library()
+    library.save(out / "library")
+    library.save_json(out / "library.json")
+    reward_out = search.climb.best.reward
+    try:
+        log(f"[final] evolved library on the {len(run.tasks)} search tasks  calls {run.budget.spent}")
+        reward_out = search.evaluate(library, run.tasks)[0]["adjusted_reward"]
+    except BudgetExhausted:
+        notes.append("budget spent: reward_out is the best general set's R, the library was not re-evaluated")
+    oneshot = None
+    try:
+        oneshot = masa.one_shot_rewrite(teacher, search.card, search.candidates[0].skills, run.task_description,
+                                        retries=config.teacher_retries, temperature=config.teacher_temperature,
+                                        max_tokens=config.teacher_max_tokens,
+                                        seed=masa.teacher_seed(config.seed, "oneshot"),
+                                        on_skip=lambda event: teacher_skipped(run, event))
+    except (BudgetExhausted, ChatError) as e:
+        notes.append(f"no one-shot teacher rewrite in sft.jsonl ({e})")
+    records = masa_data.sft_records(run.state["search"], search.card, run.task_description, library, reward_out,
+                                    target.model, oneshot=oneshot, seed=config.seed, copies=run.args.sft_copies)
+    write_jsonl_atomic(out / "sft.jsonl", records)
+    reward_plot(out, run.state["search"])
+    results = {"target_model": target.model, "teacher_model": teacher.model, "reward_out": reward_out,
+               "base_reward": search.candidates[0].reward, "stopped": stopped, "notes": notes}
+    table = heldout_evaluation(run, search, target, library, results)
+    run.state["calls_spent"] = run.budget.spent
+    save_checkpoint(out, run.state)
+    write_json_atomic(out / "results.json", results)
+    write_json_atomic(out / "run.json", {
+        "target_model": target.model, "model_card": search.card.to_json(), "task_description": run.task_description,
+        "best_skills": library.to_json(), "reward_out": reward_out, "calls_spent": run.budget.spent,
+        "target_calls": target.calls, "target_cache_hits": target.cache_hits, "teacher_calls": teacher.calls,
+        "seconds": round(time.time() - STARTED, 1), "args": run.state["args"]})
+    return {"results": results, "records": len(records), "table": table}
+
+
+def heldout_evaluation(run: Run, search: MasaSearch, target, library: SkillSet, results: dict) -> str | None:
+    """Base vs evolved skills on the held-out split: heldout.md and results["heldout"]; the table, or None."""
+    if not run.heldout:
+        return None
+    try:
+        runs = {}
+        for name, skills in (("base", search.candidates[0].skills), ("evolved", library)):
+            log(f"[held-out] {name} skills on {len(run.heldout)} tasks  calls {run.budget.spent}")
+            trajs = masa.rollouts(target, run.heldout, skills, run.config, run.budget)
+            runs[name] = (trajs, summarize(trajs, lam_nh=run.config.lam_nh))
+    except BudgetExhausted:
+        results["notes"].append("budget spent: no held-out evaluation (rerun with --resume and a larger --max-calls)")
+        return None
+    paired = paired_counts(runs["base"][0], runs["evolved"][0])
+    table = heldout_table(runs["base"][1], runs["evolved"][1], paired)
+    results["heldout"] = {"base": runs["base"][1], "evolved": runs["evolved"][1],
+                          "gained_lost": {k: list(v) for k, v in paired.items()}}
+    write_text_atomic(run.out / "heldout.md", table + "\n")
+    return table
 
 
 def heldout_table(base: dict, evolved: dict, paired: dict) -> str:
@@ -194,7 +428,6 @@ def paired_counts(base_trajs, evolved_trajs) -> dict:
 
 
 def reward_plot(out: Path, state: dict) -> None:
-    from minskill.plot import write_svg_plot
     cands = state["candidates"]
     general = [x for x in cands if x["phase"] in ("base", "general") and x["reward"] is not None]
     series = {"general: candidate R": [(x["iteration"], x["reward"]) for x in general]}
@@ -214,10 +447,38 @@ def reward_plot(out: Path, state: dict) -> None:
                    xlabel="iteration", ylabel="R = SR − λ·NHR")
 
 
+def print_summary(run: Run, search: MasaSearch, target, teacher, written: dict) -> None:
+    """What the run did, on stdout."""
+    s, results, table = run.state["search"], written["results"], written["table"]
+    n_general = sum(x["phase"] == "general" for x in s["candidates"])
+    n_tree = sum(x["phase"] == "tree" for x in s["candidates"])
+    accepted = sum(bool(x["accepted"]) for x in s["candidates"] if x["phase"] == "general")
+    skips = sum(e.get("event") == "teacher_skip" for e in s["events"] + run.state["events"])
+    print(f"\nMASA stage 1 on {Path(run.args.suite).stem}: target {target.model}, teacher {teacher.model}")
+    print(f"base skills R = {results['base_reward']:.3f}; best general R = {search.climb.best.reward:.3f} "
+          f"({n_general} general candidates, {accepted} accepted); {n_tree} tree nodes over {len(s['trees'])} task "
+          f"types; evolved library R = {results['reward_out']:.3f} on the {len(run.tasks)} search tasks")
+    print(f"calls: {run.budget.spent} model calls ({target.calls} target, {target.cache_hits} target cache hits, "
+          f"{teacher.calls} teacher); {skips} teacher replies skipped; {time.time() - STARTED:.0f} s")
+    if table:
+        print(f"\nheld-out ({len(run.heldout)} tasks), base vs evolved skills:\n{table}")
+    notes = list(results["notes"])
+    evaluated = [x for x in s["candidates"] if x["metrics"] is not None]
+    if evaluated and max(x["metrics"]["success_rate"] for x in evaluated) == 0.0:
+        rewards = {round(x["reward"], 6) for x in evaluated}
+        notes.append("the target solved none of the search tasks under any skill set (success 0 everywhere); "
+                     + ("R differs only through NHR." if len(rewards) > 1 else
+                        "every R is equal, so the search had no signal to learn from."))
+    for note in notes:
+        print(f"note: {note}")
+    print(f"\nwrote {run.out}/library/, library.json, search_log.jsonl, sft.jsonl ({written['records']} records), "
+          f"reward.svg, results.json, run.json" + (", heldout.md" if table else ""))
+
+
 def merge(args) -> int:
     out = Path(args.out or "runs/masa-merged")
     check_run_folder(out, False, args.overwrite, "evolve_masa.py --merge")
-    records = masa.merge_sft_runs(args.merge)
+    records = masa_data.merge_sft_runs(args.merge)
     open_run_folder(out, False, args.overwrite, "evolve_masa.py --merge")
     write_jsonl_atomic(out / "sft.jsonl", records)
     extra = sum(r["source"] == "other_backbone" for r in records)
@@ -230,198 +491,19 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.merge:
         return merge(args)
-    out = Path(args.out or f"runs/masa-{Path(args.suite).stem}-{time.strftime('%Y%m%d-%H%M%S')}")
-    state_path = out / "state.json"
-    saved = None
-    if args.resume:
-        if not state_path.is_file():
-            parser.error(f"--resume: no saved run in {out} (state.json is missing)")
-        saved = json.loads(state_path.read_text(encoding="utf-8-sig"))
-        explicit = {k: v for k, v in vars(args).items() if k in RESUMABLE_OVERRIDES and v != parser.get_default(k)}
-        args = argparse.Namespace(**{**saved["args"], **explicit, "resume": True, "overwrite": False, "out": str(out),
-                                  "merge": None})
-        search_state = saved.get("search") or {"phase": "start", "candidates": []}
-        log(f"resuming {out}: phase {search_state['phase']}, {len(search_state['candidates'])} candidates, "
-            f"{saved['calls_spent']} calls spent")
-    check_run_folder(out, args.resume, args.overwrite, "evolve_masa.py")
-
-    embedded_teacher = args.teacher_url is None
-    if args.teacher_max_tokens is None:
-        args.teacher_max_tokens = 384 if embedded_teacher else 1536
-    if args.teacher_retries is None:
-        args.teacher_retries = 0 if embedded_teacher else 1
-    config = MasaConfig(lam_nh=args.lam_nh, iterations=args.iterations, patience=args.patience,
-                        tree_iterations=args.tree_iterations, episodes=args.episodes, c=args.c,
-                        max_children=args.max_children, seed=args.seed, teacher_retries=args.teacher_retries,
-                        teacher_temperature=args.teacher_temperature, teacher_max_tokens=args.teacher_max_tokens,
-                        target_max_tokens=args.max_tokens)
-    try:
-        prelim, tasks, heldout = load_tasks(args)
-    except (ValueError, FileNotFoundError) as e:   # a bad suite file: refused before any model call
-        parser.error(str(e))
-    base_skills = load_base_skills(args)
-    out = open_run_folder(out, args.resume, args.overwrite, "evolve_masa.py", keep=("target_cache.jsonl",))
-    suite_name = Path(args.suite).stem
-    task_description = masa.suite_description(tasks, suite_name)
-    budget = CallBudget(args.max_calls, spent=saved["calls_spent"] if saved else 0)
-    cache_path = None if args.no_cache else Path(args.cache or out / "target_cache.jsonl")
-    run_state = saved or {"version": 1, "args": {k: v for k, v in vars(args).items() if k not in ("resume", "overwrite", "merge")},
-                          "card": None, "calls_spent": 0, "search": None, "events": []}
-    global STARTED
-    STARTED = time.time()   # progress lines and run.json count from here
-
-    def checkpoint(search_state: dict) -> None:
-        run_state["search"] = search_state
-        run_state["calls_spent"] = budget.spent
-        save_checkpoint(out, run_state)
-
-    with contextlib.ExitStack() as stack:
-        from minskill.server import embedded_client
-        kw = dict(max_workers=args.concurrency, startup_timeout=args.startup_timeout, model_spec=args.model_spec,
-                  timeout=args.timeout)
-        target_raw = stack.enter_context(embedded_client(url=args.target_url, model=args.target_model,
-                                                         api_key=args.target_api_key, **kw))
-        if args.teacher_url is None and args.target_url is None:
-            teacher_raw = target_raw  # one embedded server serves both
-        else:
-            teacher_raw = stack.enter_context(embedded_client(url=args.teacher_url, model=args.teacher_model,
-                                                              api_key=args.teacher_api_key, **kw))
-        target = CachingClient(target_raw, cache_path, budget)
-        teacher = CachingClient(teacher_raw, None, budget)
-        log(f"MASA stage 1 -> {out}: target {target.model} ({args.target_url or 'embedded'}), teacher "
-            f"{teacher.model} ({args.teacher_url or 'embedded'}); {len(tasks)} search tasks of types "
-            f"{sorted({t.type for t in tasks})}, {len(heldout)} held-out; I={config.iterations} p={config.patience} "
-            f"J={config.tree_iterations} N={config.episodes} C={config.c} λ={config.lam_nh}; cache "
-            f"{cache_path or 'off'}; budget {args.max_calls or 'unlimited'} calls")
-
-        def skipped(event: dict) -> None:
-            run_state["events"].append({"event": "teacher_skip", **event})
-            log(f"  teacher reply skipped ({event['what']}) after {event['attempts']} attempts")
-
-        stopped = None
-        search = None
+    run = set_up(parser, args)
+    with connect(run) as (target, teacher):
         try:
-            # 1. model card
-            if run_state["card"] is None:
-                card = initial_card(args, target)
-                if prelim and not card.weaknesses:
-                    log(f"[card] summarising the target from {len(prelim)} preliminary rollouts")
-                    card = masa.summarize_model(teacher, card, target, prelim, config, on_skip=skipped, budget=budget)
-                run_state["card"] = card.to_json()
-                card.save(out / "model_card.json")
-            card = ModelCard.from_json(run_state["card"])
-            # 2-3. hill climbing, then the trees
-            search = MasaSearch(target, teacher, card, tasks, base_skills, config, state=run_state["search"],
-                                log=log, checkpoint=checkpoint, budget=budget)
-            checkpoint(search.state)
-            search.run()
-        except BudgetExhausted as e:
-            stopped = str(e)
-        except ChatError as e:  # the client already retried; an endpoint that keeps failing ends the run
-            if search is not None:
-                checkpoint(search.last_checkpoint)
-            log(f"FAILED: {e}")
-            if state_path.exists():
-                log(f"The last finished iteration is saved; fix the endpoint and continue with: "
-                    f"python evolve_masa.py --resume --out {out}")
-            return 1
-        except KeyboardInterrupt:
-            if search is not None:
-                checkpoint(search.last_checkpoint)
-            if state_path.exists():
-                log(f"interrupted; the state of the last finished iteration is in {state_path}. "
-                    f"Continue with: python evolve_masa.py --resume --out {out}")
-            else:
-                log("interrupted before the first checkpoint; there is nothing to resume")
-            return 130
-        if stopped:
-            if search is not None:
-                search.state = search.last_checkpoint
-                checkpoint(search.state)
-            run_state["events"].append({"event": "budget_stop", "message": stopped})
-            log(f"STOPPED: {stopped}. Keeping the best skills so far (resume with a larger --max-calls).")
-        if search is None or run_state["search"]["general"] is None:
-            run_state["calls_spent"] = budget.spent
-            save_checkpoint(out, run_state)
+            search, stopped = run_search(run, target, teacher)         # 1-3: card, hill climbing, trees
+        except (ChatError, KeyboardInterrupt) as e:
+            return stopped_by(run, e)
+        if search is None or search.climb is None:
+            run.state["calls_spent"] = run.budget.spent
+            save_checkpoint(run.out, run.state)
             log("no skill set was evaluated; nothing to write")
             return 0
-
-        # 4. outputs
-        library = search.library()
-        library.save(out / "library")
-        library.save_json(out / "library.json")
-        best_general = search.candidate(search.best_general())
-        reward_out = best_general["reward"]
-        notes = []
-        try:
-            log(f"[final] evolved library on the {len(tasks)} search tasks  calls {budget.spent}")
-            metrics, _ = search.evaluate(library, tasks)
-            reward_out = metrics["adjusted_reward"]
-        except BudgetExhausted:
-            notes.append("budget spent: reward_out is the best general set's R, the library was not re-evaluated")
-        oneshot = None
-        try:
-            oneshot = masa.one_shot_rewrite(teacher, card, search.skills_of(0), task_description,
-                                            retries=config.teacher_retries, temperature=config.teacher_temperature,
-                                            max_tokens=config.teacher_max_tokens,
-                                            seed=masa.teacher_seed(config.seed, "oneshot"), on_skip=skipped)
-        except (BudgetExhausted, ChatError) as e:
-            notes.append(f"no one-shot teacher rewrite in sft.jsonl ({e})")
-        records = masa.sft_records(search.state, card, task_description, library, reward_out, target.model,
-                                   oneshot=oneshot, seed=config.seed, copies=args.sft_copies)
-        write_jsonl_atomic(out / "sft.jsonl", records)
-        reward_plot(out, search.state)
-        results = {"target_model": target.model, "teacher_model": teacher.model, "reward_out": reward_out,
-                   "base_reward": search.candidate(0)["reward"], "stopped": stopped, "notes": notes}
-        table = None
-        if heldout:
-            try:
-                from minskill.rollout import summarize
-                runs = {}
-                for name, skills in (("base", search.skills_of(0)), ("evolved", library)):
-                    log(f"[held-out] {name} skills on {len(heldout)} tasks  calls {budget.spent}")
-                    trajs = masa.rollouts(target, heldout, skills, config, budget)
-                    runs[name] = (trajs, summarize(trajs, lam_nh=config.lam_nh))
-                paired = paired_counts(runs["base"][0], runs["evolved"][0])
-                table = heldout_table(runs["base"][1], runs["evolved"][1], paired)
-                results["heldout"] = {"base": runs["base"][1], "evolved": runs["evolved"][1],
-                                      "gained_lost": {k: list(v) for k, v in paired.items()}}
-                write_text_atomic(out / "heldout.md", table + "\n")
-            except BudgetExhausted:
-                notes.append("budget spent: no held-out evaluation (rerun with --resume and a larger --max-calls)")
-        run_state["calls_spent"] = budget.spent
-        save_checkpoint(out, run_state)
-        write_json_atomic(out / "results.json", results)
-        write_json_atomic(out / "run.json", {
-            "target_model": target.model, "model_card": card.to_json(), "task_description": task_description,
-            "best_skills": library.to_json(), "reward_out": reward_out, "calls_spent": budget.spent,
-            "target_calls": target.calls, "target_cache_hits": target.cache_hits, "teacher_calls": teacher.calls,
-            "seconds": round(time.time() - STARTED, 1), "args": run_state["args"]})
-
-    # what it did
-    s = search.state
-    n_general = sum(x["phase"] == "general" for x in s["candidates"])
-    n_tree = sum(x["phase"] == "tree" for x in s["candidates"])
-    skips = sum(e.get("event") == "teacher_skip" for e in s["events"] + run_state["events"])
-    print(f"\nMASA stage 1 on {suite_name}: target {target.model}, teacher {teacher.model}")
-    print(f"base skills R = {results['base_reward']:.3f}; best general R = {best_general['reward']:.3f} "
-          f"({n_general} general candidates, {sum(bool(x['accepted']) for x in s['candidates'] if x['phase'] == 'general')}"
-          f" accepted); {n_tree} tree nodes over {len(s['trees'])} task types; evolved library R = {reward_out:.3f} "
-          f"on the {len(tasks)} search tasks")
-    print(f"calls: {budget.spent} model calls ({target.calls} target, {target.cache_hits} target cache hits, "
-          f"{teacher.calls} teacher); {skips} teacher replies skipped; {time.time() - STARTED:.0f} s")
-    if table:
-        print(f"\nheld-out ({len(heldout)} tasks), base vs evolved skills:\n{table}")
-    evaluated = [x for x in s["candidates"] if x["metrics"] is not None]
-    if evaluated and max(x["metrics"]["success_rate"] for x in evaluated) == 0.0:
-        rewards = {round(x["reward"], 6) for x in evaluated}
-        notes.append("the target solved none of the search tasks under any skill set (success 0 everywhere); "
-                     + ("R differs only through NHR." if len(rewards) > 1 else
-                        "every R is equal, so the search had no signal to learn from."))
-    for note in notes:
-        print(f"note: {note}")
-    print(f"\nwrote {out}/library/, library.json, search_log.jsonl, sft.jsonl ({len(records)} records), "
-          f"reward.svg, results.json, run.json" + (", heldout.md" if table else ""))
+        written = write_outputs(run, search, target, teacher, stopped)   # 4: outputs
+    print_summary(run, search, target, teacher, written)
     return 0
 
 

@@ -25,25 +25,37 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+import torch
+
+from minskill import sft
+from minskill.client import ChatClient
+from minskill.masa import one_shot_rewrite
+from minskill.model_card import as_model_card, model_card_from_config
+from minskill.replies import extract_json
+from minskill.rollout import load_skills, run_rollouts, summarize
 from minskill.runs import check_run_folder, open_run_folder, write_text_atomic
+from minskill.sampling import generate
+from minskill.server import embedded_client
+from minskill.skills import SkillSet
+from minskill.tasks import load_suite
+from minskill.weights import load_model, resolve_model
 
 # ----------------------------------------------------------------------------------------------- helpers
 
 
 def _default_device() -> str:
-    import torch
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def load_model_card(spec: str) -> dict:
     """--model-card: a JSON file (read leniently: unknown keys dropped), or a checkpoint folder or model spec
-    whose config.json fills the architectural fields (minskill.masa.model_card_from_config)."""
-    from minskill.masa import as_model_card, model_card_from_config
+    whose config.json fills the architectural fields (minskill.model_card.model_card_from_config)."""
     path = Path(spec)
     if path.is_file():
         try:
@@ -52,7 +64,6 @@ def load_model_card(spec: str) -> dict:
             raise ValueError(f"--model-card {spec}: not valid JSON ({e.msg}, line {e.lineno})") from None
         return as_model_card(data).to_json()
     if not path.is_dir():
-        from minskill.weights import resolve_model
         path = resolve_model(spec)          # e.g. "smollm2-135m" -> its converted HF folder
     return model_card_from_config(path).to_json()
 
@@ -63,8 +74,7 @@ def resolve_rewriter(spec: str) -> str:
     if path.is_dir() and not (path / "config.json").is_file():
         if (path / "final" / "config.json").is_file():
             return str(path / "final")
-        from minskill.sft import latest_checkpoint
-        checkpoint = latest_checkpoint(path)
+        checkpoint = sft.latest_checkpoint(path)
         if checkpoint is None:
             raise FileNotFoundError(f"--rewriter {spec}: no config.json, final/ or checkpoint-*/ in this folder")
         return str(checkpoint)
@@ -73,11 +83,9 @@ def resolve_rewriter(spec: str) -> str:
 
 def load_input_skills(spec: str, suite: str | None):
     """--skills: an Agent Skills folder, a MASA .json, or 'base' (the suite's hand-written base skills)."""
-    from minskill.skills import SkillSet
     if spec.lower() == "base":
         if not suite:
             raise ValueError("--skills base needs --suite (whose base skills to use)")
-        from minskill.rollout import load_skills
         skills = load_skills("base", suite)
     else:
         path = Path(spec)
@@ -91,36 +99,26 @@ def load_input_skills(spec: str, suite: str | None):
 
 def parse_rewriter_output(text: str, finish_reason: str = "stop"):
     """The SkillSet in a rewriter reply: the MASA JSON object it was trained to write (the text from its
-    first "{" to its last "}"; a code fence or words around it are ignored). A small rewriter sometimes
-    closes the object early and writes the rest of the set as a second object ({"general_skills": ...}
-    {"task_specific_skills": ...}); whitespace-separated objects whose keys are distinct skill-set keys
-    are merged into one. Raises ValueError saying why it does not parse. Free text is never re-read
-    leniently as Markdown (a garbled or cut-off reply would become the body of a broken skill), and an
-    empty skill set counts as not parsed."""
-    from minskill.skills import SkillSet
+    first "{" to its last "}": replies.extract_json(strict=True); a code fence or words around it are
+    ignored). A small rewriter sometimes closes the object early and writes the rest of the set as a
+    second object ({"general_skills": ...} {"task_specific_skills": ...}); whitespace-separated objects
+    whose keys are distinct skill-set keys are merged into one. Raises ValueError saying why it does not
+    parse. Free text is never re-read leniently as Markdown (a garbled or cut-off reply would become the
+    body of a broken skill), and an empty skill set counts as not parsed."""
     keys = {"general_skills", "task_specific_skills", "common_mistakes"}
     cut = " (the reply hit the token limit: raise --max-new-tokens)" if finish_reason == "length" else ""
-    start, end = text.find("{"), text.rfind("}")
-    if start == -1:
-        raise ValueError(f"no JSON object in the reply{cut}")
-    body = text[start:end + 1] if end > start else text[start:]
-    decoder, objects, pos = json.JSONDecoder(), [], 0
     try:
-        while pos < len(body):
-            value, pos = decoder.raw_decode(body, pos)
-            objects.append(value)
-            pos = len(body) - len(body[pos:].lstrip())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"not valid JSON ({e.msg} at line {e.lineno} column {e.colno}){cut}") from None
-    if len(objects) > 1:
+        data = extract_json(text, strict=True)
+    except ValueError as e:
+        raise ValueError(f"{e}{cut}") from None
+    if isinstance(data, list):   # several objects in a row: the parts of one skill set, or not a reply
         seen: set = set()
-        for i, part in enumerate(objects, 1):
+        for i, part in enumerate(data, 1):
             if not isinstance(part, dict) or not set(part) <= keys or seen & set(part):
-                raise ValueError(f"the reply holds {len(objects)} JSON values and value {i} is not a further part "
+                raise ValueError(f"the reply holds {len(data)} JSON values and value {i} is not a further part "
                                  f"of one skill set (distinct keys among {sorted(keys)})")
             seen |= set(part)
-        objects = [{k: v for part in objects for k, v in part.items()}]
-    data = objects[0]
+        data = {k: v for part in data for k, v in part.items()}
     if not isinstance(data, dict) or not keys & set(data):
         raise ValueError("the JSON object has none of general_skills, task_specific_skills, common_mistakes")
     try:
@@ -134,8 +132,6 @@ def parse_rewriter_output(text: str, finish_reason: str = "stop"):
 
 def save_skills_validated(skills, out: Path):
     """Write `skills` as an Agent Skills folder at `out`, only once a trial copy has read back identically."""
-    import shutil
-    from minskill.skills import SkillSet
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     trial = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.check-"))
@@ -152,9 +148,7 @@ def save_skills_validated(skills, out: Path):
 def rewrite_with_model(model, tokenizer, card: dict, skills, task: str, max_new_tokens: int = 1536,
                        temperature: float = 0.0, seed: int = 0) -> tuple[str, str]:
     """One rewriter pass: (raw reply text, finish reason). Greedy by default."""
-    from minskill.sampling import generate
-    from minskill.sft import prompt_messages
-    prompt = tokenizer.apply_chat_template(prompt_messages(card, skills.to_json(), task), add_generation_prompt=True)
+    prompt = tokenizer.apply_chat_template(sft.prompt_messages(card, skills.to_json(), task), add_generation_prompt=True)
     sample = generate(model, [prompt], max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
                       stop_token_ids=tokenizer.stop_token_ids, tokenizer=tokenizer, pad_id=tokenizer.pad_token_id)[0]
     return sample.text, sample.finish_reason
@@ -164,7 +158,6 @@ def teacher_oneshot_rewrite(client, card: dict, skills, task: str, attempts: int
                             seed: int = 0):
     """The DS-Adapter baseline: the teacher adapts S_in to the target once, from the same card, skills and
     task, without search (minskill.masa.one_shot_rewrite). Returns (SkillSet or None, last raw reply)."""
-    from minskill.masa import one_shot_rewrite
     skipped = {}
     result = one_shot_rewrite(client, card, skills, task, retries=max(0, attempts - 1), max_tokens=max_tokens,
                               seed=seed, on_skip=skipped.update)
@@ -174,9 +167,6 @@ def teacher_oneshot_rewrite(client, card: dict, skills, task: str, attempts: int
 # ----------------------------------------------------------------------------------------------- train
 
 def cmd_train(args) -> int:
-    from minskill import sft
-    from minskill.weights import load_model
-
     cfg = sft.SFTConfig(lr=args.lr, warmup_ratio=args.warmup_ratio, min_lr_ratio=args.min_lr_ratio,
                         epochs=args.epochs, batch_size=args.batch_size, micro_batch_size=args.micro_batch_size,
                         max_length=args.max_length, too_long=args.too_long, weight_decay=args.weight_decay,
@@ -239,9 +229,6 @@ def _table(rows: list[tuple[str, dict | None, str]]) -> str:
 
 
 def cmd_apply(args) -> int:
-    from minskill.weights import load_model
-    import torch
-
     out = Path(args.out)
     if out.exists() and any(out.iterdir()) and not args.overwrite:
         print(f"rewrite.py apply: --out {out} exists and is not empty (pass --overwrite)", file=sys.stderr)
@@ -279,10 +266,6 @@ def cmd_apply(args) -> int:
 
 def compare(args, card: dict, skills, rewritten) -> int:
     """Evaluate input, rewritten and teacher one-shot skills on the suite; print one table."""
-    from minskill.rollout import run_rollouts, summarize
-    from minskill.server import embedded_client
-    from minskill.tasks import load_suite
-
     if not args.suite:
         print("rewrite.py apply --compare needs --suite", file=sys.stderr)
         return 1
@@ -294,7 +277,6 @@ def compare(args, card: dict, skills, rewritten) -> int:
     with embedded_client(url=args.task_url, model=args.task_model, api_key=args.api_key,
                          model_spec=args.model_spec) as task_client:
         if args.teacher_url:
-            from minskill.client import ChatClient
             teacher_client = ChatClient(args.teacher_url, model=args.teacher_model, api_key=args.api_key)
         else:
             teacher_client = task_client     # one embedded server (or the --task-url one) serves both
@@ -337,7 +319,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Run `python rewrite.py train --help` or `python rewrite.py apply --help` for the options.")
     commands = parser.add_subparsers(dest="command", required=True)
-    d = __import__("minskill.sft", fromlist=["SFTConfig"]).SFTConfig()     # the paper's recipe = the defaults
+    d = sft.SFTConfig()     # the paper's recipe = the defaults
 
     t = commands.add_parser(
         "train", help="SFT the rewriter on JSONL records from evolve_masa.py",

@@ -24,22 +24,23 @@ One iteration of `search`:
      episodes), stored as child.reward (its *own* reward).
   4. backpropagate: visits += 1 and value_sum += reward for the child and every ancestor.
 
-The root is evaluated first (not counted as an iteration) when it is unvisited.
+The root is evaluated first (not counted as an iteration) when it is unvisited. With `max_reward` the
+search stops before an iteration once the best node's own reward has reached it (MASA: R = 1, which
+nothing can beat).
 
 Best node: the evaluated node with the highest *own* reward (ties: the shallower node, then the
 smaller child-index path, i.e. the sibling created first). Not the subtree mean: the subtree mean
 measures how promising a region is for exploration, but what the search returns is one skill set to
 use, and its quality is its own score; a mediocre parent with good children would otherwise win.
 
-The tree round-trips through plain dicts (`to_dict` / `from_dict`, `save_json` / `load_json`), so it
-can be logged and a search resumed: calling `search` again on a loaded root continues it.
+The tree round-trips through plain dicts (`to_dict` / `from_dict`, with converters for the payload), so
+a caller can checkpoint it wherever it keeps its state and resume: calling `search` again on a rebuilt
+root continues the search. This module does no file I/O and imports nothing from minskill, so it can be
+copied alone.
 """
 from __future__ import annotations
 
-import json
 import math
-import os
-import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
@@ -154,7 +155,8 @@ def best_node(root: Node) -> Node | None:
     return min(evaluated, key=lambda n: (-n.reward, n.depth, _sibling_indices(n)))
 
 
-def _evaluate(node: Node, evaluate_fn: Callable[[Node], float]) -> float:
+def evaluate(node: Node, evaluate_fn: Callable[[Node], float]) -> float:
+    """Score node with evaluate_fn: its own reward, then backpropagated to it and every ancestor."""
     reward = evaluate_fn(node)
     try:
         reward = float(reward)
@@ -170,31 +172,36 @@ def _evaluate(node: Node, evaluate_fn: Callable[[Node], float]) -> float:
 
 def search(root: Node, expand_fn: Callable[[Node], Any], evaluate_fn: Callable[[Node], float],
            iterations: int, c: float = 1.4, max_children: int | None = 3,
-           on_iteration: Callable[[int, Node, "Node | None", Node], None] | None = None) -> tuple[Node, Node]:
+           on_iteration: Callable[[int, Node, "Node | None", Node], None] | None = None,
+           max_reward: float = math.inf) -> tuple[Node, Node]:
     """Run `iterations` select/expand/evaluate/backpropagate rounds; returns (best_node, root).
 
     expand_fn(node) -> payload of a new child, or None to skip this iteration (no child is made).
     evaluate_fn(node) -> the node's reward (finite number). on_iteration(i, selected, child_or_None, root)
     is called after each iteration (for logs and checkpoints). The root is evaluated first if unvisited.
-    Calling search again on the same (or a reloaded) root continues the search.
+    The search ends early, before an iteration, once the best own reward is >= max_reward.
+    Calling search again on the same (or a rebuilt) root continues the search.
     """
     if iterations < 0:
         raise ValueError(f"search: iterations must be >= 0, got {iterations}")
     if root.parent is not None:
         raise ValueError(f"search: root must have no parent (got node {root.id})")
     if root.visits == 0:
-        _evaluate(root, evaluate_fn)
+        evaluate(root, evaluate_fn)
     for i in range(iterations):
+        best = best_node(root)
+        if best is not None and best.reward >= max_reward:
+            break
         selected = select(root, c, max_children)
         if selected.visits == 0:
             # Only reachable in a hand-built tree: evaluate an unvisited node before expanding it.
-            _evaluate(selected, evaluate_fn)
+            evaluate(selected, evaluate_fn)
             child = None
         else:
             payload = expand_fn(selected)
             child = None if payload is None else expand(selected, payload)
             if child is not None:
-                _evaluate(child, evaluate_fn)
+                evaluate(child, evaluate_fn)
         if on_iteration is not None:
             on_iteration(i, selected, child, root)
     return best_node(root), root
@@ -236,28 +243,3 @@ def from_dict(data: dict, payload_from_json: Callable[[Any], Any] | None = None)
         return node
     return build(data, None)
 
-
-def save_json(root: Node, path, payload_to_json: Callable[[Any], Any] | None = None) -> None:
-    """Write the tree as JSON atomically (temp file in the same folder + os.replace)."""
-    path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tree-", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(to_dict(root, payload_to_json), f, ensure_ascii=False, indent=1)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def load_json(path, payload_from_json: Callable[[Any], Any] | None = None) -> Node:
-    """Read a tree written by save_json."""
-    with open(path, encoding="utf-8") as f:
-        try:
-            data = json.load(f)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"load_json: {path} is not valid JSON: {e}") from None
-    return from_dict(data, payload_from_json)

@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import evolve_masa  # noqa: E402
-from minskill import masa  # noqa: E402
+from minskill import masa, masa_data  # noqa: E402
+from minskill.model_card import ModelCard  # noqa: E402
 from minskill.server import ScriptedBackend, start_server  # noqa: E402
 from minskill.skills import Skill, SkillSet  # noqa: E402
 
@@ -125,7 +126,7 @@ def test_end_to_end_raises_target_reward(full_run):
     assert "KEY-GENERAL" in library.general[0].body
     assert "KEY-SECRET" in library.task_specific["secret"][0].body
     assert SkillSet.load(out / "library").to_json() == library.to_json()   # Agent Skills folders
-    card = masa.ModelCard.load(out / "model_card.json")
+    card = ModelCard.load(out / "model_card.json")
     assert card.weaknesses == ["knows no keys"] and card.name == "target-a"
     assert (out / "reward.svg").read_text().startswith("<svg")
 
@@ -153,7 +154,7 @@ def test_sft_records_well_formed(full_run):
     sources = {r["source"] for r in records}
     assert {"early", "middle", "late", "teacher_oneshot", "noise", "partial", "verbose"} <= sources
     for i, r in enumerate(records):
-        masa.check_sft_record(r, f"sft.jsonl:{i + 1}")
+        masa_data.check_sft_record(r, f"sft.jsonl:{i + 1}")
         assert r["skills_out"] == library and r["target_model"] == "target-a" and r["reward_out"] == 1.0
         assert "secret" in r["task_description"] and r["model_card"]["weaknesses"] == ["knows no keys"]
     oneshot = next(r for r in records if r["source"] == "teacher_oneshot")
@@ -232,7 +233,7 @@ def test_merge_runs_adds_other_backbone(env, full_run):
     other = [r for r in records if r["source"] == "other_backbone"]
     assert len(other) == 2 and {r["target_model"] for r in other} == {"target-a", "target-b"}
     for r in records:
-        masa.check_sft_record(r)
+        masa_data.check_sft_record(r)
     a_to = next(r for r in other if r["target_model"] == "target-a")
     assert a_to["skills_in"] == read(out_b, "library.json") and a_to["skills_out"] == read(full_run, "library.json")
 

@@ -7,7 +7,7 @@ import pytest
 
 from minskill import rollout, sft
 from minskill.client import ChatResult
-from minskill.masa import CachingClient
+from minskill.caching import CachingClient
 from minskill.rollout import Trajectory
 from minskill.runs import read_jsonl
 from minskill.tasks import load_suite

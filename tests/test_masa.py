@@ -1,14 +1,20 @@
-"""Unit tests of minskill/masa.py: model card, reward, reply parsing, teacher retries/skips, hill climbing,
-the target-call cache and budget, augmentations and SFT records. (UCB1 itself: tests/test_ucb.py.)"""
+"""Unit tests of MASA stage 1: the model card (minskill/model_card.py), the reward, reading teacher replies
+(minskill/masa_replies.py), teacher retries/skips, hill climbing (minskill/masa.py), the target-call cache
+and budget (minskill/caching.py), augmentations and SFT records (minskill/masa_data.py).
+(UCB1 itself: tests/test_ucb.py.)"""
 import json
 import random
 
 import pytest
 
-from minskill import masa
+from minskill import masa, masa_data, masa_replies, model_card
+from minskill.caching import BudgetExhausted, CachingClient, CallBudget
 from minskill.client import ChatResult
-from minskill.masa import (BudgetExhausted, CachingClient, CallBudget, HillClimbState, ModelCard,
-                           TeacherReplyError, hill_climb)
+from minskill.masa import HillClimbState, hill_climb
+from minskill.masa_replies import TeacherReplyError
+from minskill.model_card import ModelCard
+from minskill.replies import extract_json
+from minskill.rollout import Trajectory, summarize
 from minskill.skills import Skill, SkillSet
 
 
@@ -35,7 +41,7 @@ SMOLLM2_135M = dict(model_type="llama", architectures=["LlamaForCausalLM"], voca
 
 
 def test_model_card_from_config_fills_architecture(tmp_path):
-    card = masa.model_card_from_config(write_config(tmp_path, **SMOLLM2_135M), alignment_method="SFT+DPO")
+    card = model_card.model_card_from_config(write_config(tmp_path, **SMOLLM2_135M), alignment_method="SFT+DPO")
     assert card.family == "Llama" and card.architecture == "LlamaForCausalLM"
     assert (card.num_layers, card.hidden_size, card.num_attention_heads, card.num_kv_heads) == (30, 576, 9, 3)
     assert card.context_window == 8192 and card.vocab_size == 49152
@@ -56,7 +62,7 @@ def test_parameter_count_matches_transformers(model_type):
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(cls[model_type](**config))
     reference = sum(p.numel() for p in model.parameters())  # tied weights are counted once
-    assert masa.estimate_parameter_count(config) == reference
+    assert model_card.estimate_parameter_count(config) == reference
 
 
 def test_model_card_json_round_trip_and_errors(tmp_path):
@@ -74,49 +80,56 @@ def test_model_card_json_round_trip_and_errors(tmp_path):
     with pytest.raises(ValueError, match="not valid JSON"):
         ModelCard.load(tmp_path / "bad3.json")
     with pytest.raises(FileNotFoundError, match="no config.json"):
-        masa.model_card_from_config(tmp_path)
+        model_card.model_card_from_config(tmp_path)
     # lenient reading of other tools' cards (rewrite.py's minimal card has multilingual "unknown", family None)
-    loose = masa.as_model_card({"family": None, "multilingual": "unknown", "num_layers": 2, "extra": 1})
+    loose = model_card.as_model_card({"family": None, "multilingual": "unknown", "num_layers": 2, "extra": 1})
     assert loose.family == "unknown" and loose.multilingual is None and loose.num_layers == 2
 
 
 def test_adjusted_reward():
-    assert masa.adjusted_reward(0.75, 0.5, 0.1) == pytest.approx(0.70)
-    assert masa.adjusted_reward(0.75, 0.5, 0.0) == 0.75
+    """R = SR − λ·NHR, computed once (rollout.summarize), is the reward the search reads."""
+    def traj(i, success, nothing_happens, steps):
+        return Trajectory(task_id=f"t{i}", task_type="x", messages=[], success=success, reward=float(success),
+                          steps=steps, nothing_happens=nothing_happens)
+    # SR = 3/4; NHR = mean(1/2, 1/2, 1/2, 1/2) = 0.5
+    trajs = [traj(0, True, 1, 2), traj(1, True, 2, 4), traj(2, True, 1, 2), traj(3, False, 3, 6)]
+    assert summarize(trajs, lam_nh=0.1)["adjusted_reward"] == pytest.approx(0.70)
+    assert summarize(trajs, lam_nh=0.0)["adjusted_reward"] == 0.75
+    assert masa._metrics(summarize(trajs, lam_nh=0.1))["adjusted_reward"] == pytest.approx(0.70)
 
 
 # ------------------------------------------------------------------------------------------ reply parsing
 
 def test_extract_json_from_fences_and_prose():
-    assert masa.extract_json('Sure!\n```json\n{"a": [1, 2]}\n```\nHope that helps.') == {"a": [1, 2]}
-    assert masa.extract_json('Analysis: {"a": 1} and that is {not json}') == {"a": 1}
-    assert masa.extract_json('noise {bad json} then {"b": {"c": 3}} end') == {"b": {"c": 3}}
+    assert extract_json('Sure!\n```json\n{"a": [1, 2]}\n```\nHope that helps.') == {"a": [1, 2]}
+    assert extract_json('Analysis: {"a": 1} and that is {not json}') == {"a": 1}
+    assert extract_json('noise {bad json} then {"b": {"c": 3}} end') == {"b": {"c": 3}}
     with pytest.raises(TeacherReplyError, match="no JSON object in the reply 'I think the model"):
-        masa.extract_json("I think the model is bad at math.")
+        masa_replies.parse_strengths("I think the model is bad at math.")   # a teacher reply: quoted
 
 
 def test_parse_attribution_normalises_shape():
     reply = ('Here:\n```json\n{"failure_categories": [{"category": "format", "count": 2, "evidence": "t1: no number",'
              ' "suggested_fix": "end with Answer: N"}, "arithmetic"], "summary": "two kinds"}\n```')
-    att = masa.parse_attribution(reply)
+    att = masa_replies.parse_attribution(reply)
     assert att["failure_categories"][0] == {"category": "format", "count": 2, "evidence": ["t1: no number"],
                                             "suggested_fix": "end with Answer: N"}
     assert att["failure_categories"][1]["category"] == "arithmetic"
     assert att["summary"] == "two kinds"
     with pytest.raises(TeacherReplyError, match="no 'failure_categories' list"):
-        masa.parse_attribution('{"summary": "x"}')
+        masa_replies.parse_attribution('{"summary": "x"}')
 
 
 def test_parse_skillset_reply_markdown_and_json():
     s = skillset(general=("Say the answer last.",), typed={"math": ["Add carefully."]})
-    assert masa.parse_skillset_reply("Here you go:\n\n" + s.to_markdown()).to_json() == s.to_json()
-    js = masa.parse_skillset_reply("```json\n" + json.dumps(s.to_json()) + "\n```")
+    assert masa_replies.parse_skillset_reply("Here you go:\n\n" + s.to_markdown()).to_json() == s.to_json()
+    js = masa_replies.parse_skillset_reply("```json\n" + json.dumps(s.to_json()) + "\n```")
     assert js.to_json() == s.to_json()
     with pytest.raises(TeacherReplyError):
-        masa.parse_skillset_reply("I cannot help with that.")
-    too_many = skillset(general=tuple(f"body {i}" for i in range(masa.MAX_SKILLS + 1)))
+        masa_replies.parse_skillset_reply("I cannot help with that.")
+    too_many = skillset(general=tuple(f"body {i}" for i in range(masa_replies.MAX_SKILLS + 1)))
     with pytest.raises(TeacherReplyError, match="at most"):
-        masa.parse_skillset_reply(json.dumps(too_many.to_json()))
+        masa_replies.parse_skillset_reply(json.dumps(too_many.to_json()))
 
 
 class FakeTeacher:
@@ -133,7 +146,7 @@ class FakeTeacher:
 def test_ask_teacher_retries_then_succeeds():
     teacher = FakeTeacher(["no json here", '{"strengths": ["facts"], "weaknesses": []}'])
     skips = []
-    out = masa.ask_teacher(teacher, [{"role": "user", "content": "q"}], masa.parse_strengths, what="x",
+    out = masa.ask_teacher(teacher, [{"role": "user", "content": "q"}], masa_replies.parse_strengths, what="x",
                            retries=2, seed=10, on_skip=skips.append)
     assert out == {"strengths": ["facts"], "weaknesses": []} and skips == []
     retry_messages, retry_kwargs = teacher.sent[1]
@@ -144,7 +157,7 @@ def test_ask_teacher_retries_then_succeeds():
 def test_ask_teacher_skips_after_bounded_retries():
     teacher = FakeTeacher(["nope"] * 5)
     skips = []
-    out = masa.ask_teacher(teacher, [{"role": "user", "content": "q"}], masa.parse_attribution, what="attribution",
+    out = masa.ask_teacher(teacher, [{"role": "user", "content": "q"}], masa_replies.parse_attribution, what="attribution",
                            retries=2, on_skip=skips.append)
     assert out is None and len(teacher.sent) == 3
     assert skips[0]["what"] == "attribution" and skips[0]["attempts"] == 3 and len(skips[0]["errors"]) == 3
@@ -276,39 +289,39 @@ def test_augmentations():
     best = skillset(general=("One two three. Four five six. Seven eight nine. Ten eleven twelve.",) * 3,
                     typed={"a": ["A one. A two."], "b": ["B one."]})
     rng = random.Random(0)
-    partial = masa.augment_partial(best, rng, 0.6)
+    partial = masa_data.augment_partial(best, rng, 0.6)
     n_kept = len(partial.general) + sum(len(v) for v in partial.task_specific.values())
     assert n_kept == round(0.6 * 5)
-    verbose = masa.augment_verbose(best, rng)
+    verbose = masa_data.augment_verbose(best, rng)
     assert all(len(v.body) > len(b.body) for v, b in zip(verbose.general, best.general))
-    assert sum(f in verbose.general[0].body for f in masa.FILLER) == 3
-    noisy = masa.augment_noise(best, random.Random(1), 0.3)
+    assert sum(f in verbose.general[0].body for f in masa_data.FILLER) == 3
+    noisy = masa_data.augment_noise(best, random.Random(1), 0.3)
     words = set(best.general[0].body.replace(".", " ").split())
     changed = [n.body != b.body for n, b in zip(noisy.general, best.general)]
     assert any(changed)
     assert all(set(n.body.replace(".", " ").split()) <= words for n in noisy.general)  # nothing new added
-    assert masa.augment_noise(best, random.Random(1), 0.0).to_json() == best.to_json()
+    assert masa_data.augment_noise(best, random.Random(1), 0.0).to_json() == best.to_json()
 
 
 def test_sft_records_well_formed():
     card = ModelCard(name="t")
     cands = [{"reward": 0.1 * i, "skills": skillset(general=(f"version {i}.",)).to_json()} for i in range(7)]
     best = skillset(general=("best version.",))
-    records = masa.sft_records({"candidates": cands}, card, "tasks", best, 0.9, "t",
+    records = masa_data.sft_records({"candidates": cands}, card, "tasks", best, 0.9, "t",
                                oneshot=skillset(general=("teacher version.",)), seed=0, copies=2)
     sources = [r["source"] for r in records]
     assert sources[:4] == ["early", "middle", "late", "teacher_oneshot"]
     assert sources.count("noise") == sources.count("partial") == sources.count("verbose") == 2
     for i, r in enumerate(records):
-        masa.check_sft_record(r, f"record {i}")
+        masa_data.check_sft_record(r, f"record {i}")
         assert r["skills_out"] == best.to_json() and r["reward_out"] == 0.9 and r["target_model"] == "t"
     early = SkillSet.from_json(records[0]["skills_in"]).general[0].body
     late = SkillSet.from_json(records[2]["skills_in"]).general[0].body
     assert early in ("version 0.", "version 1.") and late in ("version 4.", "version 5.", "version 6.")
     with pytest.raises(ValueError, match="lacks field 'source'"):
-        masa.check_sft_record({k: v for k, v in records[0].items() if k != "source"})
+        masa_data.check_sft_record({k: v for k, v in records[0].items() if k != "source"})
     with pytest.raises(ValueError, match="unknown source"):
-        masa.sft_record(card, best, "d", best, "mystery", "t", 0.0)
+        masa_data.sft_record(card, best, "d", best, "mystery", "t", 0.0)
 
 
 def test_one_shot_rewrite_accepts_dict_card_and_keeps_missing_types():

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from minskill.masa import ModelCard
+from minskill.model_card import ModelCard
 from minskill.server import ScriptedBackend, start_server
 from minskill.skills import SkillSet
 from tiny import make_tiny_model_dir

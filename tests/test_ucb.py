@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from minskill.ucb import (Node, backpropagate, best_node, expand, from_dict, iter_nodes, load_json,
-                          save_json, search, select, to_dict, ucb1, ucb_score)
+from minskill.ucb import (Node, backpropagate, best_node, evaluate, expand, from_dict, iter_nodes, search,
+                          select, to_dict, ucb1, ucb_score)
 
 
 def test_ucb1_matches_hand_computation():
@@ -168,7 +168,7 @@ def test_search_skips_failed_expansions_and_validates_rewards():
         search(Node("x"), lambda n: "y", lambda n: 0.0, iterations=-1)
 
 
-def test_serialisation_round_trip(tmp_path):
+def test_serialisation_round_trip():
     _, root = search(Node(()), _expand_next_arm, lambda n: _arm_reward(n.payload), iterations=8)
     root.children[0].info["attribution"] = {"failure": "missed step", "why": "ünïcode"}
     data = to_dict(root, payload_to_json=list)
@@ -179,24 +179,33 @@ def test_serialisation_round_trip(tmp_path):
         assert (loaded.id, loaded.payload, loaded.visits, loaded.reward, loaded.info) == \
                (original.id, original.payload, original.visits, original.reward, original.info)
         assert (loaded.parent.id if loaded.parent else None) == (original.parent.id if original.parent else None)
-    path = tmp_path / "sub" / "tree.json"
-    save_json(root, path, payload_to_json=list)
-    assert to_dict(load_json(path, payload_from_json=tuple), payload_to_json=list) == data
-    assert [p.name for p in path.parent.iterdir()] == ["tree.json"]   # no temp file left behind
+    through_json = from_dict(json.loads(json.dumps(data)), payload_from_json=tuple)
+    assert to_dict(through_json, payload_to_json=list) == data
 
 
-def test_resumed_search_equals_uninterrupted_run(tmp_path):
-    evaluate = lambda n: _arm_reward(n.payload)  # noqa: E731
-    _, straight = search(Node(()), _expand_next_arm, evaluate, iterations=12)
-    _, first_half = search(Node(()), _expand_next_arm, evaluate, iterations=5)
-    save_json(first_half, tmp_path / "t.json", payload_to_json=list)
-    resumed = load_json(tmp_path / "t.json", payload_from_json=tuple)
-    best, resumed = search(resumed, _expand_next_arm, evaluate, iterations=7)
+def test_resumed_search_equals_uninterrupted_run():
+    score = lambda n: _arm_reward(n.payload)  # noqa: E731
+    _, straight = search(Node(()), _expand_next_arm, score, iterations=12)
+    _, first_half = search(Node(()), _expand_next_arm, score, iterations=5)
+    saved = json.dumps(to_dict(first_half, payload_to_json=list))       # a checkpoint, as a caller writes it
+    resumed = from_dict(json.loads(saved), payload_from_json=tuple)
+    best, resumed = search(resumed, _expand_next_arm, score, iterations=7)
     assert to_dict(resumed) == to_dict(straight)
     assert best.id == best_node(straight).id
 
 
-def test_from_dict_errors_name_the_node(tmp_path):
+def test_search_stops_once_the_best_reaches_max_reward():
+    seen = []
+    rewards = iter([0.2, 0.5, 1.0, 0.3])
+    best, root = search(Node("r"), lambda n: "child", lambda n: next(rewards), iterations=10, max_reward=1.0,
+                        on_iteration=lambda i, sel, child, r: seen.append(i))
+    assert seen == [0, 1] and best.reward == 1.0 and root.visits == 3      # nothing can beat R = 1
+    root = Node("r")
+    assert evaluate(root, lambda n: 1.0) == 1.0 and root.visits == 1
+    assert search(root, lambda n: 1 / 0, lambda n: 0.0, iterations=5, max_reward=1.0)[0] is root
+
+
+def test_from_dict_errors_name_the_node():
     data = to_dict(_tree_with_children([0.1, 0.2]))
     del data["children"][1]["visits"]
     with pytest.raises(ValueError, match=r"node 0\.1 lacks field\(s\) visits"):
@@ -205,6 +214,5 @@ def test_from_dict_errors_name_the_node(tmp_path):
     data["children"][0]["visits"] = -2
     with pytest.raises(ValueError, match=r"node 0\.0: visits"):
         from_dict(data)
-    (tmp_path / "bad.json").write_text("{")
-    with pytest.raises(ValueError, match="not valid JSON"):
-        load_json(tmp_path / "bad.json")
+    with pytest.raises(ValueError, match=r"node 0 must be a dict"):
+        from_dict(["not", "a", "node"])

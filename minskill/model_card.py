@@ -1,0 +1,185 @@
+"""The model card of a target model: what MASA's teacher (and the rewriter) is told about it (DESIGN.md §4).
+
+Fields: family, variant, parameter_count, architecture, num_layers, hidden_size, num_attention_heads,
+num_kv_heads, context_window, vocab_size, base_or_instruct, alignment_method, training_data_size,
+multilingual, strengths, weaknesses. The architectural fields come from a checkpoint's config.json
+(`model_card_from_config`, which also estimates the parameter count); strengths and weaknesses are
+summarised by the teacher from preliminary rollouts (minskill.masa.summarize_model). A card is JSON on
+disk (`ModelCard.save` / `load`, strict: an unknown or mistyped field is an error naming it); other
+tools' looser cards are read with `as_model_card`.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from minskill.runs import write_json_atomic
+
+
+@dataclass
+class ModelCard:
+    """What the teacher is told about the target model (DESIGN.md §4). Unknown values stay None/"unknown"."""
+    name: str = ""                          # the model id the target is served under
+    family: str = "unknown"                 # e.g. Llama, Qwen2, Qwen3
+    variant: str = "unknown"                # e.g. 135M, 8B
+    parameter_count: int | None = None
+    architecture: str = "unknown"           # e.g. LlamaForCausalLM
+    num_layers: int | None = None
+    hidden_size: int | None = None
+    num_attention_heads: int | None = None
+    num_kv_heads: int | None = None
+    context_window: int | None = None
+    vocab_size: int | None = None
+    base_or_instruct: str = "unknown"       # "base" | "instruct" | "unknown"
+    alignment_method: str = "unknown"       # e.g. SFT+DPO
+    training_data_size: str = "unknown"     # e.g. "2T tokens"
+    multilingual: bool | None = None
+    strengths: list[str] = field(default_factory=list)
+    weaknesses: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Any, where: str = "model card") -> "ModelCard":
+        """Build a card from a dict; raises ValueError naming the bad field and `where` it came from."""
+        if not isinstance(data, dict):
+            raise ValueError(f"{where}: must be a JSON object, got {type(data).__name__}")
+        known = {f.name: f for f in fields(cls)}
+        unknown = sorted(set(data) - set(known))
+        if unknown:
+            raise ValueError(f"{where}: unknown field(s) {unknown}; known fields: {sorted(known)}")
+        card = cls()
+        for key, value in data.items():
+            setattr(card, key, _check_card_value(key, value, where))
+        return card
+
+    def save(self, path) -> None:
+        write_json_atomic(path, self.to_json())
+
+    @classmethod
+    def load(cls, path) -> "ModelCard":
+        path = Path(path)
+        data = _read_json(path, f"model card {path}: no such file", f"model card {path}")
+        return cls.from_json(data, where=f"model card {path}")
+
+    def to_prompt(self) -> str:
+        """The card as short `field: value` lines for a teacher prompt (unknown fields left out)."""
+        lines = []
+        for key, value in self.to_json().items():
+            if value in (None, "", "unknown", []):
+                continue
+            if isinstance(value, list):
+                value = "; ".join(str(v) for v in value)
+            lines.append(f"{key}: {value}")
+        return "\n".join(lines) or "(nothing known about the target model)"
+
+
+def _read_json(path: Path, missing: str, where: str):
+    """A JSON file that people write (a byte order mark is accepted): FileNotFoundError(missing) when it is
+    absent, ValueError naming `where` when it does not parse."""
+    if not path.is_file():
+        raise FileNotFoundError(missing)
+    try:
+        return json.loads(path.read_text(encoding="utf-8-sig"))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{where}: not valid JSON ({e})") from None
+
+
+def as_model_card(card) -> ModelCard:
+    """A ModelCard from a ModelCard or a loosely filled dict (other tools' cards): unknown keys are dropped,
+    None / "unknown" values become the field's default, a value of the wrong type is an error."""
+    if isinstance(card, ModelCard):
+        return card
+    if not isinstance(card, dict):
+        raise ValueError(f"model card must be a ModelCard or a dict, got {type(card).__name__}")
+    known = {f.name for f in fields(ModelCard)}
+    default = ModelCard().to_json()
+    cleaned = {k: v for k, v in card.items() if k in known and v is not None and v != "unknown"}
+    return ModelCard.from_json({**default, **cleaned}, where="model card")
+
+
+_INT_FIELDS = {"parameter_count", "num_layers", "hidden_size", "num_attention_heads", "num_kv_heads",
+               "context_window", "vocab_size"}
+
+
+def _check_card_value(key: str, value, where: str):
+    if key in _INT_FIELDS:
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+            raise ValueError(f"{where}: field {key!r} must be a non-negative integer or null, got {value!r}")
+    elif key in ("strengths", "weaknesses"):
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ValueError(f"{where}: field {key!r} must be a list of strings, got {value!r:.200}")
+    elif key == "multilingual":
+        if value is not None and not isinstance(value, bool):
+            raise ValueError(f"{where}: field 'multilingual' must be true, false or null, got {value!r}")
+    elif not isinstance(value, str):
+        raise ValueError(f"{where}: field {key!r} must be a string, got {value!r:.200}")
+    return value
+
+
+_FAMILIES = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3", "mistral": "Mistral", "gemma": "Gemma",
+             "gemma2": "Gemma2", "gemma3": "Gemma3", "phi3": "Phi-3", "olmo2": "OLMo2"}
+
+
+def estimate_parameter_count(config: dict) -> int:
+    """Parameters of a decoder-only transformer from its HF config (Llama / Qwen2 / Qwen3 layout):
+
+        embeddings V·H (+ V·H for an untied lm_head)
+        per layer: q,o  2·H·(n_q·d)  +  k,v  2·H·(n_kv·d)  (+ biases n_q·d + 2·n_kv·d for Qwen2 / attention_bias)
+                   + MLP 3·H·I  + 2 RMSNorms 2·H  (+ Qwen3 q/k norms 2·d)
+        final norm H
+    """
+    try:
+        V, H, L = config["vocab_size"], config["hidden_size"], config["num_hidden_layers"]
+        n_q = config["num_attention_heads"]
+        I = config["intermediate_size"]
+    except KeyError as e:
+        raise ValueError(f"config lacks {e.args[0]!r}, needed to estimate the parameter count") from None
+    n_kv = config.get("num_key_value_heads") or n_q
+    d = config.get("head_dim") or H // n_q
+    model_type = config.get("model_type", "")
+    per_layer = 2 * H * n_q * d + 2 * H * n_kv * d + 3 * H * I + 2 * H
+    if config.get("attention_bias") or model_type == "qwen2":
+        per_layer += n_q * d + 2 * n_kv * d
+    if model_type == "qwen3":
+        per_layer += 2 * d
+    tied = config.get("tie_word_embeddings", False)
+    return V * H * (1 if tied else 2) + L * per_layer + H
+
+
+def _size_label(params: int) -> str:
+    return f"{params / 1e9:.1f}B".replace(".0B", "B") if params >= 1e9 else f"{round(params / 1e6)}M"
+
+
+def model_card_from_config(path, **overrides) -> ModelCard:
+    """A card with the architectural fields read from a checkpoint's config.json (`path`: the file or the
+    checkpoint folder); family, variant and parameter_count are estimated from the config; base/instruct
+    is guessed from the folder name. `overrides` set any field (checked like a JSON card)."""
+    path = Path(path)
+    config_path = path / "config.json" if path.is_dir() else path
+    config = _read_json(config_path, f"model card: no config.json at {config_path}", f"model card: {config_path}")
+    if not isinstance(config, dict):
+        raise ValueError(f"model card: {config_path} must hold a JSON object")
+    model_type = str(config.get("model_type", "unknown"))
+    params = estimate_parameter_count(config)
+    folder_name = (config_path.parent.name + " " + str(config.get("_name_or_path", ""))).lower()
+    instruct = any(word in folder_name for word in ("instruct", "chat", "-it"))
+    card = ModelCard(
+        name=config_path.parent.name,
+        family=_FAMILIES.get(model_type, model_type),
+        variant=_size_label(params),
+        parameter_count=params,
+        architecture=(config.get("architectures") or [model_type])[0],
+        num_layers=config.get("num_hidden_layers"),
+        hidden_size=config.get("hidden_size"),
+        num_attention_heads=config.get("num_attention_heads"),
+        num_kv_heads=config.get("num_key_value_heads") or config.get("num_attention_heads"),
+        context_window=config.get("max_position_embeddings"),
+        vocab_size=config.get("vocab_size"),
+        base_or_instruct="instruct" if instruct else "unknown")
+    return ModelCard.from_json({**card.to_json(), **overrides}, where=f"model card from {config_path}")
