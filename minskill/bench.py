@@ -23,9 +23,8 @@ not a runtime dependency of minskill (install tests/requirements.txt).
 from __future__ import annotations
 
 import argparse
+import ctypes
 import gc
-import json
-import os
 import statistics
 import sys
 import threading
@@ -33,6 +32,16 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
+
+from minskill.grpo import bilevel_advantages, policy_loss
+from minskill.rollout import run_rollouts
+from minskill.sampling import completion_logprobs, generate
+from minskill.server import embedded_client
+from minskill.sft import sft_throughput
+from minskill.skill_r1 import EDITOR_SYSTEM
+from minskill.tasks import load_suite
+from minskill.tokenizer import Tokenizer
+from minskill.weights import load_model, load_pretrained, resolve_model
 
 
 def _rss_kb(field: str = "VmRSS") -> int:
@@ -55,7 +64,6 @@ def _release_freed_memory() -> None:
     """Hand memory that earlier workloads freed back to the OS (glibc keeps it otherwise), so that the
     workload measured second does not start with a warm heap and look smaller than the first."""
     try:
-        import ctypes
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
         pass
@@ -117,7 +125,7 @@ def matmul_only_tokens_per_s(model, repeats: int) -> float:
 
 
 def _hf_model(folder: str, dtype):
-    try:
+    try:  # imported here: transformers is the benchmarks' reference, not a dependency of minskill
         from transformers import AutoModelForCausalLM
     except ImportError:
         sys.exit("the benchmark reference needs transformers: pip install -r tests/requirements.txt")
@@ -136,11 +144,6 @@ def _prompts(tokenizer, batch: int, length: int = 16) -> list[list[int]]:
 
 
 def bench_model(args) -> None:
-    from minskill.model import Transformer
-    from minskill.sampling import generate
-    from minskill.tokenizer import Tokenizer
-    from minskill.weights import resolve_model
-
     folder = str(resolve_model(args.model))
     tokenizer = Tokenizer.from_pretrained(folder)
     N = args.decode_tokens
@@ -153,7 +156,7 @@ def bench_model(args) -> None:
         for impl in ("minskill", "hf"):
             gc.collect()
             with PeakMemory() as mem:
-                model = Transformer.from_pretrained(folder, dtype=dtype) if impl == "minskill" else \
+                model = load_pretrained(folder, dtype=dtype) if impl == "minskill" else \
                     _hf_model(folder, dtype)
                 model.eval()
                 figures = {}
@@ -217,8 +220,6 @@ def _print_table(results, a: str, b: str) -> None:
 
 
 def bench_server(args) -> None:
-    from minskill.server import embedded_client
-
     questions = [f"Write one sentence about the number {i}." for i in range(64)]
     rows = []
     with embedded_client(None, None, model_spec=args.model, max_workers=32) as client:
@@ -259,14 +260,6 @@ def bench_server(args) -> None:
 
 def bench_grpo(args) -> None:
     """One Skill-R1 step on one instance, split into its three phases."""
-    from minskill.grpo import bilevel_advantages, policy_loss
-    from minskill.rollout import run_rollouts
-    from minskill.sampling import completion_logprobs, generate
-    from minskill.server import embedded_client
-    from minskill.skill_r1 import EDITOR_SYSTEM
-    from minskill.tasks import load_suite
-    from minskill.weights import load_model
-
     editor, tok = load_model(args.model)
     tasks = [t for t in load_suite("qa", split="train", seed=0)][:4]
     messages = [{"role": "system", "content": EDITOR_SYSTEM},
@@ -314,10 +307,6 @@ def bench_grpo(args) -> None:
 
 def bench_sft(args) -> None:
     """Tokens/s of a full SFT step (forward, masked CE, backward, clip, AdamW) on one batch, minskill vs HF."""
-    from minskill.model import Transformer
-    from minskill.sft import sft_throughput
-    from minskill.weights import resolve_model
-
     folder = str(resolve_model(args.model))
     g = torch.Generator().manual_seed(0)
     B, T = args.sft_batch, args.sft_length
@@ -329,7 +318,7 @@ def bench_sft(args) -> None:
         gc.collect()
         with PeakMemory() as mem:
             if impl == "minskill":
-                model = Transformer.from_pretrained(folder)
+                model = load_pretrained(folder)
                 tps = sft_throughput(model, ids, loss_mask, steps=args.repeats)["tokens_per_s"]
             else:
                 model = _hf_model(folder, torch.float32)

@@ -1,8 +1,10 @@
-"""A decoder-only transformer (Llama, Qwen2/2.5, Qwen3) that loads and saves Hugging Face checkpoints.
+"""A decoder-only transformer (Llama, Qwen2/2.5, Qwen3): config, layers, KV cache and forward.
 
 One module covers the three families; the checkpoint's config.json says which switches are on. Module and
 parameter names equal Hugging Face's (model.embed_tokens, model.layers.i.self_attn.q_proj, ...), so a
 checkpoint loads with a strict load_state_dict and a saved model is read by any HF-compatible tool.
+Reading config.json and the safetensors files, and writing them back, is minskill.weights' job
+(`Transformer.from_pretrained` / `save_pretrained` hand over to it).
 
 Per layer, with x of shape (B, T, H), n_h query heads, n_kv key/value heads, head size d:
 
@@ -33,28 +35,20 @@ nothing would make softmax 0/0 = NaN). A preallocated KVCache makes decoding inc
 """
 from __future__ import annotations
 
-import json
 import math
-import os
-import tempfile
-from dataclasses import dataclass, field, fields
-from pathlib import Path
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
-ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
-DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
-
-
 # ----------------------------------------------------------------------------------------------- config
 
 @dataclass
 class ModelConfig:
-    """The fields of a HF config.json that this model reads; `extra` keeps the whole original dict."""
+    """The fields of a HF config.json that this model reads (weights.config_from_hf reads the file, in
+    all its historical layouts); `extra` keeps the whole original dict so that saving loses nothing."""
     model_type: str
     vocab_size: int
     hidden_size: int
@@ -83,63 +77,6 @@ class ModelConfig:
     @property
     def qk_norm(self) -> bool:
         return self.model_type == "qwen3"
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "ModelConfig":
-        model_type = d.get("model_type")
-        if model_type not in SUPPORTED_MODEL_TYPES:
-            raise ValueError(f"config.json: unsupported model_type {model_type!r}; "
-                             f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
-        required = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
-        missing = [k for k in required if d.get(k) is None]
-        if missing:
-            raise ValueError(f"config.json ({model_type}): missing required keys {missing}")
-        if d.get("hidden_act", "silu") != "silu":
-            raise ValueError(f"config.json: unsupported hidden_act {d['hidden_act']!r} (only 'silu')")
-        if d.get("use_sliding_window"):
-            raise ValueError("config.json: use_sliding_window=true is not supported (full attention only)")
-        if d.get("partial_rotary_factor", 1.0) != 1.0:
-            raise ValueError(f"config.json: partial_rotary_factor={d['partial_rotary_factor']} is not supported")
-        n_heads = d["num_attention_heads"]
-        # RoPE settings: older files write rope_theta + rope_scaling, transformers>=5 writes rope_parameters.
-        rope = dict(d.get("rope_parameters") or d.get("rope_scaling") or {})
-        rope_theta = float(rope.pop("rope_theta", d.get("rope_theta", 10000.0)))
-        rope_type = rope.pop("rope_type", rope.pop("type", "default"))
-        if rope_type == "default":
-            rope_scaling = None
-        elif rope_type == "llama3":
-            needed = [k for k in ("factor", "low_freq_factor", "high_freq_factor") if k not in rope]
-            if needed:
-                raise ValueError(f"config.json: llama3 rope scaling lacks {needed}")
-            rope_scaling = {"rope_type": "llama3", **rope}
-            rope_scaling.setdefault("original_max_position_embeddings", d.get("max_position_embeddings", 2048))
-        else:
-            raise ValueError(f"config.json: unsupported rope type {rope_type!r} (supported: default, llama3)")
-        return cls(
-            model_type=model_type, vocab_size=d["vocab_size"], hidden_size=d["hidden_size"],
-            intermediate_size=d["intermediate_size"], num_hidden_layers=d["num_hidden_layers"],
-            num_attention_heads=n_heads, num_key_value_heads=d.get("num_key_value_heads") or n_heads,
-            head_dim=d.get("head_dim") or d["hidden_size"] // n_heads,
-            max_position_embeddings=d.get("max_position_embeddings", 2048),
-            rms_norm_eps=d.get("rms_norm_eps", 1e-6), rope_theta=rope_theta, rope_scaling=rope_scaling,
-            tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
-            attention_bias=bool(d.get("attention_bias", False)), mlp_bias=bool(d.get("mlp_bias", False)),
-            extra=dict(d))
-
-    def to_dict(self) -> dict:
-        """HF config.json content: the original dict with this config's values written over it."""
-        out = dict(self.extra)
-        out.setdefault("architectures", [ARCHITECTURES[self.model_type]])
-        for f in fields(self):
-            if f.name not in ("extra", "rope_theta", "rope_scaling"):
-                out[f.name] = getattr(self, f.name)
-        out.setdefault("hidden_act", "silu")
-        if "rope_parameters" in self.extra:   # keep the layout the file came in
-            rope = {"rope_type": "default", **(self.rope_scaling or {}), "rope_theta": self.rope_theta}
-            out["rope_parameters"] = rope
-        else:
-            out["rope_theta"], out["rope_scaling"] = self.rope_theta, self.rope_scaling
-        return out
 
 
 def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
@@ -171,7 +108,8 @@ class KVCache:
     """Preallocated keys/values for all layers: k[i], v[i] have shape (B, n_kv_heads, max_len, head_dim).
 
     All rows share one write offset `length` (batches are left padded); `key_mask` marks which cached slots
-    hold real tokens and `next_position` is each row's next RoPE position.
+    hold real tokens and `next_position` is each row's next RoPE position. Attention uses a cache through
+    `update(layer, k, v)` and those fields only, so another store of keys/values can stand in for it.
     """
 
     def __init__(self, config: ModelConfig, batch_size: int, max_len: int, dtype=torch.float32, device=None):
@@ -180,12 +118,18 @@ class KVCache:
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.key_mask = torch.zeros(batch_size, max_len, dtype=torch.bool, device=device)
         self.next_position = torch.zeros(batch_size, dtype=torch.long, device=device)
-        self.length = 0
-        self.max_len = max_len
+        self.length, self.max_len = 0, max_len
 
     @property
     def batch_size(self) -> int:
         return self.k.shape[1]
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write T new keys/values (B, n_kv, T, d) into slots length..length+T-1; return slots 0..length+T-1."""
+        end = self.length + k.shape[2]
+        self.k[layer, :, :, self.length:end] = k
+        self.v[layer, :, :, self.length:end] = v
+        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
 
     def _with_rows(self, pick) -> "KVCache":
         new = KVCache.__new__(KVCache)
@@ -213,10 +157,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x):
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        y = x.float()
+        return self.weight * (y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
 
 
 class Attention(nn.Module):
@@ -246,11 +188,8 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q = apply_rope(q.transpose(1, 2), cos, sin)                                     # (B, n_h, T, d)
         k = apply_rope(k.transpose(1, 2), cos, sin)                                     # (B, n_kv, T, d)
-        if cache is not None:  # write this step into the preallocated buffers, attend over all filled slots
-            start, end = cache.length, cache.length + T
-            cache.k[layer, :, :, start:end] = k
-            cache.v[layer, :, :, start:end] = v
-            k, v = cache.k[layer, :, :, :end], cache.v[layer, :, :, :end]               # (B, n_kv, S, d)
+        if cache is not None:  # the cache keeps this step's keys/values and returns all of them
+            k, v = cache.update(layer, k, v)                                            # (B, n_kv, S, d)
         if T == 1 and self.group > 1:
             # One new token: the `group` query heads sharing a kv head become `group` query rows of that
             # head (same keys, same mask) -- one small matmul instead of a GQA kernel; fastest on CPU.
@@ -397,93 +336,15 @@ class Transformer(nn.Module):
         return self.lm_head(self.hidden_states(input_ids, attention_mask, cache))
 
     # ------------------------------------------------------------------------------------- load / save
-
+    # minskill.weights imports this module, so these import it when called (a real cycle). They stay as
+    # methods because trainers save any model + tokenizer pair the same way (runs.save_checkpoint).
     @classmethod
     def from_pretrained(cls, path, dtype=None, device=None) -> "Transformer":
-        """Load a HF folder (config.json + model.safetensors or a sharded index) into dtype (default float32).
-
-        The module is built on the meta device and each tensor is read straight into its dtype and device,
-        so no float32 copy of the whole model ever exists.
-        """
-        from safetensors import safe_open
-
-        path = Path(path)
-        config_file = path / "config.json"
-        if not config_file.is_file():
-            raise FileNotFoundError(f"{config_file} not found (expected a Hugging Face model folder)")
-        config = ModelConfig.from_dict(json.loads(config_file.read_text()))
-        dtype = dtype or torch.float32
-        device = torch.device(device or "cpu")
-
-        if (path / "model.safetensors").is_file():
-            files = {"model.safetensors": None}
-        elif (path / "model.safetensors.index.json").is_file():
-            weight_map = json.loads((path / "model.safetensors.index.json").read_text())["weight_map"]
-            files = {}
-            for key, file in weight_map.items():
-                files.setdefault(file, set()).add(key)
-        else:
-            raise FileNotFoundError(f"{path}: neither model.safetensors nor model.safetensors.index.json")
-
-        with torch.device("meta"):
-            model = cls(config)
-        expected = {k: v.shape for k, v in model.state_dict().items()}
-        if config.tie_word_embeddings:
-            expected.pop("lm_head.weight")
-
-        state, unexpected = {}, []
-        for file, keys in files.items():
-            if Path(file).name != file:
-                raise ValueError(f"{path}/model.safetensors.index.json: shard name {file!r} is not a plain file name")
-            with safe_open(str(path / file), framework="pt", device=str(device)) as f:
-                for key in f.keys():
-                    if keys is not None and key not in keys:
-                        continue
-                    if key == "lm_head.weight" and config.tie_word_embeddings:
-                        continue  # some tied checkpoints also store the shared matrix; HF ignores it too
-                    if key not in expected:
-                        unexpected.append(key)
-                        continue
-                    shape = tuple(f.get_slice(key).get_shape())
-                    if shape != tuple(expected[key]):
-                        raise ValueError(f"{path}: tensor {key} has shape {shape}, config.json implies "
-                                         f"{tuple(expected[key])}")
-                    state[key] = f.get_tensor(key).to(dtype=dtype)
-        missing = sorted(set(expected) - set(state))
-        if missing or unexpected:
-            raise ValueError(f"{path}: checkpoint does not match config.json ({config.model_type}): "
-                             f"missing tensors {missing}, unexpected tensors {sorted(unexpected)}")
-        if config.tie_word_embeddings:
-            state["lm_head.weight"] = state["model.embed_tokens.weight"]
-        model.load_state_dict(state, strict=True, assign=True)
-        if config.tie_word_embeddings:
-            model.lm_head.weight = model.model.embed_tokens.weight
-        model.rope_inv_freq = rope_inv_freq(config).to(device)
-        return model.eval()
+        """weights.load_pretrained: a HF folder (single or sharded safetensors) in dtype (default float32)."""
+        from minskill.weights import load_pretrained
+        return load_pretrained(path, dtype=dtype, device=device)
 
     def save_pretrained(self, path) -> None:
-        """Write config.json and model.safetensors (no lm_head.weight when tied); each file atomically."""
-        from safetensors.torch import save_file
-
-        path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
-        state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
-        if self.config.tie_word_embeddings:
-            state.pop("lm_head.weight")
-        config = self.config.to_dict()
-        config["torch_dtype"] = DTYPE_NAMES.get(self.dtype, str(self.dtype).removeprefix("torch."))
-        if "dtype" in config:
-            config["dtype"] = config["torch_dtype"]
-
-        def write(name, writer):
-            fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=path)
-            os.close(fd)
-            try:
-                writer(tmp)
-                os.replace(tmp, path / name)
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
-
-        write("model.safetensors", lambda tmp: save_file(state, tmp, metadata={"format": "pt"}))
-        write("config.json", lambda tmp: Path(tmp).write_text(json.dumps(config, indent=2) + "\n"))
+        """weights.save_pretrained: config.json + model.safetensors in HF layout, each file atomically."""
+        from minskill.weights import save_pretrained
+        save_pretrained(self, path)

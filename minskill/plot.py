@@ -1,13 +1,16 @@
-"""Dependency-free SVG line plots for training curves (reward per step, loss per step, reward per iteration).
+"""SVG line plots for training curves (reward per step, loss per step, reward per iteration), written
+as plain SVG text: no plotting library.
 
 A plot is a list of named series, each a list of (x, y) points. Axes are scaled linearly to the data's
-bounding box, with the y range padded by 5% so flat curves stay visible. The file is written atomically.
+bounding box, with the y range padded by 5% so flat curves stay visible. The file is written atomically
+(runs.write_text_atomic).
 """
 from __future__ import annotations
 
 import html
 import os
-import tempfile
+
+from minskill.runs import write_text_atomic
 
 COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"]
 
@@ -70,16 +73,5 @@ def svg_line_plot(series: dict[str, list[tuple[float, float]]], title: str = "",
 
 def write_svg_plot(path: str | os.PathLike, series: dict[str, list[tuple[float, float]]], title: str = "",
                    xlabel: str = "", ylabel: str = "") -> None:
-    """Write `svg_line_plot(...)` to `path` atomically (temp file in the same folder, then rename)."""
-    path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".svg")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(svg_line_plot(series, title, xlabel, ylabel))
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    """Write `svg_line_plot(...)` to `path` atomically."""
+    write_text_atomic(path, svg_line_plot(series, title, xlabel, ylabel))

@@ -3,18 +3,20 @@ and return verified trajectories.
 
 What happens for one task:
 
-* **Skills -> system prompt.** A `SkillSet` is rendered for the task's type (`SkillSet.render`: general
-  skills always, the task-specific skills of that type, common mistakes, within a token budget); a plain
-  string is used as-is; no skill (None or "") means *no system message*, so the chat template's own
-  default applies (the "no skill" baseline).
+* **Skills -> system prompt.** Skills meet this code through one method, `render(task_type, max_tokens)`:
+  a `SkillSet` renders general skills always, the task-specific skills of that type and the common
+  mistakes, within a token budget; a `Skill` renders as a set of that one skill. A plain string is used
+  as-is; no skill (None or "") means *no system message*, so the chat template's own default applies
+  (the "no skill" baseline).
 * **Single-turn tasks**: question -> one reply -> `task.score(reply)` (the task's verifier, 1.0 / 0.0).
   All single-turn requests of a run are queued at once on a pool of `client.max_workers` threads (as
   `client.chat_many` does), so the server always has a full batch, and each trajectory is written the
   moment its reply arrives; `n` rollouts of a task are one request with `n` choices (one prefill).
 * **Multi-turn tasks** (the agent loop): `obs = env.reset()`; then, up to the step budget, the model is
-  shown the observation (the first user message also holds the instruction, the allowed action syntax and,
-  when the environment offers them, the admissible actions), its reply is parsed leniently into one action
-  (`parse_action`), and `obs, done, success = env.step(action)`. All live episodes advance in lock-step:
+  shown the observation (the first user message also holds the instruction and the action syntax the
+  environment declares, `env.action_syntax`; each turn lists `env.admissible_actions()` when there are
+  any), its reply is parsed leniently into one action (`parse_action`), and
+  `obs, done, success = env.step(action)`. All live episodes advance in lock-step:
   one round of concurrent requests per step across every live episode, so the server batches them.
 * **Lenient action parsing** (`parse_action`): small models wrap actions in prose, so each reply line is
   stripped of "Action:", "> ", bullets, numbering and quotes; the first line that starts with an action
@@ -27,9 +29,8 @@ What happens for one task:
 * **Failures never crash a run.** A garbage reply is simply a failed task (reward 0). An HTTP failure, an
   exception in a verifier or an environment ends that task as failed with `.error` set.
 * **Trajectories** are appended to `out_path` as JSONL the moment they finish (append + flush per line),
-  so an interrupted run keeps what it did; `load_trajectories` reads them back (with
-  `read_jsonl`, which reads masa's call cache too); `runs.clean_staging` clears what killed writes left in a
-  run folder.
+  so an interrupted run keeps what it did; `load_trajectories` reads them back (with `runs.read_jsonl`);
+  `runs.clean_staging` clears what killed writes left in a run folder.
 
 Rewards (per trajectory i; `summarize` averages them over trajectories, overall and per task type):
 
@@ -38,7 +39,8 @@ Rewards (per trajectory i; `summarize` averages them over trajectories, overall 
     NH_i      = number of steps whose observation was exactly "Nothing happens." (the action changed nothing)
     NHR_i     = NH_i / steps_i          (0 for single-turn tasks and episodes of 0 steps)
     SR        = mean_i success_i,   NHR = mean_i NHR_i
-    R         = SR − λ · NHR             (MASA's adjusted reward; λ = `lam_nh`)
+    R         = SR − λ · NHR             (MASA's adjusted reward; λ = `lam_nh`; computed here and only
+                                          here: callers read summary["adjusted_reward"])
 
 The success rate is reported with a 95% Wilson score interval (z = 1.96, k successes out of n):
 
@@ -53,23 +55,22 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
-import json
 import math
-import os
 import re
 import signal
 import sys
-import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Protocol, runtime_checkable
 
-from minskill.runs import append_jsonl, clean_staging, read_jsonl
-
-NOTHING_HAPPENS = "Nothing happens."  # the observation of an action that changed nothing (ALFWorld's wording)
+from minskill.runs import append_jsonl, clean_staging, read_jsonl, write_json_atomic, write_jsonl_atomic
+from minskill.server import embedded_client
+from minskill.skills import SkillSet
+from minskill.tasks import BASE_SKILLS_DIR, load_suite
+from minskill.tasks.base import NOTHING_HAPPENS
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -117,20 +118,24 @@ def load_trajectories(path) -> list[Trajectory]:
 # ----------------------------------------------------------------------------------------------------------
 # Skills -> system prompt
 
+@runtime_checkable
+class RendersSkills(Protocol):
+    """What the rollout code needs of skills: Skill and SkillSet both render their system-prompt text for
+    a task type within a token budget (skills.py)."""
+
+    def render(self, task_type: str | None = None, max_tokens: int = 1024) -> str: ...
+
+
 def skill_text(skills, task_type: str | None = None, max_tokens: int = 1024) -> str:
     """The system-prompt text of `skills` for a task of `task_type`: a SkillSet renders itself (general +
-    that type's skills + common mistakes, within `max_tokens`); a single Skill is rendered as a one-skill
-    set; a string is used as-is; None gives "" (no system prompt)."""
+    that type's skills + common mistakes, within `max_tokens`), a single Skill as a one-skill set; a string
+    is used as-is; None gives "" (no system prompt)."""
     if skills is None:
         return ""
     if isinstance(skills, str):
         return skills.strip()
-    if hasattr(skills, "render"):  # SkillSet
+    if isinstance(skills, RendersSkills):
         return skills.render(task_type=task_type, max_tokens=max_tokens).strip()
-    if hasattr(skills, "body") and hasattr(skills, "name"):  # a single Skill
-        from minskill.skills import SkillSet
-        return SkillSet(general=[skills], task_specific={}, common_mistakes=[]).render(
-            task_type=task_type, max_tokens=max_tokens).strip()
     raise TypeError(f"skills must be a SkillSet, a Skill, a str or None, not {type(skills).__name__}")
 
 
@@ -141,31 +146,8 @@ def _with_system(system: str, messages: list[dict]) -> list[dict]:
 # ----------------------------------------------------------------------------------------------------------
 # Lenient action parsing
 
-# Action syntax of the built-in environments, used when an environment does not describe its own
-# (`env.action_syntax`, a list of patterns such as "go to X").
-HOUSEHOLD_ACTIONS = ["go to X", "open X", "close X", "take X from Y", "put X in/on Y", "heat X with Y",
-                     "cool X with Y", "clean X with Y", "use X", "examine X", "inventory", "look"]
-WEBWALK_ACTIONS = ["click <link>", "back", "answer <text>"]
-
 _PREFIX = re.compile(r"^\s*(?:[-*•>]+\s*|\d+[.)]\s+|(?:next\s+)?action\s*\d*\s*[:=-]\s*|"
                      r"(?:i\s+will|i'll|let's|let\s+me)\s+)+", re.IGNORECASE)
-
-
-def action_syntax(task, env) -> list[str]:
-    """The allowed action patterns: the environment's own description when it has one, else the built-in
-    suite's, guessed from the environment's class name; [] when unknown."""
-    for owner in (env, task):
-        syntax = getattr(owner, "action_syntax", None)
-        syntax = syntax() if callable(syntax) else syntax
-        if syntax:
-            return [syntax] if isinstance(syntax, str) else list(syntax)
-    spec = getattr(task, "env_spec", None) or {}
-    name = f"{type(env).__name__} {spec.get('suite', '')} {spec.get('kind', '')}".lower()
-    if "web" in name:
-        return WEBWALK_ACTIONS
-    if "house" in name or "alf" in name:
-        return HOUSEHOLD_ACTIONS
-    return []
 
 
 def _verbs(syntax: Iterable[str], admissible: Iterable[str]) -> list[str]:
@@ -251,14 +233,6 @@ def parse_action(reply: str, admissible: list[str] | None = None, syntax: list[s
 # ----------------------------------------------------------------------------------------------------------
 # The agent prompt
 
-def _admissible(env) -> list[str]:
-    get = getattr(env, "admissible_actions", None)
-    try:
-        return list(get()) if callable(get) else []
-    except Exception:  # an environment without admissible actions may raise NotImplementedError
-        return []
-
-
 def _first_user_message(task, observation: str, syntax: list[str]) -> str:
     parts = []
     question = (getattr(task, "question", "") or "").strip()
@@ -325,13 +299,13 @@ class _Episode:
             task = dataclasses.replace(task, max_steps=max_steps)  # the environment enforces the budget too
         self.task, self.sample = task, sample
         self.env = task.make_env()
-        self.syntax = action_syntax(task, self.env)
+        self.syntax = list(self.env.action_syntax)
         self.budget = int(max_steps if max_steps is not None else task.max_steps)
         obs = self.env.reset()
         self.traj = Trajectory(task_id=task.id, task_type=task.type, sample=sample, observations=[obs],
                                messages=_with_system(system, [
                                    {"role": "user", "content": _first_user_message(task, obs, self.syntax)}]))
-        self.admissible = _admissible(self.env)
+        self.admissible = list(self.env.admissible_actions())
         self.done = self.budget <= 0
 
     def prompt(self, history: int | None) -> list[dict]:
@@ -362,7 +336,7 @@ class _Episode:
             t.reward = 1.0 if success else 0.0
             self.done = True
         else:
-            self.admissible = _admissible(self.env)
+            self.admissible = list(self.env.admissible_actions())
 
     def fail(self, error: str) -> None:
         self.traj.error, self.traj.success, self.traj.reward, self.done = error, False, 0.0, True
@@ -381,7 +355,6 @@ def run_rollouts(client, tasks, skills=None, *, n: int = 1, temperature: float =
     if n < 1:
         raise ValueError(f"run_rollouts: n must be >= 1, got {n}")
     tasks = list(tasks)
-    total = len(tasks) * n
     results: list[tuple[int, int, Trajectory]] = []   # (task position, sample, trajectory)
 
     def finish(traj: Trajectory, position: int) -> None:
@@ -389,19 +362,21 @@ def run_rollouts(client, tasks, skills=None, *, n: int = 1, temperature: float =
         if out_path is not None:
             append_jsonl(out_path, traj.to_json())
         if progress is not None:
-            progress(len(results), total, traj)
+            progress(len(results), len(tasks) * n, traj)
 
-    system_by_type: dict = {}
+    system = {t: skill_text(skills, t, skill_max_tokens) for t in dict.fromkeys(task.type for task in tasks)}
+    _run_single_turn(client, [(i, t) for i, t in enumerate(tasks) if not t.multi_turn], system, finish,
+                     n=n, temperature=temperature, max_tokens=max_tokens, seed=seed)
+    _run_multi_turn(client, [(i, t) for i, t in enumerate(tasks) if t.multi_turn], system, finish,
+                    n=n, temperature=temperature, max_tokens=action_max_tokens, seed=seed, max_steps=max_steps,
+                    history=history, on_step=on_step)
+    return [traj for _, _, traj in sorted(results, key=lambda r: r[:2])]
 
-    def system_for(task) -> str:
-        if task.type not in system_by_type:
-            system_by_type[task.type] = skill_text(skills, task.type, skill_max_tokens)
-        return system_by_type[task.type]
 
-    # --- single-turn: every request in flight at once (one request with n choices per task); each task's
-    # trajectories are finished the moment its reply arrives, and the server's queue never runs dry
-    single = [(i, t) for i, t in enumerate(tasks) if not t.multi_turn]
-    requests = [dict(messages=_with_system(system_for(t), [{"role": "user", "content": t.question}]),
+def _run_single_turn(client, single: list, system: dict, finish: Callable, *, n, temperature, max_tokens, seed):
+    """Every request in flight at once (one request with n choices per task); each task's trajectories are
+    finished the moment its reply arrives, and the server's queue never runs dry."""
+    requests = [dict(messages=_with_system(system[t.type], [{"role": "user", "content": t.question}]),
                      n=n, temperature=temperature, max_tokens=max_tokens, seed=seed) for _, t in single]
     for k, answer in _as_completed(client, requests):
         position, task = single[k]
@@ -419,12 +394,14 @@ def run_rollouts(client, tasks, skills=None, *, n: int = 1, temperature: float =
                 traj.success = traj.reward >= 1.0
             finish(traj, position)
 
-    # --- multi-turn: all episodes in lock-step, one round of concurrent requests per step
-    episodes: list[_Episode] = []
-    for position, task in enumerate(tasks):
-        for j in range(n if task.multi_turn else 0):
+
+def _start_episodes(multi: list, system: dict, finish: Callable, n: int, max_steps: int | None) -> list[_Episode]:
+    """The n episodes of each multi-turn task, reset; those that fail or end at once are finished here."""
+    episodes = []
+    for position, task in multi:
+        for j in range(n):
             try:
-                ep = _Episode(task, j, system_for(task), max_steps)
+                ep = _Episode(task, j, system[task.type], max_steps)
             except Exception as e:  # a broken environment fails its task, not the run
                 finish(Trajectory(task_id=task.id, task_type=task.type, messages=[], sample=j,
                                   error=f"environment failed at reset: {type(e).__name__}: {e}"), position)
@@ -434,13 +411,20 @@ def run_rollouts(client, tasks, skills=None, *, n: int = 1, temperature: float =
                 finish(ep.traj, position)
             else:
                 episodes.append(ep)
+    return episodes
+
+
+def _run_multi_turn(client, multi: list, system: dict, finish: Callable, *, n, temperature, max_tokens, seed,
+                    max_steps, history, on_step):
+    """All episodes in lock-step: one round of concurrent requests per step across every live episode."""
+    episodes = _start_episodes(multi, system, finish, n, max_steps)
     step = 0
     while episodes:
         if on_step is not None:
             on_step(step, len(episodes))
         step += 1
         requests = [dict(messages=ep.prompt(history), n=1, temperature=temperature,
-                         max_tokens=action_max_tokens, seed=None if seed is None else seed + ep.sample)
+                         max_tokens=max_tokens, seed=None if seed is None else seed + ep.sample)
                     for ep in episodes]
         for ep, answer in zip(episodes, _chat_all(client, requests)):
             if isinstance(answer, BaseException):
@@ -453,7 +437,6 @@ def run_rollouts(client, tasks, skills=None, *, n: int = 1, temperature: float =
             if ep.done:
                 finish(ep.traj, ep.position)
         episodes = [ep for ep in episodes if not ep.done]
-    return [traj for _, _, traj in sorted(results, key=lambda r: r[:2])]
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -506,17 +489,6 @@ def format_table(summary: dict) -> str:
     return "\n".join(rows)
 
 
-def _write_text_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".tmp-{path.name}-")  # see runs.clean_staging
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-
-
 # ----------------------------------------------------------------------------------------------------------
 # The evaluation command
 
@@ -526,26 +498,19 @@ def load_skills(spec: str | None, suite: str):
     if spec is None or spec.lower() in ("", "none"):
         return None
     if spec.lower() == "base":
-        from minskill import tasks as tasks_pkg
-        base = getattr(tasks_pkg, "base_skills", None)
-        if callable(base):
-            return base(suite)
-        folder = Path(tasks_pkg.__file__).parent / "base_skills"
-        for candidate in (folder / suite, folder / f"{suite}.json"):
+        for candidate in (BASE_SKILLS_DIR / suite, BASE_SKILLS_DIR / f"{suite}.json"):
             if candidate.exists():
-                from minskill.skills import SkillSet
                 return SkillSet.load(candidate)
-        raise FileNotFoundError(f"--skills base: no base skills for suite {suite!r} under {folder}")
+        raise FileNotFoundError(f"--skills base: no base skills for suite {suite!r} under {BASE_SKILLS_DIR}")
     path = Path(spec)
     if not path.exists():
         raise FileNotFoundError(f"--skills {spec}: no such file or folder (or use 'none' / 'base')")
     if path.is_dir() or path.suffix.lower() == ".json":
-        from minskill.skills import SkillSet
         return SkillSet.load(path)
     return path.read_text(encoding="utf-8-sig")
 
 
-def main(argv=None) -> int:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m minskill.rollout",
         description="Evaluate a frozen task model on a task suite under a skill set. Prints success, "
@@ -585,14 +550,39 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=None, help="output folder (default runs/eval-SUITE-TIME)")
     p.add_argument("--resume", action="store_true",
                    help="OUT/trajectories.jsonl exists: keep it and run only the missing (task, sample)s")
+    return p
+
+
+def _resume(traj_path: Path, tasks: list, n: int) -> tuple[list[Trajectory], list]:
+    """(trajectories kept, tasks still to run) of an earlier run's trajectories.jsonl. A task with only some
+    of its n samples done is run again whole; its partial samples are dropped. What is kept is written back,
+    so that new lines never follow a torn one."""
+    previous = load_trajectories(traj_path)
+    done = {(t.task_id, t.sample) for t in previous}
+    complete = {t.id for t in tasks if all((t.id, j) in done for j in range(n))}
+    previous = [t for t in previous if t.task_id in complete]
+    write_jsonl_atomic(traj_path, [t.to_json() for t in previous])
+    return previous, [t for t in tasks if t.id not in complete]
+
+
+def _progress_printer(started: float) -> Callable:
+    """progress(done, total, trajectory) for run_rollouts: the success rate so far, about 20 times a run."""
+    wins = [0]
+
+    def report(done: int, total: int, traj: Trajectory) -> None:
+        wins[0] += traj.success
+        if done == total or done % max(1, total // 20) == 0:
+            print(f"  [{done}/{total}] success so far {wins[0] / done:.2f}  "
+                  f"{time.time() - started:.0f}s", file=sys.stderr, flush=True)
+    return report
+
+
+def main(argv=None) -> int:
+    p = _parser()
     args = p.parse_args(argv)
     if threading.current_thread() is threading.main_thread():
         # `timeout`/`kill` send SIGTERM: exit through the `with` blocks so the embedded server is stopped too
         signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
-
-    from minskill.tasks import load_suite
-    from minskill.server import embedded_client
-
     try:
         tasks = load_suite(args.suite, split=args.split, seed=args.task_seed, n=args.n_tasks)
     except (ValueError, FileNotFoundError) as e:
@@ -607,27 +597,10 @@ def main(argv=None) -> int:
     if traj_path.exists() and traj_path.stat().st_size > 0:
         if not args.resume:
             p.error(f"{traj_path} already exists; pass --resume to continue it or choose another --out")
-        previous = load_trajectories(traj_path)
-        done = {(t.task_id, t.sample) for t in previous}
-        complete = {t.id for t in tasks if all((t.id, j) in done for j in range(args.n))}
-        # a task with only some of its n samples done is run again whole; its partial samples are dropped
-        previous = [t for t in previous if t.task_id in complete]
-        tasks = [t for t in tasks if t.id not in complete]
-        # rewrite what is kept, so that new lines never follow a torn one
-        _write_text_atomic(traj_path, "".join(json.dumps(t.to_json(), ensure_ascii=False) + "\n"
-                                              for t in previous))
+        previous, tasks = _resume(traj_path, tasks, args.n)
         print(f"resuming: {len(previous)} trajectories kept, {len(tasks)} tasks to run", file=sys.stderr)
 
     started = time.time()
-    ok = [0]
-
-    def report(done: int, total: int, traj: Trajectory) -> None:
-        ok[0] += traj.success
-        step = max(1, total // 20)
-        if done == total or done % step == 0:
-            print(f"  [{done}/{total}] success so far {ok[0] / done:.2f}  "
-                  f"{time.time() - started:.0f}s", file=sys.stderr, flush=True)
-
     n_multi = sum(t.multi_turn for t in tasks)
     print(f"{suite_name}/{args.split}: {len(tasks)} tasks ({n_multi} multi-turn) x {args.n}, "
           f"skills={args.skills}, temperature={args.temperature} -> {out_dir}", file=sys.stderr, flush=True)
@@ -635,9 +608,10 @@ def main(argv=None) -> int:
                          model_spec=args.model_spec, max_workers=args.concurrency, timeout=args.timeout,
                          server_args=("--max-batch", str(args.concurrency), "--dtype", args.dtype)) as client:
         trajs = run_rollouts(client, tasks, skills, n=args.n, temperature=args.temperature,
-                             max_tokens=args.max_tokens, seed=args.seed, out_path=traj_path, progress=report,
-                             max_steps=args.max_steps, action_max_tokens=args.action_max_tokens,
-                             history=args.history, skill_max_tokens=args.skill_max_tokens,
+                             max_tokens=args.max_tokens, seed=args.seed, out_path=traj_path,
+                             progress=_progress_printer(started), max_steps=args.max_steps,
+                             action_max_tokens=args.action_max_tokens, history=args.history,
+                             skill_max_tokens=args.skill_max_tokens,
                              on_step=lambda step, live: print(f"  agent step {step + 1}: {live} episodes live  "
                                                               f"{time.time() - started:.0f}s", file=sys.stderr,
                                                               flush=True))
@@ -650,7 +624,7 @@ def main(argv=None) -> int:
                           seconds=round(time.time() - started, 1), client_stats=stats,
                           resumed_trajectories=len(previous),  # seconds and client_stats cover this call only
                           command="python -m minskill.rollout " + " ".join(sys.argv[1:] if argv is None else argv))
-    _write_text_atomic(out_dir / "summary.json", json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
+    write_json_atomic(out_dir / "summary.json", summary, indent=2)
     print(format_table(summary))
     if summary["n"] and summary["mean_reward"] == 0.0 and n_multi:
         print(f"\nNote: every reward is 0 on this suite — the task model solved none of the "

@@ -27,6 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from minskill.weights import load_model
+
 _SEED_MIX = 0x9E3779B97F4A7C15  # odd 64-bit constant: sample j of seed s gets seed s * MIX + j (mod 2^63)
 
 
@@ -125,6 +127,117 @@ def _sample_step(logits, temperature, top_k, top_p, generators):
     return tokens, logprobs.gather(1, tokens[:, None]).squeeze(1)
 
 
+@dataclass
+class _Options:
+    """The per-prompt settings of one generate() call, checked."""
+    temperature: list[float]
+    top_k: list[int]
+    top_p: list[float]
+    max_new_tokens: list[int]
+    seed: list[int | None]
+    stop_strings: list[tuple[str, ...]]
+    stop_token_ids: set[int]
+
+
+def _options(prompts, n, max_new_tokens, temperature, top_k, top_p, seed, stop_token_ids, stop_strings,
+             tokenizer) -> _Options:
+    P = len(prompts)
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"generate: n must be a positive int, got {n!r}")
+    for i, p in enumerate(prompts):
+        if len(p) == 0:
+            raise ValueError(f"generate: prompt {i} is empty")
+    opts = _Options(
+        temperature=_per_prompt(temperature, P, "temperature", _is_number),
+        top_k=_per_prompt(top_k, P, "top_k", lambda v: isinstance(v, int) and not isinstance(v, bool)),
+        top_p=_per_prompt(top_p, P, "top_p", _is_number),
+        max_new_tokens=_per_prompt(max_new_tokens, P, "max_new_tokens", lambda v: isinstance(v, int) and v >= 0),
+        seed=_per_prompt(seed, P, "seed", lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool))),
+        stop_strings=[_stop_list(v) for v in _per_prompt(stop_strings, P, "stop_strings", _is_stop_list)],
+        stop_token_ids=set(int(t) for t in stop_token_ids))
+    for name, vals, ok in (("temperature", opts.temperature, lambda v: v >= 0),
+                           ("top_p", opts.top_p, lambda v: 0 < v <= 1)):
+        if not all(ok(v) for v in vals):
+            raise ValueError(f"generate: {name} out of range: {vals}")
+    if any(opts.stop_strings) and tokenizer is None:
+        raise ValueError("generate: stop_strings need a tokenizer")
+    return opts
+
+
+def _generators(seeds: list[int | None], n: int) -> list[torch.Generator]:
+    """One generator per row (rows = samples, prompt-major): sample j of seed s is seeded s * MIX + j."""
+    generators = []
+    for r in range(len(seeds) * n):
+        s = seeds[r // n]
+        g = torch.Generator()
+        base = int(torch.randint(0, 2**62, (1,), device="cpu")) if s is None else s  # unseeded: torch's CPU RNG
+        g.manual_seed((base * _SEED_MIX + r % n) % 2**63)
+        generators.append(g)
+    return generators
+
+
+def _prefill(model, prompts, n: int, pad_id: int, new_tokens: int):
+    """Prefill each prompt once, then give each of its n samples a copy of the cache: (cache, logits (R, V))."""
+    ids, mask = _left_pad(prompts, pad_id, model.device)
+    cache = model.new_cache(len(prompts), ids.shape[1] + new_tokens)
+    last_hidden = model.hidden_states(ids, mask, cache)[:, -1]                        # (P, H)
+    logits = model.lm_head(last_hidden).float().repeat_interleave(n, dim=0)            # (R, V)
+    return (cache.repeat_interleave(n) if n > 1 else cache), logits
+
+
+@dataclass
+class _Rows:
+    """What each row (one sample; prompt-major, row r is sample r % n of prompt r // n) has produced."""
+    prompt: list[int]
+    tokens: list[list[int]]
+    logprobs: list[list[float]]
+    finish: list[str]
+
+    @classmethod
+    def start(cls, n_prompts: int, n: int) -> "_Rows":
+        R = n_prompts * n
+        return cls([r // n for r in range(R)], [[] for _ in range(R)], [[] for _ in range(R)], ["length"] * R)
+
+    def append(self, active, tokens, logprobs, opts: _Options, tokenizer) -> list[int]:
+        """Add this step's token to each active row; returns the rows that go on decoding."""
+        still = []
+        for r, tok, lp in zip(active, tokens, logprobs):
+            self.tokens[r].append(tok)
+            self.logprobs[r].append(lp)
+            stop_list = opts.stop_strings[self.prompt[r]]
+            if tok in opts.stop_token_ids or \
+                    (stop_list and _cut_at_stop(tokenizer.decode(self.tokens[r]), stop_list) is not None):
+                self.finish[r] = "stop"
+            elif len(self.tokens[r]) < opts.max_new_tokens[self.prompt[r]]:
+                still.append(r)
+        return still
+
+    def sample(self, r: int, opts: _Options, tokenizer) -> Sample:
+        """Row r as a Sample: its text decoded without the stop token, cut at the first stop string."""
+        tokens, text = self.tokens[r], ""
+        if tokenizer is not None:
+            ended_by_token = bool(tokens) and tokens[-1] in opts.stop_token_ids
+            text = tokenizer.decode(tokens[:-1] if ended_by_token else tokens)
+            cut = _cut_at_stop(text, opts.stop_strings[self.prompt[r]])
+            text = text if cut is None else cut
+        return Sample(prompt_index=self.prompt[r], token_ids=tokens, logprobs=self.logprobs[r], text=text,
+                      finish_reason=self.finish[r])
+
+
+def _decode_step(model, cache, cache_rows: list[int], next_tokens: dict[int, int], still: list[int], pad_id: int):
+    """Feed each row still decoding its last token: (cache, rows held in the cache, logits of `still`)."""
+    if len(still) <= len(cache_rows) // 2:
+        # half the cached rows are finished: drop them (one copy of the cache) so steps get cheaper
+        slot = {r: i for i, r in enumerate(cache_rows)}
+        cache = cache.select([slot[r] for r in still])
+        cache_rows = still
+    # finished rows still in the cache are fed a pad token; their outputs are ignored
+    step_ids = torch.tensor([[next_tokens.get(r, pad_id)] for r in cache_rows], device=model.device)
+    step_logits = model(step_ids, cache=cache)[:, -1].float()                         # (rows in cache, V)
+    slot = {r: i for i, r in enumerate(cache_rows)}
+    return cache, cache_rows, step_logits[torch.tensor([slot[r] for r in still], device=model.device)]
+
+
 @torch.no_grad()
 def generate(model, prompts: list[list[int]], *, n=1, max_new_tokens=128, temperature=1.0, top_k=0,
              top_p=1.0, stop_token_ids=(), stop_strings=(), seed=None, tokenizer=None, pad_id=0,
@@ -133,110 +246,40 @@ def generate(model, prompts: list[list[int]], *, n=1, max_new_tokens=128, temper
 
     should_stop(prompt_index) -> bool, asked before each decoding step, ends that prompt's samples early
     (finish_reason "cancelled"): a server stops work whose client has gone."""
-    P = len(prompts)
-    if P == 0:
+    if len(prompts) == 0:
         return []
-    if not isinstance(n, int) or n < 1:
-        raise ValueError(f"generate: n must be a positive int, got {n!r}")
-    for i, p in enumerate(prompts):
-        if len(p) == 0:
-            raise ValueError(f"generate: prompt {i} is empty")
-    temps = _per_prompt(temperature, P, "temperature", _is_number)
-    top_ks = _per_prompt(top_k, P, "top_k", lambda v: isinstance(v, int) and not isinstance(v, bool))
-    top_ps = _per_prompt(top_p, P, "top_p", _is_number)
-    max_news = _per_prompt(max_new_tokens, P, "max_new_tokens", lambda v: isinstance(v, int) and v >= 0)
-    seeds = _per_prompt(seed, P, "seed", lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool)))
-    stops = [_stop_list(v) for v in _per_prompt(stop_strings, P, "stop_strings", _is_stop_list)]
-    for name, vals, ok in (("temperature", temps, lambda v: v >= 0), ("top_p", top_ps, lambda v: 0 < v <= 1)):
-        if not all(ok(v) for v in vals):
-            raise ValueError(f"generate: {name} out of range: {vals}")
-    if any(stops) and tokenizer is None:
-        raise ValueError("generate: stop_strings need a tokenizer")
-    stop_ids = set(int(t) for t in stop_token_ids)
-    device = model.device
-
-    # rows = samples, prompt-major; each row has its own generator
-    R = P * n
-    row_prompt = [r // n for r in range(R)]
-    generators = []
-    for r in range(R):
-        s = seeds[row_prompt[r]]
-        g = torch.Generator()
-        base = int(torch.randint(0, 2**62, (1,), device="cpu")) if s is None else s  # unseeded: torch's CPU RNG
-        g.manual_seed((base * _SEED_MIX + r % n) % 2**63)
-        generators.append(g)
-
-    # prefill each prompt once, then give each of its n samples a copy of the cache
-    ids, mask = _left_pad(prompts, pad_id, device)
-    cache = model.new_cache(P, ids.shape[1] + max(max(max_news), 1))
-    last_hidden = model.hidden_states(ids, mask, cache)[:, -1]                        # (P, H)
-    logits = model.lm_head(last_hidden).float().repeat_interleave(n, dim=0)            # (R, V)
-    if n > 1:
-        cache = cache.repeat_interleave(n)
+    opts = _options(prompts, n, max_new_tokens, temperature, top_k, top_p, seed, stop_token_ids, stop_strings,
+                    tokenizer)
+    rows = _Rows.start(len(prompts), n)
+    generators = _generators(opts.seed, n)
+    cache, logits = _prefill(model, prompts, n, pad_id, max(max(opts.max_new_tokens), 1))
 
     def row_tensor(values, dtype):
-        return torch.tensor([values[row_prompt[r]] for r in range(R)], dtype=dtype, device=device)
+        return torch.tensor([values[p] for p in rows.prompt], dtype=dtype, device=model.device)
 
-    temp_t, top_k_t, top_p_t = row_tensor(temps, torch.float32), row_tensor(top_ks, torch.long), \
-        row_tensor(top_ps, torch.float32)
-    out_tokens = [[] for _ in range(R)]
-    out_logprobs = [[] for _ in range(R)]
-    finish = ["length"] * R
-    active = [r for r in range(R) if max_news[row_prompt[r]] > 0]   # rows still decoding
-    cache_rows = list(range(R))                                      # row held in each cache slot
-    logits = logits[active]
-
+    temp_t, top_k_t = row_tensor(opts.temperature, torch.float32), row_tensor(opts.top_k, torch.long)
+    top_p_t = row_tensor(opts.top_p, torch.float32)
+    active = [r for r, p in enumerate(rows.prompt) if opts.max_new_tokens[p] > 0]   # rows still decoding
+    cache_rows = list(range(len(rows.prompt)))                                      # row held in each cache slot
+    logits = logits[active]                                                         # logits rows follow `active`
     while active:
-        if should_stop is not None:   # logits rows follow `active`
-            keep = [i for i, r in enumerate(active) if not should_stop(row_prompt[r])]
-            if len(keep) < len(active):
-                for r in set(active) - {active[i] for i in keep}:
-                    finish[r] = "cancelled"
-                active, logits = [active[i] for i in keep], logits[keep]
-                if not active:
-                    break
-        rows = torch.tensor(active, device=device)
-        tokens, lps = _sample_step(logits, temp_t[rows], top_k_t[rows], top_p_t[rows],
+        if should_stop is not None:
+            keep = [i for i, r in enumerate(active) if not should_stop(rows.prompt[r])]
+            for i in sorted(set(range(len(active))) - set(keep)):
+                rows.finish[active[i]] = "cancelled"
+            active, logits = [active[i] for i in keep], logits[keep]
+            if not active:
+                break
+        index = torch.tensor(active, device=model.device)
+        tokens, lps = _sample_step(logits, temp_t[index], top_k_t[index], top_p_t[index],
                                    [generators[r] for r in active])
-        still = []
-        for r, tok, lp in zip(active, tokens.tolist(), lps.tolist()):
-            out_tokens[r].append(tok)
-            out_logprobs[r].append(lp)
-            if tok in stop_ids:
-                finish[r] = "stop"
-                continue
-            stop_list = stops[row_prompt[r]]
-            if stop_list and _cut_at_stop(tokenizer.decode(out_tokens[r]), stop_list) is not None:
-                finish[r] = "stop"
-                continue
-            if len(out_tokens[r]) < max_news[row_prompt[r]]:
-                still.append(r)
+        tokens = tokens.tolist()
+        still = rows.append(active, tokens, lps.tolist(), opts, tokenizer)
         if not still:
             break
-        next_tokens = dict(zip(active, tokens.tolist()))
-        if len(still) <= len(cache_rows) // 2:
-            # half the cached rows are finished: drop them (one copy of the cache) so steps get cheaper
-            slot = {r: i for i, r in enumerate(cache_rows)}
-            cache = cache.select([slot[r] for r in still])
-            cache_rows = still
+        cache, cache_rows, logits = _decode_step(model, cache, cache_rows, dict(zip(active, tokens)), still, pad_id)
         active = still
-        # finished rows still in the cache are fed a pad token; their outputs are ignored
-        step_ids = torch.tensor([[next_tokens.get(r, pad_id)] for r in cache_rows], device=device)
-        step_logits = model(step_ids, cache=cache)[:, -1].float()                     # (rows in cache, V)
-        slot = {r: i for i, r in enumerate(cache_rows)}
-        logits = step_logits[torch.tensor([slot[r] for r in active], device=device)]
-
-    samples = []
-    for r in range(R):
-        text = ""
-        if tokenizer is not None:
-            ended_by_token = bool(out_tokens[r]) and out_tokens[r][-1] in stop_ids
-            text = tokenizer.decode(out_tokens[r][:-1] if ended_by_token else out_tokens[r])
-            cut = _cut_at_stop(text, stops[row_prompt[r]])
-            text = text if cut is None else cut
-        samples.append(Sample(prompt_index=row_prompt[r], token_ids=out_tokens[r], logprobs=out_logprobs[r],
-                              text=text, finish_reason=finish[r]))
-    return samples
+    return [rows.sample(r, opts, tokenizer) for r in range(len(rows.prompt))]
 
 
 def _chunk_logprobs(hidden, targets, weight, temperature):
@@ -296,9 +339,6 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     args = parser.parse_args(argv)
-
-    from minskill.weights import load_model  # imported here: loading weights is only needed by the command
-
     model, tokenizer = load_model(args.model, dtype=getattr(torch, args.dtype))
     messages = ([{"role": "system", "content": args.system}] if args.system else []) + \
         [{"role": "user", "content": args.prompt}]

@@ -48,6 +48,7 @@ atomic writes, the schedule).
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -316,10 +317,7 @@ def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
 
 # ----------------------------------------------------------------------------- checkpoints
 
-
-
 def _fingerprint(examples: list[Example]) -> str:
-    import hashlib
     digest = hashlib.sha256()
     for e in examples:
         digest.update(json.dumps([e.num_prompt_tokens, e.input_ids]).encode())
@@ -407,6 +405,50 @@ def make_optimizer(model: Transformer, cfg: SFTConfig) -> torch.optim.AdamW:
                              betas=cfg.adam_betas, eps=cfg.adam_eps, weight_decay=cfg.weight_decay)
 
 
+def _resume(model: Transformer, optimizer, out_dir: Path, resume, cfg: SFTConfig, fingerprint: str,
+            total_steps: int, log: Callable[[str], None]) -> int:
+    """Load the weights, optimizer and RNG states of the checkpoint to resume (see train_sft); returns its
+    step (0 when starting afresh). A run folder that holds checkpoints is never started over silently."""
+    if not resume:
+        if latest_checkpoint(out_dir) is not None:
+            raise ValueError(f"{out_dir} holds checkpoints of an earlier run: resume it or choose another "
+                             "output folder")
+        return 0
+    ckpt = latest_checkpoint(out_dir) if resume is True else Path(resume)
+    if ckpt is None:
+        log(f"resume: no checkpoint in {out_dir}; starting from scratch")
+        return 0
+    state = load_trainer_state(ckpt, restore_rng=False)   # restored below, after the weights load
+    saved = Transformer.from_pretrained(ckpt, device=next(model.parameters()).device)
+    model.load_state_dict(saved.state_dict())
+    del saved
+    optimizer.load_state_dict(state["optimizer"])
+    set_rng_state(state["rng"])
+    if state.get("data_fingerprint") != fingerprint:
+        log("resume: warning: the training data differ from the checkpoint's; batches will not replay")
+    changed = {k for k, v in state.get("config", {}).items()
+               if k not in ("max_steps", "eval_every", "save_every", "log_every", "keep_checkpoints")
+               and asdict(cfg).get(k) != (tuple(v) if isinstance(v, list) else v)}
+    if changed:
+        log(f"resume: warning: config changed since the checkpoint: {sorted(changed)}")
+    log(f"resume: continuing from {ckpt} at step {state['step']}/{total_steps}")
+    return state["step"]
+
+
+def _optimizer_step(model: Transformer, optimizer, batch: list[Example], pad_id: int, device, cfg: SFTConfig,
+                    lr: float) -> tuple[float, float]:
+    """One optimizer step on one effective batch at learning rate lr: (mean target-token NLL, grad norm)."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    optimizer.zero_grad(set_to_none=True)
+    n_targets = sum(e.num_target_tokens for e in batch)
+    nll_sum = _forward_backward(model, batch, pad_id, device, cfg, n_targets)
+    params = [p for p in model.parameters() if p.grad is not None]
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip if cfg.grad_clip > 0 else float("inf")))
+    optimizer.step()
+    return nll_sum / max(1, n_targets), grad_norm
+
+
 def train_sft(model: Transformer, tokenizer: Tokenizer, train_examples: list[Example], out_dir: str | os.PathLike,
               cfg: SFTConfig, val_examples: list[Example] = (), resume: bool | str | os.PathLike = False,
               log: Callable[[str], None] = print) -> dict:
@@ -428,30 +470,7 @@ def train_sft(model: Transformer, tokenizer: Tokenizer, train_examples: list[Exa
     stop_step = total_steps if cfg.max_steps is None else min(total_steps, cfg.max_steps)
     fingerprint = _fingerprint(train_examples)
     metrics_path = out_dir / "metrics.jsonl"
-    step = 0
-
-    if not resume and latest_checkpoint(out_dir) is not None:
-        raise ValueError(f"{out_dir} holds checkpoints of an earlier run: resume it or choose another output folder")
-    if resume:
-        ckpt = latest_checkpoint(out_dir) if resume is True else Path(resume)
-        if ckpt is None:
-            log(f"resume: no checkpoint in {out_dir}; starting from scratch")
-        else:
-            state = load_trainer_state(ckpt, restore_rng=False)   # restored below, after the weights load
-            saved = Transformer.from_pretrained(ckpt, device=device)
-            model.load_state_dict(saved.state_dict())
-            del saved
-            optimizer.load_state_dict(state["optimizer"])
-            set_rng_state(state["rng"])
-            step = state["step"]
-            if state.get("data_fingerprint") != fingerprint:
-                log("resume: warning: the training data differ from the checkpoint's; batches will not replay")
-            changed = {k for k, v in state.get("config", {}).items()
-                       if k not in ("max_steps", "eval_every", "save_every", "log_every", "keep_checkpoints")
-                       and asdict(cfg).get(k) != (tuple(v) if isinstance(v, list) else v)}
-            if changed:
-                log(f"resume: warning: config changed since the checkpoint: {sorted(changed)}")
-            log(f"resume: continuing from {ckpt} at step {step}/{total_steps}")
+    step = _resume(model, optimizer, out_dir, resume, cfg, fingerprint, total_steps, log)
     # Drop metric rows from beyond the resumed step (an interrupted run may have logged past its checkpoint).
     write_jsonl_atomic(metrics_path, _read_metrics(metrics_path, step))
 
@@ -468,22 +487,14 @@ def train_sft(model: Transformer, tokenizer: Tokenizer, train_examples: list[Exa
             epoch, index = divmod(step, steps_per_epoch)
             order = epoch_order(len(train_examples), cfg.seed, epoch)
             batch = [train_examples[i] for i in order[index * cfg.batch_size:(index + 1) * cfg.batch_size]]
-            n_targets = sum(e.num_target_tokens for e in batch)
             lr = cfg.lr * lr_factor(step, total_steps, cfg.warmup_ratio, cfg.min_lr_ratio)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            optimizer.zero_grad(set_to_none=True)
-            nll_sum = _forward_backward(model, batch, pad_id, device, cfg, n_targets)
-            params = [p for p in model.parameters() if p.grad is not None]
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip if cfg.grad_clip > 0 else float("inf")))
-            optimizer.step()
-            step += 1
-            steps_done += 1
+            train_loss, grad_norm = _optimizer_step(model, optimizer, batch, pad_id, device, cfg, lr)
+            step, steps_done = step + 1, steps_done + 1
             tokens_seen += sum(len(e.input_ids) for e in batch)
-            train_loss = nll_sum / max(1, n_targets)
             elapsed = time.perf_counter() - started
             row = {"step": step, "epoch": round(step / steps_per_epoch, 4), "loss": train_loss, "lr": lr,
-                   "grad_norm": grad_norm, "target_tokens": n_targets, "tokens_per_s": tokens_seen / elapsed}
+                   "grad_norm": grad_norm, "target_tokens": sum(e.num_target_tokens for e in batch),
+                   "tokens_per_s": tokens_seen / elapsed}
             if val_examples and ((cfg.eval_every and step % cfg.eval_every == 0) or step == stop_step):
                 val_loss = evaluate_loss(model, val_examples, pad_id, cfg.micro_batch_size, cfg.bf16, cfg.chunk_tokens)
                 row["val_loss"] = val_loss

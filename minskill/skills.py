@@ -1,4 +1,5 @@
-"""Skills: `Skill` and `SkillSet`, their on-disk formats, prompt rendering, and parsing LLM replies.
+"""Skills: `Skill` and `SkillSet`, their on-disk formats and prompt rendering (reading them out of LLM
+replies: minskill.replies). This module imports nothing else from minskill, so it can be copied alone.
 
 A *skill* is natural-language guidance for an agent. Its on-disk format is the open Agent Skills layout:
 a folder whose name is the skill's name, holding `SKILL.md` = YAML front matter + Markdown body:
@@ -39,7 +40,8 @@ Mapping (lossless, JSON -> folders -> JSON gives back the same JSON):
     A description is required, so a skill without when_to_apply gets its title as description.
     An object mistake becomes a `Mistake`: a str (its readable text) that keeps the original fields.
 
-Rendering for a task model's system prompt:
+Rendering for a task model's system prompt (`SkillSet.render(task_type, max_tokens)`, and `Skill.render`
+as a set of that one skill: the one interface the rollout code uses):
     text = general skills, then the skills of the task's type, then the common mistakes;
     while count_tokens(text) > max_tokens: drop the last skill (or mistake) and say so in the text.
 count_tokens defaults to ceil(len(text) / 4), about right for English with BPE tokenizers.
@@ -69,8 +71,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 __all__ = ["Skill", "SkillSet", "Mistake", "SkillFormatError", "SkillParseError", "validate_name",
-           "validate_task_type", "slugify", "parse_skill", "parse_skillset", "approx_tokens", "recover_save",
-           "recover_saves", "MAX_NAME_CHARS", "MAX_DESCRIPTION_CHARS", "MAX_BODY_CHARS"]
+           "validate_task_type", "slugify", "split_front_matter", "parse_mistakes", "approx_tokens",
+           "recover_save", "recover_saves", "MAX_NAME_CHARS", "MAX_DESCRIPTION_CHARS", "MAX_BODY_CHARS"]
 
 MAX_NAME_CHARS = 64
 MAX_DESCRIPTION_CHARS = 1024
@@ -91,7 +93,7 @@ class SkillFormatError(ValueError):
 
 
 class SkillParseError(ValueError):
-    """An LLM reply holds no usable skill; the message quotes the start of the reply."""
+    """An LLM reply holds no usable skill (raised by minskill.replies); the message quotes its start."""
 
     def __init__(self, message: str, reply: str):
         quoted = reply[:300] + ("..." if len(reply) > 300 else "")
@@ -341,7 +343,10 @@ def _yaml_scalar(value: str) -> str:
 # --------------------------------------------------------------------------- files
 
 def _atomic_write_text(path: Path, text: str) -> None:
-    """Write `text` (UTF-8, newlines as given) to `path` via a temp file in the same folder + os.replace."""
+    """Write `text` (UTF-8, newlines as given) to `path` via a temp file in the same folder + os.replace.
+
+    minskill.runs has the package's atomic writer; this module keeps its own so that it can be copied
+    alone (it imports nothing from minskill)."""
     path = Path(path)
     handle, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -435,7 +440,7 @@ class Skill:
     @classmethod
     def from_skill_md(cls, text: str, where: str = "SKILL.md", folder_name: str | None = None) -> "Skill":
         """Parse SKILL.md text strictly (as the spec's validator does). `folder_name` must equal the name."""
-        fields, body = _split_front_matter(text, where)
+        fields, body = split_front_matter(text, where)
         unknown = [k for k in fields if k not in SPEC_FIELDS]
         if unknown:
             raise SkillFormatError(f"{where}: unexpected front-matter field(s) {unknown}; allowed: "
@@ -458,6 +463,10 @@ class Skill:
         if folder_name is not None and folder_name != skill.name:
             raise SkillFormatError(f"{where}: name {skill.name!r} differs from its folder name {folder_name!r}")
         return skill
+
+    def render(self, task_type: str | None = None, max_tokens: int = 1024, count_tokens=None) -> str:
+        """The system-prompt text of this skill alone: that of a skill set holding only it."""
+        return SkillSet(general=[self]).render(task_type, max_tokens, count_tokens)
 
     # ---- folders
     @classmethod
@@ -486,7 +495,7 @@ def _child(parent: Path, name: str) -> Path:
     return child
 
 
-def _split_front_matter(text: str, where: str) -> tuple[dict, str]:
+def split_front_matter(text: str, where: str) -> tuple[dict, str]:
     """(front-matter fields, body) of a SKILL.md text; the body is kept byte for byte."""
     if text.startswith("\ufeff"):
         text = text[1:]
@@ -572,7 +581,7 @@ def _bullet_text(lines: list[str]) -> str:
     return "\n".join([first] + rest).strip()
 
 
-def _parse_mistakes(lines: list[str]) -> list[str]:
+def parse_mistakes(lines: list[str]) -> list[str]:
     """Bullet items ('-', '*', '+', '1.') with indented continuation lines and optional value comments."""
     items: list[list[str]] = []
     for line in lines:
@@ -1015,7 +1024,7 @@ def _read_index(path: Path) -> _Index:
             # only the name is used; the link target is never trusted as a path
             name = validate_name(match.group(1) or match.group(2), f"{path}, line {number}")
             (index.general if section == "general" else index.task_types[section]).append(name)
-    index.mistakes = _parse_mistakes(mistake_lines)
+    index.mistakes = parse_mistakes(mistake_lines)
     if json_lines:
         try:
             index.extra = json.loads("\n".join(json_lines))
@@ -1086,189 +1095,3 @@ def recover_saves(folder: str | Path) -> None:
         match = _STAGING.fullmatch(entry.name)
         if match and entry.is_dir():
             recover_save(folder / match["name"])
-
-
-# --------------------------------------------------------------------------- parsing LLM replies
-
-_FENCE = re.compile(r"^[ \t]*(`{3,}|~{3,})[^\n]*$", re.M)
-_SECTION = re.compile(r"^#{1,3}[ \t]*(?:\*\*)?(general[ \t]+skills?|task[- ]specific[ \t]+skills?"
-                      r"(?:[ \t]*(?:for|:|-|—|\()[ \t]*(.+?)\)?)?|common[ \t]+mistakes?)"
-                      r"(?:\*\*)?[ \t]*:?[ \t]*$", re.I | re.M)
-_CHATTER = re.compile(r"^(let me know|i hope|hope this|feel free|this skill (?:should|will)|"
-                      r"note that this|good luck)", re.I)
-
-
-def _fenced_blocks(text: str) -> list[str]:
-    """Contents of the outermost ``` / ~~~ fenced blocks (a nested fence of the same kind ends it)."""
-    blocks, open_fence, start = [], None, 0
-    for match in _FENCE.finditer(text):
-        fence = match.group(1)
-        if open_fence is None:
-            open_fence, start = fence, match.end() + 1
-        elif fence[0] == open_fence[0] and len(fence) >= len(open_fence) and match.group(0).strip() == fence:
-            blocks.append(text[start:match.start()])
-            open_fence = None
-    if open_fence is not None:  # an unclosed fence (a reply cut by max_tokens): keep the rest
-        blocks.append(text[start:])
-    return blocks
-
-
-def _front_matter_start(text: str) -> int | None:
-    """Offset of a '---' line that opens front matter (the next non-blank line is a name/description key)."""
-    for match in re.finditer(r"^---[ \t]*\r?$", text, re.M):
-        following = text[match.end():].lstrip("\r\n")
-        if re.match(r"(?:name|description)\s*:", following):
-            return match.start()
-    return None
-
-
-def _drop_chatter(body: str) -> str:
-    paragraphs = body.rstrip().split("\n\n")
-    while len(paragraphs) > 1 and _CHATTER.match(paragraphs[-1].strip()):
-        paragraphs.pop()
-    return "\n\n".join(paragraphs)
-
-
-def _lenient_skill(text: str, reply: str) -> Skill:
-    """One skill from a fragment: front matter if there is one (repaired), else derived from headings."""
-    start = _front_matter_start(text)
-    fields: dict = {}
-    if start is not None:
-        try:
-            fields, body = _split_front_matter(text[start:], "skill in reply")
-        except SkillFormatError as error:
-            raise SkillParseError(f"front matter could not be read ({error})", reply) from None
-    else:
-        heading = re.search(r"^#{1,6}[ \t]+\S", text, re.M)
-        body = text[heading.start():] if heading else text
-    body = _drop_chatter(body.strip("\n"))
-    if len(body) > MAX_BODY_CHARS:
-        raise SkillParseError(f"skill body is {len(body)} characters; at most {MAX_BODY_CHARS}", reply)
-    metadata = fields.get("metadata") if isinstance(fields.get("metadata"), dict) else {}
-    metadata = {str(k): str(v) for k, v in metadata.items()
-                if re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", str(k))}
-    for key, value in fields.items():  # unknown fields are kept as metadata, not rejected
-        if key not in SPEC_FIELDS and isinstance(value, str):
-            metadata[key] = value
-    heading = re.search(r"^#{1,6}[ \t]+(.+?)[ \t#]*$", body, re.M)
-    # the first paragraph of plain text (heading lines left out) describes the skill when nothing else does
-    paragraphs = ["\n".join(line for line in p.split("\n") if not line.lstrip().startswith("#")).strip()
-                  for p in re.split(r"\n\s*\n", body)]
-    first_text = next((p for p in paragraphs if p), "")
-    raw_name = fields.get("name") if isinstance(fields.get("name"), str) else ""
-    name_source = raw_name or (heading.group(1) if heading else "") or first_text[:60]
-    if not name_source.strip():
-        raise SkillParseError("no skill found (no front matter, heading or text)", reply)
-    try:
-        name = validate_name(raw_name)
-    except SkillFormatError:
-        name = slugify(name_source)
-    description = fields.get("description") if isinstance(fields.get("description"), str) else ""
-    if not description.strip():
-        description = first_text or (heading.group(1) if heading else name)
-    description = " ".join(description.split())
-    if len(description) > MAX_DESCRIPTION_CHARS:
-        description = description[:MAX_DESCRIPTION_CHARS - 3].rsplit(" ", 1)[0] + "..."
-    skill = Skill(name=name, description=description, body=body, metadata=metadata)
-    for attr, key in (("license", "license"), ("compatibility", "compatibility"), ("allowed_tools", "allowed-tools")):
-        if isinstance(fields.get(key), str) and fields[key].strip():
-            setattr(skill, attr, fields[key][:MAX_COMPATIBILITY_CHARS] if key == "compatibility" else fields[key])
-    try:
-        return skill.validate("skill in reply")
-    except SkillFormatError as error:
-        raise SkillParseError(str(error), reply) from None
-
-
-def _unwrap(reply: str) -> str:
-    """The part of a reply that holds the skill(s): a fenced block that has them, else the reply."""
-    for block in _fenced_blocks(reply):
-        if _front_matter_start(block) is not None or _SECTION.search(block):
-            return block
-    if _front_matter_start(reply) is None and not _SECTION.search(reply):
-        blocks = [b for b in _fenced_blocks(reply) if b.strip()]
-        if len(blocks) == 1 and re.search(r"^#{1,6}\s", blocks[0], re.M):
-            return blocks[0]
-    return reply
-
-
-def parse_skill(reply: str) -> Skill:
-    """One skill from an LLM reply: code fences, missing front matter and prose around it are tolerated.
-    Raises SkillParseError (quoting the reply) when there is nothing usable."""
-    if not isinstance(reply, str) or not reply.strip():
-        raise SkillParseError("empty reply", reply if isinstance(reply, str) else repr(reply))
-    return _lenient_skill(_unwrap(reply), reply)
-
-
-def _split_skills(section: str) -> list[str]:
-    """A section's text cut at every '---' line that opens a front matter."""
-    starts = [m.start() for m in re.finditer(r"^---[ \t]*\r?$", section, re.M)
-              if re.match(r"(?:name|description)\s*:", section[m.end():].lstrip("\r\n"))]
-    if not starts:
-        # no front matter: one skill per level-2/3 heading, or the whole text as one skill
-        heads = [m.start() for m in re.finditer(r"^#{2,3}[ \t]+\S", section, re.M)]
-        if not heads:
-            return [section] if section.strip() else []
-        return [section[a:b] for a, b in zip(heads, heads[1:] + [len(section)])]
-    return [section[a:b] for a, b in zip(starts, starts[1:] + [len(section)])]
-
-
-def parse_skillset(reply: str) -> SkillSet:
-    """A skill set from an LLM reply: the `to_markdown()` layout (leniently) or MASA JSON.
-    Raises SkillParseError (quoting the reply) when no skill or mistake is found."""
-    if not isinstance(reply, str) or not reply.strip():
-        raise SkillParseError("empty reply", reply if isinstance(reply, str) else repr(reply))
-    candidates = [b for b in _fenced_blocks(reply) if b.lstrip().startswith("{")] + [reply]
-    for candidate in candidates:
-        first, last = candidate.find("{"), candidate.rfind("}")
-        if 0 <= first < last:
-            try:
-                data = json.loads(candidate[first:last + 1])
-            except json.JSONDecodeError:
-                continue
-            if isinstance(data, dict) and ({"general_skills", "task_specific_skills"} & set(data)):
-                try:
-                    return SkillSet.from_json(data)
-                except SkillFormatError as error:
-                    raise SkillParseError(f"JSON skill library is invalid ({error})", reply) from None
-    text = _unwrap(reply)
-    sections = list(_SECTION.finditer(text))
-    skillset = SkillSet()
-    chunks = [(None, text[:sections[0].start()] if sections else text)]
-    for i, match in enumerate(sections):
-        end = sections[i + 1].start() if i + 1 < len(sections) else len(text)
-        chunks.append((match, text[match.end():end]))
-    for match, chunk in chunks:
-        kind = "general" if match is None else match.group(1).lower()
-        if match is None and sections and _front_matter_start(chunk) is None:
-            continue  # prose before the first section
-        if kind.startswith("common"):
-            skillset.common_mistakes.extend(_parse_mistakes(chunk.split("\n")))
-            continue
-        if kind.startswith("task"):
-            raw_type = (match.group(2) or "").strip().strip("*`").strip()
-            if not raw_type:
-                raise SkillParseError("a task-specific section does not name its task type", reply)
-            try:
-                task_type = validate_task_type(raw_type)
-            except SkillFormatError:
-                task_type = slugify(raw_type, fallback="task").replace("-", "_")
-            group = skillset.task_specific.setdefault(task_type, [])
-        else:
-            group = skillset.general
-        taken = {s.name for s in group}
-        for piece in _split_skills(chunk):
-            if not piece.strip():
-                continue
-            skill = _lenient_skill(piece, reply)
-            base, k = skill.name, 2
-            while skill.name in taken:
-                skill.name = f"{base[:MAX_NAME_CHARS - 4]}-{k}"
-                k += 1
-            taken.add(skill.name)
-            group.append(skill)
-    if not len(skillset) and not skillset.common_mistakes:
-        raise SkillParseError("no skills or common mistakes found", reply)
-    try:
-        return skillset.validate()
-    except SkillFormatError as error:
-        raise SkillParseError(str(error), reply) from None

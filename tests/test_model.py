@@ -1,12 +1,14 @@
-"""minskill.model against Hugging Face transformers on tiny random checkpoints of each family."""
+"""minskill.model against Hugging Face transformers on tiny random checkpoints of each family; loading and
+saving them (minskill.weights, through Transformer.from_pretrained / save_pretrained)."""
 import json
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from minskill.model import KVCache, ModelConfig, Transformer
+from minskill.model import KVCache, Transformer
 from minskill.sampling import generate
+from minskill.weights import config_from_hf, config_to_hf
 
 transformers = pytest.importorskip("transformers")
 torch.set_num_threads(1)
@@ -195,9 +197,9 @@ def test_old_style_config_keys(checkpoints, tmp_path):
     ids = torch.tensor([list(range(60))])
     with torch.no_grad():
         assert (model(ids) - hf(ids).logits).abs().max().item() <= 1e-4
-    assert ModelConfig.from_dict({**config, "rope_scaling": None}).rope_scaling is None
-    assert ModelConfig.from_dict({**config, "rope_scaling": {"rope_type": "default"}}).rope_scaling is None
-    assert "rope_scaling" in ModelConfig.from_dict(config).to_dict()
+    assert config_from_hf({**config, "rope_scaling": None}).rope_scaling is None
+    assert config_from_hf({**config, "rope_scaling": {"rope_type": "default"}}).rope_scaling is None
+    assert "rope_scaling" in config_to_hf(config_from_hf(config))
 
 
 def test_tied_checkpoint_that_also_stores_lm_head_loads(checkpoints, tmp_path):
@@ -233,11 +235,11 @@ def test_missing_and_unexpected_tensors_are_named(checkpoints, tmp_path):
 def test_bad_configs_raise_naming_the_problem(tmp_path):
     base = {"model_type": "llama", **TINY}
     with pytest.raises(ValueError, match="'mistral'"):
-        ModelConfig.from_dict({**base, "model_type": "mistral"})
+        config_from_hf({**base, "model_type": "mistral"})
     with pytest.raises(ValueError, match="'yarn'"):
-        ModelConfig.from_dict({**base, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}})
+        config_from_hf({**base, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}})
     with pytest.raises(ValueError, match="hidden_size"):
-        ModelConfig.from_dict({k: v for k, v in base.items() if k != "hidden_size"})
+        config_from_hf({k: v for k, v in base.items() if k != "hidden_size"})
     (tmp_path / "config.json").write_text(json.dumps({**base, "model_type": "gpt2"}))
     with pytest.raises(ValueError, match="'gpt2'"):
         Transformer.from_pretrained(tmp_path)
@@ -268,7 +270,7 @@ def test_bfloat16_forward_is_close_to_float32(checkpoints):
 
 
 def test_kvcache_shapes():
-    config = ModelConfig.from_dict({"model_type": "qwen3", **TINY, "head_dim": 8})
+    config = config_from_hf({"model_type": "qwen3", **TINY, "head_dim": 8})
     cache = KVCache(config, batch_size=3, max_len=10, dtype=torch.bfloat16, device="cpu")
     assert cache.k[0].shape == (3, 2, 10, 8) and cache.k.dtype == torch.bfloat16
     assert cache.key_mask.shape == (3, 10) and cache.next_position.tolist() == [0, 0, 0] and cache.length == 0

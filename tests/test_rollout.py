@@ -12,6 +12,8 @@ from minskill.runs import append_jsonl, read_jsonl
 from minskill.rollout import (Trajectory, load_trajectories, parse_action, run_rollouts, skill_text,
                               summarize, wilson_interval)
 from minskill.server import BackendError, ScriptedBackend, start_server
+from minskill.skills import Skill, SkillSet
+from minskill.tasks import HouseholdEnv, WebWalkEnv, load_suite, oracle_actions
 from minskill.tasks.base import Task
 
 SKILL = "To add two numbers, count up from the first one. End with: The answer is <number>."
@@ -59,7 +61,6 @@ def serve():
 # ---------------------------------------------------------------------------------------- single-turn
 
 def test_success_moves_with_the_skill(serve):
-    from minskill.skills import Skill, SkillSet
 
     model = Recorder(skilled_model)
     client = serve(model)
@@ -258,7 +259,7 @@ ADMISSIBLE = ["go to desk 1", "go to cabinet 1", "open cabinet 1", "take apple 1
     ("", ""),
 ])
 def test_parse_action_household(reply, action):
-    assert parse_action(reply, ADMISSIBLE, rollout.HOUSEHOLD_ACTIONS) == action
+    assert parse_action(reply, ADMISSIBLE, HouseholdEnv.action_syntax) == action
 
 
 @pytest.mark.parametrize("reply, action", [
@@ -270,7 +271,7 @@ def test_parse_action_household(reply, action):
     ("back", "back"),
 ])
 def test_parse_action_webwalk(reply, action):
-    assert parse_action(reply, ["click About us", "click Home", "back"], rollout.WEBWALK_ACTIONS) == action
+    assert parse_action(reply, ["click About us", "click Home", "back"], WebWalkEnv.action_syntax) == action
 
 
 def test_skill_text_cases():
@@ -280,9 +281,9 @@ def test_skill_text_cases():
 
 
 def test_parse_action_misspelt_without_verb():
-    assert parse_action("opne cabinet 1", ADMISSIBLE, rollout.HOUSEHOLD_ACTIONS) == "open cabinet 1"
+    assert parse_action("opne cabinet 1", ADMISSIBLE, HouseholdEnv.action_syntax) == "open cabinet 1"
     # a free-text action keeps priority over a later line that matches an admissible action
-    assert parse_action("answer 1990\nclick Home", ["click Home"], rollout.WEBWALK_ACTIONS) == "answer 1990"
+    assert parse_action("answer 1990\nclick Home", ["click Home"], WebWalkEnv.action_syntax) == "answer 1990"
 
 
 # ---------------------------------------------------------------------------------------- multi-turn
@@ -297,7 +298,6 @@ class OracleAgent:
     actions, each dressed differently, checking on the way that the prompt shows what it should."""
 
     def __init__(self, tasks):
-        from minskill.tasks import oracle_actions
         self.plans = {t.question: oracle_actions(t) for t in tasks}
         self.state, self.calls, self.problems = {}, [], []
         self.lock = threading.Lock()
@@ -328,7 +328,6 @@ class OracleAgent:
 
 @pytest.mark.parametrize("suite", ["household", "webwalk"])
 def test_agent_loop_with_an_oracle_agent(serve, suite, tmp_path):
-    from minskill.tasks import load_suite, oracle_actions
 
     tasks = load_suite(suite, split="heldout", n=6 if suite == "household" else 3)
     agent = OracleAgent(tasks)
@@ -358,7 +357,6 @@ def test_agent_loop_with_an_oracle_agent(serve, suite, tmp_path):
 
 
 def test_agent_loop_step_budget_and_garbage(serve):
-    from minskill.tasks import load_suite
 
     tasks = load_suite("household", split="train", n=2) + load_suite("webwalk", split="train", n=2)
     client = serve(lambda messages, request: GARBAGE[len(messages) % len(GARBAGE)])
@@ -374,7 +372,6 @@ def test_agent_loop_step_budget_and_garbage(serve):
 
 
 def test_agent_loop_http_error_ends_one_episode(serve):
-    from minskill.tasks import load_suite, oracle_actions
 
     tasks = load_suite("webwalk", split="heldout", n=3)
     agent = OracleAgent(tasks)
@@ -394,7 +391,6 @@ def test_agent_loop_http_error_ends_one_episode(serve):
 # ---------------------------------------------------------------------------------------- the command
 
 def test_evaluation_command(serve, tmp_path, capsys):
-    from minskill.tasks import load_suite
 
     tasks = load_suite("qa", split="heldout", n=8)
 

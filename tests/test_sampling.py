@@ -1,13 +1,11 @@
 """minskill.sampling: sampling properties checked against the model's own logits, and completion log-probs."""
-import sys
-import types
-
 import pytest
 import torch
 
 from minskill import sampling
-from minskill.model import ModelConfig, Transformer
+from minskill.model import Transformer
 from minskill.sampling import Sample, completion_logprobs, generate
+from minskill.weights import config_from_hf
 
 torch.set_num_threads(1)
 
@@ -16,7 +14,7 @@ PROMPTS = [[3, 14, 15, 92, 65, 35], [89, 79], [32, 38, 46, 26]]
 
 @pytest.fixture(scope="module")
 def model():
-    config = ModelConfig.from_dict(dict(
+    config = config_from_hf(dict(
         model_type="qwen3", vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, head_dim=16, tie_word_embeddings=True))
     torch.manual_seed(0)
@@ -212,9 +210,8 @@ def test_chat_command_prints_the_reply(model, monkeypatch, capsys):
             return PROMPTS[0]
 
     loaded = []
-    fake = types.ModuleType("minskill.weights")
-    fake.load_model = lambda spec, dtype=None, device=None: loaded.append((spec, dtype)) or (model, ChatTokenizer())
-    monkeypatch.setitem(sys.modules, "minskill.weights", fake)
+    monkeypatch.setattr(sampling, "load_model",
+                        lambda spec, dtype=None, device=None: loaded.append((spec, dtype)) or (model, ChatTokenizer()))
     sampling.main(["--model", "tiny", "--prompt", "Capital of France?", "--system", "Be brief.",
                    "--max-new-tokens", "6"])
     expected = generate(model, [PROMPTS[0]], max_new_tokens=6, temperature=0, stop_token_ids=[0],

@@ -8,6 +8,7 @@ import torch
 
 from minskill import sft
 from minskill.model import Transformer
+from minskill.runs import lr_factor
 from minskill.sampling import generate
 from minskill.tokenizer import Tokenizer
 from tiny import make_tiny_model_dir, make_tiny_tokenizer_dir
@@ -140,7 +141,6 @@ def test_target_nll_equals_full_logit_reference_and_ignores_padding(tiny_dir):
 
 def test_learning_rate_schedule_warmup_then_cosine():
     """SFT's schedule is minskill.runs.lr_factor times the peak lr (the one Skill-R1 uses too)."""
-    from minskill.runs import lr_factor
     total, peak = 100, 1e-3
     lrs = [peak * lr_factor(s, total, warmup_ratio=0.1) for s in range(total)]
     assert lrs[0] == pytest.approx(peak / 10) and lrs[9] == pytest.approx(peak)       # 10 warmup steps

@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from minskill.skills import (MAX_BODY_CHARS, Mistake, Skill, SkillFormatError, SkillParseError, SkillSet,
-                             parse_skill, parse_skillset, slugify, validate_name)
+from minskill.replies import parse_skill
+from minskill.skills import (MAX_BODY_CHARS, Mistake, Skill, SkillFormatError, SkillSet, recover_save, slugify,
+                             validate_name)
+from minskill.tasks import load_suite
 
 BASE_SKILLS = Path(__file__).resolve().parents[1] / "minskill" / "tasks" / "base_skills"
 
@@ -215,7 +217,6 @@ def test_folder_order_and_dropped_in_skills(tmp_path):
 
 def test_index_listing_a_missing_skill_is_an_error(tmp_path):
     folder = SkillSet(general=[_skill("kept"), _skill("lost")]).save(tmp_path / "set")
-    import shutil
     shutil.rmtree(folder / "general" / "lost")
     with pytest.raises(SkillFormatError, match=r"lists skill\(s\) \['lost'\] with no folder"):
         SkillSet.load(folder)
@@ -366,87 +367,10 @@ def test_render_drops_whole_skills_last_first_and_says_so():
     assert len(text) <= 200 and "[cut to fit the token budget]" in text
 
 
-# --------------------------------------------------------------------------- parsing LLM replies
-
-def test_parse_skill_with_fences_and_prose():
-    reply = ("Sure! Here is the improved skill:\n\n```markdown\n---\nname: count-carefully\n"
-             "description: Use when counting.\n---\n# Count\n\nTick each item.\n```\n\nLet me know if you need more!")
-    skill = parse_skill(reply)
-    assert skill.name == "count-carefully" and skill.description == "Use when counting."
-    assert skill.body == "# Count\n\nTick each item."
-
-
-def test_parse_skill_without_front_matter():
-    skill = parse_skill("Okay.\n\n## Counting Carefully!\n\nGo through the list one by one.\n\n"
-                        "Let me know if this helps.")
-    assert skill.name == "counting-carefully"
-    assert skill.description == "Go through the list one by one."
-    assert skill.body == "## Counting Carefully!\n\nGo through the list one by one."
-    plain = parse_skill("Always write the final answer as a number.")
-    assert plain.name == "always-write-the-final-answer-as-a-number" and plain.body.startswith("Always")
-
-
-def test_parse_skill_repairs_fields():
-    reply = ("---\nname: Count Things\ndescription: " + "d " * 600 + "\nversion: 2\n---\nbody")
-    skill = parse_skill(reply)
-    assert skill.name == "count-things" and len(skill.description) <= 1024
-    assert skill.metadata == {"version": "2"}
-    fenced = parse_skill("```\n---\nname: x\n---\n# Title\n\nFirst line.\n")  # unclosed fence, no description
-    assert (fenced.name, fenced.description) == ("x", "First line.")
-
-
-@pytest.mark.parametrize("reply, message", [
-    ("", "empty reply"),
-    ("   \n  ", "empty reply"),
-    ("---\nname: x\ndescription: [a\n---\nbody", "front matter could not be read"),
-    ("# Title\n\n" + "x" * (MAX_BODY_CHARS + 10), "skill body is"),
-])
-def test_parse_skill_errors_quote_the_reply(reply, message):
-    with pytest.raises(SkillParseError, match=message) as info:
-        parse_skill(reply)
-    assert repr(reply[:40])[1:-1][:20] in str(info.value) or reply.strip() == ""
-    assert len(str(info.value)) < 600  # quoted, but only its start
-
-
-def test_parse_skillset_round_trips_to_markdown():
-    skillset = SkillSet.from_json(_masa_library())
-    skillset.extra = {}
-    for group in [skillset.general] + list(skillset.task_specific.values()):
-        for skill in group:
-            skill.body = skill.body.strip()
-    assert parse_skillset(skillset.to_markdown()) == skillset
-    assert parse_skillset(_render_set().to_markdown()) == _render_set()
-
-
-def test_parse_skillset_lenient_layouts():
-    reply = ("Here you go.\n\n```\n## General Skills\n\n### Answer format\nAlways end with the answer.\n\n"
-             "## Task-specific skills for counting\n\n### Tick items\nNumber each matching item.\n\n"
-             "## Common mistakes:\n1. Counting the wrong word.\n2. Forgetting the last item.\n```\nThanks!")
-    skillset = parse_skillset(reply)
-    assert [s.name for s in skillset.general] == ["answer-format"]
-    assert [s.name for s in skillset.task_specific["counting"]] == ["tick-items"]
-    assert skillset.task_specific["counting"][0].description == "Number each matching item."
-    assert skillset.common_mistakes == ["Counting the wrong word.", "Forgetting the last item."]
-    as_json = parse_skillset("Result:\n```json\n" + json.dumps(_masa_library()) + "\n```")
-    assert as_json.to_json() == _masa_library()
-    loose = parse_skillset("---\nname: only-one\ndescription: d\n---\nbody")
-    assert [s.name for s in loose.general] == ["only-one"]
-
-
-def test_parse_skillset_errors_quote_the_reply():
-    with pytest.raises(SkillParseError, match=r"no skills or common mistakes found; reply was: '## General skills"):
-        parse_skillset("## General skills\n\n## Common mistakes\n")
-    with pytest.raises(SkillParseError, match="does not name its task type"):
-        parse_skillset("# Task-specific skills\n\n### A\ntext")
-    with pytest.raises(SkillParseError, match="empty reply"):
-        parse_skillset("")
-
-
 # --------------------------------------------------------------------------- the shipped base skills
 
 @pytest.mark.parametrize("suite", ["qa", "household", "webwalk"])
 def test_base_skill_sets_load_and_cover_every_task_type(suite):
-    from minskill.tasks import load_suite
     skillset = SkillSet.load(BASE_SKILLS / suite)
     assert skillset.general
     types = {t.type for t in load_suite(suite, n=6 if suite == "household" else 4 if suite == "qa" else 3)}
@@ -566,7 +490,6 @@ def test_a_save_killed_while_recovering_still_leaves_a_complete_set(tmp_path):
 
 
 def test_recover_save_cleans_staging_and_leaves_other_entries(tmp_path):
-    from minskill.skills import recover_save
     SkillSet(general=[_skill("a")]).save(tmp_path / "lib")
     for name in (".lib.tmp-abcd1234", ".lib.old-abcd1234", ".other.tmp-abcd1234", ".lib.tmp-keep"):
         (tmp_path / name).mkdir()

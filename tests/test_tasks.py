@@ -6,8 +6,11 @@ import re
 
 import pytest
 
+from minskill.skills import SkillFormatError, validate_task_type
 from minskill.tasks import NOTHING_HAPPENS, Task, load_suite, oracle_actions, task_types
+from minskill.tasks.base import check_task_type
 from minskill.tasks.household import TASK_TYPES as HOUSEHOLD_TYPES
+from minskill.tasks.qa import _CONVERSIONS
 from minskill.tasks.qa import TASK_TYPES as QA_TYPES
 from minskill.tasks.webwalk import LEVELS
 
@@ -106,7 +109,6 @@ def test_qa_generated_answers_are_right():
             singular = {"peaches": "peach"}.get(word, word[:-1] if word.endswith("s") else word)
             assert int(task.answer) == sum(item.strip() == singular for item in items)
         elif task.type == "conversion":
-            from minskill.tasks.qa import _CONVERSIONS
             value = int(re.search(r"\d+", q).group())
             factor = next(f for big, one, small, f in _CONVERSIONS
                           if small in q and (f" {big}" in q or f" {one}" in q))
@@ -207,8 +209,6 @@ def test_a_task_type_that_is_no_safe_folder_name_is_refused_at_load(tmp_path, ro
 
 def test_the_task_type_rule_is_the_skill_folder_rule():
     """tasks/ keeps its own copy of skills.validate_task_type (each can be copied alone): they agree."""
-    from minskill.skills import SkillFormatError, validate_task_type
-    from minskill.tasks.base import check_task_type
     candidates = ["qa", "level1", "Math_Algebra", "a.b-c", "x" * 64, "x" * 65, "", ".x", "-x", "_x", "a..b",
                   "a/b", "a\\b", "a b", "é", "a\n", "..", "1", "level1/2", None, 3]
     for candidate in candidates:

@@ -15,16 +15,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .base import NOTHING_HAPPENS, SPLITS, Environment, Task, normalize_action, split_of
+from .base import NOTHING_HAPPENS, SPLITS, Environment, Task, check_split, normalize_action, split_of
 from .household import HouseholdEnv, generate_household
+from .household import oracle_actions as household_oracle
 from .qa import generate_qa, load_jsonl
 from .verifiers import exact_match, extract_final_number, final_answer_match, gaia_match, numeric_match, verify
 from .webwalk import WebWalkEnv, generate_webwalk
+from .webwalk import oracle_actions as webwalk_oracle
 
 __all__ = ["Task", "Environment", "HouseholdEnv", "WebWalkEnv", "NOTHING_HAPPENS", "SPLITS", "SUITES",
-           "load_suite", "oracle_actions", "task_types", "gaia_match", "exact_match", "numeric_match",
-           "final_answer_match", "extract_final_number", "verify", "normalize_action", "split_of"]
+           "BASE_SKILLS_DIR", "load_suite", "oracle_actions", "task_types", "gaia_match", "exact_match",
+           "numeric_match", "final_answer_match", "extract_final_number", "verify", "normalize_action", "split_of"]
 
+# The hand-written base skills of each built-in suite: BASE_SKILLS_DIR/<suite>/ (Agent Skills skill sets).
+BASE_SKILLS_DIR = Path(__file__).parent / "base_skills"
 SUITES = {"qa": generate_qa, "household": generate_household, "webwalk": generate_webwalk}
 
 
@@ -44,6 +48,8 @@ def load_suite(name: str, split: str = "train", seed: int = 0, n: int | None = N
         return load_jsonl(file, split=split, seed=seed, n=n)
     if name not in SUITES:
         raise ValueError(f"unknown suite {name!r}; built in: {', '.join(SUITES)} (or a .jsonl file)")
+    if check_split(split) == "all":
+        return SUITES[name](split="train", seed=seed, n=n) + SUITES[name](split="heldout", seed=seed, n=n)
     return SUITES[name](split=split, seed=seed, n=n)
 
 
@@ -51,10 +57,8 @@ def oracle_actions(task: Task) -> list[str]:
     """A scripted solution of a multi-turn task."""
     kind = task.env_spec.get("kind")
     if kind == "household":
-        from .household import oracle_actions as household_oracle
         return household_oracle(task)
     if kind == "webwalk":
-        from .webwalk import oracle_actions as webwalk_oracle
         return webwalk_oracle(task)
     raise ValueError(f"task {task.id} has no oracle (kind {kind!r})")
 

@@ -52,9 +52,11 @@ def check_task_type(task_type, where: str) -> str:
     return task_type
 
 
-def check_split(split: str) -> str:
-    if split not in SPLITS and split != "all":
-        raise ValueError(f"unknown split {split!r}; use 'train', 'heldout' or 'all'")
+def check_split(split: str, allow_all: bool = True) -> str:
+    """`split` if it names one ("all" = train then held-out, where allowed), else ValueError. A generator
+    makes one split; load_suite puts "all" together from the two."""
+    if split not in SPLITS and (split != "all" or not allow_all):
+        raise ValueError(f"unknown split {split!r}; use 'train', 'heldout'" + (" or 'all'" if allow_all else ""))
     return split
 
 
@@ -107,6 +109,7 @@ class Task:
         if not self.multi_turn:
             raise ValueError(f"task {self.id} is single-turn: it has no environment")
         kind = self.env_spec.get("kind")
+        # household.py and webwalk.py import this module: importing them here, when called, breaks the cycle
         if kind == "household":
             from .household import HouseholdEnv
             return HouseholdEnv(self.env_spec, max_steps=self.max_steps)
@@ -130,7 +133,14 @@ class Environment:
     nothing (unknown, impossible here, wrong object...) returns exactly NOTHING_HAPPENS and is counted in
     `nothing_happens`; purely informational actions (look, inventory, examine) are valid. The episode
     ends on success, on a final action (webwalk `answer`), or when `steps` reaches `max_steps`.
+
+    What an agent loop may rely on (rollout.py reads these and nothing else about a suite):
+      action_syntax          the action patterns this environment understands ("go to X", "answer <text>");
+                             shown to the agent, and their first words are the verbs found in a free-form
+                             reply; () = none declared
+      admissible_actions()   the actions that would do something now; [] = not listed
     """
+    action_syntax: tuple[str, ...] = ()
 
     def __init__(self, max_steps: int):
         if max_steps < 1:
@@ -160,7 +170,7 @@ class Environment:
         return observation, self.done, self.success
 
     def admissible_actions(self) -> list[str]:
-        raise NotImplementedError
+        return []
 
     # subclasses implement these
     def _reset(self) -> str:

@@ -33,6 +33,8 @@ TASK_TYPES = ("pick_and_place", "look_at_obj_in_light", "pick_clean_then_place",
               "pick_cool_then_place", "pick_two_obj")
 DEFAULT_PER_TYPE = 10
 MAX_STEPS = 30
+ACTION_SYNTAX = ("go to X", "open X", "close X", "take X from Y", "put X in/on Y", "heat X with Y",
+                 "cool X with Y", "clean X with Y", "use X", "examine X", "inventory", "look")
 
 # receptacle type -> (openable, preposition)
 RECEPTACLES = {
@@ -109,6 +111,7 @@ def goal_text(goal: dict) -> str:
 
 class HouseholdEnv(Environment):
     """The world of one task; `spec` is the task's env_spec (copied, never modified)."""
+    action_syntax = ACTION_SYNTAX
 
     def __init__(self, spec: dict, max_steps: int = MAX_STEPS):
         super().__init__(max_steps)
@@ -158,7 +161,15 @@ class HouseholdEnv(Environment):
         if len(placed) >= (2 if g["type"] == "pick_two_obj" else 1):
             self.success = self.done = True
 
-    # ---- actions
+    # ---- actions: each verb's pattern and the method that carries it out (or answers NOTHING_HAPPENS)
+    VERBS = [(re.compile(r"go to (?:the )?(.+)"), "_go"),
+             (re.compile(r"(open|close) (?:the )?(.+)"), "_open_close"),
+             (re.compile(r"take (.+?) from (.+)"), "_take"),
+             (re.compile(r"put (.+?) (?:in/on|in|on|into|onto) (.+)"), "_put"),
+             (re.compile(r"(heat|cool|clean) (.+?) with (.+)"), "_treat"),
+             (re.compile(r"use (.+)"), "_use"),
+             (re.compile(r"examine (?:the )?(.+)"), "_examine")]
+
     def _step(self, action: str) -> str:
         if action == "look":
             if self.location is None:
@@ -167,85 +178,81 @@ class HouseholdEnv(Environment):
         if action in ("inventory", "inv", "i"):
             return f"You are carrying: {_article(self.holding)} {self.holding}." if self.holding \
                 else "You are not carrying anything."
-        m = re.fullmatch(r"go to (?:the )?(.+)", action)
-        if m:
-            target = m.group(1)
-            if target not in self.receptacles or target == self.location:
-                return NOTHING_HAPPENS
-            self.location = target
-            return f"You arrive at {target}. {self._describe(target)}"
-        m = re.fullmatch(r"(open|close) (?:the )?(.+)", action)
-        if m:
-            verb, target = m.groups()
-            r = self.receptacles.get(target)
-            if target != self.location or not r or not r["openable"] or r["open"] == (verb == "open"):
-                return NOTHING_HAPPENS
-            r["open"] = verb == "open"
-            if verb == "open":
-                return f"You open the {target}. {self._describe(target)}"
-            return f"You close the {target}."
-        m = re.fullmatch(r"take (.+?) from (.+)", action)
-        if m:
-            obj, source = m.groups()
-            if (self.holding or source != self.location or not self._accessible(source)
-                    or self.objects.get(obj, {}).get("location") != source
-                    or self.objects[obj]["type"] == "desklamp"):  # lamps stay where they are
-                return NOTHING_HAPPENS
-            self.objects[obj]["location"] = None
-            self.holding = obj
-            return f"You pick up the {obj} from the {source}."
-        m = re.fullmatch(r"put (.+?) (?:in/on|in|on|into|onto) (.+)", action)
-        if m:
-            obj, dest = m.groups()
-            if obj != self.holding or dest != self.location or not self._accessible(dest):
-                return NOTHING_HAPPENS
-            self.objects[obj]["location"] = dest
-            self.holding = None
-            self._check_success()
-            return f"You put the {obj} {self.receptacles[dest]['prep']} the {dest}."
-        m = re.fullmatch(r"(heat|cool|clean) (.+?) with (.+)", action)
-        if m:
-            verb, obj, tool = m.groups()
-            needed = {"heat": "microwave", "cool": "fridge", "clean": "sinkbasin"}[verb]
-            if (obj != self.holding or tool != self.location
-                    or self.receptacles[tool]["type"] != needed):
-                return NOTHING_HAPPENS
-            state = self.objects[obj]
-            if verb == "heat":
-                state["hot"], state["cool"] = True, False
-            elif verb == "cool":
-                state["cool"], state["hot"] = True, False
-            else:
-                state["clean"] = True
-            return f"You {verb} the {obj} using the {tool}."
-        m = re.fullmatch(r"use (.+)", action)
-        if m:
-            lamp = self.objects.get(m.group(1))
-            if not lamp or lamp["type"] != "desklamp" or lamp["location"] != self.location:
-                return NOTHING_HAPPENS
-            lamp["on"] = not lamp["on"]
-            if not lamp["on"]:
-                return f"You turn off the {m.group(1)}."
-            g = self.goal
-            if g["type"] == "look_at_obj_in_light" and self.holding \
-                    and self.objects[self.holding]["type"] == g["object"]:
-                self.success = self.done = True
-            return f"You turn on the {m.group(1)}."
-        m = re.fullmatch(r"examine (?:the )?(.+)", action)
-        if m:
-            target = m.group(1)
-            if target == self.location:
-                return self._describe(target)
-            if target in self._reachable_objects():
-                obj = self.objects[target]
-                states = [s for s in ("clean", "hot", "cool") if obj.get(s)]
-                if obj["type"] == "desklamp":
-                    return f"This is a desklamp. It is {'on' if obj['on'] else 'off'}."
-                if states:
-                    return f"This is a {' and '.join(states)} {target}."
-                return f"There's nothing special about {target}."
-            return NOTHING_HAPPENS
+        for pattern, method in self.VERBS:
+            m = pattern.fullmatch(action)
+            if m:
+                return getattr(self, method)(*m.groups())
         return NOTHING_HAPPENS
+
+    def _go(self, target: str) -> str:
+        if target not in self.receptacles or target == self.location:
+            return NOTHING_HAPPENS
+        self.location = target
+        return f"You arrive at {target}. {self._describe(target)}"
+
+    def _open_close(self, verb: str, target: str) -> str:
+        r = self.receptacles.get(target)
+        if target != self.location or not r or not r["openable"] or r["open"] == (verb == "open"):
+            return NOTHING_HAPPENS
+        r["open"] = verb == "open"
+        if verb == "open":
+            return f"You open the {target}. {self._describe(target)}"
+        return f"You close the {target}."
+
+    def _take(self, obj: str, source: str) -> str:
+        if (self.holding or source != self.location or not self._accessible(source)
+                or self.objects.get(obj, {}).get("location") != source
+                or self.objects[obj]["type"] == "desklamp"):  # lamps stay where they are
+            return NOTHING_HAPPENS
+        self.objects[obj]["location"] = None
+        self.holding = obj
+        return f"You pick up the {obj} from the {source}."
+
+    def _put(self, obj: str, dest: str) -> str:
+        if obj != self.holding or dest != self.location or not self._accessible(dest):
+            return NOTHING_HAPPENS
+        self.objects[obj]["location"] = dest
+        self.holding = None
+        self._check_success()
+        return f"You put the {obj} {self.receptacles[dest]['prep']} the {dest}."
+
+    def _treat(self, verb: str, obj: str, tool: str) -> str:
+        needed = {"heat": "microwave", "cool": "fridge", "clean": "sinkbasin"}[verb]
+        if obj != self.holding or tool != self.location or self.receptacles[tool]["type"] != needed:
+            return NOTHING_HAPPENS
+        state = self.objects[obj]
+        if verb == "heat":
+            state["hot"], state["cool"] = True, False
+        elif verb == "cool":
+            state["cool"], state["hot"] = True, False
+        else:
+            state["clean"] = True
+        return f"You {verb} the {obj} using the {tool}."
+
+    def _use(self, name: str) -> str:
+        lamp = self.objects.get(name)
+        if not lamp or lamp["type"] != "desklamp" or lamp["location"] != self.location:
+            return NOTHING_HAPPENS
+        lamp["on"] = not lamp["on"]
+        if not lamp["on"]:
+            return f"You turn off the {name}."
+        g = self.goal
+        if g["type"] == "look_at_obj_in_light" and self.holding and self.objects[self.holding]["type"] == g["object"]:
+            self.success = self.done = True
+        return f"You turn on the {name}."
+
+    def _examine(self, target: str) -> str:
+        if target == self.location:
+            return self._describe(target)
+        if target not in self._reachable_objects():
+            return NOTHING_HAPPENS
+        obj = self.objects[target]
+        states = [s for s in ("clean", "hot", "cool") if obj.get(s)]
+        if obj["type"] == "desklamp":
+            return f"This is a desklamp. It is {'on' if obj['on'] else 'off'}."
+        if states:
+            return f"This is a {' and '.join(states)} {target}."
+        return f"There's nothing special about {target}."
 
     def _reset_rooms(self) -> str:
         return "; ".join(f"In the {room}: {_listing(names)}." for room, names in self.spec["rooms"].items())
@@ -354,9 +361,7 @@ def _make_world(rng, task_type: str, obj_type: str, target: str) -> dict:
 def generate_household(split: str = "train", seed: int = 0, n: int | None = None,
                        types: tuple[str, ...] = TASK_TYPES) -> list[Task]:
     """`n` household tasks (default 10 per type) of one split, types interleaved."""
-    check_split(split)
-    if split == "all":
-        return generate_household("train", seed, n, types) + generate_household("heldout", seed, n, types)
+    check_split(split, allow_all=False)
     per_type = counts_per_type(types, TASK_TYPES, n, DEFAULT_PER_TYPE, "household task types")
     pool = _goal_pool(split)
     by_type = {}

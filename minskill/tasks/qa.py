@@ -143,9 +143,7 @@ def _lookup_problem(rng) -> tuple[str, str, str]:
 def generate_qa(split: str = "train", seed: int = 0, n: int | None = None,
                 types: tuple[str, ...] = TASK_TYPES) -> list[Task]:
     """The built-in qa tasks of one split: `n` in total (default 50 per type), types interleaved."""
-    check_split(split)
-    if split == "all":
-        return generate_qa("train", seed, n, types) + generate_qa("heldout", seed, n, types)
+    check_split(split, allow_all=False)
     per_type = counts_per_type(types, TASK_TYPES, n, DEFAULT_PER_TYPE, "qa task types")
     return interleave({t: _generate_type(t, split, seed, per_type[t]) for t in types}, types)
 

@@ -30,6 +30,7 @@ from .verifiers import exact_match
 LEVELS = ("easy", "medium", "hard")
 DEFAULT_PER_TYPE = 10
 MAX_STEPS = 12
+ACTION_SYNTAX = ("click <link>", "back", "answer <text>")
 
 _FIELDS = ["Optics", "Geology", "Botany", "Linguistics", "Robotics", "Music", "History", "Chemistry",
            "Astronomy", "Economics", "Zoology", "Oceanography"]
@@ -147,6 +148,8 @@ def _question(rng, level: str, site: dict) -> tuple[str, str, list[str]]:
 # --------------------------------------------------------------------------- environment
 
 class WebWalkEnv(Environment):
+    action_syntax = ACTION_SYNTAX
+
     def __init__(self, spec: dict, max_steps: int = MAX_STEPS):
         super().__init__(max_steps)
         self.spec = spec
@@ -199,9 +202,7 @@ class WebWalkEnv(Environment):
 def generate_webwalk(split: str = "train", seed: int = 0, n: int | None = None,
                      types: tuple[str, ...] = LEVELS) -> list[Task]:
     """`n` navigation tasks (default 10 per level) of one split, levels interleaved."""
-    check_split(split)
-    if split == "all":
-        return generate_webwalk("train", seed, n, types) + generate_webwalk("heldout", seed, n, types)
+    check_split(split, allow_all=False)
     per_level = counts_per_type(types, LEVELS, n, DEFAULT_PER_TYPE, "webwalk levels")
     by_level = {}
     for level in types:
