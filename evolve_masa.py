@@ -44,7 +44,7 @@ from minskill.rollout import load_skills, summarize
 from minskill.runs import (check_run_folder, open_run_folder, write_json_atomic, write_jsonl_atomic,
                            write_text_atomic)
 from minskill.server import embedded_client
-from minskill.skills import SkillSet
+from minskill.skillsets import SkillSet
 from minskill.tasks import load_suite
 from minskill.weights import DEFAULT_MODEL, resolve_model
 

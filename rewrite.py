@@ -42,7 +42,7 @@ from minskill.rollout import load_skills, run_rollouts, summarize
 from minskill.runs import check_run_folder, open_run_folder, write_text_atomic
 from minskill.sampling import generate
 from minskill.server import embedded_client
-from minskill.skills import SkillSet
+from minskill.skillsets import SkillSet
 from minskill.tasks import load_suite
 from minskill.weights import load_model, resolve_model
 

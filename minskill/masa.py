@@ -56,7 +56,8 @@ from minskill.caching import BudgetExhausted, CallBudget
 from minskill.masa_replies import TeacherReplyError, parse_attribution, parse_skillset_reply, parse_strengths
 from minskill.model_card import ModelCard, as_model_card
 from minskill.rollout import run_rollouts, summarize
-from minskill.skills import Skill, SkillSet
+from minskill.skills import Skill
+from minskill.skillsets import SkillSet
 
 
 # ----------------------------------------------------------------------------------------------------------

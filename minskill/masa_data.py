@@ -27,7 +27,8 @@ from typing import Callable
 from minskill.model_card import ModelCard
 from minskill.runs import read_jsonl
 from minskill.sft import check_record
-from minskill.skills import Skill, SkillSet
+from minskill.skills import Skill
+from minskill.skillsets import SkillSet
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -13,7 +13,8 @@ import json
 import re
 
 from minskill.replies import extract_json, parse_skillset
-from minskill.skills import SkillParseError, SkillSet
+from minskill.skills import SkillParseError
+from minskill.skillsets import SkillSet
 
 
 class TeacherReplyError(ValueError):

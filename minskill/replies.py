@@ -25,8 +25,9 @@ import json
 import re
 
 from minskill.skills import (MAX_BODY_CHARS, MAX_COMPATIBILITY_CHARS, MAX_DESCRIPTION_CHARS, MAX_NAME_CHARS,
-                             SPEC_FIELDS, Skill, SkillFormatError, SkillParseError, SkillSet, parse_mistakes,
-                             slugify, split_front_matter, validate_name, validate_task_type)
+                             SPEC_FIELDS, Skill, SkillFormatError, SkillParseError, slugify, split_front_matter,
+                             validate_name, validate_task_type)
+from minskill.skillsets import SkillSet, parse_mistakes
 
 __all__ = ["extract_json", "parse_skill", "parse_skillset", "SkillParseError"]
 

@@ -68,7 +68,7 @@ from typing import Callable, Iterable, Protocol, runtime_checkable
 
 from minskill.runs import append_jsonl, clean_staging, read_jsonl, write_json_atomic, write_jsonl_atomic
 from minskill.server import embedded_client
-from minskill.skills import SkillSet
+from minskill.skillsets import SkillSet
 from minskill.tasks import BASE_SKILLS_DIR, load_suite
 from minskill.tasks.base import NOTHING_HAPPENS
 

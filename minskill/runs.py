@@ -50,7 +50,7 @@ from typing import Any
 
 import torch
 
-from minskill.skills import recover_saves
+from minskill.skillsets import recover_saves
 
 TRAINER_STATE = "trainer_state.pt"
 

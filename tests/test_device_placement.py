@@ -25,7 +25,8 @@ from minskill import sft  # noqa: E402
 from minskill.grpo import policy_loss  # noqa: E402
 from minskill.sampling import completion_logprobs, generate  # noqa: E402
 from minskill.server import CompletionRequest, ModelBackend  # noqa: E402
-from minskill.skills import Skill, SkillSet  # noqa: E402
+from minskill.skills import Skill  # noqa: E402
+from minskill.skillsets import SkillSet  # noqa: E402
 from minskill.weights import load_model  # noqa: E402
 from tiny import make_tiny_model_dir  # noqa: E402
 

@@ -20,7 +20,8 @@ import evolve_masa  # noqa: E402
 from minskill import masa, masa_data  # noqa: E402
 from minskill.model_card import ModelCard  # noqa: E402
 from minskill.server import ScriptedBackend, start_server  # noqa: E402
-from minskill.skills import Skill, SkillSet  # noqa: E402
+from minskill.skills import Skill  # noqa: E402
+from minskill.skillsets import SkillSet  # noqa: E402
 
 NAMES = ["zorp", "vekk", "milo", "brax", "quon", "tano", "lixa", "drom", "fenn", "sulk", "garr", "pimm",
          "rokk", "nell", "thux", "wexo", "jall", "korr"]

@@ -15,7 +15,8 @@ from minskill.masa_replies import TeacherReplyError
 from minskill.model_card import ModelCard
 from minskill.replies import extract_json
 from minskill.rollout import Trajectory, summarize
-from minskill.skills import Skill, SkillSet
+from minskill.skills import Skill
+from minskill.skillsets import SkillSet
 
 
 def skillset(general=("alpha one. alpha two. alpha three.",), typed=None) -> SkillSet:

@@ -3,10 +3,11 @@ matter, JSON split over objects)."""
 import json
 
 import pytest
-from test_skills import _masa_library, _render_set
+from test_skillsets import _masa_library, _render_set
 
 from minskill.replies import extract_json, parse_skill, parse_skillset
-from minskill.skills import MAX_BODY_CHARS, SkillParseError, SkillSet
+from minskill.skills import MAX_BODY_CHARS, SkillParseError
+from minskill.skillsets import SkillSet
 
 
 def test_parse_skill_with_fences_and_prose():

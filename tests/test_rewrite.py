@@ -12,7 +12,7 @@ import torch
 
 from minskill.model_card import ModelCard
 from minskill.server import ScriptedBackend, start_server
-from minskill.skills import SkillSet
+from minskill.skillsets import SkillSet
 from tiny import make_tiny_model_dir
 
 ROOT = Path(__file__).resolve().parent.parent

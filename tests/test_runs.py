@@ -175,7 +175,8 @@ def test_stale_staging_folders_are_cleaned_at_the_next_save(tmp_path):
 
 def test_clean_staging_undoes_what_killed_writes_left(tmp_path):
     from minskill.runs import clean_staging
-    from minskill.skills import Skill, SkillSet
+    from minskill.skills import Skill
+    from minskill.skillsets import SkillSet
     out = tmp_path / "run"
     (out / "checkpoint-5").mkdir(parents=True)
     (out / "checkpoint-5" / "model.safetensors").write_text("kept")

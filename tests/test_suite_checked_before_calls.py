@@ -12,7 +12,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import evolve_masa  # noqa: E402
 from minskill.server import ScriptedBackend, start_server  # noqa: E402
-from minskill.skills import SkillSet  # noqa: E402
+from minskill.skillsets import SkillSet  # noqa: E402
 
 
 def test_evolve_masa_refuses_a_bad_task_type_before_any_model_call(tmp_path, capsys):

@@ -1,0 +1,619 @@
+"""Skill sets: `SkillSet` (MASA's skill library) as a folder with a SKILLSET.md index, saved so that a
+killed process never loses it; MASA's JSON library; common mistakes; the prompt text within a token
+budget. It imports only minskill.skills (one skill, SKILL.md, names, file helpers): copy it with skills.py.
+
+A *skill set* (MASA's skill library) is general skills, task-specific skills per task type and a list of
+common mistakes. As a folder:
+
+    DIR/SKILLSET.md                           order of the skills, the common mistakes, other fields
+    DIR/general/<name>/SKILL.md
+    DIR/task-specific/<type>/<name>/SKILL.md
+
+SKILLSET.md is Markdown: `## General skills` and `## Task-specific skills: <type>` sections listing skill
+names in order, `## Common mistakes` as a bullet list, and `## Other fields` as a JSON block. Skill folders
+not listed are appended alphabetically, so a skill can be added by dropping its folder in.
+
+MASA's JSON library is read and written too:
+
+    {"general_skills": [{"skill_id", "title", "principle", "when_to_apply", ...}],
+     "task_specific_skills": {"<type>": [ ...same... ]},
+     "common_mistakes": ["text", or {"description", "how_to_avoid", ...}]}
+
+Mapping (lossless, JSON -> folders -> JSON gives back the same JSON):
+    skill_id -> name (slugified; the original is kept in metadata when the slug differs)
+    principle -> body;  when_to_apply -> description;  title and any other field -> metadata
+    (non-string values are stored as JSON text and listed in metadata `json-fields`; the original
+    field list is kept in `masa-fields` unless it is exactly skill_id, title, principle, when_to_apply).
+    A description is required, so a skill without when_to_apply gets its title as description.
+    An object mistake becomes a `Mistake`: a str (its readable text) that keeps the original fields.
+
+Rendering for a task model's system prompt (`SkillSet.render(task_type, max_tokens)`, and `Skill.render`
+as a set of that one skill: the one interface the rollout code uses):
+    text = general skills, then the skills of the task's type, then the common mistakes;
+    while count_tokens(text) > max_tokens: drop the last skill (or mistake) and say so in the text.
+count_tokens defaults to skills.approx_tokens, ceil(len(text) / 4), about right for English with BPE
+tokenizers.
+
+Files are read and written with skills.py's helpers (size-bounded; atomic); symbolic links are never
+followed inside a skill set.
+
+Saving a skill-set folder NAME: it is built in a staging folder `.NAME.tmp-*` beside it (SKILLSET.md last);
+then an existing NAME is moved to `.NAME.old-*/set` and the staging folder is renamed to NAME. A process
+killed at any point leaves NAME (old or new) complete, or, between the two renames, NAME missing and the old
+set complete in `.NAME.old-*/set`: `SkillSet.load` then reads that one, and the next save (or
+`recover_save` / `recover_saves`, for a script at its start) moves it back and deletes the staging folders
+(so one process at a time saves a given folder).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from minskill.skills import (MAX_BODY_CHARS, MAX_DESCRIPTION_CHARS, MAX_FILE_BYTES, MAX_NAME_CHARS, Skill,
+                             SkillFormatError, _atomic_write_text, _child, _cut_to_fit, _read_text,
+                             _render_skill, approx_tokens, slugify, validate_name, validate_task_type)
+
+__all__ = ["SkillSet", "Mistake", "parse_mistakes", "recover_save", "recover_saves"]
+
+MAX_JSON_BYTES = 32 * 1024 * 1024    # a MASA .json library larger than this is refused
+MAX_SKILLS = 1000                    # per skill set
+MASA_DEFAULT_FIELDS = ("skill_id", "title", "principle", "when_to_apply")
+SKILLSET_FILE = "SKILLSET.md"
+GENERAL_DIR = "general"
+TASK_DIR = "task-specific"
+
+
+# --------------------------------------------------------------------------- common mistakes
+
+class Mistake(str):
+    """A common mistake that a MASA JSON library wrote as an object ({"description", "how_to_avoid", ...}).
+
+    It *is* its readable text (so it renders and compares like any mistake string) and keeps the original
+    fields in `.fields` so that saving it as JSON gives back the same object."""
+    fields: dict
+
+    def __new__(cls, fields: dict):
+        text = _mistake_text(fields)
+        obj = super().__new__(cls, text)
+        obj.fields = dict(fields)
+        return obj
+
+    def __reduce__(self):
+        return (Mistake, (self.fields,))
+
+
+def _mistake_text(fields: dict) -> str:
+    main = next((fields[k] for k in ("description", "mistake", "text", "title")
+                 if isinstance(fields.get(k), str) and fields[k].strip()), None)
+    parts = [main] if main else []
+    for key, value in fields.items():
+        if value is main or key == "id" or key.endswith("_id") or not isinstance(value, str) or not value.strip():
+            continue
+        parts.append(f"{key.replace('_', ' ').capitalize()}: {value}")
+    return " ".join(parts) if parts else json.dumps(fields, ensure_ascii=False)
+
+
+def _bullet_lines(text: str) -> list[str]:
+    lines = text.split("\n")
+    return ["- " + lines[0]] + ["  " + line if line else "" for line in lines[1:]]
+
+
+def _mistake_lines(mistake: str) -> list[str]:
+    """A mistake as a Markdown bullet; a JSON comment keeps what the bullet alone would not."""
+    lines = _bullet_lines(str(mistake))
+    exact = not isinstance(mistake, Mistake) and _bullet_text(lines) == mistake
+    if not exact:
+        value = mistake.fields if isinstance(mistake, Mistake) else str(mistake)
+        encoded = json.dumps(value, ensure_ascii=False).replace("-->", "--\\u003e")
+        lines.append(f"  <!-- value: {encoded} -->")
+    return lines
+
+
+def _bullet_text(lines: list[str]) -> str:
+    """Inverse of _bullet_lines for the lines of one item."""
+    first = re.sub(r"^\s*(?:[-*+]|\d+[.)])\s?", "", lines[0], count=1)
+    rest = [line[2:] if line.startswith("  ") else line.strip() for line in lines[1:]]
+    return "\n".join([first] + rest).strip()
+
+
+def parse_mistakes(lines: list[str]) -> list[str]:
+    """Bullet items ('-', '*', '+', '1.') with indented continuation lines and optional value comments."""
+    items: list[list[str]] = []
+    for line in lines:
+        if re.match(r"^\s{0,1}(?:[-*+]|\d+[.)])\s+\S", line) or re.fullmatch(r"\s{0,1}[-*+]", line):
+            items.append([line])
+        elif items and (line.startswith("  ") or not line.strip()):
+            items[-1].append(line)
+        elif items and line.strip():
+            items[-1].append("  " + line.strip())  # an unindented continuation line
+    mistakes = []
+    for item in items:
+        comment = None
+        kept = []
+        for line in item:
+            match = re.fullmatch(r"\s*<!-- value: (.*) -->\s*", line)
+            if match:
+                comment = match.group(1)
+            else:
+                kept.append(line)
+        while len(kept) > 1 and not kept[-1].strip():
+            kept.pop()
+        text = _bullet_text(kept)
+        value: str = text
+        if comment is not None:
+            try:
+                decoded = json.loads(comment)
+            except json.JSONDecodeError:
+                decoded = None
+            candidate = Mistake(decoded) if isinstance(decoded, dict) else decoded
+            # the comment wins only while the visible text still says the same thing (else it was edited)
+            if isinstance(candidate, str) and " ".join(candidate.split()) == " ".join(text.split()):
+                value = candidate
+        if value.strip() or comment is not None:
+            mistakes.append(value)
+    return mistakes
+
+
+# --------------------------------------------------------------------------- MASA JSON <-> Skill
+
+_RESERVED_METADATA = ("masa-fields", "json-fields")
+
+
+def _skill_from_masa(entry, where: str, taken: set[str]) -> Skill:
+    if not isinstance(entry, dict):
+        raise SkillFormatError(f"{where}: a skill must be a JSON object, got {type(entry).__name__}")
+    for key in entry:
+        if not isinstance(key, str) or not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", key):
+            raise SkillFormatError(f"{where}: field name {key!r} must be letters, digits, '_', '.', '-'")
+        if key in _RESERVED_METADATA:
+            raise SkillFormatError(f"{where}: field name {key!r} is reserved")
+    skill_id, title = entry.get("skill_id"), entry.get("title")
+    principle, when = entry.get("principle"), entry.get("when_to_apply")
+    name_source = next((v for v in (skill_id, title) if isinstance(v, str) and v.strip()), "skill")
+    name = slugify(name_source)
+    base, k = name, 2
+    while name in taken:  # two skills may slug to the same folder name; the original id is kept below
+        suffix = f"-{k}"
+        name = base[:MAX_NAME_CHARS - len(suffix)].rstrip("-") + suffix
+        k += 1
+    taken.add(name)
+    body = principle if isinstance(principle, str) else ""
+    if len(body) > MAX_BODY_CHARS:
+        raise SkillFormatError(f"{where}: principle is {len(body)} characters; at most {MAX_BODY_CHARS}")
+    use_when = isinstance(when, str) and when.strip() and len(when) <= MAX_DESCRIPTION_CHARS
+    if use_when:
+        description = when
+    else:
+        fallback = next((v for v in (title, when, principle) if isinstance(v, str) and v.strip()), name)
+        description = " ".join(fallback.split())[:MAX_DESCRIPTION_CHARS]
+    metadata, json_fields = {}, []
+    for key, value in entry.items():
+        consumed = ((key == "skill_id" and value == name) or (key == "principle" and isinstance(value, str))
+                    or (key == "when_to_apply" and use_when))
+        if consumed:
+            continue
+        if isinstance(value, str):
+            metadata[key] = value
+        else:
+            metadata[key] = json.dumps(value, ensure_ascii=False)
+            json_fields.append(key)
+    if tuple(entry) != MASA_DEFAULT_FIELDS:
+        metadata["masa-fields"] = ",".join(entry)
+    if json_fields:
+        metadata["json-fields"] = ",".join(json_fields)
+    return Skill(name=name, description=description, body=body, metadata=metadata).validate(where)
+
+
+def _skill_to_masa(skill: Skill) -> dict:
+    meta = skill.metadata
+    fields = meta["masa-fields"].split(",") if meta.get("masa-fields") else list(MASA_DEFAULT_FIELDS)
+    json_fields = set(meta.get("json-fields", "").split(",")) - {""}
+    out = {}
+    for key in fields + [k for k in meta if k not in fields and k not in _RESERVED_METADATA]:
+        if key in meta and key not in _RESERVED_METADATA:
+            out[key] = json.loads(meta[key]) if key in json_fields else meta[key]
+        elif key == "skill_id":
+            out[key] = skill.name
+        elif key == "title":
+            out[key] = skill.title
+        elif key == "principle":
+            out[key] = skill.body
+        elif key == "when_to_apply":
+            out[key] = skill.description
+    return out
+
+
+# --------------------------------------------------------------------------- SkillSet
+
+@dataclass
+class SkillSet:
+    """General skills, task-specific skills per task type, common mistakes (+ other MASA JSON fields)."""
+    general: list[Skill] = field(default_factory=list)
+    task_specific: dict[str, list[Skill]] = field(default_factory=dict)
+    common_mistakes: list[str] = field(default_factory=list)
+    extra: dict = field(default_factory=dict)   # unknown top-level fields of a MASA JSON library
+
+    def skills(self, task_type: str | None = None) -> list[Skill]:
+        """General skills, then the skills for `task_type` (all task-specific ones when it is None)."""
+        if task_type is None:
+            return self.general + [s for group in self.task_specific.values() for s in group]
+        return self.general + list(self.task_specific.get(task_type, []))
+
+    def __len__(self) -> int:
+        return len(self.general) + sum(len(group) for group in self.task_specific.values())
+
+    def validate(self) -> "SkillSet":
+        if len(self) > MAX_SKILLS:
+            raise SkillFormatError(f"skill set has {len(self)} skills; at most {MAX_SKILLS}")
+        groups = [("general", self.general)] + [(f"task-specific[{t!r}]", g) for t, g in self.task_specific.items()]
+        for task_type in self.task_specific:
+            validate_task_type(task_type)
+        for label, group in groups:
+            if not isinstance(group, list):
+                raise SkillFormatError(f"{label}: must be a list of skills")
+            seen = set()
+            for i, skill in enumerate(group):
+                if not isinstance(skill, Skill):
+                    raise SkillFormatError(f"{label}[{i}]: expected a Skill, got {type(skill).__name__}")
+                skill.validate(f"{label}[{i}] ({skill.name!r})")
+                if skill.name in seen:
+                    raise SkillFormatError(f"{label}: two skills are named {skill.name!r}")
+                seen.add(skill.name)
+        for i, mistake in enumerate(self.common_mistakes):
+            if not isinstance(mistake, str):
+                raise SkillFormatError(f"common_mistakes[{i}]: must be a string")
+            if len(mistake) > MAX_DESCRIPTION_CHARS * 4:
+                raise SkillFormatError(f"common_mistakes[{i}]: {len(mistake)} characters; at most "
+                                       f"{MAX_DESCRIPTION_CHARS * 4}")
+        return self
+
+    # ---- MASA JSON
+    @classmethod
+    def from_json(cls, data: dict, where: str = "skill library") -> "SkillSet":
+        """Build from MASA's JSON library (the dict). Unknown top-level fields go to `extra`, and so does
+        the list of the three sections that were absent (key "__absent__"), so to_json() gives them back."""
+        if not isinstance(data, dict):
+            raise SkillFormatError(f"{where}: expected a JSON object, got {type(data).__name__}")
+        general_raw = data.get("general_skills", [])
+        specific_raw = data.get("task_specific_skills", {})
+        mistakes_raw = data.get("common_mistakes", [])
+        if not isinstance(general_raw, list):
+            raise SkillFormatError(f"{where}: general_skills must be a list")
+        if not isinstance(specific_raw, dict):
+            raise SkillFormatError(f"{where}: task_specific_skills must be an object {{type: [skills]}}")
+        if not isinstance(mistakes_raw, list):
+            raise SkillFormatError(f"{where}: common_mistakes must be a list")
+        taken: set[str] = set()
+        general = [_skill_from_masa(e, f"{where}: general_skills[{i}]", taken) for i, e in enumerate(general_raw)]
+        specific = {}
+        for task_type, entries in specific_raw.items():
+            validate_task_type(task_type, f"{where}: task_specific_skills key")
+            if not isinstance(entries, list):
+                raise SkillFormatError(f"{where}: task_specific_skills[{task_type!r}] must be a list")
+            taken = set()
+            specific[task_type] = [_skill_from_masa(e, f"{where}: task_specific_skills[{task_type!r}][{i}]", taken)
+                                   for i, e in enumerate(entries)]
+        mistakes = []
+        for i, m in enumerate(mistakes_raw):
+            if isinstance(m, str):
+                mistakes.append(m)
+            elif isinstance(m, dict):
+                mistakes.append(Mistake(m))
+            else:
+                raise SkillFormatError(f"{where}: common_mistakes[{i}] must be a string or an object")
+        extra = {k: v for k, v in data.items()
+                 if k not in ("general_skills", "task_specific_skills", "common_mistakes")}
+        presence = [k for k in ("general_skills", "task_specific_skills", "common_mistakes") if k not in data]
+        if presence:  # remember absent sections so that saving gives back the same JSON
+            extra = {**extra, "__absent__": presence}
+        return cls(general, specific, mistakes, extra).validate()
+
+    def to_json(self) -> dict:
+        """MASA's JSON library as a dict."""
+        absent = set(self.extra.get("__absent__", []))
+        out: dict = {}
+        if "general_skills" not in absent or self.general:
+            out["general_skills"] = [_skill_to_masa(s) for s in self.general]
+        if "task_specific_skills" not in absent or self.task_specific:
+            out["task_specific_skills"] = {t: [_skill_to_masa(s) for s in g] for t, g in self.task_specific.items()}
+        if "common_mistakes" not in absent or self.common_mistakes:
+            out["common_mistakes"] = [m.fields if isinstance(m, Mistake) else str(m) for m in self.common_mistakes]
+        out.update({k: v for k, v in self.extra.items() if k != "__absent__"})
+        return out
+
+    def save_json(self, path: str | Path) -> Path:
+        path = Path(path)
+        self.validate()
+        _atomic_write_text(path, json.dumps(self.to_json(), indent=2, ensure_ascii=False) + "\n")
+        return path
+
+    # ---- folders
+    @classmethod
+    def load(cls, path: str | Path) -> "SkillSet":
+        """A skill-set folder, a single skill folder (-> one general skill), or a MASA .json file. No link
+        inside a skill set is followed: a symbolic link there is an error naming it."""
+        path = Path(path)
+        if path.is_file():
+            text = _read_text(path, MAX_JSON_BYTES if path.suffix.lower() == ".json" else MAX_FILE_BYTES)
+            if path.suffix.lower() == ".json":
+                try:
+                    data = json.loads(text)
+                except json.JSONDecodeError as error:
+                    raise SkillFormatError(f"{path}, line {error.lineno}: not valid JSON ({error.msg})") from None
+                return cls.from_json(data, str(path))
+            if path.name == "SKILL.md":
+                return cls(general=[Skill.load(path.parent)])
+            raise SkillFormatError(f"{path}: expected a skill-set folder, a skill folder or a .json library")
+        if not path.is_dir():
+            retired = _retired_set(path)
+            if retired is None:
+                raise FileNotFoundError(f"skill set not found: {path}")
+            return cls.load(retired)  # a save was killed between its renames: this is still the set
+        if (path / "SKILL.md").is_file():
+            return cls(general=[Skill.load(path)])
+        for group in (path / GENERAL_DIR, path / TASK_DIR):  # (per-type folders: below)
+            if group.is_symlink():
+                raise SkillFormatError(f"{group}: symbolic links are not followed")
+        markers = [path / SKILLSET_FILE, path / GENERAL_DIR, path / TASK_DIR]
+        if not any(m.exists() for m in markers) and any(not p.name.startswith(".") for p in path.iterdir()):
+            raise SkillFormatError(f"{path}: not a skill set (no {SKILLSET_FILE}, {GENERAL_DIR}/, "
+                                   f"{TASK_DIR}/ or SKILL.md)")
+        order = _read_index(path / SKILLSET_FILE) if (path / SKILLSET_FILE).is_file() else None
+        general = _load_group(path / GENERAL_DIR, order.general if order else [])
+        specific = {}
+        task_root = path / TASK_DIR
+        types = list(order.task_types) if order else []
+        if task_root.is_dir():
+            for entry in sorted(task_root.iterdir()):
+                if entry.is_symlink() and not entry.name.startswith("."):  # even one to a file or nowhere
+                    raise SkillFormatError(f"{entry}: symbolic links are not followed")
+                if entry.name.startswith(".") or not entry.is_dir():
+                    continue
+                validate_task_type(entry.name, str(entry))
+                if entry.name not in types:
+                    types.append(entry.name)
+        for task_type in types:
+            listed = order.task_types.get(task_type, []) if order else []
+            specific[task_type] = _load_group(task_root / task_type, listed)
+        mistakes = order.mistakes if order else []
+        extra = order.extra if order else {}
+        return cls(general, specific, mistakes, extra).validate()
+
+    def save(self, path: str | Path) -> Path:
+        """Write the folder tree. Built beside `path`, then renamed into place (see the module docstring);
+        what an earlier killed save left is recovered first. An existing folder is replaced only when it
+        is a skill set (holds nothing but SKILLSET.md, general/, task-specific/)."""
+        path = Path(path)
+        self.validate()
+        recover_save(path)
+        if path.exists():
+            if not path.is_dir() or path.is_symlink():
+                raise SkillFormatError(f"{path}: exists and is not a folder")
+            foreign = [p.name for p in path.iterdir() if p.name not in (SKILLSET_FILE, GENERAL_DIR, TASK_DIR)]
+            if foreign:
+                raise SkillFormatError(f"{path}: refusing to replace a folder that is not a skill set "
+                                       f"(it holds {sorted(foreign)[:5]})")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+        try:
+            os.chmod(staging, 0o755)
+            general_dir = staging / GENERAL_DIR
+            general_dir.mkdir()
+            for skill in self.general:
+                skill.save(general_dir)
+            task_root = staging / TASK_DIR
+            task_root.mkdir()
+            for task_type, group in self.task_specific.items():
+                folder = _child(task_root, validate_task_type(task_type))
+                folder.mkdir()
+                for skill in group:
+                    skill.save(folder)
+            _atomic_write_text(staging / SKILLSET_FILE, self._index_text())
+            if path.exists():
+                retired = Path(tempfile.mkdtemp(prefix=f".{path.name}.old-", dir=path.parent))
+                os.replace(path, retired / "set")
+                try:
+                    os.replace(staging, path)
+                except BaseException:
+                    os.replace(retired / "set", path)
+                    raise
+                shutil.rmtree(retired, ignore_errors=True)
+            else:
+                os.replace(staging, path)
+        finally:
+            if staging.exists():
+                shutil.rmtree(staging, ignore_errors=True)
+        return path
+
+    def _index_text(self) -> str:
+        lines = ["# Skill set", "",
+                 "An Agent Skills skill set (written by minskill): one folder per skill under general/ and",
+                 "task-specific/<type>/. This file keeps their order and the common mistakes.", "",
+                 "## General skills", ""]
+        lines += [f"- [{s.name}]({GENERAL_DIR}/{s.name}/SKILL.md)" for s in self.general] or ["(none)"]
+        for task_type, group in self.task_specific.items():
+            lines += ["", f"## Task-specific skills: {task_type}", ""]
+            lines += [f"- [{s.name}]({TASK_DIR}/{task_type}/{s.name}/SKILL.md)" for s in group] or ["(none)"]
+        lines += ["", "## Common mistakes", ""]
+        for mistake in self.common_mistakes:
+            lines += _mistake_lines(mistake)
+        if not self.common_mistakes:
+            lines.append("(none)")
+        if self.extra:
+            lines += ["", "## Other fields", "", "```json", json.dumps(self.extra, indent=2, ensure_ascii=False), "```"]
+        return "\n".join(lines) + "\n"
+
+    # ---- prompts
+    def render(self, task_type: str | None = None, max_tokens: int = 1024, count_tokens=None) -> str:
+        """The text a task model gets in its system prompt (see the module docstring); "" when empty."""
+        count = count_tokens or approx_tokens
+        entries: list[tuple[str, str]] = []   # (section heading, text)
+        for skill in self.general:
+            entries.append(("", _render_skill(skill)))
+        for skill in self.task_specific.get(task_type, []) if task_type is not None else []:
+            entries.append(("", _render_skill(skill)))
+        for mistake in self.common_mistakes:
+            entries.append(("## Common mistakes to avoid", "- " + " ".join(str(mistake).split())))
+        kept = len(entries)
+
+        def assemble(k: int) -> str:
+            parts, heading = [], None
+            for section, text in entries[:k]:
+                if section and section == heading:  # items of one list: one per line
+                    parts[-1] += "\n" + text
+                    continue
+                if section:
+                    parts.append(section)
+                    heading = section
+                parts.append(text)
+            if k < len(entries):
+                parts.append(f"({len(entries) - k} more skill(s) left out to fit the token budget.)")
+            return "\n\n".join(parts)
+
+        text = assemble(kept)
+        while kept > 1 and count(text) > max_tokens:
+            kept -= 1
+            text = assemble(kept)
+        if kept == 1 and count(text) > max_tokens:  # even the first skill alone is too long: cut it
+            first = entries[0][1]
+            text = _cut_to_fit(first, assemble(1)[len(first):], max_tokens, count)
+        return text
+
+    # ---- the text an LLM edits
+    def to_markdown(self) -> str:
+        """One Markdown document: sections of SKILL.md blocks, then the common mistakes.
+        `parse_skillset(to_markdown())` gives back this skill set."""
+        parts = ["# General skills", ""]
+        for skill in self.general:
+            parts += [skill.to_skill_md().rstrip("\n"), ""]
+        for task_type, group in self.task_specific.items():
+            parts += [f"# Task-specific skills: {task_type}", ""]
+            for skill in group:
+                parts += [skill.to_skill_md().rstrip("\n"), ""]
+        parts += ["# Common mistakes", ""]
+        for mistake in self.common_mistakes:
+            parts += _mistake_lines(mistake)
+        return "\n".join(parts).rstrip("\n") + "\n"
+
+
+class _Index:
+    def __init__(self):
+        self.general: list[str] = []
+        self.task_types: dict[str, list[str]] = {}
+        self.mistakes: list[str] = []
+        self.extra: dict = {}
+
+
+def _read_index(path: Path) -> _Index:
+    """Read SKILLSET.md: skill order per section, common mistakes, other fields."""
+    text = _read_text(path)
+    index, section, mistake_lines, json_lines, in_json = _Index(), None, [], [], False
+    for number, line in enumerate(text.split("\n"), start=1):
+        line = line.rstrip("\r")
+        heading = re.fullmatch(r"##\s+(.+?)\s*", line)
+        if heading and not in_json:
+            title = heading.group(1)
+            typed = re.fullmatch(r"Task-specific skills:\s*(.+)", title)
+            if title == "General skills":
+                section = "general"
+            elif typed:
+                section = validate_task_type(typed.group(1), f"{path}, line {number}")
+                index.task_types.setdefault(section, [])
+            elif title == "Common mistakes":
+                section = "mistakes"
+            elif title == "Other fields":
+                section = "extra"
+            else:
+                raise SkillFormatError(f"{path}, line {number}: unknown section {title!r}")
+            continue
+        if section == "mistakes":
+            if line.strip() != "(none)":
+                mistake_lines.append(line)
+        elif section == "extra":
+            if line.strip().startswith("```"):
+                in_json = not in_json
+            elif in_json:
+                json_lines.append(line)
+        elif section is not None and line.strip() and line.strip() != "(none)":
+            match = re.fullmatch(r"\s*[-*]\s+(?:\[([^\]]*)\]\([^)]*\)|(\S+))\s*", line)
+            if not match:
+                raise SkillFormatError(f"{path}, line {number}: expected '- [name](path)', got {line[:60]!r}")
+            # only the name is used; the link target is never trusted as a path
+            name = validate_name(match.group(1) or match.group(2), f"{path}, line {number}")
+            (index.general if section == "general" else index.task_types[section]).append(name)
+    index.mistakes = parse_mistakes(mistake_lines)
+    if json_lines:
+        try:
+            index.extra = json.loads("\n".join(json_lines))
+        except json.JSONDecodeError as error:
+            raise SkillFormatError(f"{path}: 'Other fields' is not valid JSON ({error.msg})") from None
+        if not isinstance(index.extra, dict):
+            raise SkillFormatError(f"{path}: 'Other fields' must be a JSON object")
+    return index
+
+
+def _load_group(folder: Path, order: list[str]) -> list[Skill]:
+    found = {}
+    if folder.is_dir():
+        for entry in sorted(folder.iterdir()):
+            if entry.name.startswith("."):
+                continue
+            if entry.is_symlink():
+                raise SkillFormatError(f"{entry}: symbolic links are not followed")
+            if entry.is_dir():
+                validate_name(entry.name, f"{entry}: folder name")
+                found[entry.name] = entry
+    missing = [name for name in order if name not in found]
+    if missing:
+        raise SkillFormatError(f"{folder}: {SKILLSET_FILE} lists skill(s) {missing} with no folder here")
+    names = list(dict.fromkeys(order)) + [n for n in found if n not in order]
+    return [Skill.load(found[name]) for name in names]
+
+
+# mkdtemp names: the prefix, then 8 characters of [a-z0-9_]
+_STAGING = re.compile(r"\.(?P<name>.+)\.(?P<kind>tmp|old)-[a-z0-9_]{8}")
+
+
+def _staging_folders(path: Path) -> dict[str, list[Path]]:
+    """The folders SkillSet.save(path) stages in: {"tmp": [new sets being built], "old": [retired sets]}."""
+    found: dict[str, list[Path]] = {"tmp": [], "old": []}
+    if path.parent.is_dir():
+        for entry in path.parent.iterdir():
+            match = _STAGING.fullmatch(entry.name)
+            if match and match["name"] == path.name and entry.is_dir() and not entry.is_symlink():
+                found[match["kind"]].append(entry)
+    return found
+
+
+def _retired_set(path: Path) -> Path | None:
+    """The set a killed save moved aside and had not yet replaced (`path` is missing), or None."""
+    if os.path.lexists(path):
+        return None
+    sets = [old / "set" for old in _staging_folders(path)["old"] if (old / "set").is_dir()]
+    return max(sets, key=lambda s: s.parent.stat().st_mtime_ns, default=None)  # the latest one moved
+
+
+def recover_save(path: str | Path) -> None:
+    """Undo what a killed `SkillSet.save(path)` left: put the retired set back when `path` is missing,
+    then delete the staging folders. Every save calls it first; a script may call it at its start."""
+    path = Path(path)
+    retired = _retired_set(path)
+    if retired is not None:
+        os.replace(retired, path)
+    for folders in _staging_folders(path).values():
+        for folder in folders:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def recover_saves(folder: str | Path) -> None:
+    """recover_save for every skill set that has staging folders in `folder` (a run folder, at start)."""
+    folder = Path(folder)
+    for entry in sorted(folder.iterdir()) if folder.is_dir() else []:
+        match = _STAGING.fullmatch(entry.name)
+        if match and entry.is_dir():
+            recover_save(folder / match["name"])
