@@ -4,7 +4,7 @@ A teacher is an LLM, and a small one often wraps its answer in prose or a code f
 something else; the JSON and the skills are pulled out by minskill/replies.py. Each reader here returns
 the asked-for value or raises `TeacherReplyError` saying what was wrong, quoting the reply;
 minskill.masa.ask_teacher shows that message to the teacher on a retry. A skill set is read from MASA
-JSON anywhere in the reply, else from the Markdown skill format of skills.py, and bounded
+JSON anywhere in the reply, else from the Markdown skill format of skillsets.py, and bounded
 (`MAX_SKILLS`, `MAX_SKILL_CHARS`): LLM output is untrusted.
 """
 from __future__ import annotations
@@ -86,7 +86,7 @@ MAX_SKILL_CHARS = 6000       # nor one whose skill body is longer
 
 def parse_skillset_reply(reply: str) -> SkillSet:
     """A skill set from a teacher reply: MASA JSON (general_skills / task_specific_skills) anywhere in the
-    reply, else the Markdown skill format of skills.py (`SkillSet.to_markdown`; replies.parse_skillset)."""
+    reply, else the Markdown skill format of skillsets.py (`SkillSet.to_markdown`; replies.parse_skillset)."""
     skills = None
     try:
         data = _json_in(reply)

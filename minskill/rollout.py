@@ -121,7 +121,7 @@ def load_trajectories(path) -> list[Trajectory]:
 @runtime_checkable
 class RendersSkills(Protocol):
     """What the rollout code needs of skills: Skill and SkillSet both render their system-prompt text for
-    a task type within a token budget (skills.py)."""
+    a task type within a token budget (skills.py and skillsets.py)."""
 
     def render(self, task_type: str | None = None, max_tokens: int = 1024) -> str: ...
 

@@ -110,7 +110,7 @@ def open_run_folder(out: str | Path, resume: bool, overwrite: bool, script: str,
 def clean_staging(folder: str | Path) -> list[Path]:
     """Undo what writes killed mid-way left in `folder`, before anything writes there again:
     a checkpoint caught between its renames is put back (`recover_checkpoint`), so is a skill set
-    (`skills.recover_saves`), and `.tmp-*` entries (staging of checkpoints and atomic writes, never read)
+    (`skillsets.recover_saves`), and `.tmp-*` entries (staging of checkpoints and atomic writes, never read)
     are deleted. Returns the entries that were removed or moved."""
     folder = Path(folder)
     if not folder.is_dir():
