@@ -114,7 +114,10 @@ def summarize_group(rewards, tol: float = 1e-8) -> dict:
             "size": int(r.numel()), "zero_variance": bool(hi - lo <= tol)}
 
 
-def _check_loss_inputs(logp, old_logp, advantages, mask, ref_logp, eps_low, eps_high, beta):
+def _check_loss_inputs(logp, old_logp, advantages, mask, ref_logp, eps_low, eps_high, beta, agg, max_new_tokens):
+    """Raise ValueError naming the first argument of policy_loss that does not fit (shapes, ranges, agg)."""
+    if agg not in AGGREGATIONS:
+        raise ValueError(f"policy_loss: unknown agg {agg!r}; choose one of {', '.join(AGGREGATIONS)}")
     if logp.dim() != 2:
         raise ValueError(f"policy_loss: logp must be (B, T), got shape {tuple(logp.shape)}")
     for name, t in (("old_logp", old_logp), ("mask", mask), ("ref_logp", ref_logp)):
@@ -132,6 +135,13 @@ def _check_loss_inputs(logp, old_logp, advantages, mask, ref_logp, eps_low, eps_
         raise ValueError(f"policy_loss: beta must be >= 0, got {beta}")
     if beta > 0.0 and ref_logp is None:
         raise ValueError("policy_loss: beta > 0 needs ref_logp (the frozen reference model's log-probs)")
+    if agg == "dr_grpo":
+        if max_new_tokens is None:
+            raise ValueError("policy_loss: agg='dr_grpo' needs max_new_tokens (the sampling limit)")
+        longest = int(mask.bool().sum(-1).max()) if logp.shape[0] else 0
+        if int(max_new_tokens) <= 0 or longest > int(max_new_tokens):
+            raise ValueError(f"policy_loss: max_new_tokens={max_new_tokens} must be positive and at least "
+                             f"the longest completion ({longest} valid tokens)")
 
 
 def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
@@ -142,7 +152,8 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
 
     logp (B, T): log-probs of the sampled tokens under the current policy (differentiable).
     old_logp (B, T): the same under the sampling policy (detached here). advantages (B,): one per
-    sequence (detached here; a list, or a tensor on any device, is moved to logp's device). mask (B, T): bool or 0/1, True at valid completion tokens.
+    sequence (detached here; a list, or a tensor on any device, is moved to logp's device).
+    mask (B, T): bool or 0/1, True at valid completion tokens.
     ref_logp (B, T) or None: the frozen reference's log-probs; the KL is added to the loss only when
     beta > 0 (beta > 0 without ref_logp is an error); with ref_logp given, stats["kl_mean"] is reported
     even when beta = 0. agg: "token_mean" | "seq_mean" | "dr_grpo"; dr_grpo needs max_new_tokens (the
@@ -152,22 +163,13 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
     num_tokens} as python floats (means over valid tokens; kl_mean is 0.0 without ref_logp).
     Values at masked positions are ignored (they may be anything, even inf).
     """
-    if agg not in AGGREGATIONS:
-        raise ValueError(f"policy_loss: unknown agg {agg!r}; choose one of {', '.join(AGGREGATIONS)}")
     # the advantages come from rewards computed on the CPU; the log-probs live where the model does
     advantages = torch.as_tensor(advantages, dtype=torch.float32, device=logp.device)
     mask = mask.to(logp.device)
-    _check_loss_inputs(logp, old_logp, advantages, mask, ref_logp, eps_low, eps_high, beta)
+    _check_loss_inputs(logp, old_logp, advantages, mask, ref_logp, eps_low, eps_high, beta, agg, max_new_tokens)
     valid = mask.bool()
     weight = valid.to(logp.dtype)
     batch_size = logp.shape[0]
-    if agg == "dr_grpo":
-        if max_new_tokens is None:
-            raise ValueError("policy_loss: agg='dr_grpo' needs max_new_tokens (the sampling limit)")
-        longest = int(valid.sum(-1).max()) if batch_size else 0
-        if int(max_new_tokens) <= 0 or longest > int(max_new_tokens):
-            raise ValueError(f"policy_loss: max_new_tokens={max_new_tokens} must be positive and at least "
-                             f"the longest completion ({longest} valid tokens)")
 
     adv = advantages.detach().to(logp.dtype).unsqueeze(1)                      # (B, 1)
     # Zero the log-ratio at masked positions so padding garbage cannot turn into inf * 0 = nan.
@@ -192,21 +194,26 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
     else:  # dr_grpo
         loss = masked.sum() / (batch_size * int(max_new_tokens))
 
-    with torch.no_grad():
-        n_valid = weight.sum().clamp(min=1.0)
+    return loss, _loss_stats(ratio, adv, kl, weight, eps_low, eps_high)
 
-        def valid_mean(x: torch.Tensor) -> float:
-            return float((x.to(weight.dtype) * weight).sum() / n_valid)
 
-        low = (ratio < 1.0 - eps_low) & (adv < 0)
-        high = (ratio > 1.0 + eps_high) & (adv > 0)
-        stats = {
-            "ratio_mean": valid_mean(ratio),
-            "clip_frac_low": valid_mean(low),
-            "clip_frac_high": valid_mean(high),
-            "clip_frac": valid_mean(low | high),
-            "kl_mean": valid_mean(kl) if kl is not None else 0.0,
-            "num_tokens": float(weight.sum()),
-        }
-    return loss, stats
+@torch.no_grad()
+def _loss_stats(ratio, adv, kl, weight, eps_low: float, eps_high: float) -> dict:
+    """policy_loss's stats: means over the valid tokens (weight = 1) of the ratio, of the clip indicators
+    (module docstring: where the clipped term wins the min) and of the KL."""
+    n_valid = weight.sum().clamp(min=1.0)
+
+    def valid_mean(x: torch.Tensor) -> float:
+        return float((x.to(weight.dtype) * weight).sum() / n_valid)
+
+    low = (ratio < 1.0 - eps_low) & (adv < 0)
+    high = (ratio > 1.0 + eps_high) & (adv > 0)
+    return {
+        "ratio_mean": valid_mean(ratio),
+        "clip_frac_low": valid_mean(low),
+        "clip_frac_high": valid_mean(high),
+        "clip_frac": valid_mean(low | high),
+        "kl_mean": valid_mean(kl) if kl is not None else 0.0,
+        "num_tokens": float(weight.sum()),
+    }
 

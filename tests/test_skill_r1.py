@@ -14,8 +14,8 @@ import train_grpo  # noqa: E402
 from minskill import skill_r1  # noqa: E402
 from minskill.sampling import Sample  # noqa: E402
 from minskill.server import ScriptedBackend, start_server  # noqa: E402
-from minskill.skill_r1 import (HistoryEntry, Instance, Outcome, editor_messages, evolve, evolve_batch,  # noqa: E402
-                               make_instances, parse_candidate)
+from minskill.skill_r1 import (EvolveConfig, HistoryEntry, Instance, Outcome, assign_advantages,  # noqa: E402
+                               editor_messages, evolve, evolve_batch, make_instances, parse_candidate)
 from minskill.tasks import Task  # noqa: E402
 from minskill.tokenizer import Tokenizer  # noqa: E402
 from minskill.weights import load_model  # noqa: E402
@@ -154,8 +154,10 @@ def test_evolve_advantages_unparseable_replies_and_best_skill_carry(editor_dir, 
     monkeypatch.setattr(skill_r1, "generate", scripted)
     client = task_server.client()
     task_server.calls.clear()
-    ev = evolve(None, tok, client, Instance("x", "keywords", keyword_tasks()), seed=3, generations=2, candidates=4,
-                lam=0.5, max_skill_tokens=64, context_tokens=4000)
+    ev = evolve(None, tok, client, Instance("x", "keywords", keyword_tasks()),
+                EvolveConfig(generations=2, candidates=4, max_skill_tokens=64, context_tokens=4000), seed=3)
+    assert all(c.advantage == 0.0 for c in ev.candidates())   # the loop itself only samples and scores
+    assert assign_advantages([ev], lam=0.5) == ev.candidates()
 
     assert ev.seed_reward == 0.0 and ev.seed_skill == ""
     g1, g2 = ev.generations
@@ -189,9 +191,9 @@ def test_evolve_batch_instances_do_not_depend_on_each_other(editor_dir, task_ser
     editor, tok = load_model(str(editor_dir))
     client = task_server.client()
     a, b = Instance("a", "keywords", keyword_tasks("a")), Instance("b", "keywords", keyword_tasks("b"))
-    kwargs = dict(generations=2, candidates=3, max_skill_tokens=16, context_tokens=512, task_max_tokens=4)
-    together = evolve_batch(editor, tok, client, [a, b], seeds=[11, 12], **kwargs)
-    alone = evolve(editor, tok, client, b, seed=12, **kwargs)
+    cfg = EvolveConfig(generations=2, candidates=3, max_skill_tokens=16, context_tokens=512, task_max_tokens=4)
+    together = evolve_batch(editor, tok, client, [a, b], cfg, seeds=[11, 12])
+    alone = evolve(editor, tok, client, b, cfg, seed=12)
     assert [c.text for c in together[1].candidates()] == [c.text for c in alone.candidates()]
     assert [c.reward for c in together[1].candidates()] == [c.reward for c in alone.candidates()]
     for c in together[0].candidates():  # token ids, log-probs and text of each candidate line up
@@ -220,13 +222,12 @@ def test_bilevel_grpo_raises_the_reward_of_a_tiny_editor(editor_dir, task_server
     args = train_grpo.parse_args(["--lr", "1e-2", "--max-skill-tokens", "32", "--micro-batch", "8"])
     optimizer = torch.optim.AdamW(editor.parameters(), lr=args.lr, betas=(0.9, 0.99), weight_decay=0.0)
     instances = [Instance(f"x{j}", "keywords", keyword_tasks()) for j in range(2)]
+    cfg = EvolveConfig(generations=2, candidates=4, max_skill_tokens=32, context_tokens=512, task_max_tokens=4)
     rewards = []
     for step in range(15):
         editor.eval()
-        evolutions = evolve_batch(editor, tok, client, instances, seeds=[step * 10 + j for j in range(2)],
-                                  generations=2, candidates=4, lam=0.5, max_skill_tokens=32, context_tokens=512,
-                                  task_max_tokens=4)
-        candidates = [c for ev in evolutions for c in ev.candidates()]
+        evolutions = evolve_batch(editor, tok, client, instances, cfg, seeds=[step * 10 + j for j in range(2)])
+        candidates = assign_advantages(evolutions, lam=0.5)
         editor.train()
         stats = train_grpo.policy_update(editor, None, optimizer, candidates, args)
         assert stats["ratio_mean"] == pytest.approx(1.0) and stats["logp_mismatch"] < 1e-4

@@ -1,10 +1,13 @@
 """train_grpo.py end to end with a tiny random editor and a scripted task model behind real HTTP: the outputs
 (checkpoint, metrics.jsonl, reward curve), resume == uninterrupted run, the β > 0 path with a reference model,
 the --eval table, and the plain message when a multi-turn suite gives no reward at all."""
+import io
 import json
 import math
 import sys
+from contextlib import redirect_stdout
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -13,7 +16,10 @@ from safetensors.torch import load_file
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # train_grpo.py lives at the repo root
 
 import train_grpo  # noqa: E402
+from minskill.grpo import policy_loss  # noqa: E402
+from minskill.sampling import completion_logprobs  # noqa: E402
 from minskill.server import ScriptedBackend, start_server  # noqa: E402
+from minskill.skill_r1 import EvolveConfig  # noqa: E402
 from minskill.weights import load_model  # noqa: E402
 from test_skill_r1 import keyword_task_model  # noqa: E402
 from tiny import make_tiny_model_dir  # noqa: E402
@@ -67,8 +73,6 @@ def read_rows(out):
 def straight_run(editor_dir, suite_file, task_url, tmp_path_factory):
     """4 steps without interruption; returns (out folder, printed text)."""
     out = tmp_path_factory.mktemp("straight")
-    import io
-    from contextlib import redirect_stdout
     buffer = io.StringIO()
     with redirect_stdout(buffer):
         assert train_grpo.main(common_flags(editor_dir, suite_file, task_url, out) + ["--steps", "4"]) == 0
@@ -114,10 +118,6 @@ class GradRecorder:
 def test_micro_batches_give_the_full_batch_gradient(editor_dir, agg):
     """policy_update accumulates micro-batches (skipping A = 0 sequences) into exactly the gradient of
     policy_loss over the whole batch at once, for each aggregation."""
-    from types import SimpleNamespace
-    from minskill.grpo import policy_loss
-    from minskill.sampling import completion_logprobs
-
     editor, tok = load_model(str(editor_dir))
     editor.train()
     lengths, advantages = [3, 7, 1, 5, 6, 2], [0.5, -0.25, 0.0, 1.0, 0.0, -1.25]
@@ -267,3 +267,22 @@ def test_instance_order_is_a_fresh_permutation_per_pass():
     assert sorted(picks[:5]) == list(range(5)) and sorted(picks[5:10]) == list(range(5))
     assert picks == [i for step in range(6) for i in train_grpo.instance_order(5, step, 2, seed=3)]
     assert picks != [i for step in range(6) for i in train_grpo.instance_order(5, step, 2, seed=4)]
+
+
+def test_the_evolve_config_is_the_flags():
+    """EvolveConfig's fields are train_grpo's flags of the same names, with the same defaults."""
+    assert EvolveConfig.from_args(train_grpo.parse_args([])) == EvolveConfig()
+    args = train_grpo.parse_args(["-G", "3", "-K", "5", "--max-skill-tokens", "9", "--editor-top-p", "0.9"])
+    cfg = EvolveConfig.from_args(args)
+    assert (cfg.generations, cfg.candidates, cfg.max_skill_tokens, cfg.editor_top_p) == (3, 5, 9, 0.9)
+
+
+def test_a_step_without_gradient_still_steps_and_reports_zeros(editor_dir):
+    """Every advantage 0 and β = 0: nothing to train on; the optimizer still steps (a no-op, so the schedule
+    stays in sync) and the stats are zeros."""
+    editor, tok = load_model(str(editor_dir))
+    recorder = GradRecorder(editor)
+    cands = [SimpleNamespace(prompt_ids=tok.encode("a prompt"), token_ids=[5, 6], logprobs=[-1.0, -1.0], advantage=0.0)]
+    stats = train_grpo.policy_update(editor, None, recorder, cands, train_grpo.parse_args([]))
+    assert recorder.grads == [{}]
+    assert stats["trained_sequences"] == 0 and stats["train_tokens"] == 0 and stats["loss"] == 0.0

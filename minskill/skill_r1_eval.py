@@ -1,0 +1,129 @@
+"""Evaluating skill editors (`python train_grpo.py --eval`): the paper's rows on held-out instances.
+
+Each held-out instance has tasks_per_instance tasks that the editor evolves the skill on (the loop of
+minskill.skill_r1, with their verifier feedback) and as many *other* tasks of the same type on which the
+carried skill is scored:
+
+    success = share of those evaluation tasks solved with the skill carried after the last generation
+
+The rows: no skill; the seed skill (--seed-skills); Skill-R1 inference-only (--editor, never trained);
+vanilla GRPO (--grpo-editor, trained with λ = 0); Skill-R1 (--skillr1-editor, λ > 0). An editor row also
+reports the success of the skill carried after each generation g, and the task-model requests spent writing
+the skills (evolve) apart from those spent scoring them (evaluate). A trained editor's λ is read from its
+checkpoint, so a row cannot silently show the wrong method.
+
+This lives beside skill_r1.py rather than in it: the loop module stays what a learner reads, and only this
+module needs the model loader, the embedded server and the interval arithmetic.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+from minskill.rollout import load_skills, run_rollouts, skill_text, wilson_interval
+from minskill.runs import TRAINER_STATE
+from minskill.server import embedded_client
+from minskill.skill_r1 import (EvolveConfig, Instance, all_zero_note, autocast, device, evolve_batch,
+                               load_tasks, make_instances, step_seed)
+from minskill.weights import load_model
+
+
+def trained_with_lambda(spec: str) -> float | None:
+    """λ of the run that wrote a checkpoint folder (from its trainer_state.pt), None when unknown."""
+    state_file = Path(spec) / TRAINER_STATE
+    if not state_file.is_file():
+        return None
+    return float(torch.load(state_file, weights_only=False)["args"]["lam"])
+
+
+def heldout_instances(args) -> tuple[list[Instance], list[list]]:
+    """(instances to evolve on, their evaluation tasks): --eval-instances held-out instances of 2·m tasks
+    (m = --tasks-per-instance), spread over the task types; the first m tasks evolve, the other m score."""
+    m = args.tasks_per_instance
+    pairs = make_instances(load_tasks(args, "heldout"), 2 * m, prefix="heldout")
+    by_type: dict[str, list] = {}
+    for p in pairs:
+        by_type.setdefault(p.type, []).append(p)
+    pairs = [p for k in range(max(map(len, by_type.values()), default=0)) for ps in by_type.values()
+             if k < len(ps) for p in [ps[k]]][: args.eval_instances]
+    if not pairs:
+        sys.exit(f"suite {args.suite!r}: no task type has {2 * m} held-out tasks")
+    return [Instance(p.id, p.type, p.tasks[:m]) for p in pairs], [p.tasks[m:] for p in pairs]
+
+
+def success(client, skills: list[str], test: list[list], args) -> tuple[float, int, int]:
+    """(success rate, task-model requests, rollouts) of skills[j] on the evaluation tasks test[j]."""
+    c0, scores = client.stats["calls"], []
+    for skill, tasks in zip(skills, test):
+        scores += [tr.reward for tr in run_rollouts(client, tasks, skill or None, n=args.rollouts,
+                                                    temperature=args.task_temperature,
+                                                    max_tokens=args.task_max_tokens, seed=args.seed)]
+    return sum(scores) / len(scores), client.stats["calls"] - c0, len(scores)
+
+
+def editor_row(client, name: str, spec: str, evo: list[Instance], seed_skills: list[str], test: list[list],
+               args) -> tuple:
+    """One editor's row: evolve a skill on every instance, then score the skill carried after each generation."""
+    editor, tokenizer = load_model(spec, dtype=torch.float32, device=device())
+    editor.eval()
+    c0 = client.stats["calls"]
+    with torch.no_grad(), autocast(args.bf16):
+        evolutions = evolve_batch(editor, tokenizer, client, evo, EvolveConfig.from_args(args),
+                                  seeds=[step_seed(args.seed, 10**6, k) for k in range(len(evo))],
+                                  seed_skills=seed_skills)
+    evolve_calls = client.stats["calls"] - c0
+    per_gen = [success(client, [ev.generations[g].current_skill for ev in evolutions], test, args)
+               for g in range(args.generations)]
+    final, _, n = per_gen[-1]
+    return f"{name}: {spec}", final, sum(c for _, c, _ in per_gen), n, [s for s, _, _ in per_gen], evolve_calls
+
+
+def evaluate(args) -> int:
+    """Print the table of the paper's rows (module docstring) for the flags of train_grpo.py."""
+    evo, test = heldout_instances(args)
+    seed_skillset = load_skills(args.seed_skills, args.suite)
+    seed_skills = [skill_text(seed_skillset, inst.type) for inst in evo]
+    rows = []
+    with embedded_client(args.task_url, args.task_model, api_key=args.task_api_key) as client:
+        rows.append(("no skill", *success(client, [""] * len(evo), test, args), [], 0))
+        print("evaluated: no skill", flush=True)
+        rows.append(("seed skill" + ("" if seed_skillset is not None else " (--seed-skills none: = no skill)"),
+                     *success(client, seed_skills, test, args), [], 0))
+        print("evaluated: seed skill", flush=True)
+        editors = [("Skill-R1 inference-only (editor frozen)", args.editor),
+                   ("vanilla GRPO (λ = 0)", args.grpo_editor), ("Skill-R1 (λ > 0)", args.skillr1_editor)]
+        for name, spec in editors:
+            if not spec:
+                print(f"skipped: {name} (no editor given)", flush=True)
+                continue
+            trained_lam = trained_with_lambda(spec)
+            if trained_lam is not None and name != editors[0][0]:
+                if (trained_lam == 0) != name.startswith("vanilla"):
+                    print(f"warning: {spec} was trained with λ = {trained_lam}, yet it fills the row '{name}'")
+                name = f"{name.split(' (')[0]} (λ = {trained_lam:g})"
+            rows.append(editor_row(client, name, spec, evo, seed_skills, test, args))
+            print(f"evaluated: {name}", flush=True)
+    print_table(rows, evo, test, args)
+    return 0
+
+
+def print_table(rows: list[tuple], evo: list[Instance], test: list[list], args) -> None:
+    n_eval = sum(len(t) for t in test) * args.rollouts
+    print(f"\nSkill-R1 evaluation, held-out split of {args.suite}: {len(evo)} instances "
+          f"({', '.join(sorted({i.type for i in evo}))}), {n_eval} evaluation rollouts per row; "
+          f"G={args.generations} K={args.candidates} n={args.rollouts}; task model "
+          f"{args.task_model or args.task_url or 'embedded default (smollm2-135m, greedy)'}\n")
+    print("| method | success (95% CI) | " + " | ".join(f"g={g + 1}" for g in range(args.generations)) +
+          " | task calls: evolve | task calls: evaluate |")
+    print("|---|---|" + "---|" * args.generations + "---|---|")
+    for name, s, eval_calls, n, per_gen, evolve_calls in rows:
+        lo, hi = wilson_interval(s * n, n)
+        gens = " | ".join(f"{x:.3f}" for x in per_gen) if per_gen else " | ".join("–" * args.generations)
+        print(f"| {name} | {s:.3f} ({lo:.2f}–{hi:.2f}) | {gens} | {evolve_calls} | {eval_calls} |")
+    print("\nsuccess: share of evaluation tasks solved with the skill carried after the last generation; g=k: "
+          "with the skill carried after generation k; evolve calls: task-model requests spent writing the skills "
+          "(on each instance's own tasks); evaluate calls: requests spent scoring them.")
+    if all(s == 0 for _, s, _, _, per_gen, _ in rows) and all(x == 0 for r in rows for x in r[4]):
+        print("note: " + all_zero_note([t for ts in test for t in ts], training=False))
