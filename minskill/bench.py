@@ -1,6 +1,7 @@
 """Side-by-side benchmarks: minskill against its reference, in one run, printed as ratios.
 
-    python -m minskill.bench model     # decode/prefill/train speed and peak memory vs Hugging Face transformers
+    python -m minskill.bench model     # decode/prefill/train speed and peak memory vs Hugging Face transformers;
+                                       # decode of float32 / bfloat16 / int8 vs llama.cpp on the same GGUF
     python -m minskill.bench server    # completions/s and tokens/s with 1, 4, 16 concurrent clients
     python -m minskill.bench grpo      # seconds per Skill-R1 training step: editor sampling, rollouts, update
     python -m minskill.bench sft       # SFT tokens/s vs Hugging Face transformers on the same batch
@@ -17,8 +18,11 @@ Figures (all on the same weights, same inputs, same thread count):
     matmuls only         = 1 / seconds of F.linear(one row, W) over every weight matrix of a decode step:
                            the ceiling the BLAS matrix-vector kernel sets, shown beside the bound
 
-Hugging Face `transformers` is the reference; it is imported only here, only when a bench runs, and is
-not a runtime dependency of minskill (install tests/requirements.txt).
+The references are Hugging Face `transformers` (same HF weights) and llama.cpp (through the `xllamacpp`
+wheel, on the GGUF the offline default is converted from: what a CPU user would serve it with). Both are
+imported only here, only when a bench runs, and are not runtime dependencies of minskill (install
+tests/requirements.txt). llama.cpp's decode figure is the same B · N / seconds, for B concurrent
+completions of N tokens (ignore_eos) through its server loop with B slots, after a warm-up.
 """
 from __future__ import annotations
 
@@ -30,10 +34,12 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import torch
 
 from minskill.grpo import bilevel_advantages, policy_loss
+from minskill.quantize import quantize_int8
 from minskill.rollout import run_rollouts
 from minskill.sampling import completion_logprobs, generate
 from minskill.server import embedded_client
@@ -41,7 +47,7 @@ from minskill.sft import sft_throughput
 from minskill.skill_r1 import EDITOR_SYSTEM
 from minskill.tasks import load_suite
 from minskill.tokenizer import Tokenizer
-from minskill.weights import load_model, load_pretrained, resolve_model
+from minskill.weights import DEFAULT_MODEL, default_gguf_path, load_model, load_pretrained, resolve_model
 
 
 def _rss_kb(field: str = "VmRSS") -> int:
@@ -143,11 +149,61 @@ def _prompts(tokenizer, batch: int, length: int = 16) -> list[list[int]]:
 # --------------------------------------------------------------------------------------------- model
 
 
+def llama_cpp_decode(gguf_path, batch: int, tokens: int, threads: int, repeats: int) -> float:
+    """llama.cpp's decode tok/s: `batch` concurrent completions of `tokens` tokens each (module docstring)."""
+    try:  # imported here: llama.cpp is the benchmarks' reference, not a dependency of minskill
+        import xllamacpp
+    except ImportError:
+        sys.exit("the llama.cpp reference needs xllamacpp: pip install -r tests/requirements.txt")
+    params = xllamacpp.CommonParams()
+    params.model.path = str(gguf_path)
+    params.n_ctx, params.n_parallel, params.warmup = 256 * batch, batch, False
+    params.cpuparams.n_threads = params.cpuparams_batch.n_threads = threads
+    server = xllamacpp.Server(params)
+    prompt = "Once upon a time in a small village by the sea there lived an old fisherman who"
+
+    def run():
+        with ThreadPoolExecutor(max_workers=batch) as pool:
+            list(pool.map(lambda i: server.handle_completions(
+                {"prompt": f"{prompt} {i}", "n_predict": tokens, "temperature": 0.0, "ignore_eos": True}),
+                range(batch)))
+    return batch * tokens / _timed(run, repeats)
+
+
+def bench_decode_vs_llama_cpp(args, folder: str, tokenizer, hf_decode: dict) -> None:
+    """Decode of minskill in float32, bfloat16 and int8 (minskill.quantize) against llama.cpp and HF."""
+    N, rows = args.decode_tokens, {}
+    for name in ("float32", "bfloat16", "int8"):
+        model = load_pretrained(folder, dtype=torch.bfloat16 if name == "bfloat16" else torch.float32).eval()
+        if name == "int8":
+            quantize_int8(model)
+        for batch in (1, 8):
+            prompts = _prompts(tokenizer, batch)
+            rows[(name, batch)] = batch * N / _timed(
+                lambda: generate(model, prompts, n=1, max_new_tokens=N, temperature=0.0), args.repeats)
+        del model
+    gguf_path = default_gguf_path() if args.model == DEFAULT_MODEL else args.gguf
+    if gguf_path is None:
+        print("(no GGUF for this model: pass --gguf FILE to compare with llama.cpp)")
+        return
+    llama = {b: llama_cpp_decode(gguf_path, b, N, torch.get_num_threads(), args.repeats) for b in (1, 8)}
+    print(f"\nDecode tok/s, {N} greedy tokens; llama.cpp on {Path(gguf_path).name}\n"
+          "| minskill | batch | tok/s | vs llama.cpp | vs HF (same dtype) | batch 8 / batch 1 |\n|---|---|---|---|---|---|")
+    for (name, batch), tps in rows.items():
+        hf = hf_decode.get((name, batch))
+        print(f"| {name} | {batch} | {tps:.1f} | {tps / llama[batch]:.2f}× | "
+              f"{f'{tps / hf:.2f}×' if hf else '–'} | {rows[(name, 8)] / rows[(name, 1)]:.2f}× |")
+    print(f"| llama.cpp | 1 | {llama[1]:.1f} | 1.00× | – | {llama[8] / llama[1]:.2f}× |")
+    print(f"| llama.cpp | 8 | {llama[8]:.1f} | 1.00× | – | |")
+
+
+
 def bench_model(args) -> None:
     folder = str(resolve_model(args.model))
     tokenizer = Tokenizer.from_pretrained(folder)
     N = args.decode_tokens
     results = []  # (figure, minskill value, hf value, unit, higher_is_better)
+    theirs_by_dtype: dict[str, dict] = {}
     bw = copy_bandwidth_gbs()
     print(f"model {args.model} ({folder}); threads {torch.get_num_threads()}; copy bandwidth {bw:.1f} GB/s",
           flush=True)
@@ -195,7 +251,7 @@ def bench_model(args) -> None:
             if impl == "minskill":
                 ours = figures
             else:
-                theirs = figures
+                theirs = theirs_by_dtype[dname] = figures
             del model
         for key in ("decode b1", "decode b8", "prefill 512"):
             results.append((f"{key} tok/s {dname}", ours[key], theirs[key], True))
@@ -207,6 +263,8 @@ def bench_model(args) -> None:
                   f" (F.linear, batch 1) run at {ours['matmuls only']:.1f} tok/s ="
                   f" {ours['matmuls only'] / ours['bound']:.0%} of the bound", flush=True)
     _print_table(results, "minskill", "HF transformers")
+    hf_decode = {(d, b): theirs_by_dtype[d][f"decode b{b}"] for d in theirs_by_dtype for b in (1, 8)}
+    bench_decode_vs_llama_cpp(args, folder, tokenizer, hf_decode)
 
 
 def _print_table(results, a: str, b: str) -> None:
@@ -350,6 +408,8 @@ def main(argv=None) -> None:
     p.add_argument("--sft-batch", type=int, default=4)
     p.add_argument("--sft-length", type=int, default=256)
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    p.add_argument("--gguf", default=None, help="model: the GGUF of --model for the llama.cpp rows (the offline "
+                   "default finds its own)")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)

