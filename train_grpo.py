@@ -31,6 +31,11 @@ Aggregation across micro-batches equals aggregating the whole batch at once: tok
 micro-batch's loss by its share of all completion tokens, seq_mean and dr_grpo by its share of sequences.
 Candidates with A = 0 (and β = 0) have no gradient and are skipped, but still count in those totals.
 
+Shared prefix (a speed trick, off the reading path). The K candidates of a generation share one editor
+prompt; with --shared-prefix (the default) each micro-batch computes a prompt once for all its rows
+(minskill.shared_prefix.grouped_logprobs), with the same log-probs and gradient as
+sampling.completion_logprobs, which the loop reads as. --no-shared-prefix uses the latter.
+
 The loss value sits near zero by construction (advantages are centred); watch the reward instead:
 metrics.jsonl (one JSON line per step) and reward_curve.svg in the output folder.
 """
@@ -55,6 +60,7 @@ from minskill.runs import (TRAINER_STATE, append_jsonl, check_run_folder, load_t
                            open_run_folder, recover_checkpoint, save_checkpoint, set_rng_state, write_jsonl_atomic)
 from minskill.sampling import completion_logprobs
 from minskill.server import embedded_client
+from minskill.shared_prefix import grouped_logprobs
 from minskill.skill_r1 import (EvolveConfig, Instance, all_zero_note, assign_advantages, autocast, device,
                                evolve_batch, load_tasks, make_instances, step_seed)
 from minskill.skill_r1_eval import evaluate
@@ -157,13 +163,13 @@ def policy_update(editor, ref_model, optimizer, candidates, args) -> dict:
         optimizer.zero_grad(set_to_none=True)
         for k, mb in enumerate(batches):
             prompts, completions = [c.prompt_ids for c in mb], [c.token_ids for c in mb]
+            logprobs = grouped_logprobs if args.shared_prefix else completion_logprobs   # equal values
             with autocast(args.bf16):
-                logp, mask = completion_logprobs(editor, prompts, completions, temperature=args.editor_temperature)
+                logp, mask = logprobs(editor, prompts, completions, temperature=args.editor_temperature)
                 ref_logp = None
                 if beta > 0:
                     with torch.no_grad():
-                        ref_logp, _ = completion_logprobs(ref_model, prompts, completions,
-                                                          temperature=args.editor_temperature)
+                        ref_logp, _ = logprobs(ref_model, prompts, completions, temperature=args.editor_temperature)
             if epoch == 0:  # the weights that sampled are unchanged so far: logp_old = this pass, detached
                 old_logps.append(logp.detach())
                 sampled = _padded([c.logprobs for c in mb], logp.shape[1], logp.device)
@@ -413,6 +419,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    "(weights and optimizer stay float32)")
     t.add_argument("--grad-checkpointing", action="store_true", help="recompute each layer in the backward "
                    "pass (less memory, more time)")
+    t.add_argument("--shared-prefix", action=argparse.BooleanOptionalAction, default=True,
+                   help="compute the editor prompt a group's candidates share once per micro-batch, forward and "
+                        "backward (same gradient; default on)")
     t.add_argument("--save-every", type=int, default=2, help="write the checkpoint every N steps and at the end")
     t.add_argument("--out", default="runs/skill-r1", help="output folder: checkpoint/, metrics.jsonl, "
                    "reward_curve.svg (default runs/skill-r1)")

@@ -4,6 +4,7 @@
                                        # decode of float32 / bfloat16 / int8 vs llama.cpp on the same GGUF
     python -m minskill.bench server    # completions/s and tokens/s with 1, 4, 16 concurrent clients
     python -m minskill.bench grpo      # seconds per Skill-R1 training step: editor sampling, rollouts, update
+                                       # (a prompt per candidate vs the shared prefix, back to back)
     python -m minskill.bench sft       # SFT tokens/s vs Hugging Face transformers on the same batch
 
 Figures (all on the same weights, same inputs, same thread count):
@@ -44,7 +45,8 @@ from minskill.rollout import run_rollouts
 from minskill.sampling import completion_logprobs, generate
 from minskill.server import embedded_client
 from minskill.sft import sft_throughput
-from minskill.skill_r1 import EDITOR_SYSTEM
+from minskill.shared_prefix import grouped_logprobs
+from minskill.skill_r1 import HistoryEntry, Instance, Outcome, editor_messages
 from minskill.tasks import load_suite
 from minskill.tokenizer import Tokenizer
 from minskill.weights import DEFAULT_MODEL, default_gguf_path, load_model, load_pretrained, resolve_model
@@ -316,16 +318,39 @@ def bench_server(args) -> None:
 # ---------------------------------------------------------------------------------------------- grpo
 
 
+def _editor_prompt(tok, tasks, candidates: int, context_tokens: int) -> list[int]:
+    """An editor prompt as the second generation of the default run sees it: the instance's tasks, the seed
+    skill and K earlier candidates with their outcomes, trimmed to context_tokens."""
+    instance = Instance("bench", tasks[0].type, tasks)
+    outcomes = [Outcome(t.question, 0.0, "I think the answer is 7.") for t in tasks]
+    history = [HistoryEntry(0, "", 0.25, outcomes)]
+    history += [HistoryEntry(1, f"Read the question twice. Write the final answer as a number. Check step {i}.",
+                             0.25 * (i % 2), outcomes) for i in range(candidates)]
+    messages = editor_messages(instance, "", 0.25, history,
+                               lambda m: len(tok.apply_chat_template(m, add_generation_prompt=True)), context_tokens)
+    return tok.apply_chat_template(messages, add_generation_prompt=True)
+
+
+def _update_seconds(editor, optimizer, logprobs, prompt, samples, advantages) -> float:
+    """Seconds of one policy update (forward, loss, backward, AdamW step) over the K candidates."""
+    t0 = time.perf_counter()
+    logp, mask = logprobs(editor, [prompt] * len(samples), [s.token_ids for s in samples])
+    loss, _ = policy_loss(logp, logp.detach(), advantages, mask)
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return time.perf_counter() - t0
+
+
 def bench_grpo(args) -> None:
-    """One Skill-R1 step on one instance, split into its three phases."""
+    """One Skill-R1 step on one instance, split into its phases; the update both ways, back to back."""
     editor, tok = load_model(args.model)
-    tasks = [t for t in load_suite("qa", split="train", seed=0)][:4]
-    messages = [{"role": "system", "content": EDITOR_SYSTEM},
-                {"role": "user", "content": "Task type: arithmetic\nWrite a better skill."}]
-    prompt = tok.apply_chat_template(messages)
+    tasks = [t for t in load_suite("qa", split="train", seed=0) if t.type == "arithmetic"][:4]
+    prompt = _editor_prompt(tok, tasks, args.candidates, args.context_tokens)
     K = args.candidates
-    phases = {"editor sampling": [], "task rollouts": [], "forward/backward": []}
-    optimizer = torch.optim.AdamW(editor.parameters(), lr=1e-6)
+    phases = {"editor sampling": [], "task rollouts": [], "update, prompt per candidate": [],
+              "update, shared prefix": []}
+    optimizer = torch.optim.AdamW(editor.parameters(), lr=0.0)   # lr 0: every repeat sees the same weights
     with embedded_client(None, None, model_spec=args.model) as client:
         for step in range(args.repeats):
             t0 = time.perf_counter()
@@ -340,24 +365,23 @@ def bench_grpo(args) -> None:
             rewards = [sum(t.reward for t in trs) / len(trs) for trs in runs]
             t2 = time.perf_counter()
             editor.train()
-            adv = bilevel_advantages(rewards, 0.0, 0.5)
-            logp, mask = completion_logprobs(editor, [prompt] * K, [s.token_ids for s in samples])
-            old = logp.detach()
-            loss, _ = policy_loss(logp, old, adv, mask)
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            t3 = time.perf_counter()
-            for k, v in zip(phases, (t1 - t0, t2 - t1, t3 - t2)):
+            adv = bilevel_advantages(rewards, 0.0, 0.5) + torch.linspace(-0.1, 0.1, K)  # never all zero
+            for name, fn in (("update, prompt per candidate", completion_logprobs),
+                             ("update, shared prefix", grouped_logprobs)):
+                phases[name].append(_update_seconds(editor, optimizer, fn, prompt, samples, adv))
+            for k, v in zip(phases, (t1 - t0, t2 - t1)):
                 phases[k].append(v)
-            print(f"step {step + 1}: {t3 - t0:.1f}s", flush=True)
-    total = sum(statistics.median(v) for v in phases.values())
-    print(f"\nOne Skill-R1 step on the default model: K={K} candidates of ≤{args.skill_tokens} tokens, "
-          f"{len(tasks)} qa tasks each, median of {args.repeats}")
-    print("| phase | seconds | share |\n|---|---|---|")
-    for k, v in phases.items():
-        print(f"| {k} | {statistics.median(v):.2f} | {statistics.median(v) / total:.0%} |")
-    print(f"| total | {total:.2f} | 100% |")
+            print(f"step {step + 1}: {time.perf_counter() - t0:.1f}s", flush=True)
+    median = {k: statistics.median(v) for k, v in phases.items()}
+    total = median["editor sampling"] + median["task rollouts"] + median["update, shared prefix"]
+    print(f"\nOne Skill-R1 step on the default model: a {len(prompt)}-token editor prompt, K={K} candidates of "
+          f"≤{args.skill_tokens} tokens, {len(tasks)} qa tasks each, median of {args.repeats}")
+    print("| phase | seconds | share of a step (shared prefix) |\n|---|---|---|")
+    for k, v in median.items():
+        print(f"| {k} | {v:.2f} | {'' if k == 'update, prompt per candidate' else f'{v / total:.0%}'} |")
+    print(f"| total (shared prefix) | {total:.2f} | 100% |")
+    print(f"update: shared prefix {median['update, prompt per candidate'] / median['update, shared prefix']:.2f}× "
+          f"faster than a prompt per candidate")
 
 
 # ----------------------------------------------------------------------------------------------- sft
@@ -404,7 +428,10 @@ def main(argv=None) -> None:
     p.add_argument("--decode-tokens", type=int, default=64, help="new tokens per decode measurement")
     p.add_argument("--repeats", type=int, default=3, help="timed repetitions (median is reported)")
     p.add_argument("--candidates", type=int, default=4, help="grpo: K")
-    p.add_argument("--skill-tokens", type=int, default=128, help="grpo: editor tokens per candidate")
+    p.add_argument("--skill-tokens", type=int, default=64, help="grpo: editor tokens per candidate (default 64, "
+                   "as train_grpo.py's --max-skill-tokens)")
+    p.add_argument("--context-tokens", type=int, default=512, help="grpo: the editor prompt's budget (default 512, "
+                   "as train_grpo.py)")
     p.add_argument("--sft-batch", type=int, default=4)
     p.add_argument("--sft-length", type=int, default=256)
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")

@@ -14,6 +14,10 @@ computation (tests/test_shared_prefix.py compares every parameter's gradient wit
 Completions are right-padded: under causal attention a real token never sees a later pad, and pad keys
 are masked; pad positions give values that the returned mask marks invalid.
 
+`grouped_logprobs(model, prompts, completions)` is the drop-in for sampling.completion_logprobs that
+train_grpo.policy_update uses (`--shared-prefix`, on by default): rows with the same prompt form a group,
+each group runs through `shared_prefix_logprobs`, and the rows come back in their order, padded alike.
+
 The keys and values live in `DifferentiableKV`, which has the interface the model's attention uses on a
 KV cache (`update(layer, k, v)` returns the keys and values to attend to, plus `length`, `key_mask`,
 `next_position`), but concatenates instead of writing into preallocated buffers: an in-place write into
@@ -22,6 +26,7 @@ one shared buffer would invalidate the tensors autograd saved for the backward p
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from minskill.sampling import _chunk_logprobs
@@ -89,3 +94,23 @@ def shared_prefix_logprobs(model, prompt: list[int], completions: list[list[int]
         else:
             pieces.append(_chunk_logprobs(*args))
     return torch.zeros(K, Tc, device=device).masked_scatter(mask, torch.cat(pieces)), mask
+
+
+def grouped_logprobs(model, prompts: list[list[int]], completions: list[list[int]], *, temperature: float = 1.0,
+                     chunk_tokens: int = 2048) -> tuple[torch.Tensor, torch.Tensor]:
+    """sampling.completion_logprobs's result, computing each distinct prompt once (module docstring)."""
+    if len(prompts) != len(completions):
+        raise ValueError(f"grouped_logprobs: {len(prompts)} prompts but {len(completions)} completions")
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for row, prompt in enumerate(prompts):
+        groups.setdefault(tuple(prompt), []).append(row)
+    Tc = max((len(c) for c in completions), default=0)
+    pieces, masks, order = [], [], []
+    for prompt, rows in groups.items():
+        logp, mask = shared_prefix_logprobs(model, list(prompt), [completions[r] for r in rows],
+                                            temperature=temperature, chunk_tokens=chunk_tokens)
+        pieces.append(F.pad(logp, (0, Tc - logp.shape[1])))
+        masks.append(F.pad(mask, (0, Tc - mask.shape[1])))
+        order += rows
+    back = torch.argsort(torch.tensor(order, device=model.device))   # group order -> the rows' own order
+    return torch.cat(pieces)[back], torch.cat(masks)[back]

@@ -77,15 +77,16 @@ def test_completion_logprobs_and_policy_loss_on_the_models_device(cpu_model):
     assert logp.device.type == "cpu" and torch.isfinite(loss)
 
 
-@pytest.mark.parametrize("beta", [0.0, 0.05])
-def test_skill_r1_policy_update_on_the_models_device(cpu_model, beta):
+@pytest.mark.parametrize("beta, shared_prefix", [(0.0, True), (0.05, True), (0.05, False)])
+def test_skill_r1_policy_update_on_the_models_device(cpu_model, beta, shared_prefix):
     model, tokenizer = cpu_model
     prompts = prompts_of(tokenizer)
     candidates = [SimpleNamespace(prompt_ids=prompts[i % 2], token_ids=[5 + i, 6, 7][:2 + i % 2],
                                   logprobs=[-1.0] * (2 + i % 2), advantage=a)
                   for i, a in enumerate([0.5, -0.5, 0.25, -0.25])]
     args = SimpleNamespace(beta=beta, micro_batch=2, ppo_epochs=2, editor_temperature=1.0, eps_low=0.2,
-                           eps_high=0.2, agg="token_mean", max_skill_tokens=8, grad_clip=1.0, bf16=False)
+                           eps_high=0.2, agg="token_mean", max_skill_tokens=8, grad_clip=1.0, bf16=False,
+                           shared_prefix=shared_prefix)
     ref = copy.deepcopy(model).eval().requires_grad_(False) if beta > 0 else None
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)  # lr 0: the shared fixture model stays as it is
     with meta_default():

@@ -8,7 +8,7 @@ import torch
 
 from minskill.grpo import policy_loss
 from minskill.sampling import completion_logprobs
-from minskill.shared_prefix import shared_prefix_logprobs
+from minskill.shared_prefix import grouped_logprobs, shared_prefix_logprobs
 from minskill.weights import load_model
 from tiny import make_tiny_model_dir
 
@@ -58,3 +58,15 @@ def test_every_parameter_gradient_equals_the_unshared_one(models, agg, beta):
 def test_an_empty_prompt_is_refused(models):
     with pytest.raises(ValueError, match="at least one token"):
         shared_prefix_logprobs(models[0], [], [[1]])
+
+
+def test_grouped_rows_come_back_in_their_order(models):
+    """Two prompts interleaved over five rows: the same values and mask as the unshared computation."""
+    model, _ = models
+    other = [9, 8, 7, 6]
+    prompts = [PROMPT, other, PROMPT, other, PROMPT]
+    completions = [[1, 2, 3], [4], [5, 6], [7, 8, 9, 10], [11]]
+    with torch.no_grad():
+        grouped, mask = grouped_logprobs(model, prompts, completions, temperature=0.9)
+        plain, plain_mask = completion_logprobs(model, prompts, completions, temperature=0.9)
+    assert torch.equal(mask, plain_mask) and torch.allclose(grouped[mask], plain[mask], atol=1e-5)

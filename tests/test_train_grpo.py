@@ -117,11 +117,12 @@ class GradRecorder:
 @pytest.mark.parametrize("agg", ["token_mean", "seq_mean", "dr_grpo"])
 def test_micro_batches_give_the_full_batch_gradient(editor_dir, agg):
     """policy_update accumulates micro-batches (skipping A = 0 sequences) into exactly the gradient of
-    policy_loss over the whole batch at once, for each aggregation."""
+    policy_loss over the whole batch at once, for each aggregation, with and without the shared-prefix pass
+    (candidates 2j and 2j+1 share a prompt, as a GRPO group's candidates do)."""
     editor, tok = load_model(str(editor_dir))
     editor.train()
     lengths, advantages = [3, 7, 1, 5, 6, 2], [0.5, -0.25, 0.0, 1.0, 0.0, -1.25]
-    cands = [SimpleNamespace(prompt_ids=tok.encode(f"prompt number {i} " * (i + 1)),
+    cands = [SimpleNamespace(prompt_ids=tok.encode(f"prompt number {i // 2} " * (i // 2 + 1)),
                              token_ids=[(7 * i + 3 * j) % 300 + 3 for j in range(n)], logprobs=[0.0] * n, advantage=a)
              for i, (n, a) in enumerate(zip(lengths, advantages))]
     args = train_grpo.parse_args(["--agg", agg, "--max-skill-tokens", "8", "--grad-clip", "0"])
@@ -131,14 +132,15 @@ def test_micro_batches_give_the_full_batch_gradient(editor_dir, agg):
     editor.zero_grad()
     loss.backward()
     reference = {n: p.grad.clone() for n, p in editor.named_parameters()}
-    for micro_batch in (1, 2, 6):
-        args.micro_batch = micro_batch
+    for shared, micro_batch in [(s, m) for s in (True, False) for m in (1, 2, 6)]:
+        args.micro_batch, args.shared_prefix = micro_batch, shared
         recorder = GradRecorder(editor)
         stats = train_grpo.policy_update(editor, None, recorder, cands, args)
         assert stats["trained_sequences"] == 4 and stats["ratio_mean"] == pytest.approx(1.0)
         [grads] = recorder.grads
         for name, g in reference.items():
-            torch.testing.assert_close(grads[name], g, rtol=1e-4, atol=1e-7, msg=f"{agg} mb={micro_batch} {name}")
+            torch.testing.assert_close(grads[name], g, rtol=1e-4, atol=1e-7,
+                                       msg=f"{agg} shared={shared} mb={micro_batch} {name}")
 
 
 class Interrupted(Exception):
