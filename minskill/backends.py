@@ -21,7 +21,7 @@ from typing import Callable, Protocol
 
 import torch
 
-from minskill.quantize import apply_quantization
+from minskill.quantize import Int8Linear, apply_quantization
 from minskill.sampling import generate
 from minskill.weights import load_model
 
@@ -129,7 +129,9 @@ class ModelBackend:
         model, tokenizer = load_model(spec, dtype=dtype, device=device)
         model.eval()
         apply_quantization(model, quantize)
-        return cls(model, tokenizer, name or Path(str(spec).rstrip("/")).name or str(spec))
+        # a quantized model answers differently: its default name says so (clients, caches and reports see it)
+        suffix = "-int8" if any(isinstance(m, Int8Linear) for m in model.modules()) else ""
+        return cls(model, tokenizer, name or (Path(str(spec).rstrip("/")).name or str(spec)) + suffix)
 
     def count_prompt_tokens(self, messages):
         return len(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True))

@@ -86,7 +86,8 @@ def evaluate(args) -> int:
     seed_skillset = load_skills(args.seed_skills, args.suite)
     seed_skills = [skill_text(seed_skillset, inst.type) for inst in evo]
     rows = []
-    with embedded_client(args.task_url, args.task_model, api_key=args.task_api_key) as client:
+    with embedded_client(args.task_url, args.task_model, api_key=args.task_api_key,
+                         quantize=args.task_quantize) as client:
         rows.append(("no skill", *success(client, [""] * len(evo), test, args), [], 0))
         print("evaluated: no skill", flush=True)
         rows.append(("seed skill" + ("" if seed_skillset is not None else " (--seed-skills none: = no skill)"),

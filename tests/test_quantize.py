@@ -85,9 +85,15 @@ def test_kernel_path_equals_the_dequantized_fallback_and_decodes(tiny_dir):
     assert [len(s.token_ids) for s in samples] == [6, 6]
 
 
+def test_auto_quantizes_on_a_cpu_with_the_kernel(tiny_dir):
+    model, _ = load_model(str(tiny_dir), dtype=torch.float32, device="cpu")
+    apply_quantization(model, "auto")
+    assert isinstance(model.lm_head, Int8Linear) == has_int8_kernel("cpu")
+
+
 def test_apply_quantization_names_the_choices():
     assert apply_quantization("model", "none") == "model"
-    with pytest.raises(ValueError, match="choose one of none, int8"):
+    with pytest.raises(ValueError, match="choose one of auto, none, int8"):
         apply_quantization(None, "int4")
 
 
