@@ -332,7 +332,7 @@ def find_checkpoint(out: Path) -> Path | None:
 def print_plan(run: Run, args) -> None:
     n_params = sum(p.numel() for p in run.editor.parameters())
     print(f"Skill-R1 (bi-level GRPO): editor {run.editor_spec} ({n_params / 1e6:.1f}M parameters), task model "
-          f"{args.task_url or 'embedded default (smollm2-135m, greedy)'}; suite {args.suite}: "
+          f"{args.task_url or f'embedded default (smollm2-135m, --task-quantize {args.task_quantize}, greedy)'}; suite {args.suite}: "
           f"{len(run.instances)} training instances of {args.tasks_per_instance} tasks; "
           f"{args.steps} steps x {args.instances_per_step} instances x G={args.generations} x K={args.candidates} "
           f"candidates, n={args.rollouts}; λ={args.lam} β={args.beta} agg={args.agg} lr={args.lr}"

@@ -115,7 +115,7 @@ def print_table(rows: list[tuple], evo: list[Instance], test: list[list], args) 
     print(f"\nSkill-R1 evaluation, held-out split of {args.suite}: {len(evo)} instances "
           f"({', '.join(sorted({i.type for i in evo}))}), {n_eval} evaluation rollouts per row; "
           f"G={args.generations} K={args.candidates} n={args.rollouts}; task model "
-          f"{args.task_model or args.task_url or 'embedded default (smollm2-135m, greedy)'}\n")
+          f"{args.task_model or args.task_url or f'embedded default (smollm2-135m, --task-quantize {args.task_quantize}, greedy)'}\n")
     print("| method | success (95% CI) | " + " | ".join(f"g={g + 1}" for g in range(args.generations)) +
           " | task calls: evolve | task calls: evaluate |")
     print("|---|---|" + "---|" * args.generations + "---|---|")
