@@ -17,8 +17,9 @@ writes its first file. Both raise `RunFolderError`, a
 
 What a run folder holds is written here too, once for both trainers and all three scripts:
 
-* `write_text_atomic` / `write_json_atomic` / `write_jsonl_atomic`: a temp file in the same folder, then
-  `os.replace`, so a reader (or a killed run) sees the old file or the new one, never half of one.
+* `atomic_output(path)` (for writers that need a file name: safetensors, file copies) and
+  `write_text_atomic` / `write_json_atomic` / `write_jsonl_atomic` on top of it: a temp file in the same
+  folder, then `os.replace`, so a reader (or a killed run) sees the old file or the new one, never half.
 * `save_checkpoint(folder, model, tokenizer, state)`: model + tokenizer in HF layout and `trainer_state.pt`
   (the caller's state plus the RNG states), built in `.tmp-NAME-*` and swapped in by renames
   (NAME → `.old-NAME`, tmp → NAME, drop `.old-NAME`). `recover_checkpoint(folder)`, called before a
@@ -49,6 +50,7 @@ import os
 import random
 import shutil
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -135,21 +137,29 @@ def clean_staging(folder: str | Path) -> list[Path]:
 
 # ------------------------------------------------------------------------------ atomic writes, JSONL
 
-def write_text_atomic(path: str | Path, text: str) -> Path:
-    """Write `text` (UTF-8) to `path` through a temp file in the same folder and os.replace."""
+@contextmanager
+def atomic_output(path: str | Path):
+    """Yield a temp path in `path`'s folder (`.tmp-NAME-*`, what clean_staging removes) for the caller to
+    write; on success it replaces `path`, on any exception it is deleted and `path` is left as it was."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".tmp-{path.name}-")
+    os.close(fd)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        yield Path(tmp)
         os.chmod(tmp, 0o644)  # mkstemp makes files private (0600); these are ordinary outputs
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
-    return path
+
+
+def write_text_atomic(path: str | Path, text: str) -> Path:
+    """Write `text` (UTF-8) to `path` atomically (atomic_output)."""
+    with atomic_output(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+    return Path(path)
 
 
 def append_jsonl(path, record: dict) -> None:

@@ -40,14 +40,14 @@ eos token of tokenizer_config.json, and the format's end-of-turn token (`<|im_en
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
-import tempfile
 import time
 from pathlib import Path
 
 from tokenizers import Tokenizer as _Backend
+
+from minskill.runs import atomic_output
 
 CHATML = "chatml"
 LLAMA3 = "llama3"
@@ -289,14 +289,8 @@ class Tokenizer:
             src = self.source_dir / name
             if not src.is_file() or (path / name).resolve() == src.resolve():
                 continue
-            fd, tmp = tempfile.mkstemp(dir=path, prefix=f".{name}.")
-            os.close(fd)
-            try:
+            with atomic_output(path / name) as tmp:
                 shutil.copyfile(src, tmp)
-                os.replace(tmp, path / name)
-            except BaseException:
-                os.unlink(tmp)
-                raise
 
 
 class _Control(str):

@@ -66,7 +66,7 @@ from safetensors.torch import save_file as save_torch_file
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
 from minskill.model import ModelConfig, Transformer, rope_inv_freq
-from minskill.runs import write_json_atomic
+from minskill.runs import atomic_output, write_json_atomic
 from minskill.tokenizer import Tokenizer as ChatTokenizer
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
@@ -243,14 +243,9 @@ def save_pretrained(model: Transformer, path) -> None:
     config["torch_dtype"] = DTYPE_NAMES.get(model.dtype, str(model.dtype).removeprefix("torch."))
     if "dtype" in config:
         config["dtype"] = config["torch_dtype"]
-    # safetensors writes to a file name, not from bytes (bytes would hold a second copy of the model in
-    # memory), so the weights get a `.tmp-` name (what runs.clean_staging removes) and are renamed.
-    staged = path / f".tmp-model.safetensors-{os.getpid()}"
-    try:
+    # safetensors writes to a file name, not from bytes (bytes would hold a second copy of the model)
+    with atomic_output(path / "model.safetensors") as staged:
         save_torch_file(state, str(staged), metadata={"format": "pt"})
-        os.replace(staged, path / "model.safetensors")
-    finally:
-        staged.unlink(missing_ok=True)
     write_json_atomic(path / "config.json", config, indent=2)
 
 
