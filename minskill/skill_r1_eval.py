@@ -9,7 +9,10 @@ carried skill is scored:
 The rows: no skill; the seed skill (--seed-skills); Skill-R1 inference-only (--editor, never trained);
 vanilla GRPO (--grpo-editor, trained with λ = 0); Skill-R1 (--skillr1-editor, λ > 0). An editor row also
 reports the success of the skill carried after each generation g, and the task-model requests spent writing
-the skills (evolve) apart from those spent scoring them (evaluate). A trained editor's λ is read from its
+the skills (evolve) apart from those spent scoring them (evaluate). A task's score is the mean over its n
+rollouts (n identical greedy replies count once). A second table compares the rows paired on the same tasks
+(minskill.paired): every row against no skill, and Skill-R1 against every other row: the difference with a
+95% bootstrap interval that resamples instances, gained/lost tasks and the exact sign-test p. A trained editor's λ is read from its
 checkpoint, so a row cannot silently show the wrong method.
 
 This lives beside skill_r1.py rather than in it: the loop module stays what a learner reads, and only this
@@ -22,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from minskill.paired import compare
 from minskill.rollout import load_skills, run_rollouts, skill_text, wilson_interval
 from minskill.runs import TRAINER_STATE
 from minskill.server import embedded_client
@@ -53,14 +57,19 @@ def heldout_instances(args) -> tuple[list[Instance], list[list]]:
     return [Instance(p.id, p.type, p.tasks[:m]) for p in pairs], [p.tasks[m:] for p in pairs]
 
 
-def success(client, skills: list[str], test: list[list], args) -> tuple[float, int, int]:
-    """(success rate, task-model requests, rollouts) of skills[j] on the evaluation tasks test[j]."""
+def success(client, skills: list[str], test: list[list], args) -> tuple[float, int, list[list[float]]]:
+    """(success rate, task-model requests, per-instance task scores) of skills[j] on the evaluation tasks
+    test[j]. A task's score is the mean over its n rollouts, so n identical greedy replies count once."""
     c0, scores = client.stats["calls"], []
     for skill, tasks in zip(skills, test):
-        scores += [tr.reward for tr in run_rollouts(client, tasks, skill or None, n=args.rollouts,
-                                                    temperature=args.task_temperature,
-                                                    max_tokens=args.task_max_tokens, seed=args.seed)]
-    return sum(scores) / len(scores), client.stats["calls"] - c0, len(scores)
+        trajectories = run_rollouts(client, tasks, skill or None, n=args.rollouts, temperature=args.task_temperature,
+                                    max_tokens=args.task_max_tokens, seed=args.seed)
+        per_task: dict[str, list[float]] = {}
+        for tr in trajectories:
+            per_task.setdefault(tr.task_id, []).append(tr.reward)
+        scores.append([sum(per_task[t.id]) / len(per_task[t.id]) for t in tasks])
+    flat = [x for g in scores for x in g]
+    return sum(flat) / len(flat), client.stats["calls"] - c0, scores
 
 
 def editor_row(client, name: str, spec: str, evo: list[Instance], seed_skills: list[str], test: list[list],
@@ -76,8 +85,8 @@ def editor_row(client, name: str, spec: str, evo: list[Instance], seed_skills: l
     evolve_calls = client.stats["calls"] - c0
     per_gen = [success(client, [ev.generations[g].current_skill for ev in evolutions], test, args)
                for g in range(args.generations)]
-    final, _, n = per_gen[-1]
-    return f"{name}: {spec}", final, sum(c for _, c, _ in per_gen), n, [s for s, _, _ in per_gen], evolve_calls
+    final, _, scores = per_gen[-1]
+    return f"{name}: {spec}", final, sum(c for _, c, _ in per_gen), scores, [s for s, _, _ in per_gen], evolve_calls
 
 
 def evaluate(args) -> int:
@@ -111,15 +120,17 @@ def evaluate(args) -> int:
 
 
 def print_table(rows: list[tuple], evo: list[Instance], test: list[list], args) -> None:
-    n_eval = sum(len(t) for t in test) * args.rollouts
+    n_eval = sum(len(t) for t in test)
     print(f"\nSkill-R1 evaluation, held-out split of {args.suite}: {len(evo)} instances "
-          f"({', '.join(sorted({i.type for i in evo}))}), {n_eval} evaluation rollouts per row; "
+          f"({', '.join(sorted({i.type for i in evo}))}), {n_eval} evaluation tasks per row "
+          f"({args.rollouts} rollout{'s' if args.rollouts > 1 else ''} each, averaged per task); "
           f"G={args.generations} K={args.candidates} n={args.rollouts}; task model "
           f"{args.task_model or args.task_url or f'embedded default (smollm2-135m, --task-quantize {args.task_quantize}, greedy)'}\n")
     print("| method | success (95% CI) | " + " | ".join(f"g={g + 1}" for g in range(args.generations)) +
           " | task calls: evolve | task calls: evaluate |")
     print("|---|---|" + "---|" * args.generations + "---|---|")
-    for name, s, eval_calls, n, per_gen, evolve_calls in rows:
+    for name, s, eval_calls, scores, per_gen, evolve_calls in rows:
+        n = sum(len(g) for g in scores)
         lo, hi = wilson_interval(s * n, n)
         gens = " | ".join(f"{x:.3f}" for x in per_gen) if per_gen else " | ".join("–" * args.generations)
         print(f"| {name} | {s:.3f} ({lo:.2f}–{hi:.2f}) | {gens} | {evolve_calls} | {eval_calls} |")
@@ -128,3 +139,21 @@ def print_table(rows: list[tuple], evo: list[Instance], test: list[list], args) 
           "(on each instance's own tasks); evaluate calls: requests spent scoring them.")
     if all(s == 0 for _, s, _, _, per_gen, _ in rows) and all(x == 0 for r in rows for x in r[4]):
         print("note: " + all_zero_note([t for ts in test for t in ts], training=False))
+    print_paired(rows, args)
+
+
+def print_paired(rows: list[tuple], args) -> None:
+    """Every row against no skill, and the Skill-R1 row against every other row (minskill.paired): the
+    same tasks, so the comparison is paired; the interval resamples instances."""
+    by_name = {r[0]: r[3] for r in rows}
+    pairs = [(r[0], rows[0][0]) for r in rows[1:]]
+    skill_r1 = [r[0] for r in rows if r[0].startswith("Skill-R1 (")]
+    if skill_r1:
+        pairs += [(skill_r1[0], r[0]) for r in rows[1:] if r[0] != skill_r1[0]]
+    print("\n| row | against | paired difference (95% CI, by instance) | gained / lost | sign test p |\n"
+          "|---|---|---|---|---|")
+    for b, a in pairs:
+        c = compare(by_name[a], by_name[b], seed=args.seed)
+        lo, hi = c["ci95"]
+        print(f"| {b} | {a} | {c['difference']:+.3f} ({lo:+.2f} to {hi:+.2f}) | {c['gained']} / {c['lost']} | "
+              f"{c['p']:.3f} |")

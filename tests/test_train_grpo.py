@@ -3,7 +3,6 @@
 the --eval table, and the plain message when a multi-turn suite gives no reward at all."""
 import io
 import json
-import math
 import sys
 from contextlib import redirect_stdout
 from pathlib import Path
@@ -16,12 +15,14 @@ from safetensors.torch import load_file
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # train_grpo.py lives at the repo root
 
 import train_grpo  # noqa: E402
+from minskill.client import ChatClient  # noqa: E402
 from minskill.grpo import policy_loss  # noqa: E402
 from minskill.sampling import completion_logprobs  # noqa: E402
 from minskill.server import ScriptedBackend, start_server  # noqa: E402
 from minskill.skill_r1 import EvolveConfig  # noqa: E402
 from minskill.weights import load_model  # noqa: E402
-from test_skill_r1 import keyword_task_model  # noqa: E402
+from minskill.skill_r1_eval import success  # noqa: E402
+from test_skill_r1 import KEYWORDS, keyword_task_model, keyword_tasks  # noqa: E402
 from tiny import make_tiny_model_dir  # noqa: E402
 
 ROW_FIELDS = ("step", "reward_per_generation", "carried_reward_per_generation", "reward_mean_candidates", "a_inter",
@@ -229,8 +230,13 @@ def test_eval_prints_the_papers_rows(straight_run, editor_dir, suite_file, task_
         "--eval", "--grpo-editor", ckpt, "--skillr1-editor", ckpt, "--eval-instances", "2"]
     assert train_grpo.main(flags) == 0
     printed = capsys.readouterr().out
-    table = [line for line in printed.splitlines() if line.startswith("|")]
+    lines = printed.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| method |"))
+    table = [line for line in lines[start:start + 7]]
+    paired = [line for line in lines[start + 7:] if line.startswith("|")]
     assert table[0].startswith("| method | success (95% CI) | g=1 | g=2 | task calls: evolve | task calls: evaluate |")
+    # 2 instances x 2 scoring tasks, each counted once
+    assert "4 evaluation tasks per row (1 rollout each, averaged per task)" in printed
     names = [line.split("|")[1].strip() for line in table[2:]]
     assert names[0] == "no skill" and names[1].startswith("seed skill")
     assert names[2].startswith("Skill-R1 inference-only") and names[3].startswith("vanilla GRPO (λ = 0.5)")
@@ -243,6 +249,25 @@ def test_eval_prints_the_papers_rows(straight_run, editor_dir, suite_file, task_
     assert all(int(line.split("|")[-3]) > 0 for line in table[4:])  # editor rows spent calls evolving
     # with the scripted model: no skill answers nothing ('no' to everything)
     assert table[2].split("|")[2].strip().startswith("0.000")
+    # the paired table: every row against no skill, then Skill-R1 against the three other rows
+    assert paired[0].startswith("| row | against | paired difference") and len(paired) == 2 + 4 + 3
+    success = {line.split("|")[1].strip().split(":")[0]: float(line.split("|")[2].split()[0]) for line in table[2:]}
+    for line in paired[2:]:
+        row, against, diff, counts, p = [c.strip() for c in line.split("|")[1:-1]]
+        gained, lost = (int(x) for x in counts.split(" / "))
+        assert 0.0 <= float(p) <= 1.0 and gained + lost <= 4
+        assert float(diff.split()[0]) == pytest.approx(success[row.split(":")[0]] - success[against.split(":")[0]],
+                                                       abs=1e-3)
+
+
+def test_eval_counts_n_identical_greedy_rollouts_once(task_url):
+    """With -n 3 and a greedy task model each task's three replies are identical: it scores once (its mean),
+    so the success and the counts are those of -n 1, not three correlated copies."""
+    tasks = keyword_tasks()
+    client = ChatClient(task_url)
+    args = SimpleNamespace(rollouts=3, task_temperature=0.0, task_max_tokens=4, seed=0)
+    rate, _, scores = success(client, [KEYWORDS[0]], [tasks], args)
+    assert scores == [[1.0] + [0.0] * (len(tasks) - 1)] and rate == pytest.approx(1 / len(tasks))
 
 
 def test_all_zero_multi_turn_suite_says_so(editor_dir, tmp_path, capsys):
