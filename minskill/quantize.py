@@ -104,8 +104,9 @@ def quantize_int8(model, use_kernel: bool | None = None):
 
 def apply_quantization(model, quantize: str | None):
     """The `--quantize` option of the frozen-model entry points: "none" (or None) leaves `model` as it is,
-    "int8" quantizes it, "auto" quantizes it where that is measured to pay: on a CPU with the int8 kernel
-    (the README's paired measurement: no accuracy cost on the held-out qa tasks). Returns `model`."""
+    "int8" quantizes it, "auto" quantizes it on a CPU with the int8 kernel. Returns `model`.
+    Not the default: a row's result depends slightly on how many rows share the kernel call, so a greedy
+    reply can change with the batch a server puts it in (measured in the README)."""
     if quantize == "auto":
         quantize = "int8" if model.device.type == "cpu" and has_int8_kernel("cpu") else "none"
     if quantize in (None, "none"):

@@ -506,14 +506,14 @@ URL_LINE = re.compile(r"(https?://\S+/v1)\s*$")
 
 @contextmanager
 def embedded_client(url=None, model=None, api_key=None, model_spec="smollm2-135m", startup_timeout=600.0,
-                    server_args=(), quantize: str = "auto", **client_kwargs):
+                    server_args=(), quantize: str = "none", **client_kwargs):
     """Yield a ChatClient: for `url` if given, else for a fresh local server on `model_spec`.
 
     `model` is the name to ask `url` for; a local server is asked for the one model it serves (its name
     from /v1/models), whatever `model` says, since it answers any other name with 404 model_not_found.
 
     The local server is `python -m minskill.server --model model_spec --port 0 --quantize quantize` on
-    127.0.0.1 (quantize "auto": int8 weights on a CPU, minskill.quantize) with a random API key (passed through the environment); it is terminated when the block
+    127.0.0.1 (quantize="int8" or "auto": int8 weights, minskill.quantize) with a random API key (passed through the environment); it is terminated when the block
     exits, also on an exception. If it dies or is not healthy within startup_timeout seconds, RuntimeError shows
     the tail of its stderr. The yielded client's `server_process` is the subprocess.Popen.
     """
@@ -585,8 +585,8 @@ def main(argv=None):
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     parser.add_argument("--quantize", choices=QUANTIZE_CHOICES, default="none",
                         help="int8: int8 weights with per-output-channel scales and bf16 activations "
-                             "(minskill.quantize; a frozen model only); auto: int8 on a CPU, else none "
-                             "(what the embedded default uses); default none")
+                             "(minskill.quantize; a frozen model only); auto: int8 on a CPU, else none; "
+                             "default none")
     parser.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda when available)")
     parser.add_argument("--served-model-name", default=None, help="model id reported to clients")
     parser.add_argument("--log-requests", action="store_true", help="log one line per batch on stderr")

@@ -16,7 +16,6 @@ import pytest
 import requests
 
 from minskill.client import ChatClient, ChatError
-from minskill.quantize import has_int8_kernel
 from minskill.server import BackendError, ScriptedBackend, embedded_client, start_server
 
 REPO = Path(__file__).resolve().parent.parent
@@ -424,9 +423,7 @@ def test_embedded_client_starts_and_stops_the_server(tiny_dir):
     with pytest.raises(KeyError, match="the caller failed"):  # stopped on the way out of an exception too
         # a model name is what to ask a given URL for; the local server is asked for what it serves
         with embedded_client(model="what-the-caller-calls-it", model_spec=str(tiny_dir), max_retries=0) as client:
-            # the embedded default serves int8 weights on a CPU (quantize="auto"), and its name says so
-            served = "tiny-llama-int8" if has_int8_kernel("cpu") else "tiny-llama"
-            assert client.base_url.startswith("http://127.0.0.1:") and client.model == served
+            assert client.base_url.startswith("http://127.0.0.1:") and client.model == "tiny-llama"
             result = client.chat(USER, max_tokens=4, n=2)
             assert len(result.texts) == 2 and client.stats["calls"] == 1
             process = client.server_process
@@ -490,7 +487,7 @@ def test_embedded_default_model_answers():
     with embedded_client(max_workers=4) as client:
         results = client.chat_many([{"messages": [{"role": "user", "content": "What is the capital of France?"}],
                                      "max_tokens": 24}] * 4)
-        assert client.model == ("smollm2-135m-int8" if has_int8_kernel("cpu") else "smollm2-135m")  # int8 on a CPU
+        assert client.model == "smollm2-135m"
         assert len({r.text for r in results}) == 1  # greedy, batched or not
         assert "Paris" in results[0].text
 
