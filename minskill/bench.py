@@ -40,7 +40,7 @@ from pathlib import Path
 import torch
 
 from minskill.grpo import bilevel_advantages, policy_loss
-from minskill.quantize import quantize_int8
+from minskill.quantize import QUANTIZE_CHOICES, quantize_int8
 from minskill.rollout import run_rollouts
 from minskill.sampling import completion_logprobs, generate
 from minskill.server import embedded_client
@@ -282,7 +282,7 @@ def _print_table(results, a: str, b: str) -> None:
 def bench_server(args) -> None:
     questions = [f"Write one sentence about the number {i}." for i in range(64)]
     rows = []
-    with embedded_client(None, None, model_spec=args.model, max_workers=32) as client:
+    with embedded_client(None, None, model_spec=args.model, max_workers=32, quantize=args.quantize) as client:
         client.chat([{"role": "user", "content": "hi"}], max_tokens=4)  # warm-up
         for clients in (1, 4, 16):
             requests = [{"messages": [{"role": "user", "content": q}], "max_tokens": args.decode_tokens,
@@ -351,7 +351,7 @@ def bench_grpo(args) -> None:
     phases = {"editor sampling": [], "task rollouts": [], "update, prompt per candidate": [],
               "update, shared prefix": []}
     optimizer = torch.optim.AdamW(editor.parameters(), lr=0.0)   # lr 0: every repeat sees the same weights
-    with embedded_client(None, None, model_spec=args.model) as client:
+    with embedded_client(None, None, model_spec=args.model, quantize=args.quantize) as client:
         for step in range(args.repeats):
             t0 = time.perf_counter()
             editor.eval()
@@ -435,6 +435,8 @@ def main(argv=None) -> None:
     p.add_argument("--sft-batch", type=int, default=4)
     p.add_argument("--sft-length", type=int, default=256)
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    p.add_argument("--quantize", choices=QUANTIZE_CHOICES, default="none", help="server, grpo: the embedded "
+                   "server's weights (default none = float)")
     p.add_argument("--gguf", default=None, help="model: the GGUF of --model for the llama.cpp rows (the offline "
                    "default finds its own)")
     args = p.parse_args(argv)
