@@ -288,6 +288,20 @@ def _chunk_logprobs(hidden, targets, weight, temperature):
     return logits.gather(1, targets[:, None]).squeeze(1) - logits.logsumexp(-1)
 
 
+def token_logprobs(hidden, targets, weight, temperature: float, chunk_tokens: int) -> torch.Tensor:
+    """(N,) float32 log-probs of `targets` from `hidden` (N, H) through the output matrix `weight`, chunk_tokens
+    rows of logits at a time; while training each chunk is checkpointed, so its (chunk, V) logits are freed
+    after the forward and recomputed in the backward."""
+    pieces = []
+    for start in range(0, hidden.shape[0], chunk_tokens):
+        args = (hidden[start:start + chunk_tokens], targets[start:start + chunk_tokens], weight, temperature)
+        if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
+            pieces.append(checkpoint(_chunk_logprobs, *args, use_reentrant=False))
+        else:
+            pieces.append(_chunk_logprobs(*args))
+    return torch.cat(pieces)
+
+
 def completion_logprobs(model, prompts: list[list[int]], completions: list[list[int]], *,
                         temperature=1.0, chunk_tokens=2048) -> tuple[torch.Tensor, torch.Tensor]:
     """(B, Tc) float32 log-probs of each completion token given prompt + earlier completion tokens, and the
@@ -315,15 +329,7 @@ def completion_logprobs(model, prompts: list[list[int]], completions: list[list[
     targets = torch.tensor([list(c) + [0] * (Tc - len(c)) for c in completions], dtype=torch.long, device=device)
     h = hidden.gather(1, where[..., None].expand(-1, -1, hidden.shape[-1]))[mask]    # (N, H)
     t = targets[mask]                                                                # (N,)
-    weight = model.lm_head.weight
-    pieces = []
-    for start in range(0, h.shape[0], chunk_tokens):
-        args = (h[start:start + chunk_tokens], t[start:start + chunk_tokens], weight, temperature)
-        if torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad):
-            pieces.append(checkpoint(_chunk_logprobs, *args, use_reentrant=False))  # recompute logits in backward
-        else:
-            pieces.append(_chunk_logprobs(*args))
-    values = torch.cat(pieces)
+    values = token_logprobs(h, t, model.lm_head.weight, temperature, chunk_tokens)
     return torch.zeros(B, Tc, device=device).masked_scatter(mask, values), mask
 
 

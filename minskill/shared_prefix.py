@@ -27,9 +27,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
 
-from minskill.sampling import _chunk_logprobs
+from minskill.sampling import token_logprobs
 
 
 class DifferentiableKV:
@@ -84,16 +83,8 @@ def shared_prefix_logprobs(model, prompt: list[int], completions: list[list[int]
     hidden = model.hidden_states(ids, mask.long(), cache=kv.expand(K))                      # (K, Tc, H)
     # token t is predicted from the hidden state one slot earlier: the prompt's last one for t = 0
     before = torch.cat([prefix[:, -1:].expand(K, 1, -1), hidden[:, :-1]], dim=1)           # (K, Tc, H)
-    h, targets = before[mask], ids[mask]
-    weight = model.lm_head.weight
-    pieces = []
-    for start in range(0, h.shape[0], chunk_tokens):
-        args = (h[start:start + chunk_tokens], targets[start:start + chunk_tokens], weight, temperature or 1.0)
-        if torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad):
-            pieces.append(checkpoint(_chunk_logprobs, *args, use_reentrant=False))   # logits recomputed in backward
-        else:
-            pieces.append(_chunk_logprobs(*args))
-    return torch.zeros(K, Tc, device=device).masked_scatter(mask, torch.cat(pieces)), mask
+    values = token_logprobs(before[mask], ids[mask], model.lm_head.weight, temperature or 1.0, chunk_tokens)
+    return torch.zeros(K, Tc, device=device).masked_scatter(mask, values), mask
 
 
 def grouped_logprobs(model, prompts: list[list[int]], completions: list[list[int]], *, temperature: float = 1.0,
