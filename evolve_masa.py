@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import sys
 import time
 from dataclasses import dataclass
@@ -42,7 +41,7 @@ from minskill.model_card import ModelCard, model_card_from_config
 from minskill.plot import write_svg_plot
 from minskill.quantize import QUANTIZE_CHOICES
 from minskill.rollout import load_skills, summarize
-from minskill.runs import (check_run_folder, open_run_folder, write_json_atomic, write_jsonl_atomic,
+from minskill.runs import (check_run_folder, open_run_folder, read_json, write_json_atomic, write_jsonl_atomic,
                            write_text_atomic)
 from minskill.server import embedded_client
 from minskill.skillsets import SkillSet
@@ -150,7 +149,7 @@ def resume_args(parser: argparse.ArgumentParser, args: argparse.Namespace, out: 
     state_path = out / "state.json"
     if not state_path.is_file():
         parser.error(f"--resume: no saved run in {out} (state.json is missing)")
-    saved = json.loads(state_path.read_text(encoding="utf-8-sig"))
+    saved = read_json(state_path, f"--resume: {state_path}")
     explicit = {k: v for k, v in vars(args).items() if k in RESUMABLE_OVERRIDES and v != parser.get_default(k)}
     args = argparse.Namespace(**{**saved["args"], **explicit, "resume": True, "overwrite": False, "out": str(out),
                               "merge": None})

@@ -40,7 +40,7 @@ from minskill.model_card import as_model_card, model_card_from_config
 from minskill.quantize import QUANTIZE_CHOICES
 from minskill.replies import extract_json
 from minskill.rollout import load_skills, run_rollouts, summarize
-from minskill.runs import check_run_folder, open_run_folder, write_text_atomic
+from minskill.runs import check_run_folder, open_run_folder, read_json, write_text_atomic
 from minskill.sampling import generate
 from minskill.server import embedded_client
 from minskill.skillsets import SkillSet
@@ -59,11 +59,7 @@ def load_model_card(spec: str) -> dict:
     whose config.json fills the architectural fields (minskill.model_card.model_card_from_config)."""
     path = Path(spec)
     if path.is_file():
-        try:
-            data = json.loads(path.read_text(encoding="utf-8-sig"))
-        except json.JSONDecodeError as e:
-            raise ValueError(f"--model-card {spec}: not valid JSON ({e.msg}, line {e.lineno})") from None
-        return as_model_card(data).to_json()
+        return as_model_card(read_json(path, f"--model-card {spec}")).to_json()
     if not path.is_dir():
         path = resolve_model(spec)          # e.g. "smollm2-135m" -> its converted HF folder
     return model_card_from_config(path).to_json()

@@ -161,12 +161,12 @@ def policy_update(editor, ref_model, optimizer, candidates, args) -> dict:
     batches = [train[i:i + args.micro_batch] for i in range(0, len(train), args.micro_batch)]
     keys = ("loss", "ratio_mean", "clip_frac_low", "clip_frac_high", "kl_mean")
     sums, old_logps, n_tok, mismatch, grad_norm = dict.fromkeys(keys, 0.0), [], 0, 0.0, 0.0
+    logprobs = grouped_logprobs if args.shared_prefix else completion_logprobs   # equal values
     # with no batch (e.g. every reward 0) the optimizer still steps, a no-op, so the schedule stays in sync
     for epoch in range(args.ppo_epochs):
         optimizer.zero_grad(set_to_none=True)
         for k, mb in enumerate(batches):
             prompts, completions = [c.prompt_ids for c in mb], [c.token_ids for c in mb]
-            logprobs = grouped_logprobs if args.shared_prefix else completion_logprobs   # equal values
             with autocast(args.bf16):
                 logp, mask = logprobs(editor, prompts, completions, temperature=args.editor_temperature)
                 ref_logp = None

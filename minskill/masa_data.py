@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Callable
 
 from minskill.model_card import ModelCard
-from minskill.runs import read_jsonl
+from minskill.runs import read_json, read_jsonl
 from minskill.sft import check_record
 from minskill.skills import Skill
 from minskill.skillsets import SkillSet
@@ -185,7 +185,7 @@ def merge_sft_runs(run_dirs: list) -> list[dict]:
         for name in ("sft.jsonl", "run.json"):
             if not (folder / name).is_file():
                 raise FileNotFoundError(f"merge: {folder} has no {name} (is it an evolve_masa.py output folder?)")
-        info = json.loads((folder / "run.json").read_text(encoding="utf-8-sig"))
+        info = read_json(folder / "run.json", f"merge: {folder / 'run.json'}")
         runs.append((folder, info, [record for _, record in read_jsonl(folder / "sft.jsonl")]))
     records = [r for _, _, recs in runs for r in recs]
     for a_dir, a, _ in runs:

@@ -10,12 +10,11 @@ tools' looser cards are read with `as_model_card`.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from minskill.runs import write_json_atomic
+from minskill.runs import read_json, write_json_atomic
 
 
 @dataclass
@@ -62,7 +61,7 @@ class ModelCard:
     @classmethod
     def load(cls, path) -> "ModelCard":
         path = Path(path)
-        data = _read_json(path, f"model card {path}: no such file", f"model card {path}")
+        data = read_json(path, f"model card {path}")
         return cls.from_json(data, where=f"model card {path}")
 
     def to_prompt(self) -> str:
@@ -75,17 +74,6 @@ class ModelCard:
                 value = "; ".join(str(v) for v in value)
             lines.append(f"{key}: {value}")
         return "\n".join(lines) or "(nothing known about the target model)"
-
-
-def _read_json(path: Path, missing: str, where: str):
-    """A JSON file that people write (a byte order mark is accepted): FileNotFoundError(missing) when it is
-    absent, ValueError naming `where` when it does not parse."""
-    if not path.is_file():
-        raise FileNotFoundError(missing)
-    try:
-        return json.loads(path.read_text(encoding="utf-8-sig"))
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{where}: not valid JSON ({e})") from None
 
 
 def as_model_card(card) -> ModelCard:
@@ -162,7 +150,7 @@ def model_card_from_config(path, **overrides) -> ModelCard:
     is guessed from the folder name. `overrides` set any field (checked like a JSON card)."""
     path = Path(path)
     config_path = path / "config.json" if path.is_dir() else path
-    config = _read_json(config_path, f"model card: no config.json at {config_path}", f"model card: {config_path}")
+    config = read_json(config_path, f"model card: {config_path}", missing=f"model card: no config.json at {config_path}")
     if not isinstance(config, dict):
         raise ValueError(f"model card: {config_path} must hold a JSON object")
     model_type = str(config.get("model_type", "unknown"))

@@ -12,8 +12,8 @@ must not silently replace them, so every script that writes one follows one rule
 `check_run_folder` applies the rule without touching the disk, so a script can refuse before it loads
 a model; `open_run_folder` applies it again, then clears (with --overwrite) and creates the folder, then
 `clean_staging` undoes what a killed earlier run left half-written; a script calls it at the moment it
-writes its first file. Both raise `RunFolderError`, a
-`SystemExit` whose message is the refusal, so a script's `main` needs no handler of its own.
+writes its first file. Both raise `RunFolderError`, a `SystemExit` whose message is the refusal, so a
+script's `main` needs no handler of its own.
 
 What a run folder holds is written here too, once for both trainers and all three scripts:
 
@@ -26,6 +26,8 @@ What a run folder holds is written here too, once for both trainers and all thre
   checkpoint is read or written, undoes what a kill between those renames left: the old checkpoint comes
   back when the new one never arrived, and stale staging folders are removed. So at every moment one
   complete checkpoint exists under NAME or `.old-NAME`.
+* `read_json(path, where)`: a JSON file people write or edit (a byte order mark is fine); a missing file
+  or one that does not parse is an error naming `where`.
 * `append_jsonl` / `read_jsonl`: the logs that runs append to (metrics, trajectories, the call cache);
   the reader takes a byte order mark, drops a torn last line and names FILE:LINE for any other bad line.
 * `rng_state()` / `set_rng_state(state)`: Python's and torch's generators (CUDA's too where present), so a
@@ -102,12 +104,8 @@ def open_run_folder(out: str | Path, resume: bool, overwrite: bool, script: str,
     check_run_folder(out, resume, overwrite, script)
     if overwrite and out.is_dir():
         for entry in out.iterdir():
-            if entry.name in keep:
-                continue
-            if entry.is_dir() and not entry.is_symlink():
-                shutil.rmtree(entry)
-            else:
-                entry.unlink()
+            if entry.name not in keep:
+                _remove(entry)
     out.mkdir(parents=True, exist_ok=True)
     clean_staging(out)
     return out
@@ -128,11 +126,16 @@ def clean_staging(folder: str | Path) -> list[Path]:
     recover_saves(folder)
     for entry in before:
         if entry.name.startswith(".tmp-") and entry.exists():
-            if entry.is_dir() and not entry.is_symlink():
-                shutil.rmtree(entry, ignore_errors=True)
-            else:
-                entry.unlink(missing_ok=True)
+            _remove(entry)
     return sorted(before - set(folder.iterdir()))
+
+
+def _remove(entry: Path) -> None:
+    """Delete a file, a link (never what it points to) or a whole folder."""
+    if entry.is_dir() and not entry.is_symlink():
+        shutil.rmtree(entry)
+    else:
+        entry.unlink(missing_ok=True)
 
 
 # ------------------------------------------------------------------------------ atomic writes, JSONL
@@ -191,6 +194,19 @@ def read_jsonl(path) -> list[tuple[int, Any]]:
             what = "not UTF-8" if isinstance(e, UnicodeDecodeError) else "not a JSON line"
             raise ValueError(f"{path}:{lineno}: {what} ({e})") from None
     return out
+
+
+def read_json(path: str | Path, where: str | None = None, missing: str | None = None):
+    """A JSON file that people write or edit (a byte order mark is accepted): FileNotFoundError (`missing`,
+    or one naming `where`) when it is absent, ValueError naming `where` when it does not parse."""
+    path = Path(path)
+    where = where or str(path)
+    if not path.is_file():
+        raise FileNotFoundError(missing or f"{where}: no such file")
+    try:
+        return json.loads(path.read_text(encoding="utf-8-sig"))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{where}: not valid JSON ({e})") from None
 
 
 def write_json_atomic(path: str | Path, obj, indent: int | None = 1) -> Path:

@@ -27,7 +27,7 @@ import torch
 
 from minskill.paired import compare
 from minskill.rollout import load_skills, run_rollouts, skill_text, wilson_interval
-from minskill.runs import TRAINER_STATE
+from minskill.runs import TRAINER_STATE, load_trainer_state
 from minskill.server import embedded_client
 from minskill.skill_r1 import (EvolveConfig, Instance, all_zero_note, autocast, device, evolve_batch,
                                load_tasks, make_instances, step_seed)
@@ -36,10 +36,9 @@ from minskill.weights import load_model
 
 def trained_with_lambda(spec: str) -> float | None:
     """λ of the run that wrote a checkpoint folder (from its trainer_state.pt), None when unknown."""
-    state_file = Path(spec) / TRAINER_STATE
-    if not state_file.is_file():
+    if not (Path(spec) / TRAINER_STATE).is_file():
         return None
-    return float(torch.load(state_file, weights_only=False)["args"]["lam"])
+    return float(load_trainer_state(spec, restore_rng=False)["args"]["lam"])
 
 
 def heldout_instances(args) -> tuple[list[Instance], list[list]]:
