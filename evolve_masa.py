@@ -149,7 +149,10 @@ def resume_args(parser: argparse.ArgumentParser, args: argparse.Namespace, out: 
     state_path = out / "state.json"
     if not state_path.is_file():
         parser.error(f"--resume: no saved run in {out} (state.json is missing)")
-    saved = read_json(state_path, f"--resume: {state_path}")
+    try:
+        saved = read_json(state_path, f"--resume: {state_path}")
+    except ValueError as e:   # a state.json cut or edited by hand: say so, no traceback
+        parser.error(str(e))
     explicit = {k: v for k, v in vars(args).items() if k in RESUMABLE_OVERRIDES and v != parser.get_default(k)}
     args = argparse.Namespace(**{**saved["args"], **explicit, "resume": True, "overwrite": False, "out": str(out),
                               "merge": None})

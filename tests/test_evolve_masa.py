@@ -256,3 +256,10 @@ def test_a_jsonl_suite_without_base_skills_starts_from_no_skills(tmp_path):
     args = evolve_masa.build_parser().parse_args(["--suite", str(write_suite(tmp_path / "mine.jsonl"))])
     skills = evolve_masa.load_base_skills(args)
     assert skills.general == [] and skills.task_specific == {} and skills.common_mistakes == []
+
+
+def test_resume_of_a_broken_state_json_is_a_usage_error(tmp_path, capsys):
+    (tmp_path / "state.json").write_text('{"version": 1, "args": {')
+    with pytest.raises(SystemExit):
+        evolve_masa.main(["--resume", "--out", str(tmp_path)])
+    assert f"--resume: {tmp_path / 'state.json'}: not valid JSON" in capsys.readouterr().err
