@@ -91,6 +91,8 @@ class Int8Linear(nn.Module):
 def quantize_int8(model, use_kernel: bool | None = None):
     """Quantize `model` (a minskill Transformer) in place for inference; returns it (module docstring)."""
     head_weight = model.lm_head.weight
+    if use_kernel is None:   # asked once for the model, not once per layer
+        use_kernel = has_int8_kernel(head_weight.device)
     model.requires_grad_(False).eval()
     for layer in model.model.layers:
         for block in (layer.self_attn, layer.mlp):
