@@ -172,18 +172,16 @@ def llama_cpp_decode(gguf_path, batch: int, tokens: int, threads: int, repeats: 
     return batch * tokens / _timed(run, repeats)
 
 
-def bench_decode_vs_llama_cpp(args, folder: str, tokenizer, hf_decode: dict) -> None:
-    """Decode of minskill in float32, bfloat16 and int8 (minskill.quantize) against llama.cpp and HF."""
-    N, rows = args.decode_tokens, {}
-    for name in ("float32", "bfloat16", "int8"):
-        model = load_pretrained(folder, dtype=torch.bfloat16 if name == "bfloat16" else torch.float32).eval()
-        if name == "int8":
-            quantize_int8(model)
-        for batch in (1, 8):
-            prompts = _prompts(tokenizer, batch)
-            rows[(name, batch)] = batch * N / _timed(
-                lambda: generate(model, prompts, n=1, max_new_tokens=N, temperature=0.0), args.repeats)
-        del model
+def bench_decode_vs_llama_cpp(args, folder: str, tokenizer, decode: dict, hf_decode: dict) -> None:
+    """Decode of minskill in float32 and bfloat16 (`decode`, measured by bench_model) and int8
+    (minskill.quantize, measured here) against llama.cpp and HF."""
+    N, rows = args.decode_tokens, dict(decode)
+    model = quantize_int8(load_pretrained(folder, dtype=torch.float32).eval())
+    for batch in (1, 8):
+        prompts = _prompts(tokenizer, batch)
+        rows[("int8", batch)] = batch * N / _timed(
+            lambda: generate(model, prompts, n=1, max_new_tokens=N, temperature=0.0), args.repeats)
+    del model
     gguf_path = default_gguf_path() if args.model == DEFAULT_MODEL else args.gguf
     if gguf_path is None:
         print("(no GGUF for this model: pass --gguf FILE to compare with llama.cpp)")
@@ -205,6 +203,7 @@ def bench_model(args) -> None:
     tokenizer = Tokenizer.from_pretrained(folder)
     N = args.decode_tokens
     results = []  # (figure, minskill value, hf value, unit, higher_is_better)
+    ours_by_dtype: dict[str, dict] = {}
     theirs_by_dtype: dict[str, dict] = {}
     bw = copy_bandwidth_gbs()
     print(f"model {args.model} ({folder}); threads {torch.get_num_threads()}; copy bandwidth {bw:.1f} GB/s",
@@ -251,7 +250,7 @@ def bench_model(args) -> None:
                     figures["matmuls only"] = matmul_only_tokens_per_s(model, args.repeats)
             figures["peak MiB"] = mem.peak_mib
             if impl == "minskill":
-                ours = figures
+                ours = ours_by_dtype[dname] = figures
             else:
                 theirs = theirs_by_dtype[dname] = figures
             del model
@@ -265,8 +264,9 @@ def bench_model(args) -> None:
                   f" (F.linear, batch 1) run at {ours['matmuls only']:.1f} tok/s ="
                   f" {ours['matmuls only'] / ours['bound']:.0%} of the bound", flush=True)
     _print_table(results, "minskill", "HF transformers")
-    hf_decode = {(d, b): theirs_by_dtype[d][f"decode b{b}"] for d in theirs_by_dtype for b in (1, 8)}
-    bench_decode_vs_llama_cpp(args, folder, tokenizer, hf_decode)
+    decode = {(d, b): figures[f"decode b{b}"] for d, figures in ours_by_dtype.items() for b in (1, 8)}
+    hf_decode = {(d, b): figures[f"decode b{b}"] for d, figures in theirs_by_dtype.items() for b in (1, 8)}
+    bench_decode_vs_llama_cpp(args, folder, tokenizer, decode, hf_decode)
 
 
 def _print_table(results, a: str, b: str) -> None:
