@@ -32,7 +32,8 @@ micro-batch's loss by its share of all completion tokens, seq_mean and dr_grpo b
 Candidates with A = 0 (and β = 0) have no gradient and are skipped, but still count in those totals.
 
 Shared prefix (a speed trick, off the reading path). The K candidates of a generation share one editor
-prompt; with --shared-prefix (the default) each micro-batch computes a prompt once for all its rows
+prompt; micro-batches never mix two prompts (which bounds the update's memory to one prompt's activations),
+and with --shared-prefix (the default) each computes its prompt once for all its rows
 (minskill.shared_prefix.grouped_logprobs), with the same log-probs and gradient as
 sampling.completion_logprobs, which the loop reads as. --no-shared-prefix uses the latter.
 
@@ -150,6 +151,15 @@ def _padded(rows: list[list[float]], width: int, device) -> torch.Tensor:
     return torch.tensor([list(r) + [0.0] * (width - len(r)) for r in rows], dtype=torch.float32, device=device)
 
 
+def micro_batches(rows: list, size: int) -> list[list]:
+    """`rows` cut into micro-batches of at most `size`, never mixing two prompts: a micro-batch then holds
+    one prompt's activations (--shared-prefix computes it once), not two, which bounds the update's memory."""
+    groups: dict[tuple[int, ...], list] = {}
+    for row in rows:
+        groups.setdefault(tuple(row.prompt_ids), []).append(row)
+    return [group[i:i + size] for group in groups.values() for i in range(0, len(group), size)]
+
+
 def policy_update(editor, ref_model, optimizer, candidates, args) -> dict:
     """--ppo-epochs optimizer steps of the clipped GRPO loss over the candidates (see the module docstring
     for old log-probs and micro-batch weighting). Returns token-weighted means of policy_loss's stats."""
@@ -158,7 +168,7 @@ def policy_update(editor, ref_model, optimizer, candidates, args) -> dict:
     total_tokens, total_seqs = sum(len(c.token_ids) for c in seqs), len(seqs)
     # a candidate with A = 0 has zero policy gradient; without a KL term it would only cost compute
     train = [c for c in seqs if c.advantage != 0.0 or beta > 0]
-    batches = [train[i:i + args.micro_batch] for i in range(0, len(train), args.micro_batch)]
+    batches = micro_batches(train, args.micro_batch)
     keys = ("loss", "ratio_mean", "clip_frac_low", "clip_frac_high", "kl_mean")
     sums, old_logps, n_tok, mismatch, grad_norm = dict.fromkeys(keys, 0.0), [], 0, 0.0, 0.0
     logprobs = grouped_logprobs if args.shared_prefix else completion_logprobs   # equal values
@@ -412,7 +422,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    "CPU)")
     t.add_argument("--instances-per-step", type=int, default=1, help="instances per step; their candidates "
                    "form one batch (default 1)")
-    t.add_argument("--micro-batch", type=int, default=4, help="sequences per forward/backward pass; gradients "
+    t.add_argument("--micro-batch", type=int, default=4, help="sequences of one prompt per forward/backward pass; gradients "
                    "accumulate over micro-batches (default 4)")
     t.add_argument("--lr", type=float, default=1e-5, help="AdamW peak learning rate (default 1e-5)")
     t.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay (default 0)")

@@ -144,6 +144,17 @@ def test_micro_batches_give_the_full_batch_gradient(editor_dir, agg):
                                        msg=f"{agg} shared={shared} mb={micro_batch} {name}")
 
 
+def test_micro_batches_hold_one_prompt_each_and_every_row_once():
+    """A micro-batch never mixes two prompts (its activations are then one prompt's), holds at most `size`
+    rows, and the micro-batches together hold every row exactly once."""
+    rows = [SimpleNamespace(prompt_ids=[1, 2] if i in (0, 1, 4) else [3], name=i) for i in range(7)]
+    for size in (1, 2, 3, 8):
+        batches = train_grpo.micro_batches(rows, size)
+        assert sorted(r.name for b in batches for r in b) == list(range(7))
+        assert all(0 < len(b) <= size and len({tuple(r.prompt_ids) for r in b}) == 1 for b in batches)
+    assert [[r.name for r in b] for b in train_grpo.micro_batches(rows, 2)] == [[0, 1], [4], [2, 3], [5, 6]]
+
+
 class Interrupted(Exception):
     pass
 
