@@ -66,7 +66,7 @@ from minskill.server import embedded_client
 from minskill.shared_prefix import grouped_logprobs
 from minskill.skill_r1 import (EvolveConfig, Instance, all_zero_note, assign_advantages, autocast, device,
                                evolve_batch, load_tasks, make_instances, step_seed)
-from minskill.skill_r1_eval import evaluate
+from minskill.skill_r1_eval import evaluate, probe, probe_instances
 from minskill.weights import load_model
 
 # flags that must equal the checkpoint's when resuming, or the continued run would not be the same run
@@ -90,6 +90,7 @@ class Run:
     instances: list[Instance]
     seed_skills: object                      # --seed-skills: a SkillSet, a text, or None (no skill)
     editor_spec: str                         # the editor the run started from
+    probe_instances: list[Instance] = field(default_factory=list)   # held-out, fixed; --probe-every
     rows: list[dict] = field(default_factory=list)   # metrics.jsonl: one row per step done so far
     start_step: int = 0
 
@@ -103,6 +104,7 @@ def train(args) -> int:
     with embedded_client(args.task_url, args.task_model, api_key=args.task_api_key,
                          quantize=args.task_quantize) as client:
         t_run = time.time()
+        probes = [held_out_probe(run, client, args, after_steps=0)] if run.start_step == 0 and args.probe_every else []
         for step in range(run.start_step, args.steps):
             t0, usage0 = time.time(), client.stats
             # 1. pick this step's instances
@@ -124,7 +126,11 @@ def train(args) -> int:
             run.scheduler.step()
             # 5. log
             usage = {k: v - usage0[k] for k, v in client.stats.items()}
-            log_step(run, args, metrics_row(step, evolutions, candidates, stats, usage, t0, t_sampled, lr), t0, t_run)
+            row = metrics_row(step, evolutions, candidates, stats, usage, t0, t_sampled, lr)
+            if args.probe_every and ((step + 1) % args.probe_every == 0 or step + 1 == args.steps):
+                probes.append(held_out_probe(run, client, args, after_steps=step + 1))
+            row["probes"], probes = probes, []
+            log_step(run, args, row, t0, t_run)
             # 6. checkpoint
             if (step + 1) % args.save_every == 0 or step + 1 == args.steps:
                 save_checkpoint(run.out / "checkpoint", run.editor, run.tokenizer, {
@@ -133,6 +139,19 @@ def train(args) -> int:
         calls = client.stats["calls"]
     summarize(run, args, calls)
     return 0
+
+
+def held_out_probe(run: Run, client, args, after_steps: int) -> dict:
+    """The current editor scored on the fixed held-out probe instances (skill_r1_eval.probe); printed."""
+    run.editor.eval()
+    result = {"after_steps": after_steps, **probe(run.editor, run.tokenizer, client, run.probe_instances,
+                                                  [skill_text(run.seed_skills, x.type) for x in run.probe_instances],
+                                                  args)}
+    print(f"held-out probe after {after_steps} steps: seed skill → mean candidate reward " +
+          " → ".join(f"{r:.2f}" for r in result["reward_per_generation"]) +
+          f" | carried {result['carried_reward']:.2f} | {result['beat_seed_share']:.0%} of candidates beat the "
+          f"seed skill | {result['seconds']:.0f} s", flush=True)
+    return result
 
 
 def instance_order(n_instances: int, step: int, per_step: int, seed: int) -> list[int]:
@@ -231,6 +250,7 @@ def metrics_row(step, evolutions, cands, st, usage, t0, t_sampled, lr) -> dict:
         "grad_norm": st["grad_norm"], "logp_mismatch": st["logp_mismatch"], "lr": lr,
         # all K rewards of a group equal: A_intra = 0 for all its candidates, only λ·A_inter moves it
         "zero_variance_groups": sum(len({c.reward for c in g.candidates}) == 1 for g in groups) / len(groups),
+        "beat_seed_share": sum(c.reward > ev.seed_reward for ev in evolutions for c in ev.candidates()) / len(cands),
         "unparsed_share": 1 - len(parsed) / len(cands),
         "skill_tokens_mean": sampled_tokens / len(cands),
         "skill_chars_mean": sum(len(c.skill) for c in parsed) / max(1, len(parsed)),
@@ -267,9 +287,15 @@ def no_reward_yet(rows: list[dict]) -> bool:
 
 
 def plot_rewards(path: Path, rows: list[dict], generations: int) -> None:
+    """Training: the mean candidate reward per generation at each step. Held-out probe (--probe-every): the
+    mean reward of all candidates the editor writes on the probe instances, and their seed skill's."""
     series = {("seed skill (g=0)" if g == 0 else f"generation {g}"):
               [(r["step"] + 1, r["reward_per_generation"][g]) for r in rows] for g in range(generations + 1)}
-    write_svg_plot(path, series, title="Skill-R1: mean candidate reward per generation",
+    probes = [pr for r in rows for pr in r.get("probes", [])]
+    if probes:
+        series["probe: candidates"] = [(pr["after_steps"], pr["reward_per_generation"][1]) for pr in probes]
+        series["probe: seed skill"] = [(pr["after_steps"], pr["reward_per_generation"][0]) for pr in probes]
+    write_svg_plot(path, series, title="Skill-R1: mean candidate reward (training instances; held-out probe)",
                    xlabel="training step", ylabel="mean verifier reward")
 
 
@@ -308,7 +334,8 @@ def setup(args) -> Run:
     if not instances:
         sys.exit(f"suite {args.suite!r} has no task type with {args.tasks_per_instance} training tasks")
     run = Run(out, editor, tokenizer, ref_model, optimizer, scheduler, tasks, instances,
-              load_skills(args.seed_skills, args.suite), editor_spec, rows, start_step)
+              load_skills(args.seed_skills, args.suite), editor_spec,
+              probe_instances(args) if args.probe_every else [], rows, start_step)
     open_run_folder(out, args.resume, args.overwrite, "train_grpo.py")
     write_jsonl_atomic(out / "metrics.jsonl", rows)  # exactly the steps the checkpoint holds
     print_plan(run, args)
@@ -436,6 +463,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     t.add_argument("--shared-prefix", action=argparse.BooleanOptionalAction, default=True,
                    help="compute the editor prompt a group's candidates share once per micro-batch, forward and "
                         "backward (same gradient; default on)")
+    t.add_argument("--probe-every", type=int, default=0, help="every M steps (and before the first and after "
+                   "the last) score the editor on fixed held-out probe instances: metrics.jsonl's probes, the "
+                   "held-out curve of reward_curve.svg (default 0 = no probe)")
+    t.add_argument("--probe-instances", type=int, default=4, help="held-out probe instances, task types in turn, "
+                   "never among --eval's (default 4)")
+    t.add_argument("--probe-candidates", type=int, default=4, help="skills the editor writes per probe instance, "
+                   "in one generation from the seed skill's feedback (default 4)")
     t.add_argument("--save-every", type=int, default=2, help="write the checkpoint every N steps and at the end")
     t.add_argument("--out", default="runs/skill-r1", help="output folder: checkpoint/, metrics.jsonl, "
                    "reward_curve.svg (default runs/skill-r1)")
@@ -452,14 +486,18 @@ def parse_args(argv=None) -> argparse.Namespace:
                    "inference-only (--editor, frozen), vanilla GRPO (--grpo-editor), Skill-R1 (--skillr1-editor)")
     e.add_argument("--grpo-editor", default=None, help="editor trained with λ = 0 (vanilla GRPO row)")
     e.add_argument("--skillr1-editor", default=None, help="editor trained with λ > 0 (Skill-R1 row)")
-    e.add_argument("--eval-instances", type=int, default=8, help="held-out instances (default 8); each has "
-                   "tasks-per-instance tasks to evolve on and as many other tasks to score the skill on")
+    e.add_argument("--eval-instances", type=int, default=12, help="held-out instances (default 12), task types "
+                   "in turn; each has --tasks-per-instance tasks to evolve on and --eval-tasks others to score on")
+    e.add_argument("--eval-tasks", type=int, default=20, help="held-out tasks that score an instance's carried "
+                   "skill (default 20: 240 scoring tasks per row)")
     args = p.parse_args(argv)
     for name in ("generations", "candidates", "rollouts", "steps", "instances_per_step", "micro_batch",
                  "tasks_per_instance", "ppo_epochs", "max_skill_tokens", "context_tokens", "task_max_tokens",
-                 "save_every", "eval_instances"):
+                 "save_every", "eval_instances", "eval_tasks", "probe_instances", "probe_candidates"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.probe_every < 0:
+        p.error("--probe-every must be >= 0 (0: no held-out probe)")
     if args.candidates < 2:
         p.error("--candidates must be at least 2: A_intra of a single candidate is always 0")
     if args.editor_temperature <= 0:

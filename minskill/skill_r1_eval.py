@@ -20,7 +20,10 @@ module needs the model loader, the embedded server and the interval arithmetic.
 """
 from __future__ import annotations
 
+import dataclasses
+import math
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -29,8 +32,10 @@ from minskill.paired import compare
 from minskill.rollout import load_skills, run_rollouts, skill_text, wilson_interval
 from minskill.runs import TRAINER_STATE, load_trainer_state
 from minskill.server import embedded_client
+from minskill.shared_prefix import grouped_logprobs
 from minskill.skill_r1 import (EvolveConfig, Instance, all_zero_note, autocast, device, evolve_batch,
-                               load_tasks, make_instances, step_seed)
+                               load_tasks, step_seed)
+from minskill.tasks import load_suite
 from minskill.weights import load_model
 
 
@@ -41,19 +46,78 @@ def trained_with_lambda(spec: str) -> float | None:
     return float(load_trainer_state(spec, restore_rng=False)["args"]["lam"])
 
 
-def heldout_instances(args) -> tuple[list[Instance], list[list]]:
-    """(instances to evolve on, their evaluation tasks): --eval-instances held-out instances of 2·m tasks
-    (m = --tasks-per-instance), spread over the task types; the first m tasks evolve, the other m score."""
-    m = args.tasks_per_instance
-    pairs = make_instances(load_tasks(args, "heldout"), 2 * m, prefix="heldout")
+def heldout_by_type(args) -> dict[str, list]:
+    """The suite's held-out tasks by type (types sorted, tasks in order). Without --n-tasks the split is drawn
+    large enough for --eval's instances and the probe's (qa: 80 tasks per type), where the suite holds that."""
+    tasks = load_tasks(args, "heldout")
+    n_types = len({t.type for t in tasks}) or 1
+    per_type = (math.ceil(args.eval_instances / n_types) * (args.tasks_per_instance + args.eval_tasks) +
+                math.ceil(args.probe_instances / n_types) * args.tasks_per_instance)
+    if args.n_tasks is None and per_type * n_types > len(tasks):
+        try:
+            tasks = load_suite(args.suite, split="heldout", seed=args.seed, n=per_type * n_types)
+        except (ValueError, FileNotFoundError):
+            pass  # the suite holds fewer: use what it gives; the callers say when that is too few
     by_type: dict[str, list] = {}
-    for p in pairs:
-        by_type.setdefault(p.type, []).append(p)
-    pairs = [p for k in range(max(map(len, by_type.values()), default=0)) for ps in by_type.values()
-             if k < len(ps) for p in [ps[k]]][: args.eval_instances]
+    for t in tasks:
+        by_type.setdefault(t.type, []).append(t)
+    return dict(sorted(by_type.items()))
+
+
+def _types_in_turn(groups: dict[str, list], count: int) -> list:
+    """Up to `count` items, one of each type in turn: type 1's first, type 2's first, ..., type 1's second..."""
+    longest = max(map(len, groups.values()), default=0)
+    return [items[k] for k in range(longest) for items in groups.values() if k < len(items)][:count]
+
+
+def heldout_instances(args) -> tuple[list[Instance], list[list]]:
+    """(instances to evolve on, their evaluation tasks): --eval-instances held-out instances, spread over the
+    task types, taken from the FRONT of each type's held-out tasks. Each has m = --tasks-per-instance tasks
+    that the editor evolves on, then --eval-tasks other tasks that score the carried skill."""
+    m, s = args.tasks_per_instance, args.eval_tasks
+    groups = {t: [Instance(f"heldout-{t}-{k}", t, ts[k * (m + s):(k + 1) * (m + s)])
+                  for k in range(len(ts) // (m + s))] for t, ts in heldout_by_type(args).items()}
+    pairs = _types_in_turn(groups, args.eval_instances)
     if not pairs:
-        sys.exit(f"suite {args.suite!r}: no task type has {2 * m} held-out tasks")
+        sys.exit(f"suite {args.suite!r}: no task type has {m + s} held-out tasks "
+                 f"(--tasks-per-instance {m} + --eval-tasks {s})")
     return [Instance(p.id, p.type, p.tasks[:m]) for p in pairs], [p.tasks[m:] for p in pairs]
+
+
+def probe_instances(args) -> list[Instance]:
+    """The training run's held-out probe (--probe-every): --probe-instances instances of m tasks, types in
+    turn, taken from the END of each type's held-out tasks, so they are never among --eval's instances while
+    both fit in the split (with the defaults on qa: --eval uses 3 x 24 tasks of each type's 80, the probe 4)."""
+    m = args.tasks_per_instance
+    groups = {t: [Instance(f"probe-{t}-{k}", t, ts[len(ts) - (k + 1) * m:len(ts) - k * m])
+                  for k in range(len(ts) // m)] for t, ts in heldout_by_type(args).items()}
+    picked = _types_in_turn(groups, args.probe_instances)
+    if len(picked) < args.probe_instances:
+        sys.exit(f"suite {args.suite!r}: the held-out split holds {len(picked)} probe instances of {m} tasks, "
+                 f"not --probe-instances {args.probe_instances}")
+    return picked
+
+
+def probe(editor, tokenizer, client, instances: list[Instance], seed_skills: list[str], args) -> dict:
+    """Score the current editor on the fixed held-out probe instances, cheaply: one generation of the evolve
+    loop (no update) with --probe-candidates candidates, the same seeds at every probe, so the curve moves only
+    with the editor. Returns the mean reward of the seed skill and of the candidates; the editor never trains
+    on these instances."""
+    c0, t0 = client.stats["calls"], time.time()
+    cfg = dataclasses.replace(EvolveConfig.from_args(args), generations=1, candidates=args.probe_candidates)
+    with torch.no_grad(), autocast(args.bf16):
+        evolutions = evolve_batch(editor, tokenizer, client, instances, cfg,
+                                  seeds=[step_seed(args.seed, 10**6 + 1, k) for k in range(len(instances))],
+                                  seed_skills=seed_skills)
+    n = len(evolutions)
+    return {"reward_per_generation": [sum(ev.seed_reward for ev in evolutions) / n,
+                                      sum(ev.generations[0].mean_reward for ev in evolutions) / n],
+            "carried_reward": sum(ev.final_reward for ev in evolutions) / n,
+            "beat_seed_share": sum(c.reward > ev.seed_reward for ev in evolutions for c in ev.candidates()) /
+                               max(1, sum(len(ev.candidates()) for ev in evolutions)),
+            "skills": [{"instance": ev.instance.id, "reward": c.reward, "seed_reward": ev.seed_reward,
+                        "skill": c.skill if c.skill is not None else c.text} for ev in evolutions for c in ev.candidates()],
+            "task_calls": client.stats["calls"] - c0, "seconds": time.time() - t0}
 
 
 def success(client, skills: list[str], test: list[list], args) -> tuple[float, int, list[list[float]]]:
@@ -82,10 +146,29 @@ def editor_row(client, name: str, spec: str, evo: list[Instance], seed_skills: l
                                   seeds=[step_seed(args.seed, 10**6, k) for k in range(len(evo))],
                                   seed_skills=seed_skills)
     evolve_calls = client.stats["calls"] - c0
+    if spec != args.editor:  # a trained editor: how far it moved from the one it started from
+        print(f"{name}: KL(trained ‖ frozen editor) = {kl_to_frozen(editor, args.editor, evolutions, args):.4f} "
+              f"nats per token of the skills it wrote", flush=True)
+    del editor
     per_gen = [success(client, [ev.generations[g].current_skill for ev in evolutions], test, args)
                for g in range(args.generations)]
     final, _, scores = per_gen[-1]
     return f"{name}: {spec}", final, sum(c for _, c, _ in per_gen), scores, [s for s, _, _ in per_gen], evolve_calls
+
+
+def kl_to_frozen(editor, frozen_spec: str, evolutions, args) -> float:
+    """Mean over the sampled skill tokens of log π_θ(y) − log π_0(y), π_0 the untrained editor: the Monte-Carlo
+    estimate of KL(π_θ ‖ π_0) at the sampling temperature (exact in expectation for --editor-top-p 1)."""
+    frozen = load_model(frozen_spec, dtype=torch.float32, device=device())[0].eval()
+    cands = [c for ev in evolutions for c in ev.candidates() if c.token_ids]
+    total, n = 0.0, 0
+    with torch.no_grad(), autocast(args.bf16):
+        for i in range(0, len(cands), 8):
+            prompts, completions = [c.prompt_ids for c in cands[i:i + 8]], [c.token_ids for c in cands[i:i + 8]]
+            logp, mask = grouped_logprobs(editor, prompts, completions, temperature=args.editor_temperature)
+            logp_0, _ = grouped_logprobs(frozen, prompts, completions, temperature=args.editor_temperature)
+            total, n = total + float(((logp - logp_0) * mask).sum()), n + int(mask.sum())
+    return total / max(n, 1)
 
 
 def evaluate(args) -> int:

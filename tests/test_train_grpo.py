@@ -21,7 +21,7 @@ from minskill.sampling import completion_logprobs  # noqa: E402
 from minskill.server import ScriptedBackend, start_server  # noqa: E402
 from minskill.skill_r1 import EvolveConfig  # noqa: E402
 from minskill.weights import load_model  # noqa: E402
-from minskill.skill_r1_eval import success  # noqa: E402
+from minskill.skill_r1_eval import heldout_instances, kl_to_frozen, probe_instances, success  # noqa: E402
 from test_skill_r1 import KEYWORDS, keyword_task_model, keyword_tasks  # noqa: E402
 from tiny import make_tiny_model_dir  # noqa: E402
 
@@ -238,7 +238,7 @@ def test_no_reference_model_when_beta_is_zero(straight_run):
 def test_eval_prints_the_papers_rows(straight_run, editor_dir, suite_file, task_url, capsys):
     ckpt = str(straight_run[0] / "checkpoint")
     flags = common_flags(editor_dir, suite_file, task_url, straight_run[0]) + [
-        "--eval", "--grpo-editor", ckpt, "--skillr1-editor", ckpt, "--eval-instances", "2"]
+        "--eval", "--grpo-editor", ckpt, "--skillr1-editor", ckpt, "--eval-instances", "2", "--eval-tasks", "2"]
     assert train_grpo.main(flags) == 0
     printed = capsys.readouterr().out
     lines = printed.splitlines()
@@ -253,6 +253,7 @@ def test_eval_prints_the_papers_rows(straight_run, editor_dir, suite_file, task_
     assert names[2].startswith("Skill-R1 inference-only") and names[3].startswith("vanilla GRPO (λ = 0.5)")
     assert names[4].startswith("Skill-R1 (λ = 0.5)")           # λ read from the checkpoint's trainer state
     assert "warning: " in printed and "trained with λ = 0.5, yet it fills the row 'vanilla GRPO" in printed
+    assert printed.count("KL(trained ‖ frozen editor) = ") == 2      # the two trained rows, not the frozen one
     for line in table[2:]:
         cells = [c.strip() for c in line.split("|")[1:-1]]
         assert 0.0 <= float(cells[1].split()[0]) <= 1.0
@@ -269,6 +270,48 @@ def test_eval_prints_the_papers_rows(straight_run, editor_dir, suite_file, task_
         assert 0.0 <= float(p) <= 1.0 and gained + lost <= 4
         assert float(diff.split()[0]) == pytest.approx(success[row.split(":")[0]] - success[against.split(":")[0]],
                                                        abs=1e-3)
+
+
+def test_held_out_probe_every_m_steps_on_instances_eval_never_uses(editor_dir, suite_file, task_url, tmp_path,
+                                                                     capsys):
+    """--probe-every 2 over 3 steps probes before the first step and after steps 2 and 3, always on the same
+    held-out instances with the same seeds (the seed skill's probe reward never moves), records each probe in
+    its step's metrics row, draws it in reward_curve.svg, and takes instances that --eval does not use."""
+    flags = common_flags(editor_dir, suite_file, task_url, tmp_path) + ["--steps", "3", "--probe-every", "2",
+                                                                         "--probe-instances", "1"]
+    assert train_grpo.main(flags) == 0
+    printed = capsys.readouterr().out
+    rows = read_rows(tmp_path)
+    probes = [(r["step"], pr) for r in rows for pr in r["probes"]]
+    assert [(step, pr["after_steps"]) for step, pr in probes] == [(0, 0), (1, 2), (2, 3)]
+    for _, pr in probes:
+        assert len(pr["reward_per_generation"]) == 2 and all(0 <= x <= 1 for x in pr["reward_per_generation"])
+        assert pr["task_calls"] > 0 and 0 <= pr["beat_seed_share"] <= 1
+    assert len({pr["reward_per_generation"][0] for _, pr in probes}) == 1
+    assert "held-out probe after 0 steps" in printed and "held-out probe after 3 steps" in printed
+    assert "probe: candidates" in (tmp_path / "reward_curve.svg").read_text()
+    args = train_grpo.parse_args(flags + ["--eval-instances", "1", "--eval-tasks", "2"])
+    probe_ids = {t.id for x in probe_instances(args) for t in x.tasks}
+    evo, test = heldout_instances(args)
+    eval_ids = {t.id for x in evo for t in x.tasks} | {t.id for ts in test for t in ts}
+    assert len(probe_ids) == 2 and len(eval_ids) == 4 and not probe_ids & eval_ids
+
+
+def test_kl_to_frozen_is_the_mean_log_ratio_of_the_sampled_tokens(editor_dir, straight_run):
+    """kl_to_frozen: 0 for the frozen editor itself; for the trained one, the mean over the skill tokens of
+    log π_θ − log π_0, computed here by hand from sampling.completion_logprobs."""
+    trained, tok = load_model(str(straight_run[0] / "checkpoint"))
+    frozen, _ = load_model(str(editor_dir))
+    cands = [SimpleNamespace(prompt_ids=tok.encode(f"write a skill {i // 2}"), token_ids=[5 + i, 9, 17 + 3 * i][:1 + i % 3])
+             for i in range(5)]
+    evolutions = [SimpleNamespace(candidates=lambda: cands)]
+    args = SimpleNamespace(bf16=False, editor_temperature=1.0)
+    assert kl_to_frozen(frozen, str(editor_dir), evolutions, args) == pytest.approx(0.0, abs=1e-6)
+    with torch.no_grad():
+        logp, mask = completion_logprobs(trained, [c.prompt_ids for c in cands], [c.token_ids for c in cands])
+        logp_0, _ = completion_logprobs(frozen, [c.prompt_ids for c in cands], [c.token_ids for c in cands])
+    by_hand = float(((logp - logp_0) * mask).sum() / mask.sum())
+    assert by_hand != 0 and kl_to_frozen(trained, str(editor_dir), evolutions, args) == pytest.approx(by_hand, abs=1e-5)
 
 
 def test_eval_counts_n_identical_greedy_rollouts_once(task_url):
