@@ -18,6 +18,12 @@ One training step (DESIGN.md §3, the loop in `train`):
 Set-up and resume (`setup`), the end-of-run summary (`summarize`) and the --eval table
 (minskill.skill_r1_eval) are off that path.
 
+LoRA (--lora-rank R; minskill.lora, set up in `build_editor`): only rank-R adapters on the attention and MLP
+projections train, in float32 with their AdamW state, on a frozen base (bfloat16 with --lora-base-dtype); with
+β > 0 the reference policy is the same model with its adapters switched off. checkpoint/ then holds the merged
+editor in HF layout (what --eval and any HF tool load) and checkpoint/adapter/ in PEFT's layout; --resume
+rebuilds the base from the editor the run started from and restores the adapter and its optimizer state.
+
 Old log-probs. logp_old is the editor's log-prob of the sampled tokens under the weights that sampled them.
 Those weights are still unchanged when the update starts, so logp_old is taken from the update's own first
 forward pass (detached) instead of from the sampler: the value is the same policy, but computed by the very
@@ -55,6 +61,8 @@ from pathlib import Path
 import torch
 
 from minskill.grpo import policy_loss
+from minskill.lora import (ADAPTER_DIR, BASE_DTYPES, DEFAULT_TARGETS, AdaptersOff, add_lora_arguments, apply_lora,
+                           load_peft_adapter, lora_settings, trainable_parameters)
 from minskill.plot import write_svg_plot
 from minskill.quantize import QUANTIZE_CHOICES
 from minskill.rollout import load_skills, skill_text
@@ -67,14 +75,18 @@ from minskill.shared_prefix import grouped_logprobs
 from minskill.skill_r1 import (EvolveConfig, Instance, all_zero_note, assign_advantages, autocast, device,
                                evolve_batch, load_tasks, make_instances, step_seed)
 from minskill.skill_r1_eval import evaluate, probe, probe_instances
-from minskill.weights import load_model
+from minskill.weights import load_model, resolve_model
 
 # flags that must equal the checkpoint's when resuming, or the continued run would not be the same run
 RESUME_MUST_MATCH = ("suite", "seed_skills", "generations", "candidates", "rollouts", "lam", "scale_by_std",
                      "eps_low", "eps_high", "beta", "agg", "ppo_epochs", "tasks_per_instance", "n_tasks",
                      "editor_temperature", "editor_top_p", "max_skill_tokens", "context_tokens",
                      "task_max_tokens", "task_temperature", "instances_per_step", "micro_batch", "lr",
-                     "weight_decay", "warmup_ratio", "grad_clip", "bf16", "seed")
+                     "weight_decay", "warmup_ratio", "grad_clip", "bf16", "seed", "lora_rank", "lora_alpha",
+                     "lora_dropout", "lora_targets", "lora_base_dtype")
+# what a checkpoint written before the LoRA flags existed counts as: LoRA off
+LORA_OFF = {"lora_rank": 0, "lora_alpha": None, "lora_dropout": 0.0, "lora_targets": list(DEFAULT_TARGETS),
+            "lora_base_dtype": "float32"}
 
 
 @dataclass
@@ -83,7 +95,7 @@ class Run:
     out: Path
     editor: torch.nn.Module
     tokenizer: object
-    ref_model: torch.nn.Module | None        # the editor before any training; only when β > 0
+    ref_model: torch.nn.Module | None        # the editor before any training (LoRA: adapters off); only when β > 0
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
     tasks: list                              # the suite's training split, cut into `instances`
@@ -308,15 +320,9 @@ def setup(args) -> Run:
     out = Path(args.out)
     check_run_folder(out, args.resume, args.overwrite, "train_grpo.py")   # before any model is loaded
     ckpt, state = resume_state(out, args) if args.resume else (None, None)
-    editor, tokenizer = load_model(str(ckpt) if ckpt else args.editor, dtype=torch.float32, device=device())
-    editor.gradient_checkpointing = args.grad_checkpointing
     editor_spec = state["editor_spec"] if state else args.editor
-    ref_model = None
-    if args.beta > 0:  # the reference is the editor before any training (not the resumed checkpoint)
-        ref_model = load_model(editor_spec, dtype=torch.float32, device=device())[0] if state \
-            else copy.deepcopy(editor)
-        ref_model.eval().requires_grad_(False)
-    optimizer = torch.optim.AdamW(editor.parameters(), lr=args.lr, weight_decay=args.weight_decay,
+    editor, tokenizer, ref_model = build_editor(args, ckpt, editor_spec)
+    optimizer = torch.optim.AdamW(trainable_parameters(editor), lr=args.lr, weight_decay=args.weight_decay,
                                   betas=(0.9, 0.99))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, args.steps, args.warmup_ratio))
     rows, start_step = [], 0
@@ -342,6 +348,31 @@ def setup(args) -> Run:
     return run
 
 
+def build_editor(args, ckpt: Path | None, editor_spec: str):
+    """(editor, tokenizer, reference model or None). Full fine-tune: the editor (the checkpoint's on --resume) in
+    float32, and with β > 0 a frozen copy of the editor before any training. LoRA (--lora-rank R): the base
+    editor, frozen (in --lora-base-dtype), with float32 adapters (the checkpoint's adapter/ on --resume); with
+    β > 0 the reference is the same model with its adapters off (minskill.lora.AdaptersOff): no second copy."""
+    lora = lora_settings(args)
+    if lora is not None:
+        base = resolve_model(editor_spec)
+        editor, tokenizer = load_model(str(base), dtype=BASE_DTYPES[args.lora_base_dtype], device=device())
+        apply_lora(editor, lora.rank, lora.alpha, lora.dropout, lora.targets, seed=args.seed,
+                   base_model_name_or_path=str(Path(base).resolve()))
+        if ckpt is not None:
+            load_peft_adapter(editor, ckpt / ADAPTER_DIR)
+        ref_model = AdaptersOff(editor) if args.beta > 0 else None
+    else:
+        editor, tokenizer = load_model(str(ckpt) if ckpt else args.editor, dtype=torch.float32, device=device())
+        ref_model = None
+        if args.beta > 0:  # the reference is the editor before any training (not the resumed checkpoint)
+            ref_model = load_model(editor_spec, dtype=torch.float32, device=device())[0] if ckpt \
+                else copy.deepcopy(editor)
+            ref_model.eval().requires_grad_(False)
+    editor.gradient_checkpointing = args.grad_checkpointing
+    return editor, tokenizer, ref_model
+
+
 def resume_state(out: Path, args) -> tuple[Path, dict]:
     """(OUT/checkpoint, its trainer state) for --resume; exits when there is none or a flag of RESUME_MUST_MATCH
     differs. The RNG states are restored later, once the models are built."""
@@ -349,8 +380,9 @@ def resume_state(out: Path, args) -> tuple[Path, dict]:
     if ckpt is None:
         sys.exit(f"--resume: no checkpoint in {out} (nothing to resume; drop --resume to start a run)")
     state = load_trainer_state(ckpt, restore_rng=False)
-    changed = [f"--{k.replace('_', '-')} {state['args'].get(k)!r} -> {getattr(args, k)!r}"
-               for k in RESUME_MUST_MATCH if state["args"].get(k) != getattr(args, k)]
+    saved = {**LORA_OFF, **state["args"]}
+    changed = [f"--{k.replace('_', '-')} {saved.get(k)!r} -> {getattr(args, k)!r}"
+               for k in RESUME_MUST_MATCH if saved.get(k) != getattr(args, k)]
     if changed:
         sys.exit(f"--resume: these flags differ from the checkpoint's run, so it would not continue the "
                  f"same run: {', '.join(changed)}")
@@ -368,13 +400,17 @@ def find_checkpoint(out: Path) -> Path | None:
 
 def print_plan(run: Run, args) -> None:
     n_params = sum(p.numel() for p in run.editor.parameters())
-    print(f"Skill-R1 (bi-level GRPO): editor {run.editor_spec} ({n_params / 1e6:.1f}M parameters), task model "
+    trained = (f"LoRA r={args.lora_rank} α={args.lora_alpha:g} on {','.join(args.lora_targets)}: "
+               f"{sum(p.numel() for p in trainable_parameters(run.editor)) / 1e6:.2f}M trained, base "
+               f"{args.lora_base_dtype}" if args.lora_rank else "full fine-tune")
+    reference = ("none (β = 0)" if run.ref_model is None else "the editor with its LoRA adapters off"
+                 if args.lora_rank else "frozen copy of the editor")
+    print(f"Skill-R1 (bi-level GRPO): editor {run.editor_spec} ({n_params / 1e6:.1f}M parameters, {trained}), task model "
           f"{args.task_url or f'embedded default (smollm2-135m, --task-quantize {args.task_quantize}, greedy)'}; suite {args.suite}: "
           f"{len(run.instances)} training instances of {args.tasks_per_instance} tasks; "
           f"{args.steps} steps x {args.instances_per_step} instances x G={args.generations} x K={args.candidates} "
           f"candidates, n={args.rollouts}; λ={args.lam} β={args.beta} agg={args.agg} lr={args.lr}"
-          f"{' bf16' if args.bf16 else ''}; reference model: "
-          f"{'frozen copy of the editor' if run.ref_model is not None else 'none (β = 0)'} -> {run.out}", flush=True)
+          f"{' bf16' if args.bf16 else ''}; reference model: {reference} -> {run.out}", flush=True)
 
 
 def summarize(run: Run, args, calls: int) -> None:
@@ -394,7 +430,9 @@ def summarize(run: Run, args, calls: int) -> None:
                   f"{best['best_skill'].strip()[:600]}")
         else:
             print("no edited skill beat its instance's seed skill in this run.")
-    print(f"wrote {run.out / 'checkpoint'} (editor in HF layout + trainer_state.pt), {run.out / 'metrics.jsonl'}, "
+    adapter = f", its LoRA adapter alone in {ADAPTER_DIR}/ (PEFT layout)" if args.lora_rank else ""
+    print(f"wrote {run.out / 'checkpoint'} (editor in HF layout{' (merged)' if args.lora_rank else ''}{adapter} + "
+          f"trainer_state.pt), {run.out / 'metrics.jsonl'}, "
           f"{run.out / 'reward_curve.svg'}")
 
 
@@ -458,6 +496,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     t.add_argument("--grad-clip", type=float, default=1.0, help="clip the gradient norm to this (0 = off)")
     t.add_argument("--bf16", action="store_true", help="bfloat16 autocast for sampling and training "
                    "(weights and optimizer stay float32)")
+    add_lora_arguments(t)
     t.add_argument("--grad-checkpointing", action="store_true", help="recompute each layer in the backward "
                    "pass (less memory, more time)")
     t.add_argument("--shared-prefix", action=argparse.BooleanOptionalAction, default=True,
@@ -485,7 +524,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     e.add_argument("--eval", action="store_true", help="evaluate instead of training: no skill, seed skill, "
                    "inference-only (--editor, frozen), vanilla GRPO (--grpo-editor), Skill-R1 (--skillr1-editor)")
     e.add_argument("--grpo-editor", default=None, help="editor trained with λ = 0 (vanilla GRPO row)")
-    e.add_argument("--skillr1-editor", default=None, help="editor trained with λ > 0 (Skill-R1 row)")
+    e.add_argument("--skillr1-editor", nargs="+", default=None, help="editor(s) trained with λ > 0: one Skill-R1 "
+                   "row each (e.g. two training seeds)")
+    e.add_argument("--frozen-row", action=argparse.BooleanOptionalAction, default=True, help="evaluate the "
+                   "inference-only row (--editor, frozen); --no-frozen-row skips it, e.g. to add a Skill-R1 row to "
+                   "a table already measured with the same flags (every row uses the same tasks and seeds)")
     e.add_argument("--eval-instances", type=int, default=12, help="held-out instances (default 12), task types "
                    "in turn; each has --tasks-per-instance tasks to evolve on and --eval-tasks others to score on")
     e.add_argument("--eval-tasks", type=int, default=20, help="held-out tasks that score an instance's carried "
@@ -504,6 +547,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error("--editor-temperature must be > 0: GRPO needs sampled candidates")
     if args.beta < 0 or args.lr <= 0 or not 0 <= args.warmup_ratio < 1:
         p.error("need --beta >= 0, --lr > 0 and 0 <= --warmup-ratio < 1")
+    try:
+        lora_settings(args)   # checks the --lora-* flags; fills in --lora-alpha (2·R) and the target list
+    except ValueError as e:
+        p.error(str(e))
     return args
 
 

@@ -21,7 +21,8 @@ What a run folder holds is written here too, once for both trainers and all thre
   `write_text_atomic` / `write_json_atomic` / `write_jsonl_atomic` on top of it: a temp file in the same
   folder, then `os.replace`, so a reader (or a killed run) sees the old file or the new one, never half.
 * `save_checkpoint(folder, model, tokenizer, state)`: model + tokenizer in HF layout and `trainer_state.pt`
-  (the caller's state plus the RNG states), built in `.tmp-NAME-*` and swapped in by renames
+  (the caller's state plus the RNG states; a LoRA-adapted model is written merged, with its adapter alone
+  in `adapter/`, PEFT's layout: minskill.lora.save_lora_model), built in `.tmp-NAME-*` and swapped in by renames
   (NAME → `.old-NAME`, tmp → NAME, drop `.old-NAME`). `recover_checkpoint(folder)`, called before a
   checkpoint is read or written, undoes what a kill between those renames left: the old checkpoint comes
   back when the new one never arrived, and stale staging folders are removed. So at every moment one
@@ -58,6 +59,7 @@ from typing import Any
 
 import torch
 
+from minskill.lora import has_lora, save_lora_model
 from minskill.skillsets import recover_saves
 
 TRAINER_STATE = "trainer_state.pt"
@@ -251,7 +253,7 @@ def recover_checkpoint(folder: str | Path) -> None:
 
 
 def save_checkpoint(folder: str | Path, model, tokenizer, state: dict | None = None) -> Path:
-    """Write model + tokenizer (HF layout) and, when `state` is given, trainer_state.pt = state plus
+    """Write model + tokenizer (HF layout; with LoRA merged, plus adapter/) and, when `state` is given, trainer_state.pt = state plus
     {"rng": rng_state()} into `folder`, replacing an earlier checkpoint there atomically."""
     folder = Path(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
@@ -259,7 +261,10 @@ def save_checkpoint(folder: str | Path, model, tokenizer, state: dict | None = N
     tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".tmp-{folder.name}-"))
     old = folder.with_name(f".old-{folder.name}")
     try:
-        model.save_pretrained(tmp)
+        if has_lora(model):
+            save_lora_model(model, tmp)   # merged in HF layout, and the adapter alone in tmp/adapter (PEFT)
+        else:
+            model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         if state is not None:
             torch.save({**state, "rng": rng_state()}, tmp / TRAINER_STATE)
