@@ -1,19 +1,26 @@
-"""Evaluating skill editors (`python train_grpo.py --eval`): the paper's rows on held-out instances.
+"""Evaluating skill editors (`python train_grpo.py --eval`): the paper's rows on held-out instances, and the
+training run's held-out probe (`--probe-every`).
 
-Each held-out instance has tasks_per_instance tasks that the editor evolves the skill on (the loop of
-minskill.skill_r1, with their verifier feedback) and as many *other* tasks of the same type on which the
-carried skill is scored:
+Each held-out instance has m = --tasks-per-instance tasks that the editor evolves the skill on (the loop of
+minskill.skill_r1, with their verifier feedback) and --eval-tasks *other* tasks of the same type on which
+the carried skill is scored (default 12 instances x 20 = 240 scoring tasks per row):
 
     success = share of those evaluation tasks solved with the skill carried after the last generation
 
 The rows: no skill; the seed skill (--seed-skills); Skill-R1 inference-only (--editor, never trained);
-vanilla GRPO (--grpo-editor, trained with λ = 0); Skill-R1 (--skillr1-editor, λ > 0). An editor row also
-reports the success of the skill carried after each generation g, and the task-model requests spent writing
-the skills (evolve) apart from those spent scoring them (evaluate). A task's score is the mean over its n
-rollouts (n identical greedy replies count once). A second table compares the rows paired on the same tasks
-(minskill.paired): every row against no skill, and Skill-R1 against every other row: the difference with a
-95% bootstrap interval that resamples instances, gained/lost tasks and the exact sign-test p. A trained editor's λ is read from its
-checkpoint, so a row cannot silently show the wrong method.
+vanilla GRPO (--grpo-editor, trained with λ = 0); Skill-R1 (--skillr1-editor, λ > 0, one row per editor
+given). Every row sees the same tasks and seeds. An editor row also reports the success of the skill
+carried after each generation g, and the task-model requests spent writing the skills (evolve) apart from
+those spent scoring them (evaluate); a trained editor's row prints its KL to the frozen editor on the skills
+it wrote (how far training moved it). A task's score is the mean over its n rollouts (n identical greedy
+replies count once). A second table compares the rows paired on the same tasks (minskill.paired): every
+row against no skill, and each Skill-R1 row against every other row: the difference with a 95% bootstrap
+interval that resamples instances (the tasks of one instance share one skill), gained/lost tasks and the
+exact sign-test p. A trained editor's λ is read from its checkpoint, so a row cannot silently show the
+wrong method.
+
+The probe scores the editor during training on instances of the same held-out split, taken from the end
+of each type's tasks while --eval takes its instances from the front, so the two never share a task.
 
 This lives beside skill_r1.py rather than in it: the loop module stays what a learner reads, and only this
 module needs the model loader, the embedded server and the interval arithmetic.
@@ -184,14 +191,15 @@ def evaluate(args) -> int:
         rows.append(("seed skill" + ("" if seed_skillset is not None else " (--seed-skills none: = no skill)"),
                      *success(client, seed_skills, test, args), [], 0))
         print("evaluated: seed skill", flush=True)
-        editors = [("Skill-R1 inference-only (editor frozen)", args.editor),
-                   ("vanilla GRPO (λ = 0)", args.grpo_editor), ("Skill-R1 (λ > 0)", args.skillr1_editor)]
+        frozen = "Skill-R1 inference-only (editor frozen)"
+        editors = [(frozen, args.editor if args.frozen_row else None), ("vanilla GRPO (λ = 0)", args.grpo_editor)]
+        editors += [("Skill-R1 (λ > 0)", spec) for spec in args.skillr1_editor or [None]]
         for name, spec in editors:
             if not spec:
-                print(f"skipped: {name} (no editor given)", flush=True)
+                print(f"skipped: {name} ({'--no-frozen-row' if name == frozen else 'no editor given'})", flush=True)
                 continue
             trained_lam = trained_with_lambda(spec)
-            if trained_lam is not None and name != editors[0][0]:
+            if trained_lam is not None and name != frozen:
                 if (trained_lam == 0) != name.startswith("vanilla"):
                     print(f"warning: {spec} was trained with λ = {trained_lam}, yet it fills the row '{name}'")
                 name = f"{name.split(' (')[0]} (λ = {trained_lam:g})"
@@ -230,8 +238,8 @@ def print_paired(rows: list[tuple], args) -> None:
     by_name = {r[0]: r[3] for r in rows}
     pairs = [(r[0], rows[0][0]) for r in rows[1:]]
     skill_r1 = [r[0] for r in rows if r[0].startswith("Skill-R1 (")]
-    if skill_r1:
-        pairs += [(skill_r1[0], r[0]) for r in rows[1:] if r[0] != skill_r1[0]]
+    for k, name in enumerate(skill_r1):   # each Skill-R1 row against every other row (each pair once)
+        pairs += [(name, r[0]) for r in rows[1:] if r[0] != name and r[0] not in skill_r1[:k]]
     print("\n| row | against | paired difference (95% CI, by instance) | gained / lost | sign test p |\n"
           "|---|---|---|---|---|")
     for b, a in pairs:

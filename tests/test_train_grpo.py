@@ -297,6 +297,28 @@ def test_held_out_probe_every_m_steps_on_instances_eval_never_uses(editor_dir, s
     assert len(probe_ids) == 2 and len(eval_ids) == 4 and not probe_ids & eval_ids
 
 
+def test_eval_takes_several_skill_r1_editors_and_can_skip_the_frozen_row(straight_run, editor_dir, suite_file,
+                                                                           task_url, capsys):
+    """--skillr1-editor A B gives one Skill-R1 row each, each compared with every other row once;
+    --no-frozen-row leaves the inference-only row out."""
+    ckpt = str(straight_run[0] / "checkpoint")
+    flags = common_flags(editor_dir, suite_file, task_url, straight_run[0]) + [
+        "--eval", "--skillr1-editor", ckpt, str(editor_dir), "--eval-instances", "1", "--eval-tasks", "2",
+        "--no-frozen-row"]
+    assert train_grpo.main(flags) == 0
+    printed = capsys.readouterr().out
+    assert "skipped: Skill-R1 inference-only (editor frozen) (--no-frozen-row)" in printed
+    lines = [line for line in printed.splitlines() if line.startswith("| ")]
+    table = lines[1:lines.index(next(line for line in lines if line.startswith("| row |")))]
+    paired = [line.split("|")[1:3] for line in lines[lines.index(next(line for line in lines if line.startswith("| row |"))) + 1:]]
+    names = [line.split("|")[1].strip() for line in table]
+    assert names[:2] == ["no skill", "seed skill (--seed-skills none: = no skill)"] and len(names) == 4
+    assert names[2] == f"Skill-R1 (λ = 0.5): {ckpt}" and names[3] == f"Skill-R1 (λ > 0): {editor_dir}"
+    pairs = [tuple(c.strip() for c in p) for p in paired]
+    assert len(pairs) == 3 + 2 + 1 and len(set(pairs)) == len(pairs)
+    assert (names[2], names[3]) in pairs and (names[3], names[2]) not in pairs
+
+
 def test_kl_to_frozen_is_the_mean_log_ratio_of_the_sampled_tokens(editor_dir, straight_run):
     """kl_to_frozen: 0 for the frozen editor itself; for the trained one, the mean over the skill tokens of
     log π_θ − log π_0, computed here by hand from sampling.completion_logprobs."""
