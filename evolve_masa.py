@@ -7,7 +7,7 @@
 
 Steps (the algorithm and its equations are in minskill/masa.py):
 
-1. model card: --model-card JSON, else built from --target-checkpoint's config.json (or the embedded
+1. model card: --model-card JSON or YAML, else built from --target-checkpoint's config.json (or the embedded
    default's); strengths/weaknesses summarised by the teacher from --n-prelim preliminary rollouts on
    train tasks that the search never sees;
 2. hill climbing on the general skills (I = --iterations, p = --patience), R = SR − λ·NHR (λ = --lam-nh);
@@ -71,7 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--base-skills", default=None,
                    help="base skill library: Agent Skills folder or MASA .json (default: the suite's built-in)")
     g = p.add_argument_group("target model and teacher")
-    g.add_argument("--model-card", default=None, help="model card JSON of the target")
+    g.add_argument("--model-card", default=None, help="model card of the target: JSON, or YAML as MASA's "
+                   "model_cards/*.yaml (minskill.model_card)")
     g.add_argument("--target-checkpoint", default=None, help="HF folder whose config.json fills the card")
     g.add_argument("--target-url", default=None, help="OpenAI-compatible base URL of the target")
     g.add_argument("--target-model", default=None, help="model name at --target-url")

@@ -36,11 +36,11 @@ import torch
 from minskill import sft
 from minskill.client import ChatClient
 from minskill.masa import one_shot_rewrite
-from minskill.model_card import as_model_card, model_card_from_config
+from minskill.model_card import as_model_card, model_card_from_config, read_card_file
 from minskill.quantize import QUANTIZE_CHOICES
 from minskill.replies import extract_json
 from minskill.rollout import load_skills, run_rollouts, summarize
-from minskill.runs import check_run_folder, open_run_folder, read_json, write_text_atomic
+from minskill.runs import check_run_folder, open_run_folder, write_text_atomic
 from minskill.sampling import generate
 from minskill.server import embedded_client
 from minskill.skillsets import SkillSet
@@ -55,11 +55,11 @@ def _default_device() -> str:
 
 
 def load_model_card(spec: str) -> dict:
-    """--model-card: a JSON file (read leniently: unknown keys dropped), or a checkpoint folder or model spec
-    whose config.json fills the architectural fields (minskill.model_card.model_card_from_config)."""
+    """--model-card: a JSON or YAML card file (read leniently: unknown keys dropped), or a checkpoint folder
+    or model spec whose config.json fills the architectural fields (minskill.model_card.model_card_from_config)."""
     path = Path(spec)
     if path.is_file():
-        return as_model_card(read_json(path, f"--model-card {spec}")).to_json()
+        return as_model_card(read_card_file(path, strict=False)[0]).to_json()
     if not path.is_dir():
         path = resolve_model(spec)          # e.g. "smollm2-135m" -> its converted HF folder
     return model_card_from_config(path).to_json()
@@ -367,7 +367,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "rewritten and a one-shot teacher rewrite (DS-Adapter) on --suite and print one table.")
     a.add_argument("--rewriter", required=True, help="rewriter: a `rewrite.py train` --out folder or an HF folder")
     a.add_argument("--model-card", required=True,
-                   help="target model card: JSON file, or a checkpoint folder / model spec to build one from")
+                   help="target model card: JSON or YAML file, or a checkpoint folder / model spec to build one from")
     a.add_argument("--skills", required=True, help="input skills: Agent Skills folder, MASA .json, or 'base' (with --suite)")
     a.add_argument("--task", required=True, help="task description given to the rewriter")
     a.add_argument("--out", required=True, help="folder for the rewritten skills")

@@ -7,14 +7,26 @@ multilingual, strengths, weaknesses. The architectural fields come from a checkp
 summarised by the teacher from preliminary rollouts (minskill.masa.summarize_model). A card is JSON on
 disk (`ModelCard.save` / `load`, strict: an unknown or mistyped field is an error naming it); other
 tools' looser cards are read with `as_model_card`.
+
+`load` (and `read_card_file`, which the scripts' --model-card use) also reads MASA's YAML cards: flat
+`key: value` lines, quoted or plain values, `#` comments, parsed by the SKILL.md front-matter reader
+(minskill.skills.parse_front_matter: no YAML library). YAML here has no types, so each value is converted
+by its field: the integer fields take digits or a size such as "8B" / "1.7B" / "135M" (K, M, B, T:
+10^3..10^12 -- MASA writes parameter_count so), multilingual takes true/false/yes/no, null, ~ or nothing
+is null, and strengths / weaknesses take one string (MASA writes them as one comma-separated line; it is
+kept whole). A file ending in .yaml / .yml is YAML, .json is JSON, anything else is JSON when it starts
+with "{". A malformed card is a ValueError naming the file and the line.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field, fields
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 from minskill.runs import read_json, write_json_atomic
+from minskill.skills import SkillFormatError, parse_front_matter
 
 
 @dataclass
@@ -34,6 +46,7 @@ class ModelCard:
     base_or_instruct: str = "unknown"       # "base" | "instruct" | "unknown"
     alignment_method: str = "unknown"       # e.g. SFT+DPO
     training_data_size: str = "unknown"     # e.g. "2T tokens"
+    release_date: str = "unknown"           # e.g. "2025-04" (MASA's cards have it)
     multilingual: bool | None = None
     strengths: list[str] = field(default_factory=list)
     weaknesses: list[str] = field(default_factory=list)
@@ -60,9 +73,9 @@ class ModelCard:
 
     @classmethod
     def load(cls, path) -> "ModelCard":
-        path = Path(path)
-        data = read_json(path, f"model card {path}")
-        return cls.from_json(data, where=f"model card {path}")
+        """A JSON or YAML card file (see the module docstring); an unknown or mistyped field is an error."""
+        data, where = read_card_file(path)
+        return cls.from_json(data, where=where)
 
     def to_prompt(self) -> str:
         """The card as short `field: value` lines for a teacher prompt (unknown fields left out)."""
@@ -87,6 +100,79 @@ def as_model_card(card) -> ModelCard:
     default = ModelCard().to_json()
     cleaned = {k: v for k, v in card.items() if k in known and v is not None and v != "unknown"}
     return ModelCard.from_json({**default, **cleaned}, where="model card")
+
+
+def read_card_file(path, strict: bool = True) -> tuple[dict, str]:
+    """(the card's fields as a dict, "model card PATH" for messages) from a JSON or YAML card file; a YAML
+    card's values come converted to its fields' types (see the module docstring), an unknown YAML key is an
+    error naming its line (strict) or dropped. ModelCard.from_json or as_model_card then check the dict."""
+    path = Path(path)
+    where = f"model card {path}"
+    if not path.is_file():
+        raise FileNotFoundError(f"{where}: no such file")
+    text = path.read_text(encoding="utf-8-sig")
+    is_yaml = path.suffix.lower() in (".yaml", ".yml") or (
+        path.suffix.lower() != ".json" and not text.lstrip().startswith("{"))
+    if not is_yaml:
+        return read_json(path, where), where
+    return _yaml_card(text, where, strict), where
+
+
+_TOP_KEY = re.compile(r"([A-Za-z0-9_][A-Za-z0-9_.-]*)\s*:")
+_NULL = {"", "~", "null", "Null", "NULL"}
+_BOOLEANS = {"true": True, "yes": True, "on": True, "false": False, "no": False, "off": False}
+_SIZE = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*([KMBT])", re.IGNORECASE)
+_SIZE_FACTOR = {"K": 10**3, "M": 10**6, "B": 10**9, "T": 10**12}
+
+
+def _yaml_card(text: str, where: str, strict: bool) -> dict:
+    """The flat YAML of a card as typed fields; errors name the file and line."""
+    lines = text.splitlines()
+    first = next((i for i, line in enumerate(lines) if line.strip() and not line.lstrip().startswith("#")), None)
+    if first is not None and lines[first].rstrip() == "---":   # an explicit document start
+        lines[first] = ""
+    try:
+        raw = parse_front_matter(lines, where, first_line=1)
+    except SkillFormatError as error:
+        raise ValueError(f"not a model card: {error}") from None
+    line_of = {}
+    for number, line in enumerate(lines, 1):
+        if (match := _TOP_KEY.match(line)) and match.group(1) not in line_of:
+            line_of[match.group(1)] = number
+    known = {f.name: f for f in fields(ModelCard)}
+    card = {}
+    for key, value in raw.items():
+        at = f"{where}, line {line_of.get(key, '?')}"
+        if key not in known:
+            if not strict:
+                continue
+            raise ValueError(f"{at}: unknown field {key!r}; known fields: {sorted(known)}")
+        if isinstance(value, dict):
+            raise ValueError(f"{at}: field {key!r} must be one value, not a nested mapping")
+        card[key] = _yaml_value(key, value.strip(), known[key], at)
+    return card
+
+
+def _yaml_value(key: str, value: str, spec, at: str):
+    """One YAML text value as the type of field `key` (ModelCard field `spec`)."""
+    if key in _INT_FIELDS:
+        if value in _NULL:
+            return None
+        if re.fullmatch(r"[0-9][0-9_]*", value):
+            return int(value.replace("_", ""))
+        if key == "parameter_count" and (size := _SIZE.fullmatch(value)):
+            return int(Decimal(size.group(1)) * _SIZE_FACTOR[size.group(2).upper()])
+        shape = "a whole number or a size such as 8B or 135M" if key == "parameter_count" else "a whole number"
+        raise ValueError(f"{at}: field {key!r} must be {shape}, got {value!r:.100}")
+    if key == "multilingual":
+        if value in _NULL:
+            return None
+        if value.lower() in _BOOLEANS:
+            return _BOOLEANS[value.lower()]
+        raise ValueError(f"{at}: field 'multilingual' must be true, false or null, got {value!r:.100}")
+    if key in ("strengths", "weaknesses"):
+        return [] if value in _NULL else [value]
+    return spec.default if value in ("~", "null", "Null", "NULL") else value
 
 
 _INT_FIELDS = {"parameter_count", "num_layers", "hidden_size", "num_attention_heads", "num_kv_heads",

@@ -1,0 +1,115 @@
+"""Model cards in YAML as well as JSON (issue #17, point 1): a flat YAML card in MASA's style, written here
+from ModelCard's field list, loads equal to its JSON form through ModelCard.load and the scripts' readers;
+comments, quoted strings and typed values; malformed cards are errors naming the file and the line."""
+import json
+from dataclasses import fields
+
+import pytest
+
+from minskill.model_card import ModelCard, read_card_file
+
+# One value per ModelCard field, in the style of MASA's released cards: quoted strings, a size string for
+# parameter_count, plain integers, `true`, one comma-separated line of strengths, comments and blank lines.
+YAML_CARD = """\
+# Model card of a made-up target (written for this test)
+# a comment line, and a blank line after it
+
+name: "tiny-qwen"
+family: "Qwen3"
+variant: '1.7B'                 # single-quoted
+parameter_count: "1.7B"
+release_date: "2025-04"
+
+architecture: "dense-transformer"
+num_layers: 28
+hidden_size: 2048
+num_attention_heads: 16
+num_kv_heads: 8
+context_window: 32768
+vocab_size: 151936
+
+base_or_instruct: instruct      # a plain scalar, its comment dropped
+alignment_method: "SFT + DPO # not a comment inside quotes"
+training_data_size: "36T tokens"
+multilingual: true
+
+strengths: "follows formats, short answers, arithmetic"
+weaknesses: "forgets units: it writes 5 instead of 5 km"
+"""
+
+JSON_CARD = {
+    "name": "tiny-qwen", "family": "Qwen3", "variant": "1.7B", "parameter_count": 1_700_000_000,
+    "release_date": "2025-04", "architecture": "dense-transformer", "num_layers": 28, "hidden_size": 2048,
+    "num_attention_heads": 16, "num_kv_heads": 8, "context_window": 32768, "vocab_size": 151936,
+    "base_or_instruct": "instruct", "alignment_method": "SFT + DPO # not a comment inside quotes",
+    "training_data_size": "36T tokens", "multilingual": True,
+    "strengths": ["follows formats, short answers, arithmetic"],
+    "weaknesses": ["forgets units: it writes 5 instead of 5 km"]}
+
+
+def test_the_yaml_card_covers_every_field():
+    assert set(JSON_CARD) == {f.name for f in fields(ModelCard)}
+
+
+@pytest.mark.parametrize("suffix", [".yaml", ".yml", ".card"])   # .card: not JSON-looking, so read as YAML
+def test_yaml_card_loads_equal_to_its_json_form(tmp_path, suffix):
+    (tmp_path / f"card{suffix}").write_text(YAML_CARD, encoding="utf-8")
+    (tmp_path / "card.json").write_text(json.dumps(JSON_CARD), encoding="utf-8")
+    from_yaml, from_json = ModelCard.load(tmp_path / f"card{suffix}"), ModelCard.load(tmp_path / "card.json")
+    assert from_yaml == from_json == ModelCard(**JSON_CARD)
+    assert from_yaml.alignment_method.endswith("# not a comment inside quotes")   # '#' inside quotes is text
+    assert from_yaml.base_or_instruct == "instruct"                                # the plain comment is gone
+
+
+def test_yaml_values_are_typed_by_their_field(tmp_path):
+    path = tmp_path / "card.yaml"
+    path.write_text("---\nparameter_count: 135M\nnum_layers: 30\nmultilingual: no\nvocab_size: ~\n"
+                    "context_window:\nfamily: null\nstrengths:\n", encoding="utf-8")
+    card = ModelCard.load(path)
+    assert card.parameter_count == 135_000_000 and card.num_layers == 30 and card.multilingual is False
+    assert card.vocab_size is None and card.context_window is None
+    assert card.family == "unknown" and card.strengths == []     # null: the field's default
+
+
+def test_scripts_read_yaml_cards(tmp_path):
+    """evolve_masa.py's --model-card goes through ModelCard.load; rewrite.py's through read_card_file
+    leniently (an unknown key dropped), both giving the same card."""
+    import rewrite
+    path = tmp_path / "card.yaml"
+    path.write_text(YAML_CARD + "homepage: 'https://example.org'\n", encoding="utf-8")
+    assert rewrite.load_model_card(str(path)) == ModelCard(**JSON_CARD).to_json()
+    with pytest.raises(ValueError, match=r"card\.yaml, line 25: unknown field 'homepage'"):
+        ModelCard.load(path)
+    data, where = read_card_file(path, strict=False)
+    assert "homepage" not in data and where == f"model card {path}"
+
+
+BAD_CARDS = [  # (YAML text, what the error must say)
+    ("family: Qwen3\nnum_layers: many\n", r"card\.yaml, line 2: field 'num_layers' must be a whole number"),
+    ("parameter_count: lots\n", r"line 1: field 'parameter_count' must be a whole number or a size"),
+    ("context_window: 32K\n", r"line 1: field 'context_window' must be a whole number"),   # sizes: params only
+    ("multilingual: sometimes\n", r"line 1: field 'multilingual' must be true, false or null"),
+    ("family: Qwen3\nvariant: \"8B\n", r"card\.yaml, line 2: double-quoted string is not closed"),
+    ("family Qwen3\n", r"card\.yaml, line 1: expected 'key: value'"),
+    ("family: Qwen3\nfamily: Llama\n", r"line 2: duplicate key 'family'"),
+    ("strengths:\n  - maths\n", r"line 2: lists are not supported"),
+    ("family:\n  name: Qwen3\n", r"line 1: field 'family' must be one value, not a nested mapping"),
+    ("release: 2025\n", r"line 1: unknown field 'release'"),
+]
+
+
+@pytest.mark.parametrize("text, message", BAD_CARDS, ids=[m.split(":")[-1].strip()[:30] for _, m in BAD_CARDS])
+def test_a_malformed_yaml_card_names_the_file_and_line(tmp_path, text, message):
+    path = tmp_path / "card.yaml"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(ValueError, match=message) as error:
+        ModelCard.load(path)
+    assert str(path) in str(error.value)
+
+
+def test_json_cards_stay_strict_and_missing_files_are_named(tmp_path):
+    (tmp_path / "card.json").write_text(json.dumps({"parameter_count": "8B"}), encoding="utf-8")
+    with pytest.raises(ValueError, match="'parameter_count' must be a non-negative integer"):
+        ModelCard.load(tmp_path / "card.json")      # JSON has types: a string is no count there
+    with pytest.raises(FileNotFoundError, match=r"model card .*nope\.yaml: no such file"):
+        ModelCard.load(tmp_path / "nope.yaml")
