@@ -15,6 +15,10 @@ Commands:
         --task "Short questions: counts, lookups, arithmetic, unit conversion" --out runs/adapted-skills
     python rewrite.py apply ... --compare --suite qa --n-tasks 100      # input vs rewritten vs teacher one-shot
 
+`train --lora-rank R` trains rank-R LoRA adapters (minskill.lora) on a frozen base instead of every weight;
+checkpoints and final/ then hold the merged rewriter in HF layout (what `apply` and any HF tool load) and
+adapter/ in PEFT's layout.
+
 `apply` writes the rewritten skills as an Agent Skills folder only after they parse and validate; an output
 that does not parse is reported, its raw text saved next to --out, and nothing is written as a skill.
 `--compare` evaluates the input skills, the rewritten skills and a one-shot teacher rewrite (the paper's
@@ -35,6 +39,7 @@ import torch
 
 from minskill import sft
 from minskill.client import ChatClient
+from minskill.lora import BASE_DTYPES, add_lora_arguments, apply_lora, lora_settings
 from minskill.masa import one_shot_rewrite
 from minskill.model_card import as_model_card, model_card_from_config, read_card_file
 from minskill.quantize import QUANTIZE_CHOICES
@@ -171,6 +176,7 @@ def cmd_train(args) -> int:
                         chunk_tokens=args.chunk_tokens, val_fraction=args.val_fraction, eval_every=args.eval_every,
                         save_every=args.save_every, keep_checkpoints=args.keep_checkpoints,
                         log_every=args.log_every, seed=args.seed, max_steps=args.max_steps)
+    lora = lora_settings(args)      # before anything is read: a bad --lora-* flag is a ValueError naming it
     check_run_folder(args.out, bool(args.resume), args.overwrite, "rewrite.py train")
     warn = lambda message: print(message, file=sys.stderr, flush=True)   # noqa: E731
     records, problems = sft.read_records(args.data, warn=warn)
@@ -185,7 +191,12 @@ def cmd_train(args) -> int:
               f"({len(problems)} malformed lines)", file=sys.stderr)
         return 1
 
-    model, tokenizer = load_model(args.base_model, device=args.device or _default_device())
+    base = resolve_model(args.base_model)
+    model, tokenizer = load_model(str(base), dtype=BASE_DTYPES[args.lora_base_dtype],
+                                  device=args.device or _default_device())
+    if lora is not None:   # the base frozen, float32 adapters trained; every checkpoint: merged + adapter/
+        apply_lora(model, lora.rank, lora.alpha, lora.dropout, lora.targets, seed=args.seed,
+                   base_model_name_or_path=str(Path(base).resolve()))
     train, train_counts = sft.encode_records(tokenizer, train_records, cfg.max_length, cfg.too_long)
     val, val_counts = sft.encode_records(tokenizer, val_records, cfg.max_length, cfg.too_long)
     too_long = train_counts["skipped_too_long"] + val_counts["skipped_too_long"]
@@ -197,6 +208,8 @@ def cmd_train(args) -> int:
     write_text_atomic(out / "run_config.json", json.dumps(
         {"command": "python rewrite.py " + " ".join(args.argv), "data": args.data, "val_file": args.val_file,
          "base_model": args.base_model, "config": vars(cfg) | {"adam_betas": list(cfg.adam_betas)},
+         "lora": {k: getattr(args, k) for k in ("lora_rank", "lora_alpha", "lora_dropout", "lora_targets",
+                                                "lora_base_dtype")},
          "data_counts": {"records": len(records), "malformed_lines": len(problems), "too_long_skipped": too_long,
                          "truncated": truncated, "train": len(train), "validation": len(val)}}, indent=2) + "\n")
     resume = False if not args.resume else (True if args.resume == "latest" else args.resume)
@@ -345,6 +358,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--grad-clip", type=float, default=d.grad_clip, help=f"max gradient norm, 0 = off (default {d.grad_clip:g})")
     t.add_argument("--bf16", action="store_true", help="bf16 autocast (weights and optimizer stay float32)")
     t.add_argument("--gradient-checkpointing", action="store_true", help="recompute layer activations in backward")
+    add_lora_arguments(t)
     t.add_argument("--chunk-tokens", type=int, default=d.chunk_tokens, help="logit rows per loss chunk")
     t.add_argument("--eval-every", type=int, default=d.eval_every, help=f"validation loss every N steps (default {d.eval_every})")
     t.add_argument("--save-every", type=int, default=d.save_every, help=f"checkpoint every N steps (default {d.save_every})")

@@ -35,7 +35,9 @@ attention mask is needed and the loss mask alone removes the pads.
 
 Checkpoints are HF folders (config.json, model.safetensors, tokenizer files) plus trainer_state.pt
 (optimizer moments, step, schedule, RNG states), written by minskill.runs.save_checkpoint (staged, then
-renamed into place; a kill leaves the old checkpoint or the new one). The schedule is
+renamed into place; a kill leaves the old checkpoint or the new one). A model adapted by minskill.lora
+trains its adapters only: a checkpoint then holds the merged model and adapter/ (PEFT's layout), and a
+resume loads that adapter onto the base the run started from. The schedule is
 minskill.runs.lr_factor, shared with the Skill-R1 trainer.
 The data order of epoch e is a permutation seeded by (seed, e), so a resumed run replays the same
 batches and continues exactly where the interrupted one stopped.
@@ -43,8 +45,8 @@ batches and continues exactly where the interrupted one stopped.
 Bad data never crashes a run: malformed JSONL lines are reported as `file:line: reason` and skipped;
 records longer than max_length are skipped (or truncated, keeping the head) and counted.
 
-This module imports minskill.model, minskill.tokenizer, minskill.plot and minskill.runs (checkpoints,
-atomic writes, the schedule).
+This module imports minskill.model, minskill.tokenizer, minskill.plot, minskill.runs (checkpoints,
+atomic writes, the schedule) and minskill.lora (resuming an adapted model).
 """
 from __future__ import annotations
 
@@ -63,6 +65,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from minskill.lora import ADAPTER_DIR, has_lora, load_peft_adapter, trainable_parameters
 from minskill.model import Transformer
 from minskill.plot import write_svg_plot
 from minskill.runs import (TRAINER_STATE, load_trainer_state, lr_factor, recover_checkpoint, save_checkpoint,
@@ -419,9 +422,16 @@ def _resume(model: Transformer, optimizer, out_dir: Path, resume, cfg: SFTConfig
         log(f"resume: no checkpoint in {out_dir}; starting from scratch")
         return 0
     state = load_trainer_state(ckpt, restore_rng=False)   # restored below, after the weights load
-    saved = Transformer.from_pretrained(ckpt, device=next(model.parameters()).device)
-    model.load_state_dict(saved.state_dict())
-    del saved
+    adapter = Path(ckpt) / ADAPTER_DIR
+    if has_lora(model) != adapter.is_dir():
+        raise ValueError(f"{ckpt} was written {'with' if adapter.is_dir() else 'without'} LoRA adapters: resume "
+                         f"with the same --lora-* flags as the run that wrote it")
+    if has_lora(model):   # the base is the one the run started from; only the adapter trained
+        load_peft_adapter(model, adapter)
+    else:
+        saved = Transformer.from_pretrained(ckpt, device=next(model.parameters()).device)
+        model.load_state_dict(saved.state_dict())
+        del saved
     optimizer.load_state_dict(state["optimizer"])
     set_rng_state(state["rng"])
     if state.get("data_fingerprint") != fingerprint:
@@ -474,8 +484,9 @@ def train_sft(model: Transformer, tokenizer: Tokenizer, train_examples: list[Exa
     # Drop metric rows from beyond the resumed step (an interrupted run may have logged past its checkpoint).
     write_jsonl_atomic(metrics_path, _read_metrics(metrics_path, step))
 
-    n_params = sum(p.numel() for p in model.parameters())
-    log(f"sft: {len(train_examples)} train / {len(val_examples)} validation examples, {n_params / 1e6:.1f}M params, "
+    n_params, n_trained = (sum(p.numel() for p in ps) for ps in (model.parameters(), trainable_parameters(model)))
+    log(f"sft: {len(train_examples)} train / {len(val_examples)} validation examples, {n_params / 1e6:.1f}M params "
+        f"({'LoRA: ' + format(n_trained / 1e6, '.2f') + 'M trained' if has_lora(model) else 'all trained'}), "
         f"{total_steps} steps ({steps_per_epoch}/epoch x {cfg.epochs:g} epochs), batch {cfg.batch_size} = "
         f"{cfg.micro_batch_size} x {cfg.batch_size // cfg.micro_batch_size} accumulation, lr {cfg.lr:g}, "
         f"{'bf16 autocast' if cfg.bf16 else 'float32'}{', gradient checkpointing' if cfg.gradient_checkpointing else ''}")
@@ -540,7 +551,7 @@ def sft_throughput(model: Transformer, input_ids: torch.Tensor, loss_mask: torch
     loss_mask = torch.ones_like(input_ids, dtype=torch.bool) if loss_mask is None else loss_mask.to(device)
     model.gradient_checkpointing = gradient_checkpointing
     model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    optimizer = torch.optim.AdamW(trainable_parameters(model), lr=lr)   # with LoRA: the adapters only
     n_targets = max(1, int(loss_mask[:, 1:].sum()))
     loss = float("nan")
     for i in range(warmup_steps + steps):
