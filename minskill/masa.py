@@ -401,9 +401,9 @@ def episode_record(task, traj) -> dict:
             "steps": traj.steps, "nothing_happens": traj.nothing_happens}
 
 
-def _metrics(summary: dict) -> dict:
+def _metrics(summary: dict, trajectories=()) -> dict:
     keep = ("n", "success_rate", "nhr", "adjusted_reward", "mean_steps", "errors")
-    return {**{k: summary[k] for k in keep},
+    return {**{k: summary[k] for k in keep}, "task_rewards": {t.task_id: t.reward for t in trajectories},
             "per_type": {t: {k: s[k] for k in keep} for t, s in summary["per_type"].items()}}
 
 
@@ -556,9 +556,9 @@ class MasaSearch:
 
     def evaluate(self, skills: SkillSet, tasks: list) -> tuple[dict, list[dict]]:
         """Roll the target out on `tasks` under `skills`: (metrics, failure records). metrics holds R as
-        `adjusted_reward`, computed by rollout.summarize (R = SR − λ·NHR)."""
+        `adjusted_reward` (rollout.summarize: R = SR − λ·NHR) and each task's reward as `task_rewards`."""
         trajectories = rollouts(self.target, tasks, skills, self.config, self.budget)
-        metrics = _metrics(summarize(trajectories, lam_nh=self.config.lam_nh))
+        metrics = _metrics(summarize(trajectories, lam_nh=self.config.lam_nh), trajectories)
         return metrics, failure_records(tasks, trajectories, self.config.max_failures)
 
     def evaluate_candidate(self, candidate: Candidate, tasks: list) -> float:

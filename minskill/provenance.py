@@ -1,0 +1,279 @@
+"""Edit provenance: what a run folder records about where each skill came from, read back for the HTML report
+(minskill/report.py), and the one record a Skill-R1 run needs to add for its lineage.
+
+The report never re-runs a model: it only reads what the runs wrote. `load_run(folder)` tells the kind of a
+run folder by the files it holds and reads them, with errors naming the file (and FILE:LINE for a JSONL line):
+
+    kind           written by                      files read
+    skill-r1       train_grpo.py (training)        metrics.jsonl (one row per step, with `probes`);
+                                                   checkpoint/trainer_state.pt (the flags, memory-mapped);
+                                                   lineage.jsonl when the run records it (below)
+    masa           evolve_masa.py                  state.json (every candidate: skills, parent, reward, metrics,
+                                                   attribution, failures; the climb; the trees), run.json,
+                                                   results.json (held-out), model_card.json
+    compare        rewrite.py apply --compare      compare.json, trajectories-*.jsonl, teacher_oneshot/
+    rewriter       rewrite.py train                metrics.jsonl (loss per step), run_config.json
+
+`train_grpo.py --eval` prints its table and writes no folder, so it has no report yet.
+
+Derived here, from recorded data only:
+
+* gained / lost tasks of a skill against its parent: the tasks both were scored on where the child's
+  reward is higher / lower (`gained_lost`). MASA records each candidate's per-task rewards as
+  metrics["task_rewards"] (masa.MasaSearch.evaluate); a Skill-R1 lineage row records `task_scores`.
+* the UCB1 value of each tree node when it was selected (`replay_ucb1`). The search evaluates every node
+  right after creating it and the selected node is always the new node's parent, so the statistics at the
+  moment node k was created are those of the nodes created before it (candidate ids give the order):
+
+      N(p)  = nodes created before k in p's subtree,   R̄(p) = their mean own reward
+      UCB1(p) = R̄(p) + C · sqrt(ln N(parent(p)) / N(p))            (the root has no UCB1)
+
+  An iteration whose teacher reply was skipped made no child and changed no statistic, so it leaves no
+  trace; the replayed final N(n) must equal the recorded visits (checked, and said in the report if not).
+* the trajectories that motivated an edit: the failed episodes of its parent (`failures` of the parent
+  candidate), which is what masa.attribution_messages showed the teacher.
+
+Skill-R1 lineage (`lineage_records`, one JSON line per instance and training step in OUT/lineage.jsonl):
+
+    {"step", "instance", "task_type", "task_ids": [...], "questions": [...],
+     "skills": [{"id": "g0" | "g<g>.<i>", "generation", "parent": id of the skill carried into that generation
+                 (the "current skill" of the editor's prompt), "text" (None: the reply did not parse),
+                 "reply" (the raw reply when it did not parse), "parse_error", "reward", "advantage",
+                 "task_scores": [mean score per task, in task_ids order] or None}],
+     "carried": [id carried after generation 0, 1, ..., G],
+     "editor_prompts": [{"generation", "current", "history": [ids, newest first], "prompt_tokens",
+                         "outcomes_per_entry"}]}
+
+train_grpo.py writes no lineage.jsonl today; the report then says so. Recording it is one call per step
+after metrics_row: `for r in lineage_records(step, evolutions): append_jsonl(OUT / "lineage.jsonl", r)`.
+The history is what the prompt offered: editor_messages drops the oldest entries when the prompt would
+exceed --context-tokens, which `prompt_tokens` lets a reader judge.
+"""
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from pathlib import Path
+
+from minskill import ucb
+from minskill.runs import read_json, read_jsonl
+
+NOT_RECORDED = "not recorded by this run"
+
+
+class NotARun(ValueError):
+    """A folder the report cannot read as a run, or a run file that does not parse."""
+
+
+# ---------------------------------------------------------------------------------------------- reading
+
+def detect_kind(folder: Path) -> str:
+    """The kind of run `folder` holds (module docstring), or NotARun naming the folder and what it expected."""
+    if not folder.is_dir():
+        raise NotARun(f"{folder}: no such folder (expected a run folder of train_grpo.py, evolve_masa.py or "
+                      f"rewrite.py)")
+    if (folder / "state.json").is_file():
+        return "masa"
+    if (folder / "compare.json").is_file():
+        return "compare"
+    if (folder / "metrics.jsonl").is_file():
+        return "rewriter" if (folder / "run_config.json").is_file() else "skill-r1"
+    held = sorted(p.name for p in folder.iterdir())
+    shown = ", ".join(held[:8]) + (", ..." if len(held) > 8 else "") if held else "nothing"
+    raise NotARun(f"{folder}: not a run folder: expected metrics.jsonl (train_grpo.py training, rewrite.py train), "
+                  f"state.json (evolve_masa.py) or compare.json (rewrite.py apply --compare); it holds {shown}. "
+                  f"(train_grpo.py --eval writes no folder: it prints its table.)")
+
+
+def read_rows(path: Path, required: tuple[str, ...]) -> list[dict]:
+    """The rows of a JSONL log (runs.read_jsonl: a torn last line dropped), each a JSON object holding
+    `required`; anything else is NotARun naming FILE:LINE."""
+    try:
+        lines = read_jsonl(path)
+    except ValueError as e:
+        raise NotARun(str(e)) from None
+    rows = []
+    for lineno, row in lines:
+        if not isinstance(row, dict):
+            raise NotARun(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
+        missing = [k for k in required if k not in row]
+        if missing:
+            raise NotARun(f"{path}:{lineno}: lacks field(s) {', '.join(missing)}")
+        rows.append(row)
+    return rows
+
+
+def _json(path: Path, default=None):
+    """A JSON file of the run; absent: `default`; present but broken: NotARun naming it."""
+    if not path.is_file():
+        return default
+    try:
+        return read_json(path)
+    except ValueError as e:
+        raise NotARun(str(e)) from None
+
+
+def load_run(folder: str | Path) -> dict:
+    """{"kind", "folder", "files": [names read], ...the kind's data}: see the module docstring."""
+    folder = Path(folder)
+    kind = detect_kind(folder)
+    loader = {"skill-r1": _load_skill_r1, "masa": _load_masa, "compare": _load_compare,
+              "rewriter": _load_rewriter}[kind]
+    return {"kind": kind, "folder": str(folder), **loader(folder)}
+
+
+def _trainer_flags(folder: Path) -> dict | None:
+    """The flags a train_grpo.py checkpoint was trained with (trainer_state.pt, memory-mapped: the optimizer
+    state it also holds is never read into memory), or None when there is none or it does not load."""
+    path = folder / "checkpoint" / "trainer_state.pt"
+    if not path.is_file():
+        return None
+    try:
+        import torch
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        return {**state.get("args", {}), "editor_spec": state.get("editor_spec"), "checkpoint_step": state.get("step")}
+    except Exception:   # an unreadable checkpoint costs the report its flags table, nothing else
+        return None
+
+
+def _load_skill_r1(folder: Path) -> dict:
+    rows = read_rows(folder / "metrics.jsonl", ("step", "reward_per_generation"))
+    lineage_path = folder / "lineage.jsonl"
+    lineage = (read_rows(lineage_path, ("step", "instance", "skills", "carried")) if lineage_path.is_file()
+               else None)
+    files = ["metrics.jsonl"] + (["lineage.jsonl"] if lineage is not None else [])
+    flags = _trainer_flags(folder)
+    if flags is not None:
+        files.append("checkpoint/trainer_state.pt")
+    return {"files": files, "rows": rows, "lineage": lineage, "flags": flags}
+
+
+def _load_masa(folder: Path) -> dict:
+    state = _json(folder / "state.json")
+    if not isinstance(state, dict) or "args" not in state:
+        raise NotARun(f"{folder / 'state.json'}: not an evolve_masa.py state (no 'args')")
+    names = ["state.json"] + [n for n in ("run.json", "results.json", "model_card.json") if (folder / n).is_file()]
+    search = state.get("search") or {"candidates": [], "general": None, "trees": {}, "events": [], "phase": "start"}
+    return {"files": names, "state": state, "search": search, "run": _json(folder / "run.json"),
+            "results": _json(folder / "results.json"), "card": _json(folder / "model_card.json", state.get("card"))}
+
+
+def _load_compare(folder: Path) -> dict:
+    compare = _json(folder / "compare.json")
+    if not isinstance(compare, dict) or "results" not in compare:
+        raise NotARun(f"{folder / 'compare.json'}: not a rewrite.py --compare result (no 'results')")
+    files, trajectories = ["compare.json"], {}
+    for path in sorted(folder.glob("trajectories-*.jsonl")):
+        name = path.stem[len("trajectories-"):].replace("_", " ")
+        trajectories[name] = read_rows(path, ("task_id", "task_type", "messages"))
+        files.append(path.name)
+    raw = folder / "teacher_oneshot.raw.txt"
+    return {"files": files, "compare": compare, "trajectories": trajectories,
+            "teacher_raw": raw.read_text(encoding="utf-8", errors="replace") if raw.is_file() else None}
+
+
+def _load_rewriter(folder: Path) -> dict:
+    return {"files": ["metrics.jsonl", "run_config.json"], "rows": read_rows(folder / "metrics.jsonl", ("step",)),
+            "config": _json(folder / "run_config.json", {})}
+
+
+# ---------------------------------------------------------------------------------------------- derived
+
+def gained_lost(parent: dict | None, child: dict | None) -> tuple[list[str], list[str], int] | None:
+    """(tasks where the child's reward is higher, lower, number of tasks both were scored on), from two
+    {task id: reward} maps; None when either is not recorded."""
+    if parent is None or child is None:
+        return None
+    common = [t for t in child if t in parent]
+    return ([t for t in common if child[t] > parent[t]], [t for t in common if child[t] < parent[t]], len(common))
+
+
+def replay_ucb1(root: dict, c: float) -> tuple[dict[str, list[float | None]], dict[str, int]]:
+    """(node id -> the UCB1 value it had each time it was selected for expansion, None for the root;
+    node id -> replayed visits), from a tree as ucb.to_dict writes it with candidate ids as payloads."""
+    nodes: dict[str, tuple[dict, str | None]] = {}
+    stack = [(root, None)]
+    while stack:
+        node, parent = stack.pop()
+        nodes[node["id"]] = (node, parent)
+        stack.extend((child, node["id"]) for child in node.get("children", []))
+
+    def created(node_id):   # candidate ids count up as the search creates candidates
+        payload = nodes[node_id][0].get("payload")
+        return (0, payload, node_id) if isinstance(payload, int) else (1, 0, node_id)
+
+    visits, sums, selected = defaultdict(int), defaultdict(float), defaultdict(list)
+    for node_id in sorted(nodes, key=created):
+        node, parent = nodes[node_id]
+        if parent is not None and visits[parent]:
+            grand = nodes[parent][1]
+            selected[parent].append(None if grand is None else
+                                    sums[parent] / visits[parent] + c * math.sqrt(math.log(visits[grand]) / visits[parent]))
+        if node.get("reward") is not None:
+            at = node_id
+            while at is not None:           # backpropagation, as ucb.backpropagate
+                visits[at] += 1
+                sums[at] += float(node["reward"])
+                at = nodes[at][1]
+    return dict(selected), dict(visits)
+
+
+def best_node_id(root: dict) -> str | None:
+    """The tree's result (ucb.best_node: highest own reward, then shallower, then created first)."""
+    try:
+        best = ucb.best_node(ucb.from_dict(root))
+    except ValueError:
+        return None
+    return None if best is None else best.id
+
+
+def task_rewards(candidate: dict) -> dict | None:
+    """A MASA candidate's {task id: reward}, or None when the run did not record it."""
+    scores = (candidate.get("metrics") or {}).get("task_rewards")
+    return scores if isinstance(scores, dict) and scores else None
+
+
+def lineage_scores(skill: dict, task_ids: list[str]) -> dict | None:
+    scores = skill.get("task_scores")
+    return None if scores is None or len(scores) != len(task_ids) else dict(zip(task_ids, scores))
+
+
+# ---------------------------------------------------------------------------------------------- recording
+
+def _mean_per_task(outcomes: list, n_tasks: int) -> list[float] | None:
+    """Outcomes come in task order, a task's n rollouts together (skill_r1.score_skills): the mean per task."""
+    if not outcomes or n_tasks == 0 or len(outcomes) % n_tasks:
+        return None
+    n = len(outcomes) // n_tasks
+    return [sum(o.reward for o in outcomes[i * n:(i + 1) * n]) / n for i in range(n_tasks)]
+
+
+def lineage_records(step: int, evolutions: list) -> list[dict]:
+    """One lineage.jsonl record per instance of a training step (the format is in the module docstring), from
+    skill_r1.Evolution objects after skill_r1.assign_advantages."""
+    from minskill.skill_r1 import OUTCOMES_SHOWN   # the trainer has it loaded already
+    records = []
+    for ev in evolutions:
+        task_ids = [t.id for t in ev.instance.tasks]
+        skills = [{"id": "g0", "generation": 0, "parent": None, "text": ev.seed_skill, "reply": None,
+                   "parse_error": None, "reward": ev.seed_reward, "advantage": None,
+                   "task_scores": _mean_per_task(ev.seed_outcomes, len(task_ids))}]
+        carried, history, prompts, reward = ["g0"], ["g0"], [], ev.seed_reward
+        for gen in ev.generations:
+            ids = [f"g{gen.g}.{i}" for i in range(len(gen.candidates))]
+            prompts.append({"generation": gen.g, "current": carried[-1], "history": history[::-1],
+                            "prompt_tokens": len(gen.candidates[0].prompt_ids) if gen.candidates else 0,
+                            "outcomes_per_entry": OUTCOMES_SHOWN})
+            for sid, c in zip(ids, gen.candidates):
+                skills.append({"id": sid, "generation": gen.g, "parent": carried[-1], "text": c.skill,
+                               "reply": c.text if c.skill is None else None, "parse_error": c.parse_error,
+                               "reward": c.reward, "advantage": c.advantage,
+                               "task_scores": _mean_per_task(c.outcomes, len(task_ids))})
+            history += ids
+            # skill_r1._carry replaces the carried skill only by a strictly better one: a new reward is a new skill
+            carried.append(ids[gen.best_index] if gen.current_reward != reward else carried[-1])
+            reward = gen.current_reward
+        records.append({"step": step, "instance": ev.instance.id, "task_type": ev.instance.type,
+                        "task_ids": task_ids, "questions": [t.question[:300] for t in ev.instance.tasks],
+                        "skills": skills, "carried": carried, "editor_prompts": prompts})
+    return records

@@ -1,0 +1,324 @@
+"""The edit-provenance report (minskill/report.py) on small scripted runs built here: a train_grpo.py run (tiny
+random editor, scripted task model over HTTP) with and without the lineage record, an evolve_masa.py run
+(scripted target and teacher), a rewrite.py --compare folder and a rewriter SFT folder. Checks what each page
+shows, that run text is escaped, that the UCB1 replay equals what ucb.search saw, the errors for folders that
+are not runs and for malformed lines, and, where a headless Chromium is installed, that each page loads with
+no console message (its Content-Security-Policy turns any script or fetch into one) and gives a screenshot."""
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from contextlib import redirect_stderr, redirect_stdout
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import evolve_masa  # noqa: E402
+import train_grpo  # noqa: E402
+from minskill import masa, provenance, report, ucb  # noqa: E402
+from minskill.server import ScriptedBackend, start_server  # noqa: E402
+from minskill.skillsets import SkillSet  # noqa: E402
+from test_evolve_masa import skill, target_fn, teacher_fn, write_suite  # noqa: E402
+from test_skill_r1 import KEYWORDS, keyword_task_model  # noqa: E402
+from tiny import make_tiny_model_dir  # noqa: E402
+
+XSS = "<script>alert(1)</script>"
+XSS_ATTR = '"><img src=x onerror=alert(2)>'
+
+
+def quiet(fn, *args):
+    with redirect_stdout(io.StringIO()), redirect_stderr(io.StringIO()):
+        return fn(*args)
+
+
+def page_of(folder: Path, tmp: Path, name: str) -> str:
+    path = report.write_report(folder, tmp / f"{name}.html")
+    return path.read_text(encoding="utf-8")
+
+
+def assert_self_contained_and_escaped(text: str) -> None:
+    assert "<script" not in text.lower() and "<img" not in text.lower()  # every run text escaped
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in text
+    # nothing fetched: inside tags the only URL is the SVG namespace (URLs in the text, e.g. --task-url, are text)
+    tags = re.findall(r"<[^>]*>", text)
+    assert {url for t in tags for url in re.findall(r"[a-z]+://[^\s\"'>]+", t)} <= {"http://www.w3.org/2000/svg"}
+    assert not [t for t in tags if re.search(r"\b(?:src|href|on\w+)\s*=", t)]
+    assert not re.search(r"url\(|@import", text[text.index("<style>"):text.index("</style>")])
+
+
+# ---------------------------------------------------------------------------------------------- scripted runs
+
+@pytest.fixture(scope="module")
+def skill_r1_env(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("skill_r1")
+    editor = make_tiny_model_dir(tmp / "editor", family="llama", chat_format="chatml", max_position_embeddings=1024)
+    suite = tmp / "keywords.jsonl"
+    suite.write_text("".join(json.dumps({"id": f"{split}-{i}", "type": "keywords", "question": f"Item {i}: solve "
+                                         f"task {i % 4}", "answer": "yes", "verifier": "exact", "split": split}) + "\n"
+                             for split in ("train", "heldout") for i in range(8)))
+    seed = tmp / "seed.txt"
+    seed.write_text(f"Say yes. {XSS} It is about th.\n")      # holds KEYWORDS "is" and "th": solves tasks 0 and 3
+    with start_server(ScriptedBackend(keyword_task_model, name="keywords")) as server:
+        yield {"tmp": tmp, "flags": ["--editor", str(editor), "--task-url", server.url, "--suite", str(suite),
+                                     "--seed-skills", str(seed), "-G", "2", "-K", "3", "--tasks-per-instance", "4",
+                                     "--instances-per-step", "1", "--max-skill-tokens", "12", "--task-max-tokens",
+                                     "4", "--steps", "2", "--save-every", "2", "--probe-every", "1",
+                                     "--probe-instances", "1", "--probe-candidates", "2"]}
+
+
+@pytest.fixture(scope="module")
+def skill_r1_run(skill_r1_env):
+    out = skill_r1_env["tmp"] / "run"
+    assert quiet(train_grpo.main, skill_r1_env["flags"] + ["--out", str(out)]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def skill_r1_lineage_run(skill_r1_env):
+    """The same run, with lineage.jsonl recorded as the provenance docstring proposes for train_grpo.py."""
+    out = skill_r1_env["tmp"] / "run-lineage"
+    original, evolutions_seen = train_grpo.metrics_row, []
+
+    def metrics_row_and_lineage(step, evolutions, *rest):
+        evolutions_seen.append(evolutions)
+        for record in provenance.lineage_records(step, evolutions):
+            train_grpo.append_jsonl(out / "lineage.jsonl", record)
+        return original(step, evolutions, *rest)
+
+    train_grpo.metrics_row = metrics_row_and_lineage
+    try:
+        assert quiet(train_grpo.main, skill_r1_env["flags"] + ["--out", str(out)]) == 0
+    finally:
+        train_grpo.metrics_row = original
+    return out, evolutions_seen
+
+
+SECRET_REWRITES = []
+
+
+def xss_teacher(messages, request):
+    """test_evolve_masa's teacher, but its attribution carries hostile text into the page, and its first two
+    rewrites of the `secret` skills miss the key (so the tree grows past the root and UCB1 picks a child)."""
+    prompt = messages[1]["content"]
+    if masa.ATTRIBUTION_TASK in prompt:
+        return json.dumps({"failure_categories": [{"category": f"missing key {XSS}", "count": 3,
+                                                   "evidence": [XSS_ATTR], "suggested_fix": "give the key"}],
+                           "summary": XSS})
+    if masa.TASK_REWRITE_TASK in prompt and "of type 'secret'" in prompt:
+        SECRET_REWRITES.append(1)
+        if len(SECRET_REWRITES) <= 2:
+            return SkillSet(general=[], task_specific={"secret": [skill(f"secret-try-{len(SECRET_REWRITES)}",
+                                                                        "Guess a number.")]},
+                            common_mistakes=[]).to_markdown()
+    return teacher_fn(messages, request)
+
+
+@pytest.fixture(scope="module")
+def masa_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("masa")
+    suite = write_suite(tmp / "suite.jsonl")
+    base = SkillSet(general=[skill("be-helpful", f"Answer the question. {XSS}")],
+                    task_specific={"secret": [skill("secret-base", "Think about the name.")]}, common_mistakes=[])
+    base.save_json(tmp / "base.json")
+    with start_server(ScriptedBackend(target_fn, name="target")) as target, \
+            start_server(ScriptedBackend(xss_teacher, name="teacher", max_context=100000)) as teacher:
+        argv = ["--suite", str(suite), "--base-skills", str(tmp / "base.json"), "--n-train", "12", "--n-prelim", "2",
+                "--n-heldout", "8", "--target-url", target.url, "--target-model", "target", "--teacher-url",
+                teacher.url, "--teacher-model", "teacher", "--iterations", "3", "--patience", "2",
+                "--tree-iterations", "4", "--max-children", "2", "--episodes", "4", "--concurrency", "4",
+                "--out", str(tmp / "run")]
+        assert quiet(evolve_masa.main, argv) == 0
+    return tmp / "run"
+
+
+@pytest.fixture(scope="module")
+def compare_run(tmp_path_factory):
+    """What `rewrite.py apply --compare` writes: its own compare() on a scripted task model and teacher."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("rewrite", ROOT / "rewrite.py")
+    rewrite = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rewrite)
+    tmp = tmp_path_factory.mktemp("compare")
+    tasks = tmp / "tasks.jsonl"
+    tasks.write_text("".join(json.dumps({"id": f"t{i}", "question": f"What is {i} + {i}?", "answer": str(2 * i),
+                                         "type": "sum" if i < 2 else "unit"}) + "\n" for i in range(4)))
+    teacher_set = {"general_skills": [{"skill_id": "tip", "title": "Tip", "principle": "Sum tip.",
+                                       "when_to_apply": "Always."}]}
+
+    def script(messages, request):
+        if "## Task:" in messages[-1]["content"]:
+            return json.dumps(teacher_set)
+        system = messages[0]["content"] if messages[0]["role"] == "system" else ""
+        i = int(messages[-1]["content"].split()[2])
+        solved = "Carry the one." in system or ("Sum tip." in system and i < 2)
+        return f"The answer is {2 * i}." if solved else f"I am not sure {XSS}."
+
+    skills_in = SkillSet(general=[skill("plain", f"Add. {XSS}")], task_specific={}, common_mistakes=[])
+    rewritten = SkillSet(general=[skill("plain", "Add. Carry the one.")], task_specific={}, common_mistakes=[])
+    with start_server(ScriptedBackend(script)) as server:
+        args = rewrite.build_parser().parse_args(
+            ["apply", "--rewriter", "tiny-rewriter", "--model-card", "card.json", "--skills", "in.json", "--task",
+             "Sums.", "--out", str(tmp / "adapted"), "--compare", "--suite", str(tasks), "--split", "all",
+             "--task-url", server.url, "--task-max-tokens", "16"])
+        assert quiet(rewrite.compare, args, {"name": "alpha"}, skills_in, rewritten) == 0
+    return tmp / "adapted-compare"
+
+
+# ---------------------------------------------------------------------------------------------- the pages
+
+def test_skill_r1_training_report_without_lineage(skill_r1_run, tmp_path):
+    text = page_of(skill_r1_run, tmp_path, "skill_r1")
+    assert_self_contained_and_escaped(text)
+    assert text.count("<svg") >= 2 and "mean candidate reward per generation" in text and "policy loss" in text
+    assert "Cost per role" in text and "task model (training rollouts)" in text and "Skill-R1 has no teacher" in text
+    assert "not recorded by this run (lineage.jsonl" in text          # said, not guessed
+    assert "Held-out probes" in text and "--generations" in text      # probes; flags from trainer_state.pt
+    rows = [json.loads(line) for line in (skill_r1_run / "metrics.jsonl").read_text().splitlines()]
+    calls = sum(r["task_calls"] for r in rows)
+    assert re.search(rf'<td class="num">{calls}</td>', text)           # the cost table sums the recorded calls
+
+
+def test_skill_r1_lineage_report(skill_r1_lineage_run, tmp_path):
+    out, evolutions_seen = skill_r1_lineage_run
+    records = provenance.read_rows(out / "lineage.jsonl", ("step", "instance", "skills", "carried"))
+    assert len(records) == 2 and [r["step"] for r in records] == [0, 1]
+    for record, (ev,) in zip(records, evolutions_seen):
+        by_id = {s["id"]: s for s in record["skills"]}
+        assert len(record["skills"]) == 1 + 2 * 3 and len(record["carried"]) == 3
+        assert by_id[record["carried"][-1]]["reward"] == ev.final_reward
+        assert [s["parent"] for s in record["skills"] if s["generation"] == 2] == [record["carried"][1]] * 3
+        seed = by_id["g0"]["text"]       # the scripted task model says yes to task k when KEYWORDS[k] is in the skill
+        assert by_id["g0"]["task_scores"] == [float(KEYWORDS[int(t.question[-1])] in seed) for t in ev.instance.tasks]
+        assert record["editor_prompts"][1]["history"] == ["g1.2", "g1.1", "g1.0", "g0"]
+    text = page_of(out, tmp_path, "skill_r1_lineage")
+    assert_self_contained_and_escaped(text)
+    assert "not recorded by this run (lineage.jsonl" not in text
+    assert "Skill lineage (each instance, generation by generation)" in text
+    assert text.count('class="card') >= 14 and "carried" in text and "gained " in text and "lost " in text
+    assert "@@" in text or "identical to its parent" in text           # diffs against the parent
+
+
+def test_masa_report_shows_climb_trees_and_every_edit(masa_run, tmp_path):
+    state = json.loads((masa_run / "state.json").read_text())
+    cands = state["search"]["candidates"]
+    search_tasks = {c["task_id"] for c in cands[0]["failures"]}
+    assert set(cands[0]["metrics"]["task_rewards"]) >= search_tasks and len(cands[0]["metrics"]["task_rewards"]) == 12
+    text = page_of(masa_run, tmp_path, "masa")
+    assert_self_contained_and_escaped(text)
+    assert "&quot;&gt;&lt;img src=x onerror=alert(2)&gt;" in text      # attribution evidence, escaped
+    assert "Hill climbing on the general skills" in text and "accepted" in text and "rejected" in text
+    assert "tree secret:" in text and "★ chosen" in text and "UCB1 at selection" in text
+    assert "Why: the teacher&#x27;s failure attribution" in text and "give the key" in text
+    assert "failed episodes of parent #0" in text and "What is the secret number of" in text
+    assert "+KEY-GENERAL" in text or "+State the final" in text or 'class="add"' in text
+    assert "gained 6" in text                                          # the general rewrite solves the 6 sums
+    assert "Held-out: base vs evolved skills" in text and "Cost per role" in text
+    assert "not recorded by this run" in text                          # tokens and seconds per role
+
+
+def test_ucb1_replay_equals_what_the_search_saw(monkeypatch):
+    seen, original = [], ucb.select
+
+    def spy(root, c=1.4, max_children=None):
+        node = original(root, c, max_children)
+        seen.append((node.id, None if node.parent is None else ucb.ucb_score(node, c)))
+        return node
+
+    monkeypatch.setattr(ucb, "select", spy)
+    made = iter(range(1, 100))
+    root = ucb.Node(payload=0)
+    ucb.search(root, lambda node: next(made), lambda node: (node.payload * 37 % 11) / 10, iterations=12, c=0.9,
+               max_children=2)
+    selections, visits = provenance.replay_ucb1(ucb.to_dict(root), 0.9)
+    replayed = sorted((node_id, v) for node_id, values in selections.items() for v in values)
+    assert len(replayed) == 12
+    assert [(i, None if v is None else round(v, 9)) for i, v in replayed] == \
+           [(i, None if v is None else round(v, 9)) for i, v in sorted(seen)]
+    assert visits == {n.id: n.visits for n in ucb.iter_nodes(root)}
+
+
+def test_compare_report(compare_run, tmp_path):
+    text = page_of(compare_run, tmp_path, "compare")
+    assert_self_contained_and_escaped(text)
+    assert "teacher one-shot" in text and "rewritten" in text
+    assert "input → rewritten" in text and "gained 4" in text          # the rewritten skills solve all 4
+    assert "+- Carry the one." in text or "Carry the one." in text
+    assert "compare.json holds none" in text
+
+
+def test_rewriter_sft_report(tmp_path):
+    run = tmp_path / "rewriter"
+    run.mkdir()
+    (run / "run_config.json").write_text(json.dumps({"command": "python rewrite.py train x", "base_model": XSS}))
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "loss": 2.0 / s, "target_tokens": 10}) + "\n"
+                                               for s in range(1, 5)) + '{"step": 5, "lo')   # a torn last line
+    text = page_of(run, tmp_path, "rewriter")
+    assert_self_contained_and_escaped(text)
+    assert "rewriter SFT: target-token loss" in text and '<td class="num">40</td>' in text
+
+
+def test_not_a_run_and_malformed_lines_are_clear_errors(tmp_path, capsys):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "notes.txt").write_text("hi")
+    assert report.main([str(empty)]) == 2
+    err = capsys.readouterr().err
+    assert str(empty) in err and "not a run folder" in err and "metrics.jsonl" in err and "state.json" in err
+    assert "compare.json" in err and "notes.txt" in err and "--eval writes no folder" in err
+    assert report.main([str(tmp_path / "missing")]) == 2 and "no such folder" in capsys.readouterr().err
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "metrics.jsonl").write_text('{"step": 0, "reward_per_generation": [0.5]}\n{oops\n{"step": 2}\n')
+    assert report.main([str(bad), "-o", str(tmp_path / "r.html")]) == 2
+    err = capsys.readouterr().err
+    assert f"{bad / 'metrics.jsonl'}:2" in err and not (tmp_path / "r.html").exists()
+    (bad / "metrics.jsonl").write_text('{"step": 0, "reward_per_generation": [0.5]}\n[1, 2]\n{"step": 2}\n')
+    assert report.main([str(bad)]) == 2 and f"{bad / 'metrics.jsonl'}:2: expected a JSON object" in capsys.readouterr().err
+    (bad / "metrics.jsonl").write_text('{"step": 0}\n')
+    assert report.main([str(bad)]) == 2 and "lacks field(s) reward_per_generation" in capsys.readouterr().err
+
+
+def test_report_is_written_atomically_where_asked(skill_r1_run, tmp_path, capsys):
+    target = tmp_path / "deep" / "r.html"
+    assert report.main([str(skill_r1_run), "-o", str(target)]) == 0
+    assert target.read_text().startswith("<!DOCTYPE html>") and f"wrote {target}" in capsys.readouterr().out
+    assert not [p for p in target.parent.iterdir() if p.name.startswith(".tmp-")]
+
+
+# ---------------------------------------------------------------------------------------------- a real browser
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def browse(page: Path, png: Path, profile: Path, height: int = 2400) -> list[str]:
+    """Load `page` in headless Chromium, save a screenshot; returns the console lines it logged."""
+    proc = subprocess.run([CHROMIUM, "--headless", "--disable-gpu", "--no-sandbox", "--enable-logging=stderr",
+                           "--v=0", f"--user-data-dir={profile}", "--hide-scrollbars", f"--screenshot={png}",
+                           f"--window-size=1280,{height}", page.resolve().as_uri()],
+                          capture_output=True, text=True, timeout=120)
+    assert png.is_file() and png.stat().st_size > 5000, proc.stderr[-2000:]
+    return [line for line in proc.stderr.splitlines() if ":CONSOLE" in line or "Uncaught" in line]
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no headless Chromium (Debian: apt-get install chromium)")
+def test_pages_load_in_chromium_without_console_errors(skill_r1_lineage_run, masa_run, compare_run, tmp_path):
+    # the check itself: a page with the report's policy and a script in it must be caught
+    probe = tmp_path / "probe.html"
+    probe.write_text(report.page("probe", "", [report.Safe(f"{XSS}<img src='http://example.invalid/x.png'>")]))
+    assert len(browse(probe, tmp_path / "probe.png", tmp_path / "profile", 600)) >= 2
+    keep = os.environ.get("MINSKILL_REPORT_SCREENSHOTS")
+    for name, folder in (("skill_r1", skill_r1_lineage_run[0]), ("masa", masa_run), ("compare", compare_run)):
+        page = report.write_report(folder, tmp_path / f"{name}.html")
+        png = tmp_path / f"{name}.png"
+        console = browse(page, png, tmp_path / "profile")
+        assert console == [], f"{name}: the browser's console said:\n" + "\n".join(console)
+        if keep:
+            Path(keep).mkdir(parents=True, exist_ok=True)
+            shutil.copy(page, Path(keep) / page.name)
+            shutil.copy(png, Path(keep) / png.name)
