@@ -2,20 +2,38 @@
 
 A backend is any object with `name`, `max_context`, `count_prompt_tokens(messages)` and
 `complete(requests) -> [[Choice, ...] per request]` (an entry may instead be an exception, which fails
-that request only):
+that request only); one that also has `embedding_tokens(text)` and `embed(request)` serves /v1/embeddings
+(minskill.embeddings):
 
   * ModelBackend    a minskill Transformer + Tokenizer, batched through sampling.generate (optionally
                     with int8 weights: `from_spec(..., quantize="int8")`, see minskill.quantize);
-  * ScriptedBackend fn(messages, request) -> str; puts a scripted model behind real HTTP in tests.
+                    embeddings: mean-pooled final hidden states;
+  * ScriptedBackend fn(messages, request) -> str; puts a scripted model behind real HTTP in tests
+                    (embeddings from an optional embed_fn(text) -> [float, ...]).
 
 `parse_chat_request(payload, backend)` turns a decoded /v1/chat/completions body into a
 CompletionRequest, or raises BackendError(400/404, ...) naming the field at fault.
+
+Content parts. A message's `content` is a string or, as OpenAI's API also allows, a list of
+{"type": "text", "text": ...} parts; the parts' texts are joined with "\n", as vLLM and TensorRT-LLM join
+them, so that a prompt reaches the model the same here and behind those engines (OpenAI does not document
+a separator). Any other part type (image_url, input_audio, file, refusal, ...) is a 400 naming
+messages[i].content[k] and its type: these models read text only.
+
+Streaming. A request with `on_text` set (the server sets it for "stream": true) gets its reply as it is
+generated: on_text(choice_index, delta) is called on the scheduler thread. ModelBackend calls it per
+decoded token (sampling.generate's on_token hook, through _TextStream); ScriptedBackend, which has no
+tokens to wait for, word by word once fn has answered. Deltas always add up to a prefix of the final text;
+what they held back (an incomplete UTF-8 character, the possible start of a stop string) the server sends
+from the final Choice.
 """
 from __future__ import annotations
 
 import collections
+import re
 import threading
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Callable, Protocol
 
@@ -45,6 +63,9 @@ class CompletionRequest:
     sample_index: int = 0         # ScriptedBackend sets it per call of fn (choice j of n)
     # set when the client has gone (it timed out or was killed): its reply would be lost, so stop working on it
     cancelled: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
+    stream: bool = False          # "stream": true: answered with server-sent events (minskill.sse)
+    include_usage: bool = False   # stream_options.include_usage: a last chunk with the usage
+    on_text: Callable[[int, str], None] | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass
@@ -73,6 +94,10 @@ class BackendError(Exception):
         self.param, self.retry_after, self.headers = param, retry_after, headers or {}
 
 
+class ClientGone(Exception):
+    """The client closed its connection before its reply was ready (minskill.server, minskill.sse)."""
+
+
 def _bad_request(message: str, param: str | None = None, code: str | None = None) -> BackendError:
     return BackendError(400, message, "invalid_request_error", code, param)
 
@@ -84,11 +109,13 @@ class ScriptedBackend:
     completion_tokens = words in the reply. A reply is cut at the first stop string
     (finish_reason "stop") and after max_tokens words (finish_reason "length").
     `request.sample_index` tells fn which of the n choices it is producing.
+    With `embed_fn(text) -> [float, ...]` it serves /v1/embeddings too (vectors as fn gives them);
+    without, /v1/embeddings answers 400.
     """
 
     def __init__(self, fn: Callable[[list[dict], CompletionRequest], str], name: str = "scripted",
-                 max_context: int = 4096):
-        self.fn, self.name, self.max_context = fn, name, max_context
+                 max_context: int = 4096, embed_fn: Callable[[str], list[float]] | None = None):
+        self.fn, self.name, self.max_context, self.embed_fn = fn, name, max_context, embed_fn
 
     def count_prompt_tokens(self, messages):
         return sum(len(message["content"].split()) for message in messages)
@@ -108,11 +135,26 @@ class ScriptedBackend:
         results = []
         for request in requests:
             try:
-                results.append([self._choice(self.fn(request.messages, replace(request, sample_index=j)), request)
-                                for j in range(request.n)])
+                choices = [self._choice(self.fn(request.messages, replace(request, sample_index=j)), request)
+                           for j in range(request.n)]
             except Exception as error:  # one failing script fails its own request, not the batch
                 results.append(error)
+                continue
+            for j, choice in enumerate(choices):
+                for piece in re.findall(r"\s*\S+|\s+$", choice.text) if request.on_text else ():
+                    request.on_text(j, piece)       # word by word: what a streaming client sees
+            results.append(choices)
         return results
+
+    def embedding_tokens(self, text: str) -> list[str]:
+        if self.embed_fn is None:
+            raise BackendError(400, f"the model {self.name!r} serves no embeddings (a ScriptedBackend needs an "
+                                    f"embed_fn for /v1/embeddings)", "invalid_request_error",
+                               "embeddings_not_supported", "model")
+        return text.split()
+
+    def embed(self, request) -> list[list[float]]:
+        return [[float(x) for x in self.embed_fn(text)] for text in request.texts]
 
 
 class ModelBackend:
@@ -136,6 +178,29 @@ class ModelBackend:
     def count_prompt_tokens(self, messages):
         return len(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True))
 
+    def embedding_tokens(self, text: str) -> list[int]:
+        """The text's tokens as plain characters (no chat template, no BOS): what its embedding pools."""
+        return self.tokenizer.encode(text, special_tokens=False)
+
+    def embed(self, request) -> torch.Tensor:
+        from minskill.embeddings import mean_pooled_embeddings   # (minskill.embeddings imports this module)
+        with torch.inference_mode():
+            return mean_pooled_embeddings(self.model, request.tokens, pad_id=self.tokenizer.pad_token_id,
+                                          should_stop=request.cancelled.is_set)
+
+    def _streams(self, group: list[CompletionRequest], n: int):
+        """generate's on_token hook feeding each streaming request's _TextStreams (None: nobody streams)."""
+        if not any(r.on_text for r in group):
+            return None
+        streams = [[_TextStream(self.tokenizer, r.stop, partial(r.on_text, j)) if r.on_text else None
+                    for j in range(n)] for r in group]
+
+        def on_token(row: int, token: int):   # rows are prompt-major: row = k * n + j
+            stream = streams[row // n][row % n]
+            if stream is not None:
+                stream.push(token)
+        return on_token
+
     def complete(self, requests):
         results: list = [None] * len(requests)
         by_n = collections.defaultdict(list)   # generate takes one n per call
@@ -150,10 +215,44 @@ class ModelBackend:
                     max_new_tokens=[r.max_tokens for r in group], temperature=[r.temperature for r in group],
                     top_p=[r.top_p for r in group], stop_strings=[list(r.stop) for r in group],
                     seed=[r.seed for r in group], stop_token_ids=self.tokenizer.stop_token_ids,
-                    tokenizer=self.tokenizer, pad_id=self.tokenizer.pad_token_id)
+                    tokenizer=self.tokenizer, pad_id=self.tokenizer.pad_token_id,
+                    on_token=self._streams(group, n))
                 for k, i in enumerate(indices):  # samples are prompt-major: prompt k owns k*n .. k*n+n-1
                     results[i] = [Choice(s.text, s.finish_reason, len(s.token_ids)) for s in samples[k * n:(k + 1) * n]]
         return results
+
+
+class _TextStream:
+    """One choice's reply as text deltas while it is generated. Each token re-decodes the reply so far
+    (pieces of a byte-level BPE are not text alone); a delta is sent only where it cannot change any more:
+    not an incomplete UTF-8 character at the end (decoded as U+FFFD), not an end that could be the start of
+    a stop string, nothing from a stop string or a stop token on. So the deltas add up to a prefix of the
+    final Choice.text, which the server completes."""
+
+    def __init__(self, tokenizer, stop: list[str], emit: Callable[[str], None]):
+        self.tokenizer, self.stop, self.emit = tokenizer, stop, emit
+        self.stop_ids = set(tokenizer.stop_token_ids)
+        self.tokens: list[int] = []
+        self.sent, self.closed = 0, False
+
+    def push(self, token: int):
+        if self.closed:
+            return
+        if token in self.stop_ids:
+            self.closed = True
+            return
+        self.tokens.append(token)
+        text = self.tokenizer.decode(self.tokens)
+        cuts = [i for i in (text.find(s) for s in self.stop) if i >= 0]
+        if cuts:
+            text, self.closed = text[:min(cuts)], True
+        else:
+            held = max((k for s in self.stop for k in range(1, min(len(s) - 1, len(text)) + 1)
+                        if s.startswith(text[-k:])), default=0)
+            text = text[:len(text) - held].rstrip("\ufffd")
+        if len(text) > self.sent:
+            self.emit(text[self.sent:])
+            self.sent = len(text)
 
 
 # ---- request validation ---------------------------------------------------------------------------
@@ -177,8 +276,8 @@ def _integer(payload, key, default, low, high):
     return value
 
 
-def parse_chat_request(payload, backend: Backend) -> CompletionRequest:
-    """Validate a decoded /v1/chat/completions body; raise BackendError(400, ...) naming the problem."""
+def check_body_and_model(payload, backend: Backend) -> None:
+    """The body is a JSON object and its `model`, if given, is the one served (else 400 / 404)."""
     if not isinstance(payload, dict):
         raise _bad_request(f"the request body must be a JSON object, got {type(payload).__name__}")
     model = payload.get("model")
@@ -187,6 +286,54 @@ def parse_chat_request(payload, backend: Backend) -> CompletionRequest:
     if model is not None and model != backend.name:  # as OpenAI and vLLM answer it
         raise BackendError(404, f"the model {model!r} does not exist: this server serves {backend.name!r} "
                                 f"(GET /v1/models lists it)", "invalid_request_error", "model_not_found", "model")
+
+
+def _content_text(content, i: int) -> str:
+    """A message's content: a string, or a list of text parts joined with "\n" (see the module docstring)."""
+    where = f"messages[{i}].content"
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise _bad_request(f"{where} must be a string or a list of text parts, got {type(content).__name__}", where)
+    if not content:
+        raise _bad_request(f"{where} is an empty list: give a string or at least one text part", where)
+    texts = []
+    for k, part in enumerate(content):
+        if not isinstance(part, dict):
+            raise _bad_request(f"{where}[{k}] must be an object {{'type': 'text', 'text': ...}}, got "
+                               f"{type(part).__name__}", f"{where}[{k}]")
+        if part.get("type") != "text":
+            raise _bad_request(f"{where}[{k}] has type {part.get('type')!r}: this server reads text parts only "
+                               f"({{'type': 'text', 'text': ...}})", f"{where}[{k}]", "unsupported_content_type")
+        if not isinstance(part.get("text"), str):
+            raise _bad_request(f"{where}[{k}].text must be a string, got {type(part.get('text')).__name__}",
+                               f"{where}[{k}].text")
+        texts.append(part["text"])
+    return "\n".join(texts)
+
+
+def _stream_options(payload) -> tuple[bool, bool]:
+    """(stream, include_usage) from "stream" and "stream_options", checked as OpenAI checks them."""
+    stream = payload.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise _bad_request(f"'stream' must be true or false, got {stream!r:.100}", "stream")
+    options = payload.get("stream_options")
+    if options is None:
+        return bool(stream), False
+    if not stream:
+        raise _bad_request("'stream_options' is only allowed when 'stream' is true", "stream_options")
+    if not isinstance(options, dict):
+        raise _bad_request(f"'stream_options' must be an object, got {type(options).__name__}", "stream_options")
+    include_usage = options.get("include_usage")
+    if include_usage is not None and not isinstance(include_usage, bool):
+        raise _bad_request(f"'stream_options.include_usage' must be true or false, got {include_usage!r:.100}",
+                           "stream_options.include_usage")
+    return True, bool(include_usage)
+
+
+def parse_chat_request(payload, backend: Backend) -> CompletionRequest:
+    """Validate a decoded /v1/chat/completions body; raise BackendError(400, ...) naming the problem."""
+    check_body_and_model(payload, backend)
     messages = payload.get("messages")
     if not isinstance(messages, list) or not messages:
         raise _bad_request("'messages' must be a non-empty list of {'role', 'content'} objects", "messages")
@@ -196,12 +343,11 @@ def parse_chat_request(payload, backend: Backend) -> CompletionRequest:
         if message.get("role") not in ROLES:
             raise _bad_request(f"messages[{i}].role must be one of {', '.join(ROLES)}, got {message.get('role')!r}",
                                f"messages[{i}].role")
-        if not isinstance(message.get("content"), str):
-            raise _bad_request(f"messages[{i}].content must be a string, got "
-                               f"{type(message.get('content')).__name__}", f"messages[{i}].content")
-    messages = [{"role": m["role"], "content": m["content"]} for m in messages]
-    if payload.get("stream"):
-        raise _bad_request("streaming is not supported by this server; leave 'stream' unset", "stream")
+        if "content" not in message:
+            raise _bad_request(f"messages[{i}].content must be a string or a list of text parts, got nothing",
+                               f"messages[{i}].content")
+    messages = [{"role": m["role"], "content": _content_text(m["content"], i)} for i, m in enumerate(messages)]
+    stream, include_usage = _stream_options(payload)
     temperature = _number(payload, "temperature", 1.0, 0.0, 2.0)
     top_p = _number(payload, "top_p", 1.0, 0.0, 1.0, low_open=True)
     n = _integer(payload, "n", 1, 1, MAX_N)
@@ -226,4 +372,4 @@ def parse_chat_request(payload, backend: Backend) -> CompletionRequest:
                            f"(and the reply needs at least one)", "messages", "context_length_exceeded")
     room = context - prompt_tokens
     return CompletionRequest(messages, n, temperature, top_p, min(max_tokens or room, room), stop, seed,
-                             prompt_tokens)
+                             prompt_tokens, stream=stream, include_usage=include_usage)

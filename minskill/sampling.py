@@ -137,10 +137,11 @@ class _Options:
     seed: list[int | None]
     stop_strings: list[tuple[str, ...]]
     stop_token_ids: set[int]
+    on_token: object = None          # on_token(row, token_id) as each token is chosen: a server streams replies
 
 
 def _options(prompts, n, max_new_tokens, temperature, top_k, top_p, seed, stop_token_ids, stop_strings,
-             tokenizer) -> _Options:
+             tokenizer, on_token=None) -> _Options:
     P = len(prompts)
     if not isinstance(n, int) or n < 1:
         raise ValueError(f"generate: n must be a positive int, got {n!r}")
@@ -154,7 +155,7 @@ def _options(prompts, n, max_new_tokens, temperature, top_k, top_p, seed, stop_t
         max_new_tokens=_per_prompt(max_new_tokens, P, "max_new_tokens", lambda v: isinstance(v, int) and v >= 0),
         seed=_per_prompt(seed, P, "seed", lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool))),
         stop_strings=[_stop_list(v) for v in _per_prompt(stop_strings, P, "stop_strings", _is_stop_list)],
-        stop_token_ids=set(int(t) for t in stop_token_ids))
+        stop_token_ids=set(int(t) for t in stop_token_ids), on_token=on_token)
     for name, vals, ok in (("temperature", opts.temperature, lambda v: v >= 0),
                            ("top_p", opts.top_p, lambda v: 0 < v <= 1)):
         if not all(ok(v) for v in vals):
@@ -204,6 +205,8 @@ class _Rows:
         for r, tok, lp in zip(active, tokens, logprobs):
             self.tokens[r].append(tok)
             self.logprobs[r].append(lp)
+            if opts.on_token is not None:
+                opts.on_token(r, tok)
             stop_list = opts.stop_strings[self.prompt[r]]
             if tok in opts.stop_token_ids or \
                     (stop_list and _cut_at_stop(tokenizer.decode(self.tokens[r]), stop_list) is not None):
@@ -241,15 +244,15 @@ def _decode_step(model, cache, cache_rows: list[int], next_tokens: dict[int, int
 @torch.no_grad()
 def generate(model, prompts: list[list[int]], *, n=1, max_new_tokens=128, temperature=1.0, top_k=0,
              top_p=1.0, stop_token_ids=(), stop_strings=(), seed=None, tokenizer=None, pad_id=0,
-             should_stop=None) -> list[Sample]:
+             should_stop=None, on_token=None) -> list[Sample]:
     """len(prompts) * n samples, prompt-major. See the module docstring; parameters may be per-prompt lists.
 
     should_stop(prompt_index) -> bool, asked before each decoding step, ends that prompt's samples early
-    (finish_reason "cancelled"): a server stops work whose client has gone."""
+    (finish_reason "cancelled"): a server stops work whose client has gone; on_token(row, token_id) streams."""
     if len(prompts) == 0:
         return []
     opts = _options(prompts, n, max_new_tokens, temperature, top_k, top_p, seed, stop_token_ids, stop_strings,
-                    tokenizer)
+                    tokenizer, on_token)
     rows = _Rows.start(len(prompts), n)
     generators = _generators(opts.seed, n)
     cache, logits = _prefill(model, prompts, n, pad_id, max(max(opts.max_new_tokens), 1))

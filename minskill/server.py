@@ -6,8 +6,12 @@
                               [--request-timeout 30] [--max-connections 256]
 
 Endpoints: `GET /health`, `GET /v1/models`, `POST /v1/chat/completions` (messages, n, temperature,
-top_p, max_tokens, stop, seed). Replies have OpenAI's shape, so the official client, curl and
-minskill.client.ChatClient all work against it. Standard library only for HTTP (http.server).
+top_p, max_tokens, stop, seed, stream, stream_options), `POST /v1/embeddings` (input, encoding_format).
+Replies have OpenAI's shape, so the official client, curl and minskill.client.ChatClient all work against
+it. Standard library only for HTTP (http.server). A message's content may be a string or a list of text
+parts (joined with "\n"; minskill.backends). `"stream": true` is answered with server-sent events, token by
+token as the model decodes them (minskill.sse). /v1/embeddings gives mean-pooled, L2-normalised final
+hidden states of the model (minskill.embeddings); it runs through the same queue as chat, alone in its batch.
 
 Bad input. Every request the server cannot serve gets a 4xx with OpenAI's error body
 {"error": {"message", "type", "param", "code"}}, never a 500: a body that is not JSON, is nested too
@@ -35,6 +39,7 @@ depend on what else shared its batch.
 Cancellation. A handler thread waiting for its batch checks every 0.5 s whether its client closed the
 connection (a client that timed out does); then the request leaves the queue, or, if its batch is running,
 generation stops for it at the next token. A timed-out client that retries thus never doubles the work.
+A streaming client is watched the same way, and a write to it that fails counts as gone too.
 
 Limits. With context length C and a prompt of P tokens: P < C is required; max_tokens must lie in
 1..C and is then clamped to C - P (the reply is cut with finish_reason "length"); without
@@ -84,10 +89,12 @@ from urllib.parse import urlsplit
 import requests
 import torch
 
-from minskill.backends import (Backend, BackendError, Choice, CompletionRequest, ModelBackend,  # noqa: F401
-                               ScriptedBackend, _bad_request, parse_chat_request)
+from minskill.backends import (Backend, BackendError, Choice, ClientGone, CompletionRequest,  # noqa: F401
+                               ModelBackend, ScriptedBackend, _bad_request, parse_chat_request)
 from minskill.client import ChatClient
+from minskill.embeddings import EmbeddingRequest, embeddings_reply, parse_embeddings_request
 from minskill.quantize import QUANTIZE_CHOICES
+from minskill.sse import stream_chat
 
 DEFAULT_MAX_BODY_BYTES = 8 << 20  # 8 MiB of JSON is far more than any prompt a model here can read
 DEFAULT_REQUEST_TIMEOUT = 30.0    # seconds for a request's line, headers and body to arrive (also: keep-alive idle)
@@ -97,14 +104,11 @@ API_KEY_ENV = "MINSKILL_API_KEY"  # lets a parent pass the key without putting i
 
 # ---- batching scheduler ---------------------------------------------------------------------------
 class _Job:
-    def __init__(self, request: CompletionRequest):
+    def __init__(self, request: CompletionRequest | EmbeddingRequest, events=None):
         self.request, self.done = request, threading.Event()
-        self.choices: list[Choice] | None = None
+        self.result: list[Choice] | None = None       # (for an EmbeddingRequest: the vectors)
         self.error: BaseException | None = None
-
-
-class ClientGone(Exception):
-    """The client closed its connection before its reply was ready."""
+        self.events = events   # a streaming request's queue of deltas: None is put there when the job is done
 
 
 class BatchScheduler:
@@ -129,28 +133,38 @@ class BatchScheduler:
         self.thread = threading.Thread(target=self._run, name="minskill-scheduler", daemon=True)
         self.thread.start()
 
-    def submit(self, request: CompletionRequest, client_gone: Callable[[], bool] | None = None,
-               poll: float = 0.5) -> list[Choice]:
+    def submit(self, request: CompletionRequest | EmbeddingRequest, client_gone: Callable[[], bool] | None = None,
+               poll: float = 0.5):
         """Queue a request and block until its batch is done; raise ClientGone once client_gone() is true."""
-        job = _Job(request)
-        with self.condition:
-            if self.stopping:
-                raise BackendError(503, "the server is shutting down", code="shutting_down")
-            self.pending.append(job)
-            self.condition.notify()
+        job = self.enqueue(request)
         while not job.done.wait(None if client_gone is None else poll):
             if client_gone():
-                request.cancelled.set()
-                with self.condition:
-                    if job in self.pending:
-                        self.pending.remove(job)
-                    self.cancelled_requests += 1
-                if self.log_requests:
-                    print("[minskill.server] client gone: request cancelled", file=sys.stderr, flush=True)
+                self.cancel(job)
                 raise ClientGone()
         if job.error is not None:
             raise job.error
-        return job.choices
+        return job.result
+
+    def enqueue(self, request, events=None) -> _Job:
+        with self.condition:
+            if self.stopping:
+                raise BackendError(503, "the server is shutting down", code="shutting_down")
+            job = _Job(request, events)
+            self.pending.append(job)
+            self.condition.notify()
+        return job
+
+    def cancel(self, job: _Job) -> None:
+        """The job's client has gone: drop it from the queue, or tell the backend to stop working on it."""
+        if job.done.is_set():
+            return
+        job.request.cancelled.set()
+        with self.condition:
+            if job in self.pending:
+                self.pending.remove(job)
+            self.cancelled_requests += 1
+        if self.log_requests:
+            print("[minskill.server] client gone: request cancelled", file=sys.stderr, flush=True)
 
     def _next_batch(self) -> list[_Job] | None:
         with self.condition:
@@ -159,13 +173,16 @@ class BatchScheduler:
             if self.stopping:
                 return None
             batch = [self.pending.popleft()]   # (cancelled jobs leave the queue themselves, under this lock)
+            if isinstance(batch[0].request, EmbeddingRequest):
+                return batch                   # an embedding request runs alone
             samples = batch[0].request.n
             # Wait a short window for companions: concurrent clients rarely arrive in the same millisecond,
             # and a request that just misses a batch waits for the whole of it (static batching).
             deadline = time.monotonic() + self.batch_window
             while samples < self.max_batch and not self.stopping:
                 if self.pending:
-                    if samples + self.pending[0].request.n > self.max_batch:
+                    following = self.pending[0].request
+                    if isinstance(following, EmbeddingRequest) or samples + following.n > self.max_batch:
                         break
                     batch.append(self.pending.popleft())
                     samples += batch[-1].request.n
@@ -176,8 +193,20 @@ class BatchScheduler:
                 self.condition.wait(remaining)
             return batch
 
+    def _embed(self, job: _Job):
+        try:
+            job.result = self.backend.embed(job.request)
+        except Exception as error:
+            if not isinstance(error, BackendError) and not job.request.cancelled.is_set():
+                traceback.print_exc(file=sys.stderr)
+            job.error = error
+        job.done.set()
+
     def _run(self):
         while (batch := self._next_batch()) is not None:
+            if isinstance(batch[0].request, EmbeddingRequest):
+                self._embed(batch[0])
+                continue
             started = time.perf_counter()
             requests = [job.request for job in batch]
             try:
@@ -194,9 +223,11 @@ class BatchScheduler:
                 elif not isinstance(result, list) or len(result) != job.request.n:
                     job.error = RuntimeError(f"backend returned {result!r:.100} for a request with n={job.request.n}")
                 else:
-                    job.choices = result
+                    job.result = result
                     tokens += sum(choice.completion_tokens for choice in result)
                 job.done.set()
+                if job.events is not None:
+                    job.events.put(None)
             self.batches_served += 1
             if self.log_requests:
                 print(f"[minskill.server] batch of {len(batch)} requests, {sum(r.n for r in requests)} samples, "
@@ -212,11 +243,14 @@ class BatchScheduler:
         for job in abandoned:
             job.error = BackendError(503, "the server is shutting down", code="shutting_down")
             job.done.set()
+            if job.events is not None:
+                job.events.put(None)
         self.thread.join(timeout)
 
 
 # ---- HTTP layer -----------------------------------------------------------------------------------
-ROUTES = {"/health": ("GET",), "/v1/models": ("GET",), "/v1/chat/completions": ("POST",)}
+ROUTES = {"/health": ("GET",), "/v1/models": ("GET",), "/v1/chat/completions": ("POST",),
+          "/v1/embeddings": ("POST",)}
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
@@ -351,6 +385,10 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._send_json(200, {"object": "list", "data": [{
                     "id": state.backend.name, "object": "model", "created": state.created, "owned_by": "minskill",
                     "max_model_len": state.backend.max_context}]})
+            if path == "/v1/embeddings":
+                request = parse_embeddings_request(self._read_json(state), state.backend)
+                vectors = state.scheduler.submit(request, client_gone=self._client_gone)
+                return self._send_json(200, embeddings_reply(request, vectors, state.backend.name))
             self._chat_completions(state)
         except BackendError as error:
             self._send_error(error)
@@ -403,6 +441,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _chat_completions(self, state: "ServerState"):
         request = parse_chat_request(self._read_json(state), state.backend)
+        if request.stream:
+            return stream_chat(self, state.scheduler, request, state.backend.name)
         choices = state.scheduler.submit(request, client_gone=self._client_gone)
         completion_tokens = sum(choice.completion_tokens for choice in choices)
         self._send_json(200, {

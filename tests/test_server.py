@@ -143,7 +143,7 @@ BAD_REQUESTS = [  # (id, how to send it, expected status, words the error messag
     ("seed-not-int", dict(body=ok(seed="x")), 400, "'seed'", "seed"),
     ("stop-empty-string", dict(body=ok(stop=[""])), 400, "'stop'", "stop"),
     ("stop-not-strings", dict(body=ok(stop=[1])), 400, "'stop'", "stop"),
-    ("stream", dict(body=ok(stream=True)), 400, "streaming", "stream"),
+    ("stream-not-bool", dict(body=ok(stream="yes")), 400, "'stream'", "stream"),   # streaming: test_openai_api
     ("prompt-too-long", dict(body=ok(messages=[{"role": "user", "content": LONG}])), 400,
      "70 tokens but the model's context is 64", "messages"),
     ("body-too-large", dict(raw=json.dumps(ok(messages=[{"role": "user", "content": "x" * 5000}]))), 413,
