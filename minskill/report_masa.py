@@ -44,14 +44,15 @@ def _label(x: dict) -> str:
 
 def masa_curves(candidates: list[dict]) -> Safe:
     general = [x for x in candidates if x["phase"] in ("base", "general") and x.get("reward") is not None]
-    series = {"general: candidate R": [(x["iteration"], x["reward"]) for x in general]}
+    # drawn in this order: the candidates' R last, on top of the best R and the success rate it often equals
+    series = {"general: SR": [(x["iteration"], x["metrics"]["success_rate"]) for x in general if x.get("metrics")]}
     best, curve = None, []
     for x in general:
         if x.get("accepted"):
             best = x["reward"] if best is None else max(best, x["reward"])
         curve.append((x["iteration"], best if best is not None else x["reward"]))
     series["general: best R"] = curve
-    series["general: SR"] = [(x["iteration"], x["metrics"]["success_rate"]) for x in general if x.get("metrics")]
+    series["general: candidate R"] = [(x["iteration"], x["reward"]) for x in general]
     for task_type in sorted({x.get("task_type") for x in candidates if x["phase"] == "tree"}):
         best, curve = None, []
         for x in (x for x in candidates if x["phase"] == "tree" and x.get("task_type") == task_type):

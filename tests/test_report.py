@@ -121,7 +121,13 @@ def xss_teacher(messages, request):
 
 @pytest.fixture(scope="module")
 def masa_run(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("masa")
+    return scripted_masa_run(tmp_path_factory.mktemp("masa"))
+
+
+def scripted_masa_run(tmp: Path) -> Path:
+    """evolve_masa.py on test_evolve_masa's suite with xss_teacher; returns the run folder (also what made
+    .figures/report_screenshot.png, with XSS and XSS_ATTR set to plain text)."""
+    SECRET_REWRITES.clear()
     suite = write_suite(tmp / "suite.jsonl")
     base = SkillSet(general=[skill("be-helpful", f"Answer the question. {XSS}")],
                     task_specific={"secret": [skill("secret-base", "Think about the name.")]}, common_mistakes=[])
