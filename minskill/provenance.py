@@ -70,8 +70,8 @@ class NotARun(ValueError):
 def detect_kind(folder: Path) -> str:
     """The kind of run `folder` holds (module docstring), or NotARun naming the folder and what it expected."""
     if not folder.is_dir():
-        raise NotARun(f"{folder}: no such folder (expected a run folder of train_grpo.py, evolve_masa.py or "
-                      f"rewrite.py)")
+        what = "a file, not a folder" if folder.exists() else "no such folder"
+        raise NotARun(f"{folder}: {what} (expected a run folder of train_grpo.py, evolve_masa.py or rewrite.py)")
     if (folder / "state.json").is_file():
         return "masa"
     if (folder / "compare.json").is_file():

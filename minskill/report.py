@@ -233,7 +233,10 @@ def lineage_card(skill: dict, by_id: dict, task_ids: list[str], questions: dict,
               tag("span", f"A {skill['advantage']:+.2f}", cls="badge") if skill.get("advantage") is not None else None,
               tag("span", "carried", cls="badge best") if skill["id"] in carried else None,
               tag("span", f"parent {skill['parent']}", cls="muted small") if skill.get("parent") else None]
-    if skill.get("text") is None and skill.get("generation"):
+    if not skill.get("generation"):
+        body = join(tag("div", "the instance's seed skill s_0 (no parent)", cls="muted small"),
+                    pre(skill.get("text") or "(no skill)"))
+    elif skill.get("text") is None:
         body = join(tag("div", "the reply did not parse: ", skill.get("parse_error") or "?", cls="small"),
                     pre(skill.get("reply") or "", 1500))
     else:

@@ -228,6 +228,28 @@ def test_masa_report_shows_climb_trees_and_every_edit(masa_run, tmp_path):
     assert "not recorded by this run" in text                          # tokens and seconds per role
 
 
+def test_masa_report_of_an_interrupted_or_older_run(masa_run, tmp_path):
+    """No run.json / results.json (the run stopped early), no metrics.task_rewards (a run of an earlier version),
+    or no search at all: the page says what is missing instead of failing."""
+    old = tmp_path / "old"
+    shutil.copytree(masa_run, old)
+    for name in ("run.json", "results.json"):
+        (old / name).unlink()
+    state = json.loads((old / "state.json").read_text())
+    for x in state["search"]["candidates"]:
+        x["metrics"].pop("task_rewards", None)
+    (old / "state.json").write_text(json.dumps(state))
+    text = page_of(old, tmp_path, "old")
+    assert "not recorded by this run (metrics.task_rewards)" in text and "run.json (the run did not finish)" in text
+    assert "results.json has no held-out table" in text and "tree secret:" in text
+    state["search"] = None
+    (old / "state.json").write_text(json.dumps(state))
+    assert "no tree yet" in page_of(old, tmp_path, "empty")
+    (old / "state.json").write_text('{"args": {}, "search": {"candidates": [')
+    with pytest.raises(provenance.NotARun, match="state.json: not valid JSON"):
+        report.write_report(old, tmp_path / "broken.html")
+
+
 def test_ucb1_replay_equals_what_the_search_saw(monkeypatch):
     seen, original = [], ucb.select
 
