@@ -6,6 +6,10 @@
     python -m minskill.bench grpo      # seconds per Skill-R1 training step: editor sampling, rollouts, update
                                        # (a prompt per candidate vs the shared prefix, back to back)
     python -m minskill.bench sft       # SFT tokens/s vs Hugging Face transformers on the same batch
+    python -m minskill.bench gpu --config qwen3-4b
+                                       # one CUDA GPU, no weights needed: a randomly initialised model of a
+                                       # published architecture (qwen3-0.6b | qwen3-1.7b | qwen3-4b | qwen3-8b):
+                                       # decode tok/s, a Skill-R1 update and an SFT step, full and LoRA
 
 Figures (all on the same weights, same inputs, same thread count):
 
@@ -18,6 +22,17 @@ Figures (all on the same weights, same inputs, same thread count):
                            when it is read in full as the output projection)
     matmuls only         = 1 / seconds of F.linear(one row, W) over every weight matrix of a decode step:
                            the ceiling the BLAS matrix-vector kernel sets, shown beside the bound
+
+`bench gpu` (exit code 2 without CUDA; `--device cpu --config tiny` is a smoke test of the code path):
+
+    decode tok/s         = B · N / seconds, greedy, bf16 weights, batch B ∈ {1, 16}
+    Skill-R1 update      = seconds of one policy update (shared-prefix log-probs, clipped loss, backward,
+                           clip, AdamW step) over K candidates of --skill-tokens after a --context-tokens
+                           prompt, bf16 autocast; "full": float32 weights + AdamW on all of them (≈ 16 bytes
+                           per parameter); "LoRA": bf16 base, r = 16, α = 32 adapters on the 7 projections
+    SFT                  = tokens/s of full SFT steps (minskill.sft.sft_throughput) on one --sft-length
+                           sequence (default 4096), bf16 autocast, gradient checkpointing; full and LoRA
+    peak memory          = torch.cuda.max_memory_allocated during the workload (the CPU smoke test: RSS)
 
 The references are Hugging Face `transformers` (same HF weights) and llama.cpp (through the `xllamacpp`
 wheel, on the GGUF the offline default is converted from: what a CPU user would serve it with). Both are
@@ -40,6 +55,8 @@ from pathlib import Path
 import torch
 
 from minskill.grpo import bilevel_advantages, policy_loss
+from minskill.lora import apply_lora, trainable_parameters
+from minskill.model import Transformer
 from minskill.quantize import QUANTIZE_CHOICES, quantize_int8
 from minskill.rollout import run_rollouts
 from minskill.sampling import completion_logprobs, generate
@@ -49,7 +66,8 @@ from minskill.shared_prefix import grouped_logprobs
 from minskill.skill_r1 import HistoryEntry, Instance, Outcome, editor_messages
 from minskill.tasks import load_suite
 from minskill.tokenizer import Tokenizer
-from minskill.weights import DEFAULT_MODEL, default_gguf_path, load_model, load_pretrained, resolve_model
+from minskill.weights import (DEFAULT_MODEL, config_from_hf, default_gguf_path, load_model, load_pretrained,
+                              resolve_model)
 
 
 def _rss_kb(field: str = "VmRSS") -> int:
@@ -391,7 +409,7 @@ def bench_sft(args) -> None:
     """Tokens/s of a full SFT step (forward, masked CE, backward, clip, AdamW) on one batch, minskill vs HF."""
     folder = str(resolve_model(args.model))
     g = torch.Generator().manual_seed(0)
-    B, T = args.sft_batch, args.sft_length
+    B, T = args.sft_batch or 4, args.sft_length or 256
     ids = torch.randint(10, 40000, (B, T), generator=g)
     loss_mask = torch.zeros(B, T, dtype=torch.bool)
     loss_mask[:, T // 2:] = True  # targets: the second half, as the answer part of an SFT record
@@ -420,10 +438,185 @@ def bench_sft(args) -> None:
                   ("peak memory MiB", results["minskill"][1], results["hf"][1], False)], "minskill", "HF transformers")
 
 
+# ----------------------------------------------------------------------------------------------- gpu
+
+# The published config.json of Qwen/Qwen3-0.6B, -1.7B, -4B and -8B (head_dim 128, vocab 151936, rope_theta 1e6,
+# q/k RMSNorm: model_type qwen3). "tiny" is the same architecture small enough for a CPU smoke test.
+QWEN3_COMMON = dict(model_type="qwen3", vocab_size=151936, head_dim=128, rope_theta=1000000.0, rms_norm_eps=1e-6,
+                    max_position_embeddings=40960, attention_bias=False, hidden_act="silu")
+GPU_CONFIGS = {
+    "qwen3-0.6b": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+                       num_key_value_heads=8, tie_word_embeddings=True),
+    "qwen3-1.7b": dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
+                       num_key_value_heads=8, tie_word_embeddings=True),
+    "qwen3-4b": dict(hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32,
+                     num_key_value_heads=8, tie_word_embeddings=True),
+    "qwen3-8b": dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
+                     num_key_value_heads=8, tie_word_embeddings=False),
+    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=32, vocab_size=512, tie_word_embeddings=True),
+}
+GPU_LORA_RANK = 16
+
+
+def random_model(name: str, device, dtype=torch.float32) -> Transformer:
+    """A Transformer of a GPU_CONFIGS architecture with random weights (N(0, 0.02), norms 1), built on `device`
+    directly in `dtype` (no float32 copy first: an 8B bf16 base must fit where its float32 would not)."""
+    with torch.device("meta"):
+        model = Transformer(config_from_hf({**QWEN3_COMMON, **GPU_CONFIGS[name]}))
+    model.to(dtype)                      # still on meta: free
+    if torch.device(device).type == "meta":
+        return model
+    model.to_empty(device=device)
+    if model.config.tie_word_embeddings:  # to_empty gave lm_head a tensor of its own
+        model.lm_head.weight = model.model.embed_tokens.weight
+    g = torch.Generator(device=device).manual_seed(0)
+    with torch.no_grad():
+        for param_name, p in model.named_parameters():
+            if param_name.endswith("norm.weight"):
+                p.fill_(1.0)
+            else:
+                p.normal_(0.0, 0.02, generator=g)
+    return model
+
+
+class DeviceMemory:
+    """Peak memory of a workload in MiB: CUDA's allocator peak on a GPU, the RSS peak (PeakMemory) on a CPU."""
+
+    def __init__(self, device):
+        self.cuda = torch.device(device).type == "cuda"
+
+    def __enter__(self):
+        if self.cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        else:
+            self.rss = PeakMemory().__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self.cuda:
+            torch.cuda.synchronize()
+            self.peak_mib = torch.cuda.max_memory_allocated() / 2**20
+        else:
+            self.rss.__exit__(*exc)
+            self.peak_mib = self.rss.peak_mib
+
+
+def _free(device) -> None:
+    gc.collect()
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def gpu_decode(args, device) -> dict:
+    """Greedy decode tok/s of the bf16 model at batch 1 and 16 (B · N / seconds, median of --repeats)."""
+    model = random_model(args.config, device, torch.bfloat16).eval()
+    V, N = model.config.vocab_size, args.decode_tokens
+    g = torch.Generator().manual_seed(0)
+    rows = {}
+    for batch in (1, 16):
+        prompts = torch.randint(10, V, (batch, 16), generator=g).tolist()
+
+        def run():
+            generate(model, prompts, max_new_tokens=N, temperature=0.0, stop_token_ids=())
+            _sync(device)
+        rows[f"decode tok/s, batch {batch} (bf16 weights)"] = batch * N / _timed(run, args.repeats)
+    del model
+    _free(device)
+    return rows
+
+
+def gpu_update(args, device, lora: bool) -> tuple[float, float]:
+    """(seconds, peak MiB) of one Skill-R1 policy update; see the module docstring for full vs LoRA."""
+    model = random_model(args.config, device, torch.bfloat16 if lora else torch.float32)
+    if lora:
+        apply_lora(model, GPU_LORA_RANK)
+    model.gradient_checkpointing = args.grad_checkpointing
+    model.train()
+    optimizer = torch.optim.AdamW(trainable_parameters(model), lr=1e-6, betas=(0.9, 0.99))
+    g = torch.Generator().manual_seed(0)
+    V, K = model.config.vocab_size, args.candidates
+    prompt = torch.randint(10, V, (args.context_tokens,), generator=g).tolist()
+    completions = torch.randint(10, V, (K, args.skill_tokens), generator=g).tolist()
+    advantages = torch.linspace(-1.0, 1.0, K)
+
+    def step():
+        with torch.autocast(torch.device(device).type, dtype=torch.bfloat16):
+            logp, mask = grouped_logprobs(model, [prompt] * K, completions)
+            loss, _ = policy_loss(logp, logp.detach(), advantages, mask)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(trainable_parameters(model), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        _sync(device)
+    with DeviceMemory(device) as mem:   # the first step allocates AdamW's moments: inside the peak
+        seconds = _timed(step, args.repeats)
+    del model, optimizer
+    _free(device)
+    return seconds, mem.peak_mib
+
+
+def gpu_sft(args, device, lora: bool) -> tuple[float, float]:
+    """(tokens/s, peak MiB) of SFT steps on one --sft-length sequence, bf16 autocast, gradient checkpointing."""
+    model = random_model(args.config, device, torch.bfloat16 if lora else torch.float32)
+    if lora:
+        apply_lora(model, GPU_LORA_RANK)
+    T = args.sft_length or 4096
+    ids = torch.randint(10, model.config.vocab_size, (args.sft_batch or 1, T), generator=torch.Generator().manual_seed(0))
+    loss_mask = torch.zeros_like(ids, dtype=torch.bool)
+    loss_mask[:, T // 2:] = True
+    with DeviceMemory(device) as mem:
+        tps = sft_throughput(model, ids, loss_mask, steps=args.repeats, bf16=True,
+                             gradient_checkpointing=True)["tokens_per_s"]
+    del model
+    _free(device)
+    return tps, mem.peak_mib
+
+
+def _guarded(fn, *a) -> tuple:
+    """fn(*a), or (None, None) when the GPU runs out of memory (a full fine-tune of 4B+ on a smaller card)."""
+    try:
+        return fn(*a)
+    except torch.cuda.OutOfMemoryError:
+        _free(a[1])
+        return None, None
+
+
+def bench_gpu(args) -> None:
+    """One GPU, no weights: decode, a Skill-R1 update and SFT on a random model of --config (module docstring)."""
+    device = args.device or "cuda"
+    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+        print("bench gpu needs a CUDA GPU, and torch sees none (for a smoke test of the code path on a CPU: "
+              "--device cpu --config tiny)", file=sys.stderr)
+        sys.exit(2)
+    where = torch.cuda.get_device_name(torch.device(device)) if torch.device(device).type == "cuda" else "CPU"
+    n_params = sum(p.numel() for p in random_model(args.config, "meta").parameters())
+    print(f"bench gpu: {args.config} ({n_params:,} parameters, random weights) on {where}, torch "
+          f"{torch.__version__}; update: K={args.candidates} x {args.skill_tokens} tokens after a "
+          f"{args.context_tokens}-token prompt; SFT: {args.sft_batch or 1} x {args.sft_length or 4096} tokens; "
+          f"median of {args.repeats}", flush=True)
+    rows = gpu_decode(args, device)
+    for lora in (False, True):
+        mode = f"LoRA r={GPU_LORA_RANK}, bf16 base" if lora else "full, float32 weights + AdamW"
+        seconds, peak = _guarded(gpu_update, args, device, lora)
+        rows[f"Skill-R1 update s ({mode})"], rows[f"Skill-R1 update peak MiB ({mode})"] = seconds, peak
+        tps, peak = _guarded(gpu_sft, args, device, lora)
+        rows[f"SFT tok/s, grad checkpointing ({mode})"], rows[f"SFT peak MiB ({mode})"] = tps, peak
+    print("| measurement | value |\n|---|---|")
+    for name, value in rows.items():
+        print(f"| {name} | {'out of memory' if value is None else f'{value:.2f}' if value < 100 else f'{value:.0f}'} |")
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="python -m minskill.bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("what", choices=["model", "server", "grpo", "sft"])
+    p.add_argument("what", choices=["model", "server", "grpo", "sft", "gpu"])
     p.add_argument("--model", default="smollm2-135m", help="model spec (HF folder or smollm2-135m)")
     p.add_argument("--decode-tokens", type=int, default=64, help="new tokens per decode measurement")
     p.add_argument("--repeats", type=int, default=3, help="timed repetitions (median is reported)")
@@ -432,8 +625,13 @@ def main(argv=None) -> None:
                    "as train_grpo.py's --max-skill-tokens)")
     p.add_argument("--context-tokens", type=int, default=512, help="grpo: the editor prompt's budget (default 512, "
                    "as train_grpo.py)")
-    p.add_argument("--sft-batch", type=int, default=4)
-    p.add_argument("--sft-length", type=int, default=256)
+    p.add_argument("--sft-batch", type=int, default=None, help="sequences per SFT step (default 4; gpu: 1)")
+    p.add_argument("--sft-length", type=int, default=None, help="tokens per SFT sequence (default 256; gpu: 4096)")
+    p.add_argument("--config", choices=sorted(GPU_CONFIGS), default="qwen3-0.6b", help="gpu: the published "
+                   "architecture to build with random weights (default qwen3-0.6b; tiny: a CPU smoke test)")
+    p.add_argument("--device", default=None, help="gpu: the device (default cuda; cpu only to smoke-test the code)")
+    p.add_argument("--grad-checkpointing", action="store_true", help="gpu: also recompute layers in the Skill-R1 "
+                   "update (SFT always does)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--quantize", choices=QUANTIZE_CHOICES, default="none", help="server, grpo: the embedded "
                    "server's weights (default none = float)")
@@ -442,7 +640,8 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    {"model": bench_model, "server": bench_server, "grpo": bench_grpo, "sft": bench_sft}[args.what](args)
+    {"model": bench_model, "server": bench_server, "grpo": bench_grpo, "sft": bench_sft,
+     "gpu": bench_gpu}[args.what](args)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ import io
 import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -162,6 +163,27 @@ def test_a_bfloat16_base_keeps_float32_adapters_and_optimizer_state(model_dirs):
     assert all(s["exp_avg"].dtype == torch.float32 and s["exp_avg_sq"].dtype == torch.float32
                for s in optimizer.state.values())
     assert merged_model(model).dtype == torch.float32               # a bf16 merge would round the update away
+
+
+def test_lora_creates_its_tensors_on_the_models_device(model_dirs, tmp_path):
+    """As tests/test_device_placement.py: the model on the CPU while torch's default device is `meta`, so a tensor
+    made without device= would raise (the CPU stand-in for CUDA). Adapting, a GRPO update with the adapters-off
+    reference (β > 0), merging and saving all run there. SGD, because AdamW makes its step counter on the default
+    device by design."""
+    model, tokenizer = load_model(str(model_dirs["llama"]), device="cpu")
+    prompts = [tokenizer.apply_chat_template([{"role": "user", "content": f"q {i}"}], add_generation_prompt=True)
+               for i in range(2)]
+    candidates = [SimpleNamespace(prompt_ids=prompts[i % 2], token_ids=[5 + i, 6, 7], logprobs=[-1.0] * 3,
+                                  advantage=a) for i, a in enumerate([0.5, -0.5, 0.25, -0.25])]
+    args = train_grpo.parse_args(["--beta", "0.05", "--ppo-epochs", "2", "--max-skill-tokens", "8"])
+    with torch.device("meta"):
+        apply_lora(model, 4)
+        optimizer = torch.optim.SGD(trainable_parameters(model), lr=1e-2)
+        stats = train_grpo.policy_update(model, AdaptersOff(model), optimizer, candidates, args)
+        merged = merged_model(model)
+        save_lora_model(model, tmp_path / "ckpt")
+    assert stats["trained_sequences"] == 4 and stats["kl_mean"] > 0
+    assert merged.device.type == "cpu" and (tmp_path / "ckpt" / ADAPTER_DIR / "adapter_model.safetensors").is_file()
 
 
 def test_bad_settings_are_clear_errors(model_dirs, capsys):
