@@ -405,7 +405,8 @@ def print_plan(run: Run, args) -> None:
                f"{args.lora_base_dtype}" if args.lora_rank else "full fine-tune")
     reference = ("none (β = 0)" if run.ref_model is None else "the editor with its LoRA adapters off"
                  if args.lora_rank else "frozen copy of the editor")
-    print(f"Skill-R1 (bi-level GRPO): editor {run.editor_spec} ({n_params / 1e6:.1f}M parameters, {trained}), task model "
+    print(f"Skill-R1 (bi-level GRPO): editor {run.editor_spec} ({n_params / 1e6:.1f}M parameters, {trained}), "
+          f"task model "
           f"{args.task_url or f'embedded default (smollm2-135m, --task-quantize {args.task_quantize}, greedy)'}; suite {args.suite}: "
           f"{len(run.instances)} training instances of {args.tasks_per_instance} tasks; "
           f"{args.steps} steps x {args.instances_per_step} instances x G={args.generations} x K={args.candidates} "
@@ -495,7 +496,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    "cosine decay to 0 (default 0.1)")
     t.add_argument("--grad-clip", type=float, default=1.0, help="clip the gradient norm to this (0 = off)")
     t.add_argument("--bf16", action="store_true", help="bfloat16 autocast for sampling and training "
-                   "(weights and optimizer stay float32)")
+                   "(weights and optimizer stay float32; a LoRA base may be stored in bf16: --lora-base-dtype)")
     add_lora_arguments(t)
     t.add_argument("--grad-checkpointing", action="store_true", help="recompute each layer in the backward "
                    "pass (less memory, more time)")

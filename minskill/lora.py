@@ -134,8 +134,9 @@ def lora_layers(model: nn.Module) -> list[tuple[str, LoRALinear]]:
     return [(name, m) for name, m in model.named_modules() if isinstance(m, LoRALinear)]
 
 
-def has_lora(model: nn.Module) -> bool:
-    return any(isinstance(m, LoRALinear) for m in model.modules())
+def has_lora(model) -> bool:
+    """Whether `model` holds adapters (anything that is not an nn.Module holds none)."""
+    return isinstance(model, nn.Module) and any(isinstance(m, LoRALinear) for m in model.modules())
 
 
 def trainable_parameters(model: nn.Module) -> list[nn.Parameter]:
