@@ -11,6 +11,8 @@ their AdamW moments are float32, so the update is not rounded to bf16's 8 bits o
 input is cast to float32 and its output back to the base's dtype.
 
     trainable parameters per adapted projection = r · (in + out)
+    training memory before activations ≈ (2 or 4) · P_base + 16 · P_adapters bytes
+                                         (bf16 or float32 base; adapter weight, gradient, two AdamW moments)
 
 Targets are the projections by their HF names: q_proj, k_proj, v_proj, o_proj (attention), gate_proj,
 up_proj, down_proj (MLP): all seven by default. lm_head and the embeddings stay frozen and unadapted (the
