@@ -66,8 +66,9 @@ from minskill.lora import (ADAPTER_DIR, BASE_DTYPES, DEFAULT_TARGETS, AdaptersOf
 from minskill.plot import write_svg_plot
 from minskill.quantize import QUANTIZE_CHOICES
 from minskill.rollout import load_skills, skill_text
+from minskill.provenance import lineage_records
 from minskill.runs import (TRAINER_STATE, append_jsonl, check_run_folder, load_trainer_state, lr_factor,
-                           open_run_folder, recover_checkpoint, release_freed_memory, save_checkpoint,
+                           open_run_folder, read_jsonl, recover_checkpoint, release_freed_memory, save_checkpoint,
                            set_rng_state, write_jsonl_atomic)
 from minskill.sampling import completion_logprobs
 from minskill.server import embedded_client
@@ -142,7 +143,7 @@ def train(args) -> int:
             if args.probe_every and ((step + 1) % args.probe_every == 0 or step + 1 == args.steps):
                 probes.append(held_out_probe(run, client, args, after_steps=step + 1))
             row["probes"], probes = probes, []
-            log_step(run, args, row, t0, t_run)
+            log_step(run, args, row, t0, t_run, evolutions)
             # 6. checkpoint
             if (step + 1) % args.save_every == 0 or step + 1 == args.steps:
                 save_checkpoint(run.out / "checkpoint", run.editor, run.tokenizer, {
@@ -277,10 +278,12 @@ def metrics_row(step, evolutions, cands, st, usage, t0, t_sampled, lr) -> dict:
     }
 
 
-def log_step(run: Run, args, row: dict, t0: float, t_run: float) -> None:
-    """Append the step's row to metrics.jsonl, redraw reward_curve.svg, print one line."""
+def log_step(run: Run, args, row: dict, t0: float, t_run: float, evolutions) -> None:
+    """Append the step's row to metrics.jsonl, its skill lineage to lineage.jsonl; redraw the curve; print."""
     run.rows.append(row)
     append_jsonl(run.out / "metrics.jsonl", row)
+    for record in lineage_records(row["step"], evolutions):
+        append_jsonl(run.out / "lineage.jsonl", record)
     plot_rewards(run.out / "reward_curve.svg", run.rows, args.generations)
     step = row["step"]
     eta = (time.time() - t_run) / (step + 1 - run.start_step) * (args.steps - step - 1)
@@ -344,6 +347,8 @@ def setup(args) -> Run:
               probe_instances(args) if args.probe_every else [], rows, start_step)
     open_run_folder(out, args.resume, args.overwrite, "train_grpo.py")
     write_jsonl_atomic(out / "metrics.jsonl", rows)  # exactly the steps the checkpoint holds
+    lineage = out / "lineage.jsonl"
+    write_jsonl_atomic(lineage, [r for _, r in read_jsonl(lineage) if r["step"] < start_step] if lineage.is_file() else [])
     print_plan(run, args)
     return run
 
@@ -433,8 +438,8 @@ def summarize(run: Run, args, calls: int) -> None:
             print("no edited skill beat its instance's seed skill in this run.")
     adapter = f", its LoRA adapter alone in {ADAPTER_DIR}/ (PEFT layout)" if args.lora_rank else ""
     print(f"wrote {run.out / 'checkpoint'} (editor in HF layout{' (merged)' if args.lora_rank else ''}{adapter} + "
-          f"trainer_state.pt), {run.out / 'metrics.jsonl'}, "
-          f"{run.out / 'reward_curve.svg'}")
+          f"trainer_state.pt), {run.out / 'metrics.jsonl'}, {run.out / 'lineage.jsonl'}, "
+          f"{run.out / 'reward_curve.svg'}; python -m minskill.report {run.out} draws the run as one HTML page")
 
 
 # ------------------------------------------------------------------------------------------ command line

@@ -81,14 +81,12 @@ def skill_r1_run(skill_r1_env):
 
 @pytest.fixture(scope="module")
 def skill_r1_lineage_run(skill_r1_env):
-    """The same run, with lineage.jsonl recorded as the provenance docstring proposes for train_grpo.py."""
+    """The same run, with the evolutions the loop produced kept aside to check lineage.jsonl against."""
     out = skill_r1_env["tmp"] / "run-lineage"
     original, evolutions_seen = train_grpo.metrics_row, []
 
     def metrics_row_and_lineage(step, evolutions, *rest):
         evolutions_seen.append(evolutions)
-        for record in provenance.lineage_records(step, evolutions):
-            train_grpo.append_jsonl(out / "lineage.jsonl", record)
         return original(step, evolutions, *rest)
 
     train_grpo.metrics_row = metrics_row_and_lineage
@@ -179,13 +177,17 @@ def compare_run(tmp_path_factory):
 # ---------------------------------------------------------------------------------------------- the pages
 
 def test_skill_r1_training_report_without_lineage(skill_r1_run, tmp_path):
-    text = page_of(skill_r1_run, tmp_path, "skill_r1")
+    """A run from before train_grpo.py wrote lineage.jsonl: the page says what is not recorded."""
+    older = tmp_path / "older-run"
+    shutil.copytree(skill_r1_run, older)
+    (older / "lineage.jsonl").unlink()
+    text = page_of(older, tmp_path, "skill_r1")
     assert_self_contained_and_escaped(text)
     assert text.count("<svg") >= 2 and "mean candidate reward per generation" in text and "policy loss" in text
     assert "Cost per role" in text and "task model (training rollouts)" in text and "Skill-R1 has no teacher" in text
     assert "not recorded by this run (lineage.jsonl" in text          # said, not guessed
     assert "Held-out probes" in text and "--generations" in text      # probes; flags from trainer_state.pt
-    rows = [json.loads(line) for line in (skill_r1_run / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (older / "metrics.jsonl").read_text().splitlines()]
     calls = sum(r["task_calls"] for r in rows)
     assert re.search(rf'<td class="num">{calls}</td>', text)           # the cost table sums the recorded calls
 

@@ -175,8 +175,12 @@ def test_resume_equals_the_uninterrupted_run(straight_run, editor_dir, suite_fil
         train_grpo.main(flags)
     monkeypatch.setattr(train_grpo, "save_checkpoint", save)
     assert [r["step"] for r in read_rows(out)] == [0, 1]
+    with open(out / "lineage.jsonl", "a") as f:   # as if it had died after logging step 3, before its checkpoint
+        f.write(json.dumps({"step": 2, "instance": "lost"}) + "\n")
     assert train_grpo.main(flags + ["--resume"]) == 0
     assert "resuming" in capsys.readouterr().out
+    lineage = [[json.loads(line) for line in (run / "lineage.jsonl").read_text().splitlines()] for run in (straight_run[0], out)]
+    assert [r["step"] for r in lineage[1]] == [0, 0, 1, 1, 2, 2, 3, 3] and lineage[0] == lineage[1]
 
     straight, resumed = read_rows(straight_run[0]), read_rows(out)
     assert len(resumed) == 4
