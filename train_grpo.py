@@ -302,10 +302,15 @@ def no_reward_yet(rows: list[dict]) -> bool:
 
 
 def plot_rewards(path: Path, rows: list[dict], generations: int) -> None:
-    """Training: the mean candidate reward per generation at each step. Held-out probe (--probe-every): the
-    mean reward of all candidates the editor writes on the probe instances, and their seed skill's."""
+    """Training: the mean candidate reward per generation at each step, and the candidates' mean gain over
+    the seed skill averaged over the last 8 steps. Held-out probe (--probe-every): the mean reward of the
+    candidates the editor writes on the probe instances, and their seed skill's."""
     series = {("seed skill (g=0)" if g == 0 else f"generation {g}"):
               [(r["step"] + 1, r["reward_per_generation"][g]) for r in rows] for g in range(generations + 1)}
+    # each step trains on other instances, so single steps are noisy: a trailing mean shows the trend
+    gains = [r["reward_mean_candidates"] - r["reward_per_generation"][0] for r in rows]
+    last_8 = [gains[max(0, i - 7):i + 1] for i in range(len(rows))]
+    series["cand. − seed (8-step)"] = [(r["step"] + 1, sum(g) / len(g)) for r, g in zip(rows, last_8)]
     probes = [pr for r in rows for pr in r.get("probes", [])]
     if probes:
         series["probe: candidates"] = [(pr["after_steps"], pr["reward_per_generation"][1]) for pr in probes]
