@@ -284,8 +284,8 @@ def compare(args, card: dict, skills, rewritten) -> int:
     report_dir.mkdir(parents=True, exist_ok=True)
     log = lambda message: print(message, file=sys.stderr, flush=True)   # noqa: E731
 
-    with embedded_client(url=args.task_url, model=args.task_model, api_key=args.api_key,
-                         model_spec=args.model_spec, quantize=args.task_quantize) as task_client:
+    with embedded_client(url=args.task_url, model=args.task_model, api_key=args.api_key, model_spec=args.model_spec,
+                         quantize=args.task_quantize, max_workers=args.task_concurrency) as task_client:
         if args.teacher_url:
             teacher_client = ChatClient(args.teacher_url, model=args.teacher_model, api_key=args.api_key)
         else:
@@ -399,6 +399,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--task-seed", type=int, default=0, help="seed of the generated suite")
     g.add_argument("--task-url", default=None, help="task model endpoint (default: the embedded default model)")
     g.add_argument("--task-model", default=None, help="model name sent to --task-url")
+    g.add_argument("--task-concurrency", type=int, default=8, help="task-model requests in flight (default 8); "
+                   "behind a load balancer of vLLM/SGLang replicas: replicas × per-replica batch")
     g.add_argument("--teacher-url", default=None, help="teacher endpoint for the one-shot rewrite (default: the task endpoint)")
     g.add_argument("--teacher-model", default=None, help="model name sent to --teacher-url")
     g.add_argument("--teacher-attempts", type=int, default=3, help="teacher replies tried until one parses")

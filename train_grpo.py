@@ -115,7 +115,7 @@ def train(args) -> int:
     """The Skill-R1 training loop: one optimizer step per pass (DESIGN.md §3)."""
     run, cfg = setup(args), EvolveConfig.from_args(args)
     with embedded_client(args.task_url, args.task_model, api_key=args.task_api_key,
-                         quantize=args.task_quantize) as client:
+                         quantize=args.task_quantize, max_workers=args.task_concurrency) as client:
         t_run = time.time()
         probes = [held_out_probe(run, client, args, after_steps=0)] if run.start_step == 0 and args.probe_every else []
         for step in range(run.start_step, args.steps):
@@ -461,6 +461,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     c.add_argument("--task-model", default=None, help="model name sent to --task-url (default: the first one "
                    "the server lists)")
     c.add_argument("--task-api-key", default=None, help="API key for --task-url (default: $OPENAI_API_KEY)")
+    c.add_argument("--task-concurrency", type=int, default=8, help="task-model requests the client keeps in "
+                   "flight (default 8); when --task-url is a load balancer in front of several vLLM/SGLang "
+                   "replicas, set it to replicas × per-replica batch (e.g. 4 × --max-num-seqs 64 = 256)")
     c.add_argument("--task-quantize", choices=QUANTIZE_CHOICES, default="none", help="the embedded server's weights: none = float (default), int8 (1.6x faster batch-1 decode on a CPU, the same accuracy on the held-out qa tasks, but greedy replies then depend on the batch a request shares: README), auto = int8 on a CPU")
     c.add_argument("--suite", default="qa", help="task suite: qa | household | webwalk | PATH.jsonl (default qa)")
     c.add_argument("--n-tasks", type=int, default=None, help="tasks drawn from the suite per split (default: "
@@ -547,7 +550,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     for name in ("generations", "candidates", "rollouts", "steps", "instances_per_step", "micro_batch",
                  "tasks_per_instance", "ppo_epochs", "max_skill_tokens", "context_tokens", "task_max_tokens",
-                 "save_every", "eval_instances", "eval_tasks", "probe_instances", "probe_candidates"):
+                 "save_every", "eval_instances", "eval_tasks", "probe_instances", "probe_candidates", "task_concurrency"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
     if args.probe_every < 0:

@@ -185,7 +185,7 @@ def evaluate(args) -> int:
     seed_skills = [skill_text(seed_skillset, inst.type) for inst in evo]
     rows = []
     with embedded_client(args.task_url, args.task_model, api_key=args.task_api_key,
-                         quantize=args.task_quantize) as client:
+                         quantize=args.task_quantize, max_workers=args.task_concurrency) as client:
         rows.append(("no skill", *success(client, [""] * len(evo), test, args), [], 0))
         print("evaluated: no skill", flush=True)
         rows.append(("seed skill" + ("" if seed_skillset is not None else " (--seed-skills none: = no skill)"),
