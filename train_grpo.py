@@ -461,9 +461,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     c.add_argument("--task-model", default=None, help="model name sent to --task-url (default: the first one "
                    "the server lists)")
     c.add_argument("--task-api-key", default=None, help="API key for --task-url (default: $OPENAI_API_KEY)")
-    c.add_argument("--task-concurrency", type=int, default=8, help="task-model requests the client keeps in "
-                   "flight (default 8); when --task-url is a load balancer in front of several vLLM/SGLang "
-                   "replicas, set it to replicas × per-replica batch (e.g. 4 × --max-num-seqs 64 = 256)")
+    c.add_argument("--task-concurrency", type=int, default=16, help="task-model requests the client keeps in "
+                   "flight (default 16: the embedded server's batch); when --task-url is a load balancer in front "
+                   "of several vLLM/SGLang replicas, set it to replicas × per-replica batch (e.g. 4 × --max-num-seqs "
+                   "64 = 256)")
     c.add_argument("--task-quantize", choices=QUANTIZE_CHOICES, default="none", help="the embedded server's weights: none = float (default), int8 (1.6x faster batch-1 decode on a CPU, the same accuracy on the held-out qa tasks, but greedy replies then depend on the batch a request shares: README), auto = int8 on a CPU")
     c.add_argument("--suite", default="qa", help="task suite: qa | household | webwalk | PATH.jsonl (default qa)")
     c.add_argument("--n-tasks", type=int, default=None, help="tasks drawn from the suite per split (default: "

@@ -92,6 +92,11 @@ class CachingClient:
         return self._model
 
     @property
+    def max_workers(self) -> int:
+        """The inner client's bound on requests in flight: run_rollouts sizes its pool by it."""
+        return getattr(self.inner, "max_workers", 8)
+
+    @property
     def stats(self) -> dict:
         return {"calls": self.calls, "cache_hits": self.cache_hits, "cached_entries": len(self._cache)}
 

@@ -13,6 +13,10 @@ Contract
 * `chat(messages, n, temperature, top_p, max_tokens, stop, seed) -> ChatResult` with the `n` reply
   texts in choice order, their finish reasons and the token usage the server reported.
 * `chat_many(requests)` runs many `chat` calls on a bounded thread pool; results come back in order.
+* `max_workers` bounds the client's requests in flight, client-wide: however many threads call `chat`
+  (callers stack thread pools), at most `max_workers` requests are out at once; the others wait for a
+  slot before their deadline starts (waiting for a slot is not the server's time). A retrying request
+  keeps its slot through its backoff, which adds no load while the server says it is overloaded.
 * `timeout` (seconds) bounds a whole `chat` call begun at t0: the model lookup, every attempt and every
   backoff wait end by the deadline T = t0 + timeout. An attempt begun at t may take
 
@@ -249,6 +253,8 @@ class ChatClient:
         self.attempt_timeout = attempt_timeout  # None: an attempt may use all the time the call has left
         self.backoff_base, self.backoff_max = backoff_base, backoff_max
         self._lock = threading.Lock()
+        # max_workers bounds this client's requests in flight however many threads call it (callers stack pools)
+        self._slots = threading.BoundedSemaphore(max_workers)
         self._sessions = threading.local()  # requests.Session is not thread-safe: one per thread
         self._stats = dict(calls=0, prompt_tokens=0, completion_tokens=0, retries=0, failures=0)
 
@@ -365,6 +371,10 @@ class ChatClient:
     def chat(self, messages, n=1, temperature=0.0, top_p=1.0, max_tokens=256, stop=None, seed=None) -> ChatResult:
         if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
             raise TypeError(f"messages must be a list of {{'role', 'content'}} dicts, got {messages!r:.200}")
+        with self._slots:  # waiting for a slot is not the server's time: the deadline starts once it is ours
+            return self._chat(messages, n, temperature, top_p, max_tokens, stop, seed)
+
+    def _chat(self, messages, n, temperature, top_p, max_tokens, stop, seed) -> ChatResult:
         deadline = time.monotonic() + self.timeout
         try:
             payload = {"model": self._resolve_model(deadline), "messages": messages, "n": n,

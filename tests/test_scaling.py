@@ -217,7 +217,7 @@ def captured(monkeypatch):
 
 
 def test_train_grpo_task_concurrency_reaches_the_client(captured, monkeypatch):
-    assert train_grpo.parse_args([]).task_concurrency == 8    # ChatClient's default: today's behaviour
+    assert train_grpo.parse_args([]).task_concurrency == 16   # the embedded server's batch
     with pytest.raises(SystemExit):
         train_grpo.parse_args(["--task-concurrency", "0"])
     assert "task_concurrency" not in train_grpo.RESUME_MUST_MATCH  # it changes no result: may change on --resume
@@ -242,9 +242,8 @@ def test_rewrite_compare_task_concurrency_reaches_the_client(captured, monkeypat
 
 # ------------------------------------------------- the bound as the scripts' own rollout code sees it
 
-@pytest.mark.xfail(strict=True, reason="CachingClient has no max_workers, so run_rollouts falls back to 8 "
-                   "threads: evolve_masa's --concurrency does not bound the target's rollouts")
 def test_evolve_masa_concurrency_bounds_the_target_rollouts(farm, tmp_path):
+    """CachingClient passes its inner client's max_workers on, so --concurrency bounds the target's rollouts."""
     args = evolve_masa.build_parser().parse_args(["--target-url", farm.url, "--target-model", MODEL,
                                                   "--teacher-url", farm.url, "--teacher-model", MODEL,
                                                   "--concurrency", "4"])
@@ -257,9 +256,9 @@ def test_evolve_masa_concurrency_bounds_the_target_rollouts(farm, tmp_path):
     assert farm.peak_serving == capacity(4)
 
 
-@pytest.mark.xfail(strict=True, reason="score_skills runs up to 16 jobs at once, each with a run_rollouts pool "
-                   "of client.max_workers: train_grpo's requests in flight reach 16 x --task-concurrency")
 def test_train_grpo_scoring_is_bounded_by_the_clients_max_workers(farm):
+    """score_skills runs up to 16 jobs at once, each with its own run_rollouts pool: the client's max_workers
+    still bounds the requests in flight, client-wide."""
     farm.reset()
     jobs = [(Instance(f"x{j}", "echo", echo_tasks(4, prefix=f"x{j} ")), "a skill", j) for j in range(6)]
     scored = score_skills(client_for(farm, 2), jobs, EvolveConfig())
