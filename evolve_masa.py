@@ -346,7 +346,7 @@ def write_outputs(run: Run, search: MasaSearch, target, teacher, stopped: str | 
     """library/, library.json, sft.jsonl, reward.svg, heldout.md, results.json, run.json, state.json.
     What the budget no longer allows is left out and said in `notes`."""
     out, config, notes = run.out, run.config, []
-    library = search.library()
+    library = search.library().carry_resources(run.base_skills)   # resources: by name, from the input
     library.save(out / "library")
     library.save_json(out / "library.json")
     reward_out = search.climb.best.reward

@@ -258,7 +258,7 @@ def cmd_apply(args) -> int:
     raw_path = out.parent / f"{out.name}.raw.txt"
     rewritten = None
     try:
-        rewritten = save_skills_validated(parse_rewriter_output(text, finish_reason), out)
+        rewritten = save_skills_validated(parse_rewriter_output(text, finish_reason).carry_resources(skills), out)
     except ValueError as e:
         write_text_atomic(raw_path, text)
         print(f"rewrite.py apply: the rewriter's output does not parse as a skill set: {e}\n"

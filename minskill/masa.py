@@ -134,7 +134,7 @@ def _failure_text(failures: list[dict], limit: int = 600) -> str:
 
 
 def _skills_text(skills: SkillSet, limit: int = 6000) -> str:
-    return _clip(skills.to_markdown(), limit) or "(no skills)"
+    return (_clip(skills.to_markdown(), limit) or "(no skills)") + skills.resource_note()  # names only
 
 
 def _unique(skills: list[Skill]) -> list[Skill]:

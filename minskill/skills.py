@@ -11,10 +11,24 @@ a folder whose name is the skill's name, holding `SKILL.md` = YAML front matter 
     metadata:                        optional mapping of string keys to string values
       title: Count carefully
     ---
-    Markdown body (at most MAX_BODY_CHARS characters)
+    Markdown body
+    scripts/  references/  assets/   optional resource folders (any files below them)
 
 (`license`, `compatibility` (<= 500 chars) and `allowed-tools` are accepted as the spec allows; any other
 top-level field is an error, as in the spec's reference validator.)
+
+Sizes. A SKILL.md file (and a skill's body) is at most MAX_FILE_BYTES = 256 KiB: the only size that
+refuses a SKILL.md. The spec *recommends* a body under 500 lines and under 5,000 tokens; a longer body
+loads with a `SkillWarning` (warnings.warn), tokens approximated as approx_tokens(body) = ceil(chars/4).
+
+Resources. Files under a skill's `scripts/`, `references/` and `assets/` (`Skill.resources`: relative POSIX
+path -> bytes) travel with it: read on load, written back byte for byte on save (file modes are not kept:
+minskill never executes them), at most MAX_RESOURCE_FILES = 100 files and MAX_RESOURCE_BYTES = 10 MiB per
+skill. A symbolic link anywhere below them is an error naming it; dot-files and dot-folders are skipped
+(editor droppings, our own temp files); other entries beside SKILL.md are not kept (a warning names them).
+Prompts list the resources by name (`resource_note`); no LLM ever rewrites them, and none of their bytes
+is ever shown to one or run. A resource path is validated (`validate_resource_path`) before it becomes a
+file name: its first part is one of the three folders, no part is empty, '.', '..' or hidden.
 
 Rendering for a task model's system prompt (`Skill.render(task_type, max_tokens)`, as `SkillSet.render`:
 the one interface the rollout code uses): the skill as a set of that one skill, i.e. `## title`, the
@@ -34,22 +48,35 @@ import os
 import re
 import tempfile
 import unicodedata
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
 __all__ = ["Skill", "SkillFormatError", "SkillParseError", "validate_name", "validate_task_type", "slugify",
-           "split_front_matter", "approx_tokens", "MAX_NAME_CHARS", "MAX_DESCRIPTION_CHARS", "MAX_BODY_CHARS"]
+           "split_front_matter", "approx_tokens", "resource_note", "validate_resource_path", "SkillWarning",
+           "MAX_NAME_CHARS", "MAX_DESCRIPTION_CHARS", "MAX_BODY_CHARS", "MAX_FILE_BYTES", "RESOURCE_DIRS"]
 
 MAX_NAME_CHARS = 64
 MAX_DESCRIPTION_CHARS = 1024
 MAX_COMPATIBILITY_CHARS = 500
-MAX_BODY_CHARS = 20_000
-MAX_FILE_BYTES = 256 * 1024          # a SKILL.md or SKILLSET.md larger than this is refused
+MAX_BODY_CHARS = 20_000              # the longest body an LLM may *write* (replies.py); files: MAX_FILE_BYTES
+MAX_FILE_BYTES = 256 * 1024          # a SKILL.md or SKILLSET.md (or a skill's body) larger than this is refused
+RECOMMENDED_BODY_LINES = 500         # the spec's recommendation: above it a body loads with a warning
+RECOMMENDED_BODY_TOKENS = 5000       # ... tokens counted by approx_tokens (chars / 4)
+RESOURCE_DIRS = ("scripts", "references", "assets")
+MAX_RESOURCE_FILES = 100             # per skill, the three folders together
+MAX_RESOURCE_BYTES = 10 * 1024 * 1024
+MAX_RESOURCE_DEPTH = 8               # path parts below the skill folder
 SPEC_FIELDS = ("name", "description", "license", "compatibility", "metadata", "allowed-tools")
 
 
 class SkillFormatError(ValueError):
     """A skill or skill set breaks the format; the message names the file/field (and line)."""
+
+
+class SkillWarning(UserWarning):
+    """A skill loads, but not as the spec recommends: a body of 500+ lines or 5,000+ tokens, or files beside
+    SKILL.md that a skill does not carry."""
 
 
 class SkillParseError(ValueError):
@@ -307,11 +334,15 @@ def _atomic_write_text(path: Path, text: str) -> None:
 
     minskill.runs has the package's atomic writer; this module keeps its own so that it can be copied
     alone (it imports nothing from minskill)."""
+    _atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def _atomic_write_bytes(path: Path, data: bytes) -> None:
     path = Path(path)
     handle, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(handle, "wb") as out:
-            out.write(text.encode("utf-8"))
+            out.write(data)
             out.flush()
             os.fsync(out.fileno())
         os.chmod(temp, 0o644)
@@ -334,11 +365,110 @@ def _read_text(path: Path, max_bytes: int = MAX_FILE_BYTES) -> str:
         raise SkillFormatError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start})") from None
 
 
+# --------------------------------------------------------------------------- resources
+
+def validate_resource_path(rel, where: str = "resource") -> str:
+    """Return `rel` if it is a safe resource path (`scripts/...`, `references/...`, `assets/...`), else raise."""
+    if not isinstance(rel, str):
+        raise SkillFormatError(f"{where}: a resource path must be a string, got {type(rel).__name__}")
+    parts = rel.split("/")
+    if parts[0] not in RESOURCE_DIRS or len(parts) < 2:
+        raise SkillFormatError(f"{where}: {rel[:80]!r} is not a file under {', '.join(RESOURCE_DIRS)}")
+    if len(parts) > MAX_RESOURCE_DEPTH:
+        raise SkillFormatError(f"{where}: {rel[:80]!r} is {len(parts)} folders deep; at most {MAX_RESOURCE_DEPTH}")
+    for part in parts:
+        if not part or part.startswith(".") or "\\" in part or "\0" in part or len(part.encode()) > 255:
+            raise SkillFormatError(f"{where}: {rel[:80]!r} has an empty, hidden, '..' or over-long part {part!r}")
+    return rel
+
+
+def _check_resources(resources, where: str) -> None:
+    """Types, paths and the bounds (files, bytes) of a skill's resources."""
+    if not isinstance(resources, dict):
+        raise SkillFormatError(f"{where}: resources must be a mapping of relative paths to bytes")
+    if len(resources) > MAX_RESOURCE_FILES:
+        raise SkillFormatError(f"{where}: {len(resources)} resource files; at most {MAX_RESOURCE_FILES}")
+    total = 0
+    for rel, data in resources.items():
+        validate_resource_path(rel, f"{where}: resource")
+        if not isinstance(data, (bytes, bytearray)):
+            raise SkillFormatError(f"{where}: resource {rel!r} must be bytes, got {type(data).__name__}")
+        total += len(data)
+    if total > MAX_RESOURCE_BYTES:
+        raise SkillFormatError(f"{where}: resources are {total} bytes; at most {MAX_RESOURCE_BYTES}")
+
+
+def _load_resources(folder: Path) -> dict[str, bytes]:
+    """The files under folder/scripts, references, assets (sorted), within the bounds; links refused."""
+    resources, total = {}, 0
+    for top in RESOURCE_DIRS:
+        root = folder / top
+        if root.is_symlink():
+            raise SkillFormatError(f"{root}: symbolic links are refused in a skill's resources")
+        if not root.exists():
+            continue
+        if not root.is_dir():
+            raise SkillFormatError(f"{root}: expected a folder (a skill's {top}/ holds files)")
+        for dirpath, dirnames, filenames in os.walk(root):   # never follows links (followlinks=False)
+            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+            for name in dirnames + sorted(f for f in filenames if not f.startswith(".")):
+                path = Path(dirpath) / name
+                if path.is_symlink():
+                    raise SkillFormatError(f"{path}: symbolic links are refused in a skill's resources")
+                if name in dirnames:
+                    continue
+                if not path.is_file():
+                    raise SkillFormatError(f"{path}: not a regular file")
+                rel = validate_resource_path(path.relative_to(folder).as_posix(), str(path))
+                total += path.stat().st_size
+                if len(resources) >= MAX_RESOURCE_FILES or total > MAX_RESOURCE_BYTES:
+                    raise SkillFormatError(f"{folder}: resources exceed {MAX_RESOURCE_FILES} files or "
+                                           f"{MAX_RESOURCE_BYTES} bytes (at {rel})")
+                resources[rel] = path.read_bytes()
+    others = sorted(p.name for p in folder.iterdir()
+                    if p.name != "SKILL.md" and p.name not in RESOURCE_DIRS and not p.name.startswith("."))
+    if others:
+        warnings.warn(f"{folder}: {others[:5]} not kept: a skill carries SKILL.md, scripts/, references/ "
+                      f"and assets/ only", SkillWarning, stacklevel=3)
+    return resources
+
+
+def _save_resources(folder: Path, resources: dict[str, bytes]) -> None:
+    """Write each resource below `folder` byte for byte; no existing link on the way is followed."""
+    for rel, data in sorted(resources.items()):
+        parts = validate_resource_path(rel, f"{folder}: resource").split("/")
+        parent = folder
+        for part in parts[:-1]:
+            parent = parent / part
+            if parent.is_symlink() or (parent.exists() and not parent.is_dir()):
+                raise SkillFormatError(f"{parent}: exists and is not a folder (a link is never followed)")
+            parent.mkdir(exist_ok=True)
+        if (parent / parts[-1]).is_symlink():
+            raise SkillFormatError(f"{parent / parts[-1]}: is a symbolic link; refusing to write through it")
+        _atomic_write_bytes(parent / parts[-1], bytes(data))
+
+
+def resource_note(resources) -> str:
+    """The prompt line that lists a skill's resource files by name ("" without any)."""
+    if not resources:
+        return ""
+    return "Files that come with this skill (kept as they are, not shown): " + ", ".join(sorted(resources))
+
+
+def _warn_if_long(body: str, where: str) -> None:
+    lines = body.count("\n") + 1 if body else 0
+    tokens = approx_tokens(body)
+    if lines >= RECOMMENDED_BODY_LINES or tokens >= RECOMMENDED_BODY_TOKENS:
+        warnings.warn(f"{where}: body is {lines} lines, ~{tokens} tokens (chars/4); the Agent Skills spec "
+                      f"recommends < {RECOMMENDED_BODY_LINES} lines and < {RECOMMENDED_BODY_TOKENS} tokens "
+                      f"(move detail to references/)", SkillWarning, stacklevel=3)
+
+
 # --------------------------------------------------------------------------- Skill
 
 @dataclass
 class Skill:
-    """One skill: what SKILL.md holds. `metadata` maps strings to strings."""
+    """One skill: what SKILL.md holds (`metadata` maps strings to strings), and its resource files."""
     name: str
     description: str
     body: str = ""
@@ -346,6 +476,7 @@ class Skill:
     license: str | None = None
     compatibility: str | None = None
     allowed_tools: str | None = None
+    resources: dict = field(default_factory=dict, repr=False)   # "scripts/x.py" -> bytes (module docstring)
 
     @property
     def title(self) -> str:
@@ -364,8 +495,10 @@ class Skill:
                                    f"at most {MAX_DESCRIPTION_CHARS}")
         if not isinstance(self.body, str):
             raise SkillFormatError(f"{where}: body must be a string")
-        if len(self.body) > MAX_BODY_CHARS:
-            raise SkillFormatError(f"{where}: body is {len(self.body)} characters; at most {MAX_BODY_CHARS}")
+        if len(self.body.encode("utf-8")) > MAX_FILE_BYTES:
+            raise SkillFormatError(f"{where}: body is {len(self.body.encode('utf-8'))} bytes; at most "
+                                   f"{MAX_FILE_BYTES} (a SKILL.md is at most that)")
+        _check_resources(self.resources, where)
         if not isinstance(self.metadata, dict):
             raise SkillFormatError(f"{where}: metadata must be a mapping of strings to strings")
         for key, value in self.metadata.items():
@@ -422,6 +555,7 @@ class Skill:
         skill.validate(where)
         if folder_name is not None and folder_name != skill.name:
             raise SkillFormatError(f"{where}: name {skill.name!r} differs from its folder name {folder_name!r}")
+        _warn_if_long(skill.body, where)
         return skill
 
     def render(self, task_type: str | None = None, max_tokens: int = 1024, count_tokens=None) -> str:
@@ -434,19 +568,23 @@ class Skill:
     # ---- folders
     @classmethod
     def load(cls, folder: str | Path) -> "Skill":
-        """Read `folder`/SKILL.md; the folder's name must be the skill's name."""
+        """Read `folder`/SKILL.md and its resources; the folder's name must be the skill's name."""
         folder = Path(folder)
         path = folder / "SKILL.md"
         if not path.is_file():
             raise SkillFormatError(f"{folder}: no SKILL.md in this skill folder")
-        return cls.from_skill_md(_read_text(path), str(path), folder_name=folder.name)
+        skill = cls.from_skill_md(_read_text(path), str(path), folder_name=folder.name)
+        skill.resources = _load_resources(folder)
+        return skill
 
     def save(self, parent: str | Path) -> Path:
-        """Write parent/<name>/SKILL.md atomically; returns the skill folder."""
+        """Write parent/<name>/SKILL.md and the resources atomically, file by file; returns the skill folder.
+        Files already in the folder that the skill does not hold are left alone."""
         validate_name(self.name, f"skill {self.name!r}: name")
         folder = _child(Path(parent), self.name)
         folder.mkdir(parents=True, exist_ok=True)
         _atomic_write_text(folder / "SKILL.md", self.to_skill_md())
+        _save_resources(folder, self.resources)
         return folder
 
 
@@ -499,10 +637,12 @@ def approx_tokens(text: str) -> int:
 
 
 def _render_skill(skill: Skill) -> str:
-    """A skill's block in a system prompt: `## title`, the description (unless it is the title), the body."""
+    """A skill's block in a system prompt: `## title`, the description (unless it is the title), the body,
+    and the names of its resource files (resource_note), if it has any."""
     description = " ".join(skill.description.split())
     head = f"## {skill.title}" + (f"\n{description}" if description != skill.title else "")
-    return head + ("\n\n" + skill.body.strip() if skill.body.strip() else "")
+    note = resource_note(skill.resources)
+    return head + ("\n\n" + skill.body.strip() if skill.body.strip() else "") + ("\n\n" + note if note else "")
 
 
 def _cut_to_fit(text: str, tail: str, max_tokens: int, count) -> str:

@@ -25,6 +25,8 @@ Mapping (lossless, JSON -> folders -> JSON gives back the same JSON):
     (non-string values are stored as JSON text and listed in metadata `json-fields`; the original
     field list is kept in `masa-fields` unless it is exactly skill_id, title, principle, when_to_apply).
     A description is required, so a skill without when_to_apply gets its title as description.
+    A skill's resource files (scripts/, references/, assets/: skills.py) have no place in MASA's JSON:
+    to_json leaves them out; `carry_resources` gives a rewritten set the resources of its source by name.
     An object mistake becomes a `Mistake`: a str (its readable text) that keeps the original fields.
 
 Rendering for a task model's system prompt (`SkillSet.render(task_type, max_tokens)`, and `Skill.render`
@@ -46,6 +48,7 @@ set complete in `.NAME.old-*/set`: `SkillSet.load` then reads that one, and the 
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -54,14 +57,15 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from minskill.skills import (MAX_BODY_CHARS, MAX_DESCRIPTION_CHARS, MAX_FILE_BYTES, MAX_NAME_CHARS, Skill,
-                             SkillFormatError, _atomic_write_text, _child, _cut_to_fit, _read_text,
-                             _render_skill, approx_tokens, slugify, validate_name, validate_task_type)
+from minskill.skills import (MAX_DESCRIPTION_CHARS, MAX_FILE_BYTES, MAX_NAME_CHARS, Skill, SkillFormatError,
+                             _atomic_write_text, _child, _cut_to_fit, _read_text, _render_skill, approx_tokens,
+                             slugify, validate_name, validate_task_type)
 
 __all__ = ["SkillSet", "Mistake", "parse_mistakes", "recover_save", "recover_saves"]
 
 MAX_JSON_BYTES = 32 * 1024 * 1024    # a MASA .json library larger than this is refused
 MAX_SKILLS = 1000                    # per skill set
+MAX_SET_RESOURCE_BYTES = 100 * 1024 * 1024   # all skills' resource files together (each skill: skills.py)
 MASA_DEFAULT_FIELDS = ("skill_id", "title", "principle", "when_to_apply")
 SKILLSET_FILE = "SKILLSET.md"
 GENERAL_DIR = "general"
@@ -183,8 +187,8 @@ def _skill_from_masa(entry, where: str, taken: set[str]) -> Skill:
         k += 1
     taken.add(name)
     body = principle if isinstance(principle, str) else ""
-    if len(body) > MAX_BODY_CHARS:
-        raise SkillFormatError(f"{where}: principle is {len(body)} characters; at most {MAX_BODY_CHARS}")
+    if len(body.encode("utf-8")) > MAX_FILE_BYTES:   # it must fit in a SKILL.md
+        raise SkillFormatError(f"{where}: principle is {len(body.encode('utf-8'))} bytes; at most {MAX_FILE_BYTES}")
     use_when = isinstance(when, str) and when.strip() and len(when) <= MAX_DESCRIPTION_CHARS
     if use_when:
         description = when
@@ -251,6 +255,10 @@ class SkillSet:
         if len(self) > MAX_SKILLS:
             raise SkillFormatError(f"skill set has {len(self)} skills; at most {MAX_SKILLS}")
         groups = [("general", self.general)] + [(f"task-specific[{t!r}]", g) for t, g in self.task_specific.items()]
+        resource_bytes = sum(len(d) for s in self.skills() if isinstance(s, Skill) for d in s.resources.values())
+        if resource_bytes > MAX_SET_RESOURCE_BYTES:
+            raise SkillFormatError(f"skill set: resource files are {resource_bytes} bytes; at most "
+                                   f"{MAX_SET_RESOURCE_BYTES}")
         for task_type in self.task_specific:
             validate_task_type(task_type)
         for label, group in groups:
@@ -483,6 +491,27 @@ class SkillSet:
             first = entries[0][1]
             text = _cut_to_fit(first, assemble(1)[len(first):], max_tokens, count)
         return text
+
+    # ---- resources (skills.py): listed by name in prompts, carried over by name after an LLM rewrite
+    def resource_note(self) -> str:
+        """The prompt lines naming each skill's resource files ("" when no skill has any)."""
+        lines = [f"- {label}{s.name}: {', '.join(sorted(s.resources))}"
+                 for label, group in [("general/", self.general)] +
+                 [(f"task-specific/{t}/", g) for t, g in self.task_specific.items()]
+                 for s in group if s.resources]
+        return ("\n\nFiles that come with these skills (kept as they are: not shown, not to be rewritten):\n"
+                + "\n".join(lines)) if lines else ""
+
+    def carry_resources(self, source: "SkillSet") -> "SkillSet":
+        """This set with each skill lacking resources given those of the skill of the same name and group in
+        `source` (an LLM rewrites SKILL.md only; a renamed skill loses them). A new SkillSet."""
+        def carried(group: list[Skill], old: list[Skill]) -> list[Skill]:
+            by_name = {s.name: s.resources for s in old}
+            return [s if s.resources or not by_name.get(s.name) else
+                    dataclasses.replace(s, resources=dict(by_name[s.name])) for s in group]
+        return SkillSet(carried(self.general, source.general),
+                        {t: carried(g, source.task_specific.get(t, [])) for t, g in self.task_specific.items()},
+                        list(self.common_mistakes), dict(self.extra))
 
     # ---- the text an LLM edits
     def to_markdown(self) -> str:

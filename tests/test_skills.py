@@ -4,7 +4,7 @@ rendering: test_skillsets.py)."""
 import pytest
 
 from minskill.replies import parse_skill
-from minskill.skills import MAX_BODY_CHARS, Skill, SkillFormatError, slugify, validate_name
+from minskill.skills import MAX_FILE_BYTES, Skill, SkillFormatError, slugify, validate_name
 from minskill.skillsets import SkillSet
 
 TRICKY_STRINGS = ["Use when: counting", "- starts like a list", "true", "123", "1.5", "null", "# hash",
@@ -81,7 +81,7 @@ def test_block_scalar_chomping():
     (f"---\nname: {'a' * 65}\ndescription: d\n---\n", r"is 65 characters; at most 64"),
     ("---\nname: x\ndescription: ''\n---\n", r"description is empty"),
     (f"---\nname: x\ndescription: {'d' * 1025}\n---\n", r"description is 1025 characters; at most 1024"),
-    (f"---\nname: x\ndescription: d\n---\n{'b' * (MAX_BODY_CHARS + 1)}", r"body is 20001 characters"),
+    (f"---\nname: x\ndescription: d\n---\n{'b' * (MAX_FILE_BYTES + 1)}", r"body is 262145 bytes"),
     ("---\nname: x\ndescription: d\nversion: 1\n---\n", r"unexpected front-matter field\(s\) \['version'\]"),
     ("---\nname: x\ndescription: d\ntags:\n  - a\n---\n", r"SKILL.md, line 5: lists are not supported"),
     ("---\nname: x\ndescription: [a, b]\n---\n", r"SKILL.md, line 3: flow collections"),

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from minskill.skills import MAX_BODY_CHARS, Skill, SkillFormatError
+from minskill.skills import MAX_FILE_BYTES, Skill, SkillFormatError
 from minskill.skillsets import Mistake, SkillSet, recover_save
 from minskill.tasks import load_suite
 from test_skills import _skill
@@ -133,7 +133,7 @@ def test_load_single_skill_folder_and_errors(tmp_path):
     ({"task_specific_skills": {"../x": []}}, r"'../x' is not a valid task type"),
     ({"task_specific_skills": {"a": {}}}, r"task_specific_skills\['a'\] must be a list"),
     ({"common_mistakes": [1]}, r"common_mistakes\[0\] must be a string or an object"),
-    ({"general_skills": [{"title": "t", "principle": "p" * (MAX_BODY_CHARS + 1)}]}, "principle is 20001 characters"),
+    ({"general_skills": [{"title": "t", "principle": "p" * (MAX_FILE_BYTES + 1)}]}, "principle is 262145 bytes"),
     ({"general_skills": [{"title": "t", "bad key": "v"}]}, "field name 'bad key'"),
 ])
 def test_bad_masa_json_is_rejected(library, message):
