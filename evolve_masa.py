@@ -40,6 +40,8 @@ from minskill.masa import MasaConfig, MasaSearch
 from minskill.model_card import ModelCard, model_card_from_config
 from minskill.plot import write_svg_plot
 from minskill.quantize import QUANTIZE_CHOICES
+from minskill.retrieval import (RetrievalError, add_retrieval_args, check_retrieval_args, retriever_from_args,
+                                with_retrieval)
 from minskill.rollout import load_skills, summarize
 from minskill.runs import (check_run_folder, open_run_folder, read_json, write_json_atomic, write_jsonl_atomic,
                            write_text_atomic)
@@ -51,7 +53,8 @@ from minskill.weights import DEFAULT_MODEL, resolve_model
 # Flags that may change when a run is resumed (endpoints move, budgets grow); every other flag is restored
 # from the saved run so that the resumed search is the same search.
 RESUMABLE_OVERRIDES = ("max_calls", "no_cache", "cache", "target_url", "target_model", "target_api_key",
-                       "teacher_url", "teacher_model", "teacher_api_key", "concurrency", "timeout", "startup_timeout")
+                       "teacher_url", "teacher_model", "teacher_api_key", "concurrency", "timeout", "startup_timeout",
+                       "embed_url", "embed_model")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -70,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--task-seed", type=int, default=0, help="seed of the generated suite")
     g.add_argument("--base-skills", default=None,
                    help="base skill library: Agent Skills folder or MASA .json (default: the suite's built-in)")
+    add_retrieval_args(p.add_argument_group("retrieval in the held-out evaluation (minskill.retrieval)"))
     g = p.add_argument_group("target model and teacher")
     g.add_argument("--model-card", default=None, help="model card of the target: JSON, or YAML as MASA's "
                    "model_cards/*.yaml (minskill.model_card)")
@@ -172,6 +176,10 @@ def set_up(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Run:
     if args.resume:
         args, saved = resume_args(parser, args, out)
     check_run_folder(out, args.resume, args.overwrite, "evolve_masa.py")
+    try:
+        check_retrieval_args(args)
+    except RetrievalError as e:
+        parser.error(str(e))
     embedded_teacher = args.teacher_url is None
     if args.teacher_max_tokens is None:
         args.teacher_max_tokens = 384 if embedded_teacher else 1536
@@ -387,13 +395,18 @@ def heldout_evaluation(run: Run, search: MasaSearch, target, library: SkillSet, 
     if not run.heldout:
         return None
     try:
-        runs = {}
+        runs = {}   # with --retrieve: embeddings from --embed-url, else the target's own endpoint (not cached)
+        retriever = retriever_from_args(run.args, getattr(target, "inner", target), run.args.target_api_key)
         for name, skills in (("base", search.candidates[0].skills), ("evolved", library)):
             log(f"[held-out] {name} skills on {len(run.heldout)} tasks  calls {run.budget.spent}")
-            trajs = masa.rollouts(target, run.heldout, skills, run.config, run.budget)
+            trajs = masa.rollouts(target, run.heldout, with_retrieval(skills, retriever), run.config, run.budget)
             runs[name] = (trajs, summarize(trajs, lam_nh=run.config.lam_nh))
     except BudgetExhausted:
         results["notes"].append("budget spent: no held-out evaluation (rerun with --resume and a larger --max-calls)")
+        return None
+    except RetrievalError as e:
+        results["notes"].append(f"no held-out evaluation: {e}")
+        log(f"[held-out] not evaluated: {e}")
         return None
     paired = paired_counts(runs["base"][0], runs["evolved"][0])
     table = heldout_table(runs["base"][1], runs["evolved"][1], paired)

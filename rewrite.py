@@ -44,6 +44,7 @@ from minskill.masa import one_shot_rewrite
 from minskill.model_card import as_model_card, model_card_from_config, read_card_file
 from minskill.quantize import QUANTIZE_CHOICES
 from minskill.replies import extract_json
+from minskill.retrieval import add_retrieval_args, check_retrieval_args, retriever_from_args, with_retrieval
 from minskill.rollout import load_skills, run_rollouts, summarize
 from minskill.runs import check_run_folder, open_run_folder, write_text_atomic
 from minskill.sampling import generate
@@ -239,6 +240,7 @@ def _table(rows: list[tuple[str, dict | None, str]]) -> str:
 
 
 def cmd_apply(args) -> int:
+    check_retrieval_args(args)   # bad --retrieve flags: refused before the rewriter runs
     out = Path(args.out)
     if out.exists() and any(out.iterdir()) and not args.overwrite:
         print(f"rewrite.py apply: --out {out} exists and is not empty (pass --overwrite)", file=sys.stderr)
@@ -300,13 +302,14 @@ def compare(args, card: dict, skills, rewritten) -> int:
             log(f"teacher one-shot rewrite: no parseable reply in {args.teacher_attempts} attempts "
                 f"(last reply saved to {report_dir / 'teacher_oneshot.raw.txt'})")
         rows, results = [], {}
+        retriever = retriever_from_args(args, task_client, args.api_key)   # None: --retrieve none
         for name, variant in (("input", skills), ("rewritten", rewritten), ("teacher one-shot", teacher)):
             if variant is None:
                 rows.append((name, None, "did not parse (raw text saved)"))
                 continue
             log(f"evaluating '{name}' skills on {len(tasks)} {args.suite}/{args.split} tasks")
-            trajectories = run_rollouts(task_client, tasks, variant, n=1, temperature=0.0,
-                                        max_tokens=args.task_max_tokens, seed=args.seed,
+            trajectories = run_rollouts(task_client, tasks, with_retrieval(variant, retriever), n=1,
+                                        temperature=0.0, max_tokens=args.task_max_tokens, seed=args.seed,
                                         out_path=report_dir / f"trajectories-{name.replace(' ', '_')}.jsonl")
             summary = summarize(trajectories, lam_nh=args.lam_nh)
             rows.append((name, summary, ""))
@@ -410,6 +413,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--task-max-tokens", type=int, default=256, help="reply budget of the task model")
     g.add_argument("--lam-nh", type=float, default=0.0, help="λ of the adjusted reward SR − λ·NHR")
     g.add_argument("--compare-out", default=None, help="folder for trajectories and compare.json (default OUT-compare)")
+    add_retrieval_args(g)
     a.set_defaults(func=cmd_apply)
     return parser
 

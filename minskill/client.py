@@ -13,6 +13,7 @@ Contract
 * `chat(messages, n, temperature, top_p, max_tokens, stop, seed) -> ChatResult` with the `n` reply
   texts in choice order, their finish reasons and the token usage the server reported.
 * `chat_many(requests)` runs many `chat` calls on a bounded thread pool; results come back in order.
+* `embed(texts) -> list[list[float]]`: `POST {base_url}/embeddings`, one vector per text (retrieval).
 * `max_workers` bounds the client's requests in flight, client-wide: however many threads call `chat`
   (callers stack thread pools), at most `max_workers` requests are out at once; the others wait for a
   slot before their deadline starts (waiting for a slot is not the server's time). A retrying request
@@ -422,6 +423,28 @@ class ChatClient:
         if not all(type(count) is int and count >= 0 for count in counts):  # (type: not bool, float, NaN)
             raise wrong_shape(f"'usage' token counts that are not non-negative integers: {counts}")
         return ChatResult(texts, reasons, *counts)
+
+    def embed(self, texts: list[str]) -> list[list[float]]:
+        """`POST {base_url}/embeddings` with `input` = texts: one vector per text, in order. The same slots,
+        deadline, retries and ChatError as `chat`; a reply without one list of numbers per text (by `index`)
+        raises ChatError quoting it. Not counted in `stats` (those count chat calls)."""
+        if isinstance(texts, str) or not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+            raise TypeError(f"texts must be a list of strings, got {texts!r:.200}")
+        if not texts:
+            return []
+        url = self.base_url + "/embeddings"
+        with self._slots:
+            deadline = time.monotonic() + self.timeout
+            body = self._request("POST", url, {"model": self._resolve_model(deadline), "input": texts}, deadline)
+        data = body.get("data") if isinstance(body, dict) else None
+        items = sorted(data, key=lambda d: d.get("index", 0)) if isinstance(data, list) and all(
+            isinstance(d, dict) and type(d.get("index", 0)) is int for d in data) else None
+        vectors = [d.get("embedding") for d in items] if items is not None else None
+        if vectors is None or len(vectors) != len(texts) or not all(
+                isinstance(v, list) and v and all(type(x) in (int, float) for x in v) for v in vectors):
+            raise ChatError(f"embeddings reply has no list of {len(texts)} numeric 'data[].embedding' vectors; "
+                            f"body starts {_quote(json.dumps(body))}", 200, url)
+        return [[float(x) for x in v] for v in vectors]
 
     def chat_many(self, requests: list[dict], return_exceptions=False) -> list:
         """Run `chat(**request)` for each request concurrently (at most max_workers at once).

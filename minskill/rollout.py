@@ -7,7 +7,8 @@ What happens for one task:
   a `SkillSet` renders general skills always, the task-specific skills of that type and the common
   mistakes, within a token budget; a `Skill` renders as a set of that one skill. A plain string is used
   as-is; no skill (None or "") means *no system message*, so the chat template's own default applies
-  (the "no skill" baseline).
+  (the "no skill" baseline). With `--retrieve keyword|embedding` the library is a retrieval.RetrievedSkills,
+  which renders per task (its top-k skills for the task's text: minskill/retrieval.py) (`skill_prompts`).
 * **Single-turn tasks**: question -> one reply -> `task.score(reply)` (the task's verifier, 1.0 / 0.0).
   All single-turn requests of a run are queued at once on a pool of `client.max_workers` threads (as
   `client.chat_many` does), so the server always has a full batch, and each trajectory is written the
@@ -67,6 +68,8 @@ from pathlib import Path
 from typing import Callable, Iterable, Protocol, runtime_checkable
 
 from minskill.quantize import QUANTIZE_CHOICES
+from minskill.retrieval import (RetrievalError, add_retrieval_args, check_retrieval_args, retriever_from_args,
+                                with_retrieval)
 from minskill.runs import append_jsonl, clean_staging, read_jsonl, write_json_atomic, write_jsonl_atomic
 from minskill.server import embedded_client
 from minskill.skillsets import SkillSet
@@ -138,6 +141,15 @@ def skill_text(skills, task_type: str | None = None, max_tokens: int = 1024) -> 
     if isinstance(skills, RendersSkills):
         return skills.render(task_type=task_type, max_tokens=max_tokens).strip()
     raise TypeError(f"skills must be a SkillSet, a Skill, a str or None, not {type(skills).__name__}")
+
+
+def skill_prompts(skills, tasks: list, max_tokens: int = 1024) -> list[str]:
+    """The system-prompt text of each task, in order: one rendering per task type, or one per task when the
+    skills retrieve for the task's text (minskill.retrieval.RetrievedSkills: `render_for_tasks`)."""
+    if callable(getattr(skills, "render_for_tasks", None)):
+        return skills.render_for_tasks(tasks, max_tokens)
+    by_type = {t: skill_text(skills, t, max_tokens) for t in dict.fromkeys(task.type for task in tasks)}
+    return [by_type[task.type] for task in tasks]
 
 
 def _with_system(system: str, messages: list[dict]) -> list[dict]:
@@ -365,7 +377,7 @@ def run_rollouts(client, tasks, skills=None, *, n: int = 1, temperature: float =
         if progress is not None:
             progress(len(results), len(tasks) * n, traj)
 
-    system = {t: skill_text(skills, t, skill_max_tokens) for t in dict.fromkeys(task.type for task in tasks)}
+    system = skill_prompts(skills, tasks, skill_max_tokens)   # by task position
     _run_single_turn(client, [(i, t) for i, t in enumerate(tasks) if not t.multi_turn], system, finish,
                      n=n, temperature=temperature, max_tokens=max_tokens, seed=seed)
     _run_multi_turn(client, [(i, t) for i, t in enumerate(tasks) if t.multi_turn], system, finish,
@@ -374,11 +386,11 @@ def run_rollouts(client, tasks, skills=None, *, n: int = 1, temperature: float =
     return [traj for _, _, traj in sorted(results, key=lambda r: r[:2])]
 
 
-def _run_single_turn(client, single: list, system: dict, finish: Callable, *, n, temperature, max_tokens, seed):
+def _run_single_turn(client, single: list, system: list, finish: Callable, *, n, temperature, max_tokens, seed):
     """Every request in flight at once (one request with n choices per task); each task's trajectories are
     finished the moment its reply arrives, and the server's queue never runs dry."""
-    requests = [dict(messages=_with_system(system[t.type], [{"role": "user", "content": t.question}]),
-                     n=n, temperature=temperature, max_tokens=max_tokens, seed=seed) for _, t in single]
+    requests = [dict(messages=_with_system(system[i], [{"role": "user", "content": t.question}]),
+                     n=n, temperature=temperature, max_tokens=max_tokens, seed=seed) for i, t in single]
     for k, answer in _as_completed(client, requests):
         position, task = single[k]
         for j in range(n):
@@ -396,13 +408,13 @@ def _run_single_turn(client, single: list, system: dict, finish: Callable, *, n,
             finish(traj, position)
 
 
-def _start_episodes(multi: list, system: dict, finish: Callable, n: int, max_steps: int | None) -> list[_Episode]:
+def _start_episodes(multi: list, system: list, finish: Callable, n: int, max_steps: int | None) -> list[_Episode]:
     """The n episodes of each multi-turn task, reset; those that fail or end at once are finished here."""
     episodes = []
     for position, task in multi:
         for j in range(n):
             try:
-                ep = _Episode(task, j, system[task.type], max_steps)
+                ep = _Episode(task, j, system[position], max_steps)
             except Exception as e:  # a broken environment fails its task, not the run
                 finish(Trajectory(task_id=task.id, task_type=task.type, messages=[], sample=j,
                                   error=f"environment failed at reset: {type(e).__name__}: {e}"), position)
@@ -415,7 +427,7 @@ def _start_episodes(multi: list, system: dict, finish: Callable, n: int, max_ste
     return episodes
 
 
-def _run_multi_turn(client, multi: list, system: dict, finish: Callable, *, n, temperature, max_tokens, seed,
+def _run_multi_turn(client, multi: list, system: list, finish: Callable, *, n, temperature, max_tokens, seed,
                     max_steps, history, on_step):
     """All episodes in lock-step: one round of concurrent requests per step across every live episode."""
     episodes = _start_episodes(multi, system, finish, n, max_steps)
@@ -545,6 +557,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-steps", type=int, default=None, help="override the tasks' step budget")
     p.add_argument("--history", type=int, default=8, help="past exchanges kept in an agent prompt")
     p.add_argument("--skill-max-tokens", type=int, default=1024, help="token budget of the rendered skills")
+    add_retrieval_args(p)
     p.add_argument("--lam-nh", type=float, default=0.0, help="λ of the adjusted reward SR − λ·NHR")
     p.add_argument("--concurrency", type=int, default=16, help="requests in flight at once")
     p.add_argument("--timeout", type=float, default=600.0,
@@ -590,6 +603,10 @@ def main(argv=None) -> int:
     except (ValueError, FileNotFoundError) as e:
         p.error(str(e))
     skills = load_skills(args.skills, args.suite)
+    try:
+        check_retrieval_args(args)
+    except RetrievalError as e:
+        p.error(str(e))
     suite_name = Path(args.suite).stem if args.suite.endswith(".jsonl") else args.suite
     out_dir = Path(args.out or f"runs/eval-{suite_name}-{time.strftime('%Y%m%d-%H%M%S')}")
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -610,18 +627,22 @@ def main(argv=None) -> int:
                          model_spec=args.model_spec, max_workers=args.concurrency, timeout=args.timeout,
                          server_args=("--max-batch", str(args.concurrency), "--dtype", args.dtype),
                          quantize=args.quantize) as client:
-        trajs = run_rollouts(client, tasks, skills, n=args.n, temperature=args.temperature,
-                             max_tokens=args.max_tokens, seed=args.seed, out_path=traj_path,
-                             progress=_progress_printer(started), max_steps=args.max_steps,
-                             action_max_tokens=args.action_max_tokens, history=args.history,
-                             skill_max_tokens=args.skill_max_tokens,
-                             on_step=lambda step, live: print(f"  agent step {step + 1}: {live} episodes live  "
-                                                              f"{time.time() - started:.0f}s", file=sys.stderr,
-                                                              flush=True))
+        try:   # a bad endpoint or a reply that does not parse: a usage error naming --embed-url
+            skills = with_retrieval(skills, retriever_from_args(args, client, args.api_key))
+            trajs = run_rollouts(client, tasks, skills, n=args.n, temperature=args.temperature,
+                                 max_tokens=args.max_tokens, seed=args.seed, out_path=traj_path,
+                                 progress=_progress_printer(started), max_steps=args.max_steps,
+                                 action_max_tokens=args.action_max_tokens, history=args.history,
+                                 skill_max_tokens=args.skill_max_tokens,
+                                 on_step=lambda step, live: print(f"  agent step {step + 1}: {live} episodes live  "
+                                                                  f"{time.time() - started:.0f}s", file=sys.stderr,
+                                                                  flush=True))
+        except RetrievalError as e:
+            p.error(str(e))
         stats = dict(getattr(client, "stats", {}) or {})
     summary = summarize(previous + trajs, lam_nh=args.lam_nh)
     summary["run"] = dict(suite=args.suite, split=args.split, n_tasks=args.n_tasks, task_seed=args.task_seed,
-                          skills=args.skills, temperature=args.temperature, n=args.n,
+                          skills=args.skills, retrieve=args.retrieve, temperature=args.temperature, n=args.n,
                           task_url=args.task_url, task_model=args.task_model,
                           model=None if args.task_url else args.model_spec,
                           seconds=round(time.time() - started, 1), client_stats=stats,
