@@ -28,11 +28,12 @@ skill. A symbolic link anywhere below them is an error naming it; dot-files and 
 (editor droppings, our own temp files); other entries beside SKILL.md are not kept (a warning names them).
 Prompts list the resources by name (`resource_note`); no LLM ever rewrites them, and none of their bytes
 is ever shown to one or run. A resource path is validated (`validate_resource_path`) before it becomes a
-file name: its first part is one of the three folders, no part is empty, '.', '..' or hidden.
+file name: its first part is one of the three folders, no part is empty, '.', '..', hidden or over 255
+bytes, at most MAX_RESOURCE_DEPTH = 8 parts; a skill set bounds all its resources at 100 MiB (skillsets.py).
 
 Rendering for a task model's system prompt (`Skill.render(task_type, max_tokens)`, as `SkillSet.render`:
 the one interface the rollout code uses): the skill as a set of that one skill, i.e. `## title`, the
-description and the body; when count_tokens(text) > max_tokens the text is cut and says so. count_tokens
+description, the body and the resource_note line (when it has resources); when count_tokens(text) > max_tokens the text is cut and says so. count_tokens
 defaults to `approx_tokens`, ceil(len(text) / 4), about right for English with BPE tokenizers.
 
 Text written by an LLM is untrusted: names are validated (`validate_name`) or repaired (`slugify`) before
