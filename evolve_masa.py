@@ -12,6 +12,8 @@ Steps (the algorithm and its equations are in minskill/masa.py):
    train tasks that the search never sees;
 2. hill climbing on the general skills (I = --iterations, p = --patience), R = SR − λ·NHR (λ = --lam-nh);
 3. one UCB1 tree per task type with the general skills fixed (J = --tree-iterations, N = --episodes, C = --c);
+   --gate strict|paired (minskill/gates.py) decides what a climb candidate and a tree's best node must show to
+   replace the incumbent; every decision is recorded on the candidate (`gate` in state.json, search_log.jsonl);
 4. outputs in --out: library/ (Agent Skills folders) and library.json (MASA JSON), search_log.jsonl (every
    candidate: reward, parent, phase, teacher attribution; teacher skips), sft.jsonl (rewriter records),
    heldout.md / results.json (base vs evolved on the held-out split), reward.svg, run.json, state.json.
@@ -33,7 +35,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from minskill import masa, masa_data
+from minskill import gates, masa, masa_data
 from minskill.caching import BudgetExhausted, CachingClient, CallBudget
 from minskill.client import ChatError
 from minskill.masa import MasaConfig, MasaSearch
@@ -50,6 +52,8 @@ from minskill.skillsets import SkillSet
 from minskill.tasks import load_suite
 from minskill.weights import DEFAULT_MODEL, resolve_model
 
+# What a run saved before --gate ran with: the strict rule; given on --resume, these must equal the saved run's
+GATE_DEFAULTS = {"gate": "strict", "gate_alpha": 0.1}
 # Flags that may change when a run is resumed (endpoints move, budgets grow); every other flag is restored
 # from the saved run so that the resumed search is the same search.
 RESUMABLE_OVERRIDES = ("max_calls", "no_cache", "cache", "target_url", "target_model", "target_api_key",
@@ -98,6 +102,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--episodes", type=int, default=6, help="N: episodes per tree-node evaluation")
     g.add_argument("--c", type=float, default=1.4, help="UCB1 exploration constant C")
     g.add_argument("--max-children", type=int, default=3, help="rewrites per tree node before descending")
+    g.add_argument("--gate", choices=gates.GATES, default=None, help="acceptance gate of the climb and of each "
+                   "tree's result: strict = R strictly higher (the paper); paired = also a one-sided exact sign test "
+                   "on the per-task rewards at --gate-alpha (minskill/gates.py). Default strict; fixed on --resume")
+    g.add_argument("--gate-alpha", type=float, default=None, help="α of --gate paired (default 0.1)")
     g.add_argument("--max-tokens", type=int, default=128, help="reply budget of the target per task")
     g.add_argument("--teacher-max-tokens", type=int, default=None,
                    help="reply budget of the teacher (default 1536 for --teacher-url, 384 for the slow embedded model)")
@@ -159,7 +167,13 @@ def resume_args(parser: argparse.ArgumentParser, args: argparse.Namespace, out: 
     except ValueError as e:   # a state.json cut or edited by hand: say so, no traceback
         parser.error(str(e))
     explicit = {k: v for k, v in vars(args).items() if k in RESUMABLE_OVERRIDES and v != parser.get_default(k)}
-    args = argparse.Namespace(**{**saved["args"], **explicit, "resume": True, "overwrite": False, "out": str(out),
+    saved_args = {**GATE_DEFAULTS, **saved["args"]}
+    changed = [f"--{k.replace('_', '-')} {saved_args[k]!r} -> {getattr(args, k)!r}" for k in GATE_DEFAULTS
+               if getattr(args, k) is not None and getattr(args, k) != saved_args[k]]
+    if changed:
+        parser.error(f"--resume: the saved run used another gate, so it would not continue the same search: "
+                     f"{', '.join(changed)}")
+    args = argparse.Namespace(**{**saved_args, **explicit, "resume": True, "overwrite": False, "out": str(out),
                               "merge": None})
     search_state = saved.get("search") or {"phase": "start", "candidates": []}
     log(f"resuming {out}: phase {search_state['phase']}, {len(search_state['candidates'])} candidates, "
@@ -180,6 +194,12 @@ def set_up(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Run:
         check_retrieval_args(args)
     except RetrievalError as e:
         parser.error(str(e))
+    for k, default in GATE_DEFAULTS.items():
+        setattr(args, k, default if getattr(args, k) is None else getattr(args, k))
+    try:
+        gates.check_gate(args.gate, args.gate_alpha)
+    except ValueError as e:
+        parser.error(f"--gate / --gate-alpha: {e}")
     embedded_teacher = args.teacher_url is None
     if args.teacher_max_tokens is None:
         args.teacher_max_tokens = 384 if embedded_teacher else 1536
@@ -189,7 +209,7 @@ def set_up(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Run:
                         tree_iterations=args.tree_iterations, episodes=args.episodes, c=args.c,
                         max_children=args.max_children, seed=args.seed, teacher_retries=args.teacher_retries,
                         teacher_temperature=args.teacher_temperature, teacher_max_tokens=args.teacher_max_tokens,
-                        target_max_tokens=args.max_tokens)
+                        target_max_tokens=args.max_tokens, gate=args.gate, gate_alpha=args.gate_alpha)
     try:
         prelim, tasks, heldout = load_tasks(args)
     except (ValueError, FileNotFoundError) as e:   # a bad suite file: refused before any model call
@@ -248,7 +268,8 @@ def connect(run: Run):
         log(f"MASA stage 1 -> {run.out}: target {target.model} ({args.target_url or 'embedded'}), teacher "
             f"{teacher.model} ({args.teacher_url or 'embedded'}); {len(run.tasks)} search tasks of types "
             f"{sorted({t.type for t in run.tasks})}, {len(run.heldout)} held-out; I={c.iterations} p={c.patience} "
-            f"J={c.tree_iterations} N={c.episodes} C={c.c} λ={c.lam_nh}; cache "
+            f"J={c.tree_iterations} N={c.episodes} C={c.c} λ={c.lam_nh} gate={c.gate}"
+            f"{f' α={c.gate_alpha}' if c.gate == 'paired' else ''}; cache "
             f"{run.cache_path or 'off'}; budget {args.max_calls or 'unlimited'} calls")
         yield target, teacher
 

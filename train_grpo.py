@@ -60,6 +60,7 @@ from pathlib import Path
 
 import torch
 
+from minskill.gates import GATES
 from minskill.grpo import policy_loss
 from minskill.lora import (ADAPTER_DIR, BASE_DTYPES, DEFAULT_TARGETS, AdaptersOff, add_lora_arguments, apply_lora,
                            load_peft_adapter, lora_settings, trainable_parameters)
@@ -84,10 +85,12 @@ RESUME_MUST_MATCH = ("suite", "seed_skills", "generations", "candidates", "rollo
                      "editor_temperature", "editor_top_p", "max_skill_tokens", "context_tokens",
                      "task_max_tokens", "task_temperature", "instances_per_step", "micro_batch", "lr",
                      "weight_decay", "warmup_ratio", "grad_clip", "bf16", "seed", "lora_rank", "lora_alpha",
-                     "lora_dropout", "lora_targets", "lora_base_dtype")
+                     "lora_dropout", "lora_targets", "lora_base_dtype", "carry_gate", "carry_gate_alpha")
 # what a checkpoint written before the LoRA flags existed counts as: LoRA off
 LORA_OFF = {"lora_rank": 0, "lora_alpha": None, "lora_dropout": 0.0, "lora_targets": list(DEFAULT_TARGETS),
             "lora_base_dtype": "float32"}
+# and one written before --carry-gate: the strict gate (the carry rule it ran with)
+CARRY_STRICT = {"carry_gate": "strict", "carry_gate_alpha": 0.1}
 
 
 @dataclass
@@ -390,7 +393,7 @@ def resume_state(out: Path, args) -> tuple[Path, dict]:
     if ckpt is None:
         sys.exit(f"--resume: no checkpoint in {out} (nothing to resume; drop --resume to start a run)")
     state = load_trainer_state(ckpt, restore_rng=False)
-    saved = {**LORA_OFF, **state["args"]}
+    saved = {**LORA_OFF, **CARRY_STRICT, **state["args"]}
     changed = [f"--{k.replace('_', '-')} {saved.get(k)!r} -> {getattr(args, k)!r}"
                for k in RESUME_MUST_MATCH if saved.get(k) != getattr(args, k)]
     if changed:
@@ -497,6 +500,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     a.add_argument("--task-max-tokens", type=int, default=32, help="longest task-model reply (default 32)")
     a.add_argument("--task-temperature", type=float, default=0.0, help="task-model sampling temperature "
                    "(default 0 = greedy)")
+    a.add_argument("--carry-gate", choices=GATES, default="strict", help="when a generation's best candidate "
+                   "replaces the current skill: strict = its reward is higher (the paper); paired = also a one-sided "
+                   "sign test on the instance's tasks at --carry-gate-alpha (minskill/gates.py; default strict)")
+    a.add_argument("--carry-gate-alpha", type=float, default=0.1, help="α of --carry-gate paired (default 0.1)")
     t = p.add_argument_group("training")
     t.add_argument("--steps", type=int, default=3, help="optimizer steps (default 3: about 10 minutes on a busy 2-core "
                    "CPU)")
@@ -562,6 +569,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error("--editor-temperature must be > 0: GRPO needs sampled candidates")
     if args.beta < 0 or args.lr <= 0 or not 0 <= args.warmup_ratio < 1:
         p.error("need --beta >= 0, --lr > 0 and 0 <= --warmup-ratio < 1")
+    if not 0 < args.carry_gate_alpha <= 1:
+        p.error("--carry-gate-alpha must be in (0, 1]")
     try:
         lora_settings(args)   # checks the --lora-* flags; fills in --lora-alpha (2·R) and the target list
     except ValueError as e:

@@ -21,6 +21,7 @@ Phase 1, general skills, hill climbing (`hill_climb`, driven by `MasaSearch.clim
         (S*, A, card, top-5 sets of the whole history by R) -> teacher: new general skills S'
                                                                                    `general_rewrite_messages`
         accept S' (S* <- S', R* <- R(S')) only if R(S') > R*   (strictly; equal or worse is rejected)
+        (--gate paired: only if it also wins a one-sided sign test on the per-task rewards; minskill/gates.py)
 
 Phase 2, task-specific skills, one UCB1 tree per task type t with the general skills of S* fixed
 (`MasaSearch.search_tree`, which runs `ucb.search`, the tree of minskill/ucb.py):
@@ -28,7 +29,8 @@ Phase 2, task-specific skills, one UCB1 tree per task type t with the general sk
     root = S*'s skills for t; a node's reward = R over N episodes of type t
     select by UCB1(n) = R̄(n) + C · sqrt(ln N(parent) / N(n))   (R̄: mean over n and its descendants)
     expand = failures of the node -> teacher attribution -> teacher rewrite of t's skills -> child
-    J iterations; the tree's best node (highest own reward) gives t's skills in the evolved library.
+    J iterations; the tree's best node (highest own reward) gives t's skills in the evolved library
+    (--gate paired: the best node replaces the root only when it wins the sign test against the root).
     (A node gets up to `max_children` sibling rewrites before selection descends below it; see ucb.py.)
 
 Both phases stop early once the best R is 1, the maximum (nothing can be strictly better). The evolved
@@ -51,7 +53,7 @@ import zlib
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Callable
 
-from minskill import ucb
+from minskill import gates, ucb
 from minskill.caching import BudgetExhausted, CallBudget
 from minskill.masa_replies import TeacherReplyError, parse_attribution, parse_skillset_reply, parse_strengths
 from minskill.model_card import ModelCard, as_model_card
@@ -274,19 +276,22 @@ class HillClimbState:
 def hill_climb(state: HillClimbState, propose: Callable[[HillClimbState], Any], evaluate: Callable[[Any], float],
                iterations: int, patience: int,
                on_iteration: Callable[[HillClimbState, Any, float | None, bool], None] | None = None,
-               max_reward: float = math.inf) -> HillClimbState:
+               max_reward: float = math.inf,
+               accept: Callable[[HillClimbState, Any, float], bool] | None = None) -> HillClimbState:
     """Run the climb from `state` (best already evaluated) until `iterations` are done, `patience`
     consecutive iterations failed to improve, or best_reward reaches `max_reward` (nothing can beat it).
 
     propose(state) -> a candidate, or None (the teacher's reply was skipped: a non-improving iteration).
-    A candidate is accepted only if evaluate(candidate) > state.best_reward (strictly).
+    A candidate is accepted only if evaluate(candidate) > state.best_reward (strictly), or, with `accept`,
+    when accept(state, candidate, reward) says so (MASA: the gate of minskill/gates.py).
     on_iteration(state, candidate, reward, accepted) runs after each iteration (logs, checkpoints)."""
     if iterations < 0 or patience < 1:
         raise ValueError(f"hill_climb: need iterations >= 0 and patience >= 1, got {iterations}, {patience}")
     while state.iteration < iterations and state.stale < patience and state.best_reward < max_reward:
         candidate = propose(state)
         reward = None if candidate is None else float(evaluate(candidate))
-        accepted = reward is not None and reward > state.best_reward
+        accepted = reward is not None and (accept(state, candidate, reward) if accept is not None
+                                           else reward > state.best_reward)
         if accepted:
             state.best, state.best_reward, state.stale = candidate, reward, 0
         else:
@@ -317,6 +322,8 @@ class MasaConfig:
     target_max_tokens: int = 256
     max_failures: int = 6          # failed episodes shown to the teacher per attribution
     skill_max_tokens: int = 1024   # token budget of the rendered skills in the target's system prompt
+    gate: str = "strict"           # acceptance gate of the climb and of each tree's result (minskill/gates.py)
+    gate_alpha: float = 0.1        # α of the paired gate's sign test
 
     @classmethod
     def from_json(cls, data: dict) -> "MasaConfig":
@@ -342,12 +349,13 @@ class Candidate:
     metrics: dict | None = None
     accepted: bool | None = None
     failures: list[dict] = field(default_factory=list)
+    gate: dict | None = None        # the gate's decision on it, when it challenged an incumbent (gates.py)
 
     def to_json(self) -> dict:
         return {"id": self.id, "phase": self.phase, "task_type": self.task_type, "parent": self.parent,
                 "iteration": self.iteration, "node": self.node, "skills": self.skills.to_json(),
                 "reward": self.reward, "metrics": self.metrics, "attribution": self.attribution,
-                "accepted": self.accepted, "failures": self.failures}
+                "accepted": self.accepted, "failures": self.failures, "gate": self.gate}
 
     @classmethod
     def from_json(cls, data: dict) -> "Candidate":
@@ -469,7 +477,8 @@ class MasaSearch:
             self.checkpoint()
 
         hill_climb(self.climb, self.propose_general, lambda candidate: self.evaluate_candidate(candidate, self.tasks),
-                   c.iterations, c.patience, on_iteration, max_reward=1.0)
+                   c.iterations, c.patience, on_iteration, max_reward=1.0,
+                   accept=lambda climb, candidate, reward: self.gate(candidate, climb.best, "climb"))
 
     def propose_general(self, climb: HillClimbState) -> Candidate | None:
         """The teacher attributes the best set's failures, then rewrites its general skills, shown the top-5
@@ -502,6 +511,7 @@ class MasaSearch:
 
         def on_iteration(i: int, selected: ucb.Node, child: ucb.Node | None, root: ucb.Node) -> None:
             tree.iterations += 1
+            self.tree_result(tree)   # decided (and checkpointed) as the best node changes
             verdict = "skipped" if child is None else f"R = {child.reward:.3f}"
             self.log(f"[tree {task_type}] iteration {tree.iterations}/{c.tree_iterations}: expanded node "
                      f"{selected.id}, child {verdict}; best R = {ucb.best_node(root).reward:.3f}; calls {self.calls()}")
@@ -536,6 +546,26 @@ class MasaSearch:
         skills = SkillSet(general=parent.skills.general, common_mistakes=parent.skills.common_mistakes,
                           task_specific={**parent.skills.task_specific, task_type: rewritten})
         return self.add_candidate(skills, "tree", parent, it, task_type, attribution)
+
+    def gate(self, candidate: Candidate, incumbent: Candidate, use: str) -> bool:
+        """Whether `candidate` may replace `incumbent` under --gate (minskill/gates.py; the decision is recorded
+        on the candidate). The paired gate re-evaluates the incumbent on the candidate's tasks it lacks."""
+        def rescore(task_ids: list[str]) -> dict:
+            tasks = [t for t in self.tasks if t.id in set(task_ids)]
+            return self.evaluate(incumbent.skills, tasks)[0]["task_rewards"]
+        c = self.config
+        candidate.gate = gates.masa_decision(candidate, incumbent, c.gate, c.gate_alpha, use, rescore)
+        return candidate.gate["accepted"]
+
+    def tree_result(self, tree: Tree) -> Candidate:
+        """The tree's result: its best node's candidate (ucb.best_node), if the gate lets it replace the root's
+        (strict: always, its own reward being the highest); else the root's."""
+        best, root = ucb.best_node(tree.root).payload, tree.root.payload
+        if best is root:
+            return root
+        if (best.gate or {}).get("use") != "tree result" or best.gate.get("incumbent") != root.id:
+            self.gate(best, root, "tree result")
+        return best if best.gate["accepted"] else root
 
     def evaluate_node(self, node: ucb.Node, tasks: list) -> float:
         node.payload.node = node.id   # the tree's name for the candidate, for the search log
@@ -609,9 +639,9 @@ class MasaSearch:
 
     # ---- results --------------------------------------------------------------------------------------------
     def best_per_type(self) -> dict[str, Candidate]:
-        """The best node's candidate of each task type's tree (types without a tree are left out; a tree is
-        kept only once its root is evaluated, so each has a best node)."""
-        return {t: ucb.best_node(tree.root).payload for t, tree in self.trees.items()}
+        """Each task type's tree result (`tree_result`: its best node's candidate, or the root's when the gate
+        rejects that node; types without a tree are left out; a tree is kept only once its root is evaluated)."""
+        return {t: self.tree_result(tree) for t, tree in self.trees.items()}
 
     def library(self) -> SkillSet:
         """The evolved library: the best general skills, and each type's skills from its tree's best node."""
@@ -631,7 +661,7 @@ def search_log(state: dict) -> list[dict]:
     for x in state.get("candidates", []):
         out.append({"kind": "candidate", **{k: x[k] for k in ("id", "phase", "task_type", "parent", "iteration",
                                                                 "node", "reward", "accepted", "attribution",
-                                                                "metrics", "skills")}})
+                                                                "metrics", "skills")}, "gate": x.get("gate")})
     out.extend({"kind": "event", **e} for e in state.get("events", []))
     return out
 

@@ -9,6 +9,8 @@ rollouts, so n identical greedy replies count once, not n times). Per task d(t) 
     sign test   p = min(1, 2 · Σ_{i ≤ min(gained, lost)} C(m, i) / 2^m),   m = gained + lost
                 (two-sided exact binomial test of "B beats A as often as A beats B"; McNemar's exact test
                  when the scores are 0/1)
+    one-sided   p = Σ_{i ≥ gained} C(m, i) / 2^m = P(X ≥ gained), X ~ Bin(m, 1/2)
+                (`sign_test_p_greater`: "B beats A more often than A beats B"; the gates of minskill/gates.py)
 
 The tasks of one instance share one evolved skill, so they are not independent; the interval resamples
 whole instances. With instances j = 1..J holding their tasks' differences, one bootstrap draw picks J
@@ -59,3 +61,12 @@ def compare(scores_a: list[list[float]], scores_b: list[list[float]], draws: int
     lo, hi = bootstrap_by_instance(diffs, draws, seed)
     return {"difference": sum(flat) / max(1, len(flat)), "gained": gained, "lost": lost,
             "p": sign_test_p(gained, lost), "ci95": (lo, hi), "n": len(flat)}
+
+
+def sign_test_p_greater(gained: int, lost: int) -> float:
+    """One-sided exact sign test of "B beats A more often than A beats B": p = P(X ≥ gained),
+    X ~ Bin(gained + lost, 1/2) (ties drop out); 1.0 when there is no untied pair."""
+    m = gained + lost
+    if m == 0:
+        return 1.0
+    return sum(math.comb(m, i) for i in range(gained, m + 1)) / 2 ** m

@@ -41,6 +41,7 @@ Skill-R1 lineage (`lineage_records`, one JSON line per instance and training ste
                  "reply" (the raw reply when it did not parse), "parse_error", "reward", "advantage",
                  "task_scores": [mean score per task, in task_ids order] or None}],
      "carried": [id carried after generation 0, 1, ..., G],
+     "gates": [the carry gate's decision record of generation 1..G (minskill/gates.py), or None],
      "editor_prompts": [{"generation", "current", "history": [ids, newest first], "prompt_tokens",
                          "outcomes_per_entry"}]}
 
@@ -56,6 +57,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from minskill import ucb
+from minskill.gates import per_task_means
 from minskill.runs import read_json, read_jsonl
 
 NOT_RECORDED = "not recorded by this run"
@@ -240,14 +242,6 @@ def lineage_scores(skill: dict, task_ids: list[str]) -> dict | None:
 
 # ---------------------------------------------------------------------------------------------- recording
 
-def _mean_per_task(outcomes: list, n_tasks: int) -> list[float] | None:
-    """Outcomes come in task order, a task's n rollouts together (skill_r1.score_skills): the mean per task."""
-    if not outcomes or n_tasks == 0 or len(outcomes) % n_tasks:
-        return None
-    n = len(outcomes) // n_tasks
-    return [sum(o.reward for o in outcomes[i * n:(i + 1) * n]) / n for i in range(n_tasks)]
-
-
 def lineage_records(step: int, evolutions: list) -> list[dict]:
     """One lineage.jsonl record per instance of a training step (the format is in the module docstring), from
     skill_r1.Evolution objects after skill_r1.assign_advantages."""
@@ -257,7 +251,7 @@ def lineage_records(step: int, evolutions: list) -> list[dict]:
         task_ids = [t.id for t in ev.instance.tasks]
         skills = [{"id": "g0", "generation": 0, "parent": None, "text": ev.seed_skill, "reply": None,
                    "parse_error": None, "reward": ev.seed_reward, "advantage": None,
-                   "task_scores": _mean_per_task(ev.seed_outcomes, len(task_ids))}]
+                   "task_scores": per_task_means(ev.seed_outcomes, len(task_ids))}]
         carried, history, prompts, reward = ["g0"], ["g0"], [], ev.seed_reward
         for gen in ev.generations:
             ids = [f"g{gen.g}.{i}" for i in range(len(gen.candidates))]
@@ -268,12 +262,14 @@ def lineage_records(step: int, evolutions: list) -> list[dict]:
                 skills.append({"id": sid, "generation": gen.g, "parent": carried[-1], "text": c.skill,
                                "reply": c.text if c.skill is None else None, "parse_error": c.parse_error,
                                "reward": c.reward, "advantage": c.advantage,
-                               "task_scores": _mean_per_task(c.outcomes, len(task_ids))})
+                               "task_scores": per_task_means(c.outcomes, len(task_ids))})
             history += ids
-            # skill_r1._carry replaces the carried skill only by a strictly better one: a new reward is a new skill
-            carried.append(ids[gen.best_index] if gen.current_reward != reward else carried[-1])
+            # the carry gate's decision (skill_r1._carry); without one, strict: a new reward is a new skill
+            took = gen.gate["accepted"] if gen.gate is not None else gen.current_reward != reward
+            carried.append(ids[gen.best_index] if took else carried[-1])
             reward = gen.current_reward
         records.append({"step": step, "instance": ev.instance.id, "task_type": ev.instance.type,
                         "task_ids": task_ids, "questions": [t.question[:300] for t in ev.instance.tasks],
-                        "skills": skills, "carried": carried, "editor_prompts": prompts})
+                        "skills": skills, "carried": carried, "editor_prompts": prompts,
+                        "gates": [gen.gate for gen in ev.generations]})
     return records

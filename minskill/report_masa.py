@@ -22,7 +22,7 @@ from minskill.skillsets import SkillSet
 
 MASA_FLAGS = ("suite", "n_train", "n_heldout", "iterations", "patience", "tree_iterations", "episodes", "c",
               "max_children", "lam_nh", "target_url", "target_model", "teacher_url", "teacher_model", "model_spec",
-              "max_calls", "seed")
+              "max_calls", "seed", "gate", "gate_alpha")
 BOX_W, BOX_H, COL_W, ROW_H = 176, 84, 192, 124
 
 
@@ -89,14 +89,34 @@ def climb_table(candidates: list[dict], by_id: dict) -> Safe:
                    tag("span", "not evaluated", cls="badge") if x.get("reward") is None else
                    tag("span", "rejected", cls="badge no"))
         rows.append([x.get("iteration"), f"#{x['id']}", f"#{x['parent']}" if x.get("parent") is not None else "–",
-                     num(x.get("reward")), num(m.get("success_rate")), num(m.get("nhr")), verdict, num(best),
+                     num(x.get("reward")), num(m.get("success_rate")), num(m.get("nhr")), verdict, gate_text(x),
+                     num(best),
                      gained_lost_html(gained_lost(task_rewards(parent), task_rewards(x)) if parent else None, None,
                                       "no parent" if parent is None else "metrics.task_rewards")])
     return join(tag("h2", "Hill climbing on the general skills"),
-                tag("p", "Accepted only when R is strictly higher than the best so far; each candidate is the "
-                    "teacher's rewrite of the best set at its iteration.", cls="muted small"),
-                table(["iteration", "candidate", "parent", "R", "SR", "NHR", "verdict", "best R so far",
-                       "tasks vs parent"], rows, numeric=(0, 3, 4, 5, 7)))
+                tag("p", "Accepted only when R is strictly higher than the best so far (--gate strict), and with "
+                    "--gate paired only when a one-sided sign test on the tasks gained and lost against the best "
+                    "set also gives p ≤ α (minskill/gates.py); each candidate is the teacher's rewrite of the best "
+                    "set at its iteration.", cls="muted small"),
+                table(["iteration", "candidate", "parent", "R", "SR", "NHR", "verdict", "gate: vs, gained / lost, p",
+                       "best R so far", "tasks vs parent"], rows, numeric=(0, 3, 4, 5, 8)))
+
+
+def gate_text(x: dict) -> str:
+    """A candidate's gate decision (minskill/gates.py) in one cell; "–" when it was never gated."""
+    g = x.get("gate")
+    if not g:
+        return "–"
+    return (f"{g.get('gate')} vs #{g.get('incumbent')}: {g.get('gained')} / {g.get('lost')} of {g.get('n')}, "
+            f"p = {g.get('p', 1.0):.3g}" + (f" (α = {g.get('alpha')})" if g.get("gate") == "paired" else "")
+            + (f", {g['rescored']} re-evaluated" if g.get("rescored") else ""))
+
+
+def chosen_node_id(root: dict, by_id: dict) -> str | None:
+    """A tree's result: its best node, unless the gate rejected that node against the root (masa.tree_result)."""
+    best = best_node_id(root)
+    gate = (by_id.get(_payload(root, best)) or {}).get("gate") if best not in (None, "0") else None
+    return "0" if gate and gate.get("use") == "tree result" and not gate.get("accepted") else best
 
 
 # ---------------------------------------------------------------------------------------------- trees
@@ -157,18 +177,21 @@ def tree_svg(root: dict, selections: dict, best: str | None) -> Safe:
     return Safe('<div style="overflow-x:auto">' + "".join(out) + "</div>")
 
 
-def trees_section(search: dict, c: float) -> Safe:
+def trees_section(search: dict, c: float, by_id: dict | None = None) -> Safe:
     parts = [tag("h2", "UCB1 trees (task-specific skills, one per task type)"),
              tag("p", f"R̄ = mean reward of a node and its descendants, N = visits, own R = the node's reward; "
                  f"UCB1 = R̄ + C·sqrt(ln N(parent) / N) with C = {c}, as it was when the search selected the "
-                 "node for expansion (replayed from the tree). The chosen node (★) is the one of highest own R.",
+                 "node for expansion (replayed from the tree). The chosen node (★) is the one of highest own R "
+                 "(with --gate paired: if it wins the sign test against the root, else the root).",
                  cls="muted small")]
     if not search.get("trees"):
         parts.append(tag("p", "no tree yet (the search stopped before phase 2)"))
     for task_type, tree in sorted(search["trees"].items()):
         root = tree["root"]
         selections, visits = replay_ucb1(root, c)
-        best = best_node_id(root)
+        best = chosen_node_id(root, by_id or {})
+        top = best_node_id(root)
+        gate = (by_id or {}).get(_payload(root, top), {}).get("gate") if top not in (None, "0") else None
         recorded, stack = {}, [root]
         while stack:
             node = stack.pop()
@@ -177,6 +200,8 @@ def trees_section(search: dict, c: float) -> Safe:
         check = ("" if visits == {k: v for k, v in recorded.items() if v} else
                  " The replay does not match the recorded visits; the UCB1 values are approximate.")
         parts += [tag("h3", f"tree {task_type}: {tree.get('iterations', 0)} iterations, chosen node {best}"),
+                  tag("p", f"gate, best node against the root: {gate_text({'gate': gate})}", cls="small")
+                  if gate else None,
                   tag("div", check, cls="nr") if check else None, tree_svg(root, selections, best)]
     return join(*parts)
 
@@ -274,7 +299,7 @@ def render_masa(run: dict) -> str:
     by_id = {x["id"]: x for x in candidates}
     args = state.get("args") or {}
     c = float(args.get("c", 1.4))
-    best_nodes = {_payload(t["root"], best_node_id(t["root"])) for t in (search.get("trees") or {}).values()}
+    best_nodes = {_payload(t["root"], chosen_node_id(t["root"], by_id)) for t in (search.get("trees") or {}).values()}
     missing = ["tokens and seconds per role (run.json counts calls; the clients do not time or count tokens)"]
     if candidates and not any(task_rewards(x) for x in candidates):
         missing.append("per-task rewards of each candidate (metrics.task_rewards, recorded by runs of this version "
@@ -291,7 +316,7 @@ def render_masa(run: dict) -> str:
         missing_box(missing), tag("p", summary), tag("h2", "Run"), flags_table(args, MASA_FLAGS),
         details("model card", table(["field", "value"], [[k, json.dumps(v, ensure_ascii=False)]
                                                          for k, v in card.items()])) if card else None,
-        masa_curves(candidates), masa_costs(run), climb_table(candidates, by_id), trees_section(search, c),
+        masa_curves(candidates), masa_costs(run), climb_table(candidates, by_id), trees_section(search, c, by_id),
         edits_section(candidates, by_id, best_nodes), heldout_section(run["results"]),
         events_section(list(search.get("events") or []) + list(state.get("events") or []))])
 

@@ -8,7 +8,8 @@ task model π_task reads as its system prompt. With the skill editor π_θ (a mi
         s_g^(i) ~ π_θ( · | x, H_{g−1}),  i = 1..K              K candidates sampled from ONE shared prompt
         r_g^(i) = mean verifier score of n rollouts y ~ π_task( · | x, s_g^(i)) on every task of x
         H_g = H_{g−1} ∪ {(s_g^(i), rollouts, r_g^(i))}
-        current skill ← best s_g^(i) if its reward beats the current skill's (else it stays)
+        current skill ← best s_g^(i) if its reward beats the current skill's (else it stays); with
+                        --carry-gate paired, only if it also wins a sign test on the tasks (minskill/gates.py)
 
 and then, for every candidate (`assign_advantages`, with grpo.bilevel_advantages):
 
@@ -49,6 +50,7 @@ from dataclasses import dataclass, field, fields
 
 import torch
 
+from minskill import gates
 from minskill.grpo import bilevel_advantages
 from minskill.replies import parse_skill
 from minskill.rollout import run_rollouts, skill_text
@@ -81,6 +83,8 @@ class EvolveConfig:
     context_tokens: int = 512         # the editor's prompt budget; the history is trimmed to fit
     task_max_tokens: int = 32         # the longest task-model reply
     task_temperature: float = 0.0     # 0: the frozen task model answers greedily
+    carry_gate: str = "strict"        # which best candidate replaces the current skill (minskill/gates.py)
+    carry_gate_alpha: float = 0.1     # α of the paired carry gate
 
     @classmethod
     def from_args(cls, args) -> "EvolveConfig":
@@ -141,6 +145,7 @@ class Generation:
     best_index: int                # the candidate with the highest reward (first among ties)
     current_skill: str             # the skill carried forward after this generation, and its reward
     current_reward: float
+    gate: dict | None = None       # the carry gate's decision record (minskill/gates.py)
 
 
 @dataclass
@@ -315,20 +320,18 @@ def evolve_batch(editor, tokenizer, client, instances: list[Instance], cfg: Evol
             for c in group:
                 c.reward, c.outcomes, c.task_calls = next(scores)
                 ev.task_calls += c.task_calls
-            ev.generations.append(_carry(ev, g, group))
+            ev.generations.append(_carry(ev, g, group, cfg))
     return evolutions
 
 
-def _carry(ev: Evolution, g: int, group: list[Candidate]) -> Generation:
-    """Generation g of `ev`: its mean reward, A_inter, and the skill carried on (its best candidate when that
-    parsed and beats the current skill; otherwise the current skill stays)."""
+def _carry(ev: Evolution, g: int, group: list[Candidate], cfg: EvolveConfig) -> Generation:
+    """Generation g of `ev`: its mean reward, A_inter, and the skill carried on: its best candidate when the carry
+    gate (gates.carry; strict: it parsed and beats the current skill's reward) accepts it, else the current skill."""
     mean = sum(c.reward for c in group) / len(group)
     prev_mean = ev.generations[-1].mean_reward if ev.generations else ev.seed_reward
     best = max(range(len(group)), key=lambda i: (group[i].reward, -i))
-    current, current_r = ev.final_skill, ev.final_reward
-    if group[best].skill is not None and group[best].reward > current_r:
-        current, current_r = group[best].skill, group[best].reward
-    return Generation(g, group, mean, mean - prev_mean, best, current, current_r)
+    current, current_r, decision = gates.carry(ev, group, best, cfg)
+    return Generation(g, group, mean, mean - prev_mean, best, current, current_r, decision)
 
 
 def assign_advantages(evolutions: list[Evolution], lam: float, scale_by_std: bool = False) -> list[Candidate]:

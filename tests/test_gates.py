@@ -1,0 +1,322 @@
+"""The acceptance gates (minskill/gates.py): the one-sided sign test by hand, the decision record, strict = the
+rule the code had before (MASA's climb and trees, Skill-R1's carry), paired rejecting a higher mean that rests
+on one task, the flags checked on --resume (old runs count as strict), and a scripted evolve_masa.py run with
+--gate paired that records every decision."""
+import json
+import random
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import evolve_masa  # noqa: E402
+import train_grpo  # noqa: E402
+from minskill import gates, masa, skill_r1, ucb  # noqa: E402
+from minskill.model_card import ModelCard  # noqa: E402
+from minskill.paired import sign_test_p, sign_test_p_greater  # noqa: E402
+from minskill.provenance import lineage_records  # noqa: E402
+from minskill.skillsets import SkillSet  # noqa: E402
+from minskill.tasks.base import Task  # noqa: E402
+
+from test_evolve_masa import argv, env, read  # noqa: E402,F401  (env: the scripted servers' fixture)
+
+RECORD_KEYS = {"gate", "alpha", "use", "candidate", "incumbent", "candidate_reward", "incumbent_reward", "n",
+               "gained", "lost", "p", "rescored", "accepted"}
+
+
+# ---------------------------------------------------------------------------------------------- sign test
+
+@pytest.mark.parametrize("gained, lost, expected", [
+    (1, 0, 1 / 2),                    # one untied task: P(X >= 1 | Bin(1, 1/2))
+    (5, 0, 1 / 32),
+    (4, 0, 1 / 16),
+    (6, 2, (28 + 8 + 1) / 256),       # C(8,6) + C(8,7) + C(8,8) over 2^8
+    (2, 2, (6 + 4 + 1) / 16),         # C(4,2) + C(4,3) + C(4,4) over 2^4
+    (0, 3, 1.0),                      # X >= 0 always
+    (0, 0, 1.0)])                     # no untied task: no evidence
+def test_one_sided_sign_test_by_hand(gained, lost, expected):
+    assert sign_test_p_greater(gained, lost) == pytest.approx(expected)
+
+
+def test_one_sided_is_half_the_two_sided_in_its_direction():
+    for gained, lost in [(5, 0), (6, 2), (7, 3)]:
+        assert sign_test_p_greater(gained, lost) == pytest.approx(sign_test_p(gained, lost) / 2)
+
+
+# ---------------------------------------------------------------------------------------------- decisions
+
+def test_paired_rejects_a_higher_mean_that_rests_on_one_task_of_four():
+    scores = [(1.0, 0.0), (1.0, 1.0), (0.0, 0.0), (0.0, 0.0)]     # candidate 0.5 > incumbent 0.25: 1 gained
+    strict = gates.decision("strict", 0.1, "climb", 3, 1, 0.5, 0.25, scores, strict_ok=True)
+    paired = gates.decision("paired", 0.1, "climb", 3, 1, 0.5, 0.25, scores, strict_ok=True)
+    assert strict["accepted"] is True and paired["accepted"] is False
+    assert set(paired) == RECORD_KEYS
+    assert paired == {"gate": "paired", "alpha": 0.1, "use": "climb", "candidate": 3, "incumbent": 1,
+                      "candidate_reward": 0.5, "incumbent_reward": 0.25, "n": 4, "gained": 1, "lost": 0,
+                      "p": 0.5, "rescored": 0, "accepted": False}
+    assert strict["p"] == 0.5   # computed under strict too, for the record
+
+
+def test_paired_accepts_five_gained_none_lost_and_never_what_strict_rejects():
+    scores = [(1.0, 0.0)] * 5 + [(1.0, 1.0)]
+    yes = gates.decision("paired", 0.1, "carry", "g1.0", "g0", 1.0, 1 / 6, scores, strict_ok=True)
+    assert yes["accepted"] and yes["p"] == pytest.approx(1 / 32) and (yes["gained"], yes["lost"]) == (5, 0)
+    assert not gates.decision("paired", 0.01, "carry", "g1.0", "g0", 1.0, 1 / 6, scores, True)["accepted"]
+    assert not gates.decision("paired", 0.1, "carry", "g1.0", "g0", 1.0, 1 / 6, scores, strict_ok=False)["accepted"]
+
+
+def test_bad_gate_and_alpha_are_refused():
+    with pytest.raises(ValueError, match="gate must be one of strict, paired"):
+        gates.check_gate("loose", 0.1)
+    with pytest.raises(ValueError, match="alpha"):
+        gates.check_gate("paired", 0.0)
+
+
+# ---------------------------------------------------------------------------------------------- MASA
+
+def tasks(n=4, task_type="qa"):
+    return [Task(f"t{i}", task_type, f"question {i}?", "1") for i in range(n)]
+
+
+def search(gate="strict", n=4):
+    config = masa.MasaConfig(gate=gate, gate_alpha=0.1)
+    return masa.MasaSearch(None, None, ModelCard(name="m"), tasks(n), SkillSet([], {}, []), config)
+
+
+def cand(s, scores: dict, phase="general"):
+    x = s.add_candidate(SkillSet([], {}, []), phase)
+    x.reward = sum(scores.values()) / len(scores)
+    x.metrics = {"adjusted_reward": x.reward, "task_rewards": dict(scores)}
+    return x
+
+
+def test_masa_gate_strict_is_the_papers_rule_and_paired_needs_the_sign_test():
+    for gate in ("strict", "paired"):
+        s = search(gate)
+        incumbent = cand(s, {"t0": 0, "t1": 1, "t2": 0, "t3": 0})
+        one_task = cand(s, {"t0": 1, "t1": 1, "t2": 0, "t3": 0})
+        equal = cand(s, {"t0": 1, "t1": 0, "t2": 0, "t3": 0})
+        assert s.gate(one_task, incumbent, "climb") is (gate == "strict")
+        assert not s.gate(equal, incumbent, "climb")            # equal R: rejected by both
+        assert one_task.gate["incumbent"] == incumbent.id and one_task.gate["n"] == 4
+        assert one_task.to_json()["gate"] == one_task.gate     # in state.json
+        assert masa.search_log(s.to_json())[one_task.id]["gate"] == one_task.gate   # and in search_log.jsonl
+
+
+def test_masa_paired_gate_re_evaluates_the_incumbent_on_tasks_it_lacks(monkeypatch):
+    s = search("paired", n=6)
+    incumbent = cand(s, {"t0": 0, "t1": 0})                     # scored on two of the candidate's tasks only
+    challenger = cand(s, {f"t{i}": 1 for i in range(6)})
+    asked = []
+
+    def evaluate(skills, task_list):
+        asked.append([t.id for t in task_list])
+        return {"task_rewards": {t.id: 0.0 for t in task_list}}, []
+    monkeypatch.setattr(s, "evaluate", evaluate)
+    assert s.gate(challenger, incumbent, "climb")
+    assert asked == [["t2", "t3", "t4", "t5"]]
+    assert challenger.gate["rescored"] == 4 and challenger.gate["n"] == 6 and challenger.gate["gained"] == 6
+    strict = search("strict", n=6)
+    a, b = cand(strict, {"t0": 0, "t1": 0}), cand(strict, {f"t{i}": 1 for i in range(6)})
+    monkeypatch.setattr(strict, "evaluate", lambda *a: pytest.fail("strict never re-evaluates"))
+    assert strict.gate(b, a, "climb") and b.gate["rescored"] == 0 and b.gate["n"] == 2
+
+
+def test_hill_climb_with_a_gate_records_and_keeps_the_strict_default():
+    s = search("paired")
+    base = cand(s, {"t0": 0, "t1": 1, "t2": 0, "t3": 0})
+    proposals = iter([{"t0": 1, "t1": 1, "t2": 0, "t3": 0}, {"t0": 1, "t1": 1, "t2": 1, "t3": 1}])
+    state = masa.HillClimbState(best=base, best_reward=base.reward)
+    out = masa.hill_climb(state, lambda st: cand(s, next(proposals)), lambda x: x.reward, 2, 3,
+                          accept=lambda st, x, r: s.gate(x, st.best, "climb"))
+    one, two = s.candidates[1:]
+    # 1 gained of 4 (p = 1/2): rejected; then 3 gained, 0 lost (p = 1/8 > 0.1): rejected as well
+    assert not one.gate["accepted"] and not two.gate["accepted"] and out.best is base and out.stale == 2
+    # without `accept`, the rule is the old one: strictly higher R
+    state = masa.HillClimbState(best="a", best_reward=0.5)
+    rewards = iter([0.5, 0.75])
+    masa.hill_climb(state, lambda st: "b", lambda x: next(rewards), 2, 3)
+    assert state.best_reward == 0.75
+
+
+def tree_search(gate):
+    s = search(gate)
+    root = ucb.Node(payload=cand(s, {"t0": 1, "t1": 0, "t2": 0, "t3": 1}, "tree"))
+    ucb.backpropagate(root, root.payload.reward)
+    root.reward = root.payload.reward
+    child = ucb.expand(root, cand(s, {"t0": 1, "t1": 1, "t2": 0, "t3": 1}, "tree"))
+    child.reward = child.payload.reward
+    ucb.backpropagate(child, child.reward)
+    s.trees["qa"] = masa.Tree(root, 1)
+    return s, root, child
+
+
+def test_tree_result_strict_is_the_best_node_paired_keeps_the_root_without_significance():
+    s, root, child = tree_search("strict")
+    assert ucb.best_node(root) is child and s.best_per_type()["qa"] is child.payload
+    assert child.payload.gate["use"] == "tree result" and child.payload.gate["accepted"]
+    s, root, child = tree_search("paired")
+    assert s.best_per_type()["qa"] is root.payload                     # 1 gained, 0 lost: p = 1/2
+    assert child.payload.gate["incumbent"] == root.payload.id and not child.payload.gate["accepted"]
+    restored = search("paired")
+    restored.restore(s.to_json())                                       # the decision survives a checkpoint
+    assert restored.best_per_type()["qa"].id == root.payload.id
+
+
+# ---------------------------------------------------------------------------------------------- Skill-R1
+
+def outcome(r):
+    return skill_r1.Outcome("q", float(r), "reply")
+
+
+def evolution(seed_scores):
+    instance = skill_r1.Instance("x", "qa", tasks(len(seed_scores)))
+    return skill_r1.Evolution(instance, "seed", sum(seed_scores) / len(seed_scores), [outcome(r) for r in seed_scores])
+
+
+def candidate(g, scores, skill="s"):
+    c = skill_r1.Candidate(g, [], [], [], "text", skill, None if skill else "unparsed")
+    if skill is not None:
+        c.outcomes = [outcome(r) for r in scores]
+        c.reward = sum(scores) / len(scores)
+    return c
+
+
+def old_carry(ev, g, group):
+    """skill_r1._carry as it was before the gates (commit 3053a21)."""
+    mean = sum(c.reward for c in group) / len(group)
+    prev_mean = ev.generations[-1].mean_reward if ev.generations else ev.seed_reward
+    best = max(range(len(group)), key=lambda i: (group[i].reward, -i))
+    current, current_r = ev.final_skill, ev.final_reward
+    if group[best].skill is not None and group[best].reward > current_r:
+        current, current_r = group[best].skill, group[best].reward
+    return skill_r1.Generation(g, group, mean, mean - prev_mean, best, current, current_r)
+
+
+def test_skill_r1_strict_carry_reproduces_the_old_rule_exactly():
+    rng, cfg = random.Random(0), skill_r1.EvolveConfig()
+    assert cfg.carry_gate == "strict"
+    for _ in range(300):
+        ev, ev_old = evolution([rng.choice([0, 0.5, 1]) for _ in range(4)]), None
+        ev_old = skill_r1.Evolution(ev.instance, ev.seed_skill, ev.seed_reward, ev.seed_outcomes)
+        for g in (1, 2, 3):
+            group = [candidate(g, [rng.choice([0, 0.5, 1]) for _ in range(4)],
+                               None if rng.random() < 0.2 else f"skill {g}.{i}") for i in range(3)]
+            new, old = skill_r1._carry(ev, g, group, cfg), old_carry(ev_old, g, group)
+            assert (new.best_index, new.current_skill, new.current_reward, new.mean_reward) == \
+                   (old.best_index, old.current_skill, old.current_reward, old.mean_reward)
+            ev.generations.append(new)
+            ev_old.generations.append(old)
+
+
+def test_skill_r1_paired_carry_compares_with_the_carried_skills_tasks():
+    cfg = skill_r1.EvolveConfig(carry_gate="paired", carry_gate_alpha=0.1)
+    ev = evolution([0, 0, 0, 0, 0])
+    five = [candidate(1, [1, 1, 1, 1, 1], "five"), candidate(1, [1, 0, 0, 0, 0], "one")]
+    gen1 = skill_r1._carry(ev, 1, five, cfg)                            # 5 gained of 5: p = 1/32
+    assert gen1.current_skill == "five" and gen1.gate["accepted"] and gen1.gate["p"] == pytest.approx(1 / 32)
+    assert (gen1.gate["candidate"], gen1.gate["incumbent"]) == ("g1.0", "g0")
+    ev.generations.append(gen1)
+    assert gates.carried(ev) == ("g1.0", five[0].outcomes)
+    ev2 = evolution([0, 1, 0, 0])
+    one = [candidate(1, [1, 1, 0, 0], "one of four")]                 # mean 0.5 > 0.25 on one gained task
+    gen = skill_r1._carry(ev2, 1, one, cfg)
+    assert gen.current_skill == "seed" and gen.current_reward == 0.25 and not gen.gate["accepted"]
+    assert (gen.gate["gained"], gen.gate["lost"], gen.gate["p"], gen.gate["n"]) == (1, 0, 0.5, 4)
+    ev2.generations.append(gen)
+    record = lineage_records(0, [ev2])[0]
+    assert record["carried"] == ["g0", "g0"] and record["gates"] == [gen.gate]
+    unparsed = skill_r1._carry(ev2, 2, [candidate(2, [], None)], cfg)
+    assert not unparsed.gate["accepted"] and unparsed.gate["n"] == 0
+
+
+# ---------------------------------------------------------------------------------------------- flags, resume
+
+def test_train_grpo_carry_gate_flags_and_resume(monkeypatch, tmp_path):
+    args = train_grpo.parse_args([])
+    assert (args.carry_gate, args.carry_gate_alpha) == ("strict", 0.1)
+    assert skill_r1.EvolveConfig.from_args(train_grpo.parse_args(["--carry-gate", "paired"])).carry_gate == "paired"
+    assert {"carry_gate", "carry_gate_alpha"} <= set(train_grpo.RESUME_MUST_MATCH)
+    with pytest.raises(SystemExit):
+        train_grpo.parse_args(["--carry-gate-alpha", "0"])
+    old = {k: v for k, v in vars(args).items() if k not in ("carry_gate", "carry_gate_alpha")}
+    monkeypatch.setattr(train_grpo, "find_checkpoint", lambda out: tmp_path)
+    monkeypatch.setattr(train_grpo, "load_trainer_state", lambda ckpt, restore_rng: {"args": old})
+    assert train_grpo.resume_state(tmp_path, args)[0] == tmp_path      # an old checkpoint counts as strict
+    with pytest.raises(SystemExit, match="--carry-gate 'strict' -> 'paired'"):
+        train_grpo.resume_state(tmp_path, train_grpo.parse_args(["--carry-gate", "paired"]))
+
+
+def test_evolve_masa_gate_on_resume(tmp_path):
+    parser = evolve_masa.build_parser()
+    saved_args = {k: v for k, v in vars(parser.parse_args([])).items() if k not in ("gate", "gate_alpha")}
+    (tmp_path / "state.json").write_text(json.dumps({"args": saved_args, "calls_spent": 0, "search": None}))
+    args, _ = evolve_masa.resume_args(parser, parser.parse_args(["--resume"]), tmp_path)
+    assert (args.gate, args.gate_alpha) == ("strict", 0.1)             # a run saved before --gate: strict
+    args, _ = evolve_masa.resume_args(parser, parser.parse_args(["--resume", "--gate", "strict"]), tmp_path)
+    with pytest.raises(SystemExit):
+        evolve_masa.resume_args(parser, parser.parse_args(["--resume", "--gate", "paired"]), tmp_path)
+    with pytest.raises(SystemExit):
+        evolve_masa.resume_args(parser, parser.parse_args(["--resume", "--gate-alpha", "0.05"]), tmp_path)
+
+
+@pytest.fixture(scope="module")
+def paired_run(env):
+    out = env["tmp"] / "run-paired"
+    assert evolve_masa.main(argv(env, out, "--gate", "paired", "--n-heldout", "0")) == 0
+    return out
+
+
+def test_evolve_masa_paired_run_records_every_decision(paired_run):
+    out = paired_run
+    state = read(out, "state.json")
+    assert state["args"]["gate"] == "paired" and state["args"]["gate_alpha"] == 0.1
+    general = [x for x in state["search"]["candidates"] if x["phase"] == "general" and x["reward"] is not None]
+    assert general and all(set(x["gate"]) == RECORD_KEYS and x["gate"]["gate"] == "paired" for x in general)
+    assert all(x["accepted"] == x["gate"]["accepted"] for x in general)
+    # KEY-GENERAL fixes the 6 sum tasks of the 12 search tasks and loses nothing: p = 1/64, accepted
+    first = general[0]["gate"]
+    assert first["accepted"] and (first["gained"], first["lost"], first["n"]) == (6, 0, 12)
+    assert first["p"] == pytest.approx(1 / 64)
+    # the secret tree's child solves its 4 episodes, the root none: 4 gained, p = 1/16 <= 0.1, it replaces the root
+    tree_results = [x["gate"] for x in state["search"]["candidates"] if (x.get("gate") or {}).get("use") == "tree result"]
+    assert [(g["gained"], g["lost"], g["accepted"]) for g in tree_results] == [(4, 0, True)]
+    assert "KEY-SECRET" in json.dumps(read(out, "library.json")["task_specific_skills"]["secret"])
+    log = [json.loads(line) for line in (out / "search_log.jsonl").read_text().splitlines()]
+    assert [r["gate"] for r in log if r["kind"] == "candidate" and r["phase"] == "general" and r["reward"] is not None] \
+        == [x["gate"] for x in general]
+    with pytest.raises(SystemExit):                                      # the gate is part of the run
+        evolve_masa.main(["--resume", "--out", str(out), "--gate", "strict"])
+
+
+@pytest.mark.parametrize("stop_at", [4, 8])   # saves: start, base, general 1..3, trees, roots and tree iterations
+def test_evolve_masa_paired_resume_is_the_same_search(env, paired_run, monkeypatch, stop_at):
+    out = env["tmp"] / f"run-paired-interrupted-{stop_at}"
+    real_save, saves = evolve_masa.save_checkpoint, []
+
+    def interrupt(folder, state):
+        real_save(folder, state)
+        saves.append(1)
+        if len(saves) == stop_at:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(evolve_masa, "save_checkpoint", interrupt)
+    assert evolve_masa.main(argv(env, out, "--gate", "paired", "--n-heldout", "0")) == 130
+    monkeypatch.setattr(evolve_masa, "save_checkpoint", real_save)
+    assert evolve_masa.main(["--resume", "--out", str(out)]) == 0        # the gate comes from the saved run
+    keys = ("phase", "task_type", "parent", "reward", "accepted", "node", "gate")
+    strip = lambda state: [{k: c.get(k) for k in keys} for c in state["search"]["candidates"]]  # noqa: E731
+    assert strip(read(out, "state.json")) == strip(read(paired_run, "state.json"))
+    assert read(out, "library.json") == read(paired_run, "library.json")
+
+
+def test_the_masa_report_shows_the_gate_decisions(paired_run):
+    from minskill.provenance import load_run
+    from minskill.report_masa import render_masa
+    html = render_masa(load_run(paired_run))
+    assert "gate: vs, gained / lost, p" in html and "paired vs #0: 6 / 0 of 12, p = 0.0156 (α = 0.1)" in html
+    assert "gate, best node against the root: paired vs #" in html
