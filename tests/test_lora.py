@@ -24,9 +24,8 @@ from minskill.lora import (ADAPTER_DIR, AdaptersOff, LoRALinear, adapters_disabl
                            save_peft_adapter, trainable_parameters)
 from minskill.model import Transformer  # noqa: E402
 from minskill.server import ScriptedBackend, start_server  # noqa: E402
-from minskill.skill_r1 import EvolveConfig, Instance, assign_advantages, evolve_batch  # noqa: E402
 from minskill.weights import load_model  # noqa: E402
-from test_skill_r1 import keyword_task_model, keyword_tasks  # noqa: E402
+from test_skill_r1 import assert_learning_raises_the_reward, keyword_task_model  # noqa: E402
 from test_train_grpo import ROW_FIELDS, TIMING_FIELDS, common_flags, read_rows  # noqa: E402
 from tiny import make_tiny_model_dir  # noqa: E402
 
@@ -339,23 +338,8 @@ def test_bilevel_grpo_raises_the_reward_of_a_tiny_lora_editor(tmp_path, task_ser
     torch.manual_seed(0)
     editor, tok = load_model(str(folder))
     apply_lora(editor, 4)
-    client = task_server.client()
-    args = train_grpo.parse_args(["--lr", "3e-2", "--max-skill-tokens", "32", "--micro-batch", "8"])
-    optimizer = torch.optim.AdamW(trainable_parameters(editor), lr=args.lr, betas=(0.9, 0.99), weight_decay=0.0)
-    instances = [Instance(f"x{j}", "keywords", keyword_tasks()) for j in range(2)]
-    cfg = EvolveConfig(generations=2, candidates=4, max_skill_tokens=32, context_tokens=512, task_max_tokens=4)
-    rewards = []
-    for step in range(40):
-        editor.eval()
-        evolutions = evolve_batch(editor, tok, client, instances, cfg, seeds=[step * 10 + j for j in range(2)])
-        candidates = assign_advantages(evolutions, lam=0.5)
-        editor.train()
-        stats = train_grpo.policy_update(editor, None, optimizer, candidates, args)
-        assert stats["ratio_mean"] == pytest.approx(1.0) and stats["logp_mismatch"] < 1e-4
-        rewards.append(sum(c.reward for c in candidates) / len(candidates))
-    first, last = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
-    print(f"mean candidate reward: first 3 steps {first:.3f}, last 3 steps {last:.3f}")
-    assert last >= first + 0.25, rewards
+    assert_learning_raises_the_reward(editor, tok, task_server.client(), trainable_parameters(editor), lr=3e-2,
+                                      steps=40)
 
 
 # ------------------------------------------------------------------------------------------ rewrite.py train
