@@ -123,15 +123,12 @@ def _failure_text(failures: list[dict], limit: int = 600) -> str:
         return "(no failed episodes)"
     blocks = []
     for f in failures:
-        block = [f"- task {f['task_id']} (type {f['task_type']}):", f"  task: {_clip(f['question'], limit)}"]
-        if f.get("expected") is not None:
-            block.append(f"  expected answer: {_clip(str(f['expected']), 200)}")
-        if f.get("transcript"):
-            block.append(f"  episode: {_clip(f['transcript'], limit)}")
-        block.append(f"  target's reply: {_clip(f['reply'], limit)}")
-        if f.get("error"):
-            block.append(f"  error: {_clip(f['error'], 200)}")
-        blocks.append("\n".join(block))
+        block = [f"- task {f['task_id']} (type {f['task_type']}):", f"  task: {_clip(f['question'], limit)}",
+                 f"  expected answer: {_clip(str(f['expected']), 200)}" if f.get("expected") is not None else "",
+                 f"  episode: {_clip(f['transcript'], limit)}" if f.get("transcript") else "",
+                 f"  target's reply: {_clip(f['reply'], limit)}",
+                 f"  error: {_clip(f['error'], 200)}" if f.get("error") else ""]
+        blocks.append("\n".join(line for line in block if line))   # optional lines left out
     return "\n".join(blocks)
 
 
@@ -577,12 +574,16 @@ class MasaSearch:
     # ---- candidates and their evaluation --------------------------------------------------------------------
     def add_candidate(self, skills: SkillSet, phase: str, parent: Candidate | None = None, iteration: int = 0,
                       task_type: str | None = None, attribution: dict | None = None) -> Candidate:
-        # the candidate holds its skills as the log records them (a JSON round trip), so a resumed search
-        # shows the teacher exactly what an uninterrupted one would
-        candidate = Candidate(len(self.candidates), phase, SkillSet.from_json(skills.to_json()),
+        # the candidate holds its skills as the log records them (a JSON round trip, which drops resource
+        # files; the base skills' come back by name), so a resumed search shows the same prompts
+        candidate = Candidate(len(self.candidates), phase, self.as_logged(skills.to_json()),
                               None if parent is None else parent.id, iteration, task_type, attribution=attribution)
         self.candidates.append(candidate)
         return candidate
+
+    def as_logged(self, skills_json: dict) -> SkillSet:
+        """A candidate's skills from their MASA JSON, with the base skills' resource files (skills.py) by name."""
+        return SkillSet.from_json(skills_json).carry_resources(self.base_skills)
 
     def evaluate(self, skills: SkillSet, tasks: list) -> tuple[dict, list[dict]]:
         """Roll the target out on `tasks` under `skills`: (metrics, failure records). metrics holds R as
@@ -630,7 +631,8 @@ class MasaSearch:
     def restore(self, state: dict) -> None:
         """Set the search to a state written by to_json (a checkpoint)."""
         state = copy.deepcopy(state)   # the caller keeps its checkpoint as it was
-        self.candidates = [Candidate.from_json(x) for x in state["candidates"]]
+        self.candidates = [replace(c, skills=c.skills.carry_resources(self.base_skills))   # as_logged
+                           for c in map(Candidate.from_json, state["candidates"])]
         by_id = self.candidates.__getitem__
         self.climb = None if state["general"] is None else HillClimbState.from_json(state["general"], by_id)
         self.trees = {t: Tree(ucb.from_dict(tree["root"], by_id), tree["iterations"])
@@ -657,13 +659,10 @@ class MasaSearch:
 def search_log(state: dict) -> list[dict]:
     """The search log of a search's JSON state: every candidate (reward, parent, phase, tree node, teacher
     attribution, accepted, metrics) in creation order, then the events (teacher skips, budget stop)."""
-    out = []
-    for x in state.get("candidates", []):
-        out.append({"kind": "candidate", **{k: x[k] for k in ("id", "phase", "task_type", "parent", "iteration",
-                                                                "node", "reward", "accepted", "attribution",
-                                                                "metrics", "skills")}, "gate": x.get("gate")})
-    out.extend({"kind": "event", **e} for e in state.get("events", []))
-    return out
+    keys = ("id", "phase", "task_type", "parent", "iteration", "node", "reward", "accepted", "attribution", "metrics",
+            "skills")
+    return ([{"kind": "candidate", **{k: x[k] for k in keys}, "gate": x.get("gate")}
+             for x in state.get("candidates", [])] + [{"kind": "event", **e} for e in state.get("events", [])])
 
 
 def summarize_model(teacher, card: ModelCard, target, tasks: list, config: MasaConfig,

@@ -198,3 +198,24 @@ def test_the_masa_teacher_prompts_list_resources_and_a_rewrite_keeps_them(tmp_pa
     assert carried.task_specific["math"][0].resources == {"assets/table.csv": b"1,2\n"}
     renamed = parse_skillset(library.to_markdown().replace("name: pdf-tools", "name: pdf-kit"))
     assert renamed.carry_resources(library).general[0].resources == {}
+
+
+def test_masa_search_candidates_keep_the_base_resources_in_prompts_and_after_resume(tmp_path):
+    base, card = _library(tmp_path), ModelCard(name="t")
+    tasks = [Task(id="t1", type="math", question="1+1?", answer="2", verifier="exact")]
+    search = masa.MasaSearch(None, None, card, tasks, base, masa.MasaConfig())
+    root = search.add_candidate(base, "base")
+    reply = parse_skillset(base.to_markdown().replace("Run scripts/extract.py.", "Run it."))   # SKILL.md only
+    child = search.add_candidate(reply, "general", parent=root, iteration=1)
+    assert child.skills.general[0].body.endswith("Run it.") and child.skills.general[0].resources == RESOURCES
+    # the teacher's next rewrite and the task model's prompt both name the files of the candidate being edited
+    user = masa.general_rewrite_messages(card, child.skills, 0.5, None, [(child.skills, 0.5)])[-1]["content"]
+    assert "scripts/helpers/util.sh" in user                  # general skills only: the general rewrite
+    assert "assets/table.csv" in masa.task_rewrite_messages(card, child.skills, "math", 0.5, None, ["1+1?"])[-1]["content"]
+    assert "references/api.md" in skill_text(child.skills, "math")
+    # state.json holds MASA JSON (no resources): a resumed search gives the candidates the same files back
+    resumed = masa.MasaSearch(None, None, card, tasks, base, masa.MasaConfig(), state=search.to_json())
+    for before, after in zip(search.candidates, resumed.candidates):
+        assert [s.resources for s in after.skills.skills()] == [s.resources for s in before.skills.skills()]
+        assert masa._skills_text(after.skills) == masa._skills_text(before.skills)
+    assert "resources" not in str(search.to_json())
