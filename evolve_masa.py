@@ -32,7 +32,7 @@ import argparse
 import contextlib
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from minskill import gates, masa, masa_data
@@ -155,6 +155,19 @@ class Run:
     budget: CallBudget
     cache_path: Path | None
     task_description: str
+    usage_before: dict = field(default_factory=dict)   # state.json's usage when this session began
+    roles: dict = field(default_factory=dict)   # "target", "teacher": their CachingClients, once connected
+
+
+def run_usage(run: Run) -> dict:
+    """The cost per role of the whole run so far, continued across --resume as calls_spent is: the target's and
+    the teacher's calls, tokens, request and busy seconds (client.Usage; the target's cache hits apart, at no
+    cost), and the run's wall seconds over all its sessions. Saved in state.json at every checkpoint."""
+    saved = run.usage_before
+    return {**{role: saved[role] for role in ("target", "teacher") if role in saved},
+            **{role: client.usage for role, client in run.roles.items()},
+            "wall_seconds": round(saved.get("wall_seconds", 0.0) + time.time() - STARTED, 3),
+            "sessions": saved.get("sessions", 0) + 1}
 
 
 def resume_args(parser: argparse.ArgumentParser, args: argparse.Namespace, out: Path):
@@ -223,7 +236,8 @@ def set_up(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Run:
     return Run(args, out, state, config, prelim, tasks, heldout, base_skills,
                CallBudget(args.max_calls, spent=saved["calls_spent"] if saved else 0),
                None if args.no_cache else Path(args.cache or out / "target_cache.jsonl"),
-               masa.suite_description(tasks, Path(args.suite).stem))
+               masa.suite_description(tasks, Path(args.suite).stem),
+               usage_before=dict(state.get("usage") or {}))   # what earlier sessions spent: continued
 
 
 def load_tasks(args):
@@ -262,8 +276,10 @@ def connect(run: Run):
         else:
             teacher_raw = stack.enter_context(embedded_client(url=args.teacher_url, model=args.teacher_model,
                                                               api_key=args.teacher_api_key, **kw))
-        target = CachingClient(target_raw, run.cache_path, run.budget)
-        teacher = CachingClient(teacher_raw, None, run.budget)
+        saved = getattr(run, "usage_before", {})   # --resume: the counts continue
+        target = CachingClient(target_raw, run.cache_path, run.budget, usage=saved.get("target"))
+        teacher = CachingClient(teacher_raw, None, run.budget, usage=saved.get("teacher"))
+        getattr(run, "roles", {}).update(target=target, teacher=teacher)   # for run_usage
         c = run.config
         log(f"MASA stage 1 -> {run.out}: target {target.model} ({args.target_url or 'embedded'}), teacher "
             f"{teacher.model} ({args.teacher_url or 'embedded'}); {len(run.tasks)} search tasks of types "
@@ -284,7 +300,7 @@ def save_checkpoint(out: Path, run_state: dict) -> None:
 
 def checkpoint(run: Run, search_state: dict) -> None:
     run.state["search"] = search_state
-    run.state["calls_spent"] = run.budget.spent
+    run.state.update(calls_spent=run.budget.spent, usage=run_usage(run))
     save_checkpoint(run.out, run.state)
 
 
@@ -400,14 +416,14 @@ def write_outputs(run: Run, search: MasaSearch, target, teacher, stopped: str | 
     results = {"target_model": target.model, "teacher_model": teacher.model, "reward_out": reward_out,
                "base_reward": search.candidates[0].reward, "stopped": stopped, "notes": notes}
     table = heldout_evaluation(run, search, target, library, results)
-    run.state["calls_spent"] = run.budget.spent
+    run.state.update(calls_spent=run.budget.spent, usage=run_usage(run))
     save_checkpoint(out, run.state)
     write_json_atomic(out / "results.json", results)
     write_json_atomic(out / "run.json", {
         "target_model": target.model, "model_card": search.card.to_json(), "task_description": run.task_description,
         "best_skills": library.to_json(), "reward_out": reward_out, "calls_spent": run.budget.spent,
         "target_calls": target.calls, "target_cache_hits": target.cache_hits, "teacher_calls": teacher.calls,
-        "seconds": round(time.time() - STARTED, 1), "args": run.state["args"]})
+        "seconds": round(time.time() - STARTED, 1), "usage": run.state["usage"], "args": run.state["args"]})
     return {"results": results, "records": len(records), "table": table}
 
 
@@ -498,7 +514,11 @@ def print_summary(run: Run, search: MasaSearch, target, teacher, written: dict) 
           f"({n_general} general candidates, {accepted} accepted); {n_tree} tree nodes over {len(s['trees'])} task "
           f"types; evolved library R = {results['reward_out']:.3f} on the {len(run.tasks)} search tasks")
     print(f"calls: {run.budget.spent} model calls ({target.calls} target, {target.cache_hits} target cache hits, "
-          f"{teacher.calls} teacher); {skips} teacher replies skipped; {time.time() - STARTED:.0f} s")
+          f"{teacher.calls} teacher) this session; {skips} teacher replies skipped; {time.time() - STARTED:.0f} s")
+    usage = run.state["usage"]
+    print("whole run: " + "; ".join(f"{role} {u['calls']} calls, {u['prompt_tokens'] + u['completion_tokens']} "
+                                    f"tokens, {u['busy_seconds']:.0f} s busy" for role, u in usage.items()
+                                    if isinstance(u, dict)) + f"; {usage['wall_seconds']:.0f} s wall")
     if table:
         print(f"\nheld-out ({len(run.heldout)} tasks), base vs evolved skills:\n{table}")
     notes = list(results["notes"])
@@ -537,7 +557,7 @@ def main(argv=None) -> int:
         except (ChatError, KeyboardInterrupt) as e:
             return stopped_by(run, e)
         if search is None or search.climb is None:
-            run.state["calls_spent"] = run.budget.spent
+            run.state.update(calls_spent=run.budget.spent, usage=run_usage(run))
             save_checkpoint(run.out, run.state)
             log("no skill set was evaluated; nothing to write")
             return 0

@@ -122,7 +122,7 @@ def train(args) -> int:
         t_run = time.time()
         probes = [held_out_probe(run, client, args, after_steps=0)] if run.start_step == 0 and args.probe_every else []
         for step in range(run.start_step, args.steps):
-            t0, usage0 = time.time(), client.stats
+            t0, usage0 = time.time(), client.usage
             # 1. pick this step's instances
             picks = instance_order(len(run.instances), step, args.instances_per_step, args.seed)
             batch = [run.instances[i] for i in picks]
@@ -141,7 +141,7 @@ def train(args) -> int:
             lr = run.optimizer.param_groups[0]["lr"]
             run.scheduler.step()
             # 5. log
-            usage = {k: v - usage0[k] for k, v in client.stats.items()}
+            usage = {k: v - usage0[k] for k, v in client.usage.items()}
             row = metrics_row(step, evolutions, candidates, stats, usage, t0, t_sampled, lr)
             if args.probe_every and ((step + 1) % args.probe_every == 0 or step + 1 == args.steps):
                 probes.append(held_out_probe(run, client, args, after_steps=step + 1))
@@ -243,7 +243,8 @@ def policy_update(editor, ref_model, optimizer, candidates, args) -> dict:
 
 def metrics_row(step, evolutions, cands, st, usage, t0, t_sampled, lr) -> dict:
     """One row of metrics.jsonl: rewards per generation (averaged over the step's instances), the update's
-    stats, the task model's usage and the speeds."""
+    stats, the task model's usage (client.Usage) and the speeds. The editor samples while no task-model request
+    is out, so its seconds are the sampling phase's wall time minus the task model's busy seconds in it."""
     t_trained, n_inst, G = time.time(), len(evolutions), len(evolutions[0].generations)
 
     def per_generation(value):  # value(evolution, g) averaged over the instances, for g = 1..G
@@ -272,6 +273,10 @@ def metrics_row(step, evolutions, cands, st, usage, t0, t_sampled, lr) -> dict:
         "skill_chars_mean": sum(len(c.skill) for c in parsed) / max(1, len(parsed)),
         "trained_sequences": st["trained_sequences"],
         "task_calls": usage["calls"], "task_tokens": usage["prompt_tokens"] + usage["completion_tokens"],
+        "task_prompt_tokens": usage["prompt_tokens"], "task_completion_tokens": usage["completion_tokens"],
+        "task_seconds": usage["busy_seconds"], "task_request_seconds": usage["request_seconds"],
+        "seconds_editor_sampling": max(0.0, t_sampled - t0 - usage["busy_seconds"]),
+        "editor_sampled_tokens": sampled_tokens,
         "editor_sample_tokens_per_s": sampled_tokens / max(t_sampled - t0, 1e-9),
         "train_tokens_per_s": st["train_tokens"] / max(t_trained - t_sampled, 1e-9),
         "seconds_sampling_and_rollouts": t_sampled - t0, "seconds_update": t_trained - t_sampled,
@@ -532,8 +537,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     t.add_argument("--probe-candidates", type=int, default=4, help="skills the editor writes per probe instance, "
                    "in one generation from the seed skill's feedback (default 4)")
     t.add_argument("--save-every", type=int, default=2, help="write the checkpoint every N steps and at the end")
-    t.add_argument("--out", default="runs/skill-r1", help="output folder: checkpoint/, metrics.jsonl, "
-                   "reward_curve.svg (default runs/skill-r1)")
+    t.add_argument("--out", default=None, help="output folder: training: checkpoint/, metrics.jsonl, lineage.jsonl, "
+                   "reward_curve.svg (default runs/skill-r1); --eval: eval.json (default runs/skill-r1-eval-TIME)")
     t.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint; the next steps equal "
                    "those of an uninterrupted run")
     t.add_argument("--overwrite", action="store_true", help="replace the run that a non-empty --out holds "
@@ -571,6 +576,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error("need --beta >= 0, --lr > 0 and 0 <= --warmup-ratio < 1")
     if not 0 < args.carry_gate_alpha <= 1:
         p.error("--carry-gate-alpha must be in (0, 1]")
+    if args.eval and args.resume:
+        p.error("--eval writes a new folder and has no --resume (--overwrite replaces one)")
+    if args.out is None and not args.eval:
+        args.out = "runs/skill-r1"   # --eval names its folder by the time (skill_r1_eval.evaluate)
     try:
         lora_settings(args)   # checks the --lora-* flags; fills in --lora-alpha (2·R) and the target list
     except ValueError as e:

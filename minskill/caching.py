@@ -11,6 +11,11 @@ calls are the same call when their key is:
 charge that does not fit raises `BudgetExhausted`, which a search catches to stop cleanly with what it
 has. The wrapper has the same `chat` / `chat_many` interface as `ChatClient`, so code that takes a
 client (rollout.run_rollouts, the teacher prompts) uses it unchanged.
+
+`usage` is the role's cost (client.Usage: calls sent, tokens, request and busy seconds) plus `cache_hits`:
+an answer from the cache is counted apart and costs no call, token or second. Several wrappers around one
+inner client (MASA's target and teacher on one embedded server) each count only their own calls, and
+`CachingClient(..., usage=saved)` continues the counts of a resumed run.
 """
 from __future__ import annotations
 
@@ -20,7 +25,7 @@ import os
 import threading
 from pathlib import Path
 
-from minskill.client import ChatResult
+from minskill.client import ChatResult, Usage
 from minskill.runs import read_jsonl
 
 
@@ -67,15 +72,19 @@ class CachingClient:
 
     cache_path None = no cache (still counts and charges the budget). Each new result is appended as one
     line with a single O_APPEND write, so concurrent appends do not interleave and a crash can only tear
-    the last line (dropped on load). `stats`: calls (sent to the model), cache_hits."""
+    the last line (dropped on load). `stats`: calls (sent to the model), cache_hits; `usage`: the module
+    docstring's (`usage=` a saved `usage` to continue from; `calls` and `cache_hits` count this process)."""
 
-    def __init__(self, inner, cache_path=None, budget: CallBudget | None = None, model: str | None = None):
+    def __init__(self, inner, cache_path=None, budget: CallBudget | None = None, model: str | None = None,
+                 usage: dict | None = None):
         self.inner, self.budget = inner, budget or CallBudget()
         self.cache_path = None if cache_path is None else Path(cache_path)
         self._model = model
         self._lock = threading.Lock()
         self._cache: dict[str, dict] = {}
         self.calls = self.cache_hits = 0
+        self._usage = Usage(**(usage or {}))
+        self._hits_before = int((usage or {}).get("cache_hits") or 0)
         if self.cache_path is not None and self.cache_path.exists():
             for _, record in read_jsonl(self.cache_path):
                 if isinstance(record, dict) and "key" in record and "result" in record:
@@ -99,6 +108,13 @@ class CachingClient:
     @property
     def stats(self) -> dict:
         return {"calls": self.calls, "cache_hits": self.cache_hits, "cached_entries": len(self._cache)}
+
+    @property
+    def usage(self) -> dict:
+        """The calls sent (client.Usage.FIELDS) and the cache hits, of the whole run (a snapshot)."""
+        with self._lock:
+            hits = self._hits_before + self.cache_hits
+        return {**self._usage.snapshot(), "cache_hits": hits}
 
     def _lookup(self, key: str):
         with self._lock:
@@ -144,9 +160,18 @@ class CachingClient:
             return results
         with self._lock:
             self.calls += len(missing)
-        fresh = self.inner.chat_many([requests[i] for i in missing], return_exceptions=return_exceptions)
+        t0 = self._usage.start()   # busy seconds: the batch's wall time; request seconds: each call's own
+        try:
+            fresh = self.inner.chat_many([requests[i] for i in missing], return_exceptions=return_exceptions)
+        except BaseException:
+            self._usage.add(None, 0.0)   # a batch that raises counts as one failure
+            raise
+        finally:
+            self._usage.stop(t0)
         for i, result in zip(missing, fresh):
             results[i] = result
-            if caching and not isinstance(result, BaseException):
+            failed = isinstance(result, BaseException)
+            self._usage.add(None if failed else result, 0.0 if failed else getattr(result, "seconds", 0.0))
+            if caching and not failed:
                 self._store(keys[i], result)
         return results

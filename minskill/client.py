@@ -47,6 +47,16 @@ Contract
   ValueError instead, without a chat request.
 * `stats` (thread-safe): calls (successful chat calls), prompt_tokens, completion_tokens,
   retries (re-sent requests), failures (chat calls that raised ChatError).
+* `usage` (thread-safe, a `Usage` snapshot; what a run writes as its cost per role): calls, failures,
+  prompt_tokens, completion_tokens and two kinds of seconds of the chat calls:
+
+      request_seconds = Σ_calls (end − start)          start: the call holds its slot; end: it returns
+      busy_seconds    = |∪_calls [start, end]|           wall seconds with at least one call in flight
+
+  Concurrent calls overlap, so request_seconds exceeds the wall time they took (16 calls of 2 s in flight
+  together: 32 request seconds, 2 busy seconds); busy_seconds never does, and a phase's wall time minus
+  it is the time the caller spent on something else (e.g. a local editor sampling between rollouts).
+  `ChatResult.seconds` is one call's end − start (0 for an answer that was not sent, e.g. from a cache).
 """
 
 import json
@@ -86,6 +96,7 @@ class ChatResult:
     finish_reasons: list[str]   # "stop" | "length" | whatever the server says
     prompt_tokens: int
     completion_tokens: int
+    seconds: float = 0.0        # this call's request seconds (0: not sent, e.g. answered from a cache)
 
     @property
     def text(self) -> str:
@@ -157,6 +168,61 @@ def normalize_base_url(base_url: str) -> str:
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise ValueError(f"base_url must look like http://host:port/v1, got {base_url!r}")
     return base_url if parts.path else base_url + "/v1"
+
+
+# ---- cost accounting -------------------------------------------------------------------------------
+class Usage:
+    """Thread-safe counters of one role's model calls (module docstring: `usage`). `t0 = start()` when a call (or
+    a batch of calls) goes out, `seconds = stop(t0)` when it is back, then `add(result, seconds)` per call
+    (result None: it failed); `snapshot()` is a dict of FIELDS; `Usage(**saved)` continues saved counts."""
+    FIELDS = ("calls", "failures", "prompt_tokens", "completion_tokens", "request_seconds", "busy_seconds")
+
+    def __init__(self, **start):
+        self._lock = threading.Lock()
+        self._counts = {k: (float if k.endswith("seconds") else int)(start.get(k) or 0) for k in self.FIELDS}
+        self._in_flight, self._busy_since = 0, 0.0
+
+    def start(self) -> float:
+        """Calls are in flight from now; returns the start time (time.monotonic())."""
+        now = time.monotonic()
+        with self._lock:
+            if self._in_flight == 0:
+                self._busy_since = now
+            self._in_flight += 1
+        return now
+
+    def stop(self, t0: float) -> float:
+        """What `start` began is over: busy_seconds grows when nothing is in flight any more; returns now − t0."""
+        now = time.monotonic()
+        with self._lock:
+            self._in_flight -= 1
+            if self._in_flight == 0:
+                self._counts["busy_seconds"] += now - self._busy_since
+        return now - t0
+
+    def add(self, result: "ChatResult | None", seconds: float) -> None:
+        """Count one call that took `seconds`: its tokens, or (result None) a failure."""
+        with self._lock:
+            self._counts["request_seconds"] += seconds
+            if result is None:
+                self._counts["failures"] += 1
+            else:
+                self._counts["calls"] += 1
+                self._counts["prompt_tokens"] += result.prompt_tokens
+                self._counts["completion_tokens"] += result.completion_tokens
+
+    def snapshot(self) -> dict:
+        """The counts now (busy_seconds includes the calls still in flight)."""
+        with self._lock:
+            out = dict(self._counts)
+            if self._in_flight:
+                out["busy_seconds"] += time.monotonic() - self._busy_since
+        return out
+
+
+def usage_delta(after: dict, before: dict) -> dict:
+    """What was spent between two `usage` snapshots (keys of `after`)."""
+    return {k: v - before.get(k, 0) for k, v in after.items()}
 
 
 # ---- the per-attempt deadline ----------------------------------------------------------------------
@@ -258,6 +324,7 @@ class ChatClient:
         self._slots = threading.BoundedSemaphore(max_workers)
         self._sessions = threading.local()  # requests.Session is not thread-safe: one per thread
         self._stats = dict(calls=0, prompt_tokens=0, completion_tokens=0, retries=0, failures=0)
+        self._usage = Usage()
 
     # ---- bookkeeping -----------------------------------------------------------------------------
     @property
@@ -266,10 +333,16 @@ class ChatClient:
         with self._lock:
             return dict(self._stats)
 
+    @property
+    def usage(self) -> dict:
+        """Calls, tokens and seconds of this client's chat calls so far (module docstring; a snapshot)."""
+        return self._usage.snapshot()
+
     def reset_stats(self) -> None:
         with self._lock:
             for key in self._stats:
                 self._stats[key] = 0
+        self._usage = Usage()
 
     def _count(self, **deltas) -> None:
         with self._lock:
@@ -373,7 +446,13 @@ class ChatClient:
         if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
             raise TypeError(f"messages must be a list of {{'role', 'content'}} dicts, got {messages!r:.200}")
         with self._slots:  # waiting for a slot is not the server's time: the deadline starts once it is ours
-            return self._chat(messages, n, temperature, top_p, max_tokens, stop, seed)
+            t0, result = self._usage.start(), None
+            try:
+                result = self._chat(messages, n, temperature, top_p, max_tokens, stop, seed)
+                result.seconds = time.monotonic() - t0
+                return result
+            finally:
+                self._usage.add(result, self._usage.stop(t0))
 
     def _chat(self, messages, n, temperature, top_p, max_tokens, stop, seed) -> ChatResult:
         deadline = time.monotonic() + self.timeout

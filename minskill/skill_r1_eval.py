@@ -19,6 +19,13 @@ interval that resamples instances (the tasks of one instance share one skill), g
 exact sign-test p. A trained editor's λ is read from its checkpoint, so a row cannot silently show the
 wrong method.
 
+`--eval` also writes a run folder (--out, default runs/skill-r1-eval-TIME; a non-empty one is refused without
+--overwrite): OUT/eval.json (`eval_record`) holds the flags, the instances and their tasks, per row the
+per-task scores, the skills each editor wrote on every instance (each generation's candidates with their
+rewards, the carried skill), the KL, the cost (the task model's calls, tokens, request and busy seconds
+from client.Usage; the editor's sampled tokens and seconds: the evolve phase's wall time minus the task
+model's busy seconds in it), and the paired table as printed. `python -m minskill.report OUT` draws it.
+
 The probe scores the editor during training on instances of the same held-out split, taken from the end
 of each type's tasks while --eval takes its instances from the front, so the two never share a task.
 
@@ -35,9 +42,10 @@ from pathlib import Path
 
 import torch
 
+from minskill.client import usage_delta
 from minskill.paired import compare
 from minskill.rollout import load_skills, run_rollouts, skill_text, wilson_interval
-from minskill.runs import TRAINER_STATE, load_trainer_state
+from minskill.runs import TRAINER_STATE, check_run_folder, load_trainer_state, open_run_folder, write_json_atomic
 from minskill.server import embedded_client
 from minskill.shared_prefix import grouped_logprobs
 from minskill.skill_r1 import (EvolveConfig, Instance, all_zero_note, autocast, device, evolve_batch,
@@ -110,7 +118,7 @@ def probe(editor, tokenizer, client, instances: list[Instance], seed_skills: lis
     loop (no update) with --probe-candidates candidates, the same seeds at every probe, so the curve moves only
     with the editor. Returns the mean reward of the seed skill and of the candidates; the editor never trains
     on these instances."""
-    c0, t0 = client.stats["calls"], time.time()
+    c0, u0, t0 = client.stats["calls"], client.usage, time.time()
     cfg = dataclasses.replace(EvolveConfig.from_args(args), generations=1, candidates=args.probe_candidates)
     with torch.no_grad(), autocast(args.bf16):
         evolutions = evolve_batch(editor, tokenizer, client, instances, cfg,
@@ -124,7 +132,8 @@ def probe(editor, tokenizer, client, instances: list[Instance], seed_skills: lis
                                max(1, sum(len(ev.candidates()) for ev in evolutions)),
             "skills": [{"instance": ev.instance.id, "reward": c.reward, "seed_reward": ev.seed_reward,
                         "skill": c.skill if c.skill is not None else c.text} for ev in evolutions for c in ev.candidates()],
-            "task_calls": client.stats["calls"] - c0, "seconds": time.time() - t0}
+            "task_calls": client.stats["calls"] - c0, "seconds": time.time() - t0,
+            "task_usage": usage_delta(client.usage, u0)}   # client.Usage: tokens, request and busy seconds
 
 
 def success(client, skills: list[str], test: list[list], args) -> tuple[float, int, list[list[float]]]:
@@ -142,25 +151,59 @@ def success(client, skills: list[str], test: list[list], args) -> tuple[float, i
     return sum(flat) / len(flat), client.stats["calls"] - c0, scores
 
 
+def skill_row(client, name: str, skills: list[str], evo: list[Instance], test: list[list], args) -> dict:
+    """A row without an editor (no skill, the seed skill): skills[j] scored on instance j's evaluation tasks."""
+    u0, t0 = client.usage, time.time()
+    final, calls, scores = success(client, skills, test, args)
+    return {"name": name, "spec": None, "success": final, "eval_calls": calls, "scores": scores,
+            "per_generation": [], "evolve_calls": 0, "kl": None,
+            "skills": [{"instance": x.id, "seed_skill": s, "carried": s, "generations": []} for x, s in zip(evo, skills)],
+            "costs": {"task_model": {**usage_delta(client.usage, u0), "wall_seconds": time.time() - t0}}}
+
+
 def editor_row(client, name: str, spec: str, evo: list[Instance], seed_skills: list[str], test: list[list],
-               args) -> tuple:
+               args) -> dict:
     """One editor's row: evolve a skill on every instance, then score the skill carried after each generation."""
     editor, tokenizer = load_model(spec, dtype=torch.float32, device=device())
     editor.eval()
-    c0 = client.stats["calls"]
+    c0, u0, t0 = client.stats["calls"], client.usage, time.time()
     with torch.no_grad(), autocast(args.bf16):
         evolutions = evolve_batch(editor, tokenizer, client, evo, EvolveConfig.from_args(args),
                                   seeds=[step_seed(args.seed, 10**6, k) for k in range(len(evo))],
                                   seed_skills=seed_skills)
-    evolve_calls = client.stats["calls"] - c0
+    evolve_calls, evolve_usage, evolve_wall = client.stats["calls"] - c0, usage_delta(client.usage, u0), time.time() - t0
+    kl, t_kl = None, time.time()
     if spec != args.editor:  # a trained editor: how far it moved from the one it started from
-        print(f"{name}: KL(trained ‖ frozen editor) = {kl_to_frozen(editor, args.editor, evolutions, args):.4f} "
-              f"nats per token of the skills it wrote", flush=True)
+        kl = kl_to_frozen(editor, args.editor, evolutions, args)
+        print(f"{name}: KL(trained ‖ frozen editor) = {kl:.4f} nats per token of the skills it wrote", flush=True)
+    kl_seconds = time.time() - t_kl
     del editor
+    u1, t1 = client.usage, time.time()
     per_gen = [success(client, [ev.generations[g].current_skill for ev in evolutions], test, args)
                for g in range(args.generations)]
     final, _, scores = per_gen[-1]
-    return f"{name}: {spec}", final, sum(c for _, c, _ in per_gen), scores, [s for s, _, _ in per_gen], evolve_calls
+    sampled = sum(len(c.token_ids) for ev in evolutions for c in ev.candidates())
+    return {"name": f"{name}: {spec}", "spec": spec, "success": final,
+            "eval_calls": sum(c for _, c, _ in per_gen), "scores": scores, "per_generation": [x for x, _, _ in per_gen],
+            "evolve_calls": evolve_calls, "kl": kl, "skills": [written_skills(ev) for ev in evolutions],
+            "costs": {"task_model_evolve": {**evolve_usage, "wall_seconds": evolve_wall},
+                      "task_model_evaluate": {**usage_delta(client.usage, u1), "wall_seconds": time.time() - t1},
+                      # the editor samples while no task-model request is out: the evolve phase's wall time
+                      # minus the task model's busy seconds in it
+                      "editor": {"sampled_tokens": sampled,
+                                 "seconds": max(0.0, evolve_wall - evolve_usage["busy_seconds"]),
+                                 "kl_seconds": kl_seconds if kl is not None else None}}}
+
+
+def written_skills(ev) -> dict:
+    """What the editor wrote on one instance: the seed skill, every generation's candidates with their rewards
+    on the instance's own tasks, and the skill carried after each generation (scored on the evaluation tasks)."""
+    return {"instance": ev.instance.id, "seed_skill": ev.seed_skill, "seed_reward": ev.seed_reward,
+            "carried": ev.final_skill,
+            "generations": [{"g": gen.g, "carried": gen.current_skill, "carried_reward": gen.current_reward,
+                             "candidates": [{"skill": c.skill, "reply": c.text if c.skill is None else None,
+                                             "reward": c.reward} for c in gen.candidates]}
+                            for gen in ev.generations]}
 
 
 def kl_to_frozen(editor, frozen_spec: str, evolutions, args) -> float:
@@ -179,18 +222,28 @@ def kl_to_frozen(editor, frozen_spec: str, evolutions, args) -> float:
 
 
 def evaluate(args) -> int:
-    """Print the table of the paper's rows (module docstring) for the flags of train_grpo.py."""
+    """Print the table of the paired rows (module docstring) for the flags of train_grpo.py and write the run
+    folder --out (default runs/skill-r1-eval-TIME): eval.json, rewritten after every row (`eval_record`)."""
+    out = Path(args.out or f"runs/skill-r1-eval-{time.strftime('%Y%m%d-%H%M%S')}")
+    check_run_folder(out, False, args.overwrite, "train_grpo.py --eval")    # before any model is loaded
     evo, test = heldout_instances(args)
     seed_skillset = load_skills(args.seed_skills, args.suite)
     seed_skills = [skill_text(seed_skillset, inst.type) for inst in evo]
-    rows = []
+    rows, record, started = [], eval_record(args, evo, test), time.time()
     with embedded_client(args.task_url, args.task_model, api_key=args.task_api_key,
                          quantize=args.task_quantize, max_workers=args.task_concurrency) as client:
-        rows.append(("no skill", *success(client, [""] * len(evo), test, args), [], 0))
-        print("evaluated: no skill", flush=True)
-        rows.append(("seed skill" + ("" if seed_skillset is not None else " (--seed-skills none: = no skill)"),
-                     *success(client, seed_skills, test, args), [], 0))
-        print("evaluated: seed skill", flush=True)
+
+        def done(label: str, row: dict, lam: float | None = None) -> None:
+            if not rows:   # the folder is made once there is something to keep in it
+                open_run_folder(out, False, args.overwrite, "train_grpo.py --eval")
+            rows.append({**row, "lambda": lam, "ci95": success_interval(row)})
+            record.update(rows=rows, usage=client.usage, wall_seconds=time.time() - started)
+            write_json_atomic(out / EVAL_FILE, record)
+            print(f"evaluated: {label}", flush=True)
+
+        done("no skill", skill_row(client, "no skill", [""] * len(evo), evo, test, args))
+        seed = "seed skill" + ("" if seed_skillset is not None else " (--seed-skills none: = no skill)")
+        done("seed skill", skill_row(client, seed, seed_skills, evo, test, args))
         frozen = "Skill-R1 inference-only (editor frozen)"
         editors = [(frozen, args.editor if args.frozen_row else None), ("vanilla GRPO (λ = 0)", args.grpo_editor)]
         editors += [("Skill-R1 (λ > 0)", spec) for spec in args.skillr1_editor or [None]]
@@ -203,13 +256,41 @@ def evaluate(args) -> int:
                 if (trained_lam == 0) != name.startswith("vanilla"):
                     print(f"warning: {spec} was trained with λ = {trained_lam}, yet it fills the row '{name}'")
                 name = f"{name.split(' (')[0]} (λ = {trained_lam:g})"
-            rows.append(editor_row(client, name, spec, evo, seed_skills, test, args))
-            print(f"evaluated: {name}", flush=True)
+            done(name, editor_row(client, name, spec, evo, seed_skills, test, args), trained_lam)
     print_table(rows, evo, test, args)
+    record.update(paired=paired_rows(rows, args.seed), finished=True, wall_seconds=time.time() - started)
+    write_json_atomic(out / EVAL_FILE, record)
+    print(f"\nwrote {out / EVAL_FILE}; python -m minskill.report {out} draws the evaluation as one HTML page")
     return 0
 
 
-def print_table(rows: list[tuple], evo: list[Instance], test: list[list], args) -> None:
+EVAL_FILE = "eval.json"
+
+
+def eval_record(args, evo: list[Instance], test: list[list]) -> dict:
+    """The head of OUT/eval.json (what `python -m minskill.report` reads as a "skill-r1-eval" folder):
+
+        {"kind": "skill-r1-eval", "version": 1, "flags": {the train_grpo.py flags}, "task_model",
+         "instances": [{"id", "type", "evolve_tasks": [ids], "eval_tasks": [ids], "eval_questions": [...]}],
+         "rows": [{"name", "spec", "lambda", "success", "ci95" (Wilson), "per_generation", "evolve_calls",
+                   "eval_calls", "scores": [[score per evaluation task] per instance], "kl",
+                   "skills": [per instance: seed skill, each generation's candidates and rewards, carried skill],
+                   "costs": {"task_model" | "task_model_evolve" | "task_model_evaluate": client.Usage counts +
+                             wall_seconds, "editor": {"sampled_tokens", "seconds", "kl_seconds"}}}],
+         "paired": [paired_rows], "usage": the task model's client.Usage counts, "wall_seconds", "finished"}
+
+    Rewritten after each row (finished false until the paired table is in)."""
+    flags = {k: v for k, v in vars(args).items() if isinstance(v, (str, int, float, bool, list, type(None)))}
+    return {"kind": "skill-r1-eval", "version": 1, "flags": flags, "finished": False,
+            "task_model": args.task_model or args.task_url or
+            f"embedded default (smollm2-135m, --task-quantize {args.task_quantize}, greedy)",
+            "instances": [{"id": x.id, "type": x.type, "evolve_tasks": [t.id for t in x.tasks],
+                           "eval_tasks": [t.id for t in ts], "eval_questions": [t.question[:300] for t in ts]}
+                          for x, ts in zip(evo, test)],
+            "rows": [], "paired": [], "usage": None, "wall_seconds": 0.0}
+
+
+def print_table(rows: list[dict], evo: list[Instance], test: list[list], args) -> None:
     n_eval = sum(len(t) for t in test)
     print(f"\nSkill-R1 evaluation, held-out split of {args.suite}: {len(evo)} instances "
           f"({', '.join(sorted({i.type for i in evo}))}), {n_eval} evaluation tasks per row "
@@ -219,31 +300,42 @@ def print_table(rows: list[tuple], evo: list[Instance], test: list[list], args) 
     print("| method | success (95% CI) | " + " | ".join(f"g={g + 1}" for g in range(args.generations)) +
           " | task calls: evolve | task calls: evaluate |")
     print("|---|---|" + "---|" * args.generations + "---|---|")
-    for name, s, eval_calls, scores, per_gen, evolve_calls in rows:
-        n = sum(len(g) for g in scores)
-        lo, hi = wilson_interval(s * n, n)
+    for row in rows:
+        lo, hi = success_interval(row)
+        per_gen = row["per_generation"]
         gens = " | ".join(f"{x:.3f}" for x in per_gen) if per_gen else " | ".join("–" * args.generations)
-        print(f"| {name} | {s:.3f} ({lo:.2f}–{hi:.2f}) | {gens} | {evolve_calls} | {eval_calls} |")
+        print(f"| {row['name']} | {row['success']:.3f} ({lo:.2f}–{hi:.2f}) | {gens} | {row['evolve_calls']} | "
+              f"{row['eval_calls']} |")
     print("\nsuccess: share of evaluation tasks solved with the skill carried after the last generation; g=k: "
           "with the skill carried after generation k; evolve calls: task-model requests spent writing the skills "
           "(on each instance's own tasks); evaluate calls: requests spent scoring them.")
-    if all(s == 0 for _, s, _, _, per_gen, _ in rows) and all(x == 0 for r in rows for x in r[4]):
+    if all(r["success"] == 0 for r in rows) and all(x == 0 for r in rows for x in r["per_generation"]):
         print("note: " + all_zero_note([t for ts in test for t in ts], training=False))
     print_paired(rows, args)
 
 
-def print_paired(rows: list[tuple], args) -> None:
-    """Every row against no skill, and the Skill-R1 row against every other row (minskill.paired): the
-    same tasks, so the comparison is paired; the interval resamples instances."""
-    by_name = {r[0]: r[3] for r in rows}
-    pairs = [(r[0], rows[0][0]) for r in rows[1:]]
-    skill_r1 = [r[0] for r in rows if r[0].startswith("Skill-R1 (")]
-    for k, name in enumerate(skill_r1):   # each Skill-R1 row against every other row (each pair once)
-        pairs += [(name, r[0]) for r in rows[1:] if r[0] != name and r[0] not in skill_r1[:k]]
+def success_interval(row: dict) -> list[float]:
+    """The 95% Wilson interval of a row's success over its evaluation tasks."""
+    n = sum(len(g) for g in row["scores"])
+    return list(wilson_interval(row["success"] * n, n))
+
+
+def paired_rows(rows: list[dict], seed: int) -> list[dict]:
+    """Every row against no skill, and each Skill-R1 row against every other row (each pair once), compared
+    on the same tasks (minskill.paired.compare: the interval resamples instances)."""
+    by_name = {r["name"]: r["scores"] for r in rows}
+    pairs = [(r["name"], rows[0]["name"]) for r in rows[1:]]
+    skill_r1 = [r["name"] for r in rows if r["name"].startswith("Skill-R1 (")]
+    for k, name in enumerate(skill_r1):
+        pairs += [(name, r["name"]) for r in rows[1:] if r["name"] != name and r["name"] not in skill_r1[:k]]
+    return [{"row": b, "against": a, **compare(by_name[a], by_name[b], seed=seed)} for b, a in pairs]
+
+
+def print_paired(rows: list[dict], args) -> None:
+    """The paired table (paired_rows) as Markdown."""
     print("\n| row | against | paired difference (95% CI, by instance) | gained / lost | sign test p |\n"
           "|---|---|---|---|---|")
-    for b, a in pairs:
-        c = compare(by_name[a], by_name[b], seed=args.seed)
+    for c in paired_rows(rows, args.seed):
         lo, hi = c["ci95"]
-        print(f"| {b} | {a} | {c['difference']:+.3f} ({lo:+.2f} to {hi:+.2f}) | {c['gained']} / {c['lost']} | "
-              f"{c['p']:.3f} |")
+        print(f"| {c['row']} | {c['against']} | {c['difference']:+.3f} ({lo:+.2f} to {hi:+.2f}) | {c['gained']} / "
+              f"{c['lost']} | {c['p']:.3f} |")

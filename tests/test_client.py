@@ -1,8 +1,9 @@
 """ChatClient over real loopback HTTP: retries (503, 429, resets, slow replies), Retry-After (capped,
 finite), the whole-call deadline (against servers that trickle their reply), errors that must not be
 retried, malformed replies (every failure a counted ChatError), URL/env handling, chat_many, and token
-accounting."""
+accounting (stats; usage: calls, tokens, request and busy seconds, cache hits apart)."""
 import json
+import math
 import re
 import socket
 import struct
@@ -13,7 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from minskill import client as client_module
-from minskill.client import ChatClient, ChatError, ChatResult
+from minskill.client import ChatClient, ChatError, ChatResult, Usage
 from minskill.server import ScriptedBackend, start_server
 
 MESSAGES = [{"role": "user", "content": "what is six times seven"}]
@@ -464,3 +465,60 @@ def test_an_unsendable_api_key_is_a_chat_error(script_server):
     with pytest.raises(ChatError, match="Authorization|latin-1"):
         client.chat(MESSAGES)
     assert client.stats["failures"] == 1 and server.seen == []
+
+
+# ---- cost accounting: calls, tokens, seconds (client.Usage, ChatClient.usage, CachingClient.usage) --------
+def test_usage_sums_the_reported_tokens_and_times_the_calls(script_server):
+    """A scripted server reports known usage counts: the client's usage equals their sum; a failed call counts
+    as a failure with no tokens; request seconds sum the calls, busy seconds are wall time (<= their sum)."""
+    replies = [("json", 200, ok_body(["a"], 11, 3), {}), ("json", 200, ok_body(["b"], 7, 5), {}),
+               ("json", 400, {"error": {"message": "bad"}}, {}), ("json", 200, ok_body(["c"], 2, 1), {})]
+    server = script_server(*replies)
+    client = fast_client(server.url, max_retries=0)
+    assert client.chat(MESSAGES).seconds > 0 and client.chat(MESSAGES).text == "b"
+    with pytest.raises(ChatError):
+        client.chat(MESSAGES)
+    client.chat(MESSAGES)
+    usage = client.usage
+    assert (usage["calls"], usage["failures"], usage["prompt_tokens"], usage["completion_tokens"]) == (3, 1, 20, 9)
+    assert 0 < usage["busy_seconds"] <= usage["request_seconds"] + 1e-6 and math.isfinite(usage["request_seconds"])
+    assert client.stats["calls"] == 3                            # stats unchanged alongside
+
+
+def test_concurrent_request_seconds_exceed_the_busy_wall_seconds():
+    """8 slow calls in flight together: their summed request seconds are several times the wall (busy) seconds."""
+    server = ScriptServer([("slow", 0.2)])
+    try:
+        client = fast_client(server.url, max_workers=8)
+        client.chat_many([{"messages": MESSAGES}] * 8)
+        usage = client.usage
+        assert usage["calls"] == 8 and usage["prompt_tokens"] == 8 * 5 and usage["completion_tokens"] == 8
+        assert usage["request_seconds"] > 3 * usage["busy_seconds"] > 0
+    finally:
+        server.close()
+
+
+def test_caching_client_counts_cache_hits_apart_at_no_cost_and_continues_saved_counts(tmp_path):
+    from minskill.caching import CachingClient
+
+    with start_server(ScriptedBackend(echo)) as server:
+        inner = server.client()
+        first = CachingClient(inner, tmp_path / "cache.jsonl")
+        requests = [{"messages": [{"role": "user", "content": f"q{i}"}]} for i in range(4)]
+        sent = first.chat_many(requests)
+        before = first.usage
+        assert before["calls"] == 4 and before["cache_hits"] == 0
+        assert before["prompt_tokens"] == sum(r.prompt_tokens for r in sent) > 0
+        assert before["completion_tokens"] == sum(r.completion_tokens for r in sent) > 0
+        hits = first.chat_many(requests)                     # all four from the cache
+        after = first.usage
+        assert after["cache_hits"] == 4 and all(r.seconds == 0 for r in hits)
+        assert {k: after[k] for k in Usage.FIELDS if k != "busy_seconds"} == \
+               {k: before[k] for k in Usage.FIELDS if k != "busy_seconds"}   # hits cost no call, token or second
+        # two wrappers on one inner client count only their own calls; a saved usage is continued
+        other = CachingClient(inner, None, usage=after)
+        other.chat(requests[0]["messages"])
+        again = other.usage
+        assert again["calls"] == 5 and again["cache_hits"] == 4 and first.usage["calls"] == 4
+        assert again["prompt_tokens"] == after["prompt_tokens"] + sent[0].prompt_tokens
+        assert inner.usage["calls"] == 5                     # the inner client saw every call sent

@@ -132,6 +132,21 @@ def test_end_to_end_raises_target_reward(full_run):
     assert (out / "reward.svg").read_text().startswith("<svg")
 
 
+def test_run_json_records_the_cost_per_role(full_run):
+    """run.json's usage: the target's and the teacher's calls (equal to the counts of this process), tokens as
+    the scripted servers reported them, request and busy seconds, the target's cache hits apart; wall seconds."""
+    run, state = read(full_run, "run.json"), read(full_run, "state.json")
+    usage = run["usage"]
+    assert usage == state["usage"] and usage["sessions"] == 1 and usage["wall_seconds"] > 0
+    assert usage["target"]["calls"] == run["target_calls"] > 0 and usage["teacher"]["calls"] == run["teacher_calls"] > 0
+    assert usage["target"]["cache_hits"] == run["target_cache_hits"]
+    assert usage["target"]["calls"] + usage["teacher"]["calls"] == state["calls_spent"]
+    for role in ("target", "teacher"):
+        u = usage[role]
+        assert u["prompt_tokens"] > 0 and u["completion_tokens"] > 0 and u["failures"] == 0
+        assert all(0 < u[k] < float("inf") for k in ("busy_seconds", "request_seconds"))
+
+
 def test_search_log_records_every_candidate(full_run):
     log = [json.loads(line) for line in (full_run / "search_log.jsonl").read_text().splitlines()]
     cands = [r for r in log if r["kind"] == "candidate"]
@@ -170,6 +185,12 @@ def test_cache_second_run_makes_no_target_calls(env, full_run):
     assert read(out, "library.json") == read(full_run, "library.json")
     first = read(full_run, "run.json")
     assert first["target_calls"] > 0 and run["calls_spent"] == run["teacher_calls"] == first["teacher_calls"]
+    # cache hits are counted apart and cost nothing: no target call, token or second
+    target = run["usage"]["target"]
+    assert target["cache_hits"] == run["target_cache_hits"] > 0
+    assert target["calls"] == target["prompt_tokens"] == target["completion_tokens"] == 0
+    assert target["request_seconds"] == target["busy_seconds"] == 0
+    assert run["usage"]["teacher"]["prompt_tokens"] == first["usage"]["teacher"]["prompt_tokens"] > 0
 
 
 def test_no_cache_pays_again(env, full_run):
@@ -223,6 +244,11 @@ def test_resume_after_interruption(env, full_run, monkeypatch):
     assert read(out, "library.json") == read(full_run, "library.json")
     # the resumed process re-paid nothing it had done: its target calls are the remaining work only
     assert read(out, "run.json")["target_calls"] < read(full_run, "run.json")["target_calls"]
+    # ... and the run's cost per role continues across the resume: the same calls and tokens as uninterrupted
+    usage, straight = read(out, "run.json")["usage"], read(full_run, "run.json")["usage"]
+    counts = lambda u: {k: u[k] for k in ("calls", "failures", "prompt_tokens", "completion_tokens")}  # noqa: E731
+    assert counts(usage["target"]) == counts(straight["target"]) and counts(usage["teacher"]) == counts(straight["teacher"])
+    assert usage["sessions"] == 2 and straight["sessions"] == 1 and read(out, "state.json")["usage"] == usage
 
 
 def test_merge_runs_adds_other_backbone(env, full_run):

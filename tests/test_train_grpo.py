@@ -28,10 +28,12 @@ from tiny import make_tiny_model_dir  # noqa: E402
 ROW_FIELDS = ("step", "reward_per_generation", "carried_reward_per_generation", "reward_mean_candidates", "a_inter",
               "loss", "kl", "ratio_mean", "clip_frac_low", "clip_frac_high", "grad_norm", "logp_mismatch", "lr",
               "zero_variance_groups", "unparsed_share", "skill_tokens_mean", "skill_chars_mean", "task_calls",
-              "task_tokens", "editor_sample_tokens_per_s", "train_tokens_per_s", "seconds_sampling_and_rollouts",
+              "task_tokens", "task_prompt_tokens", "task_completion_tokens", "task_seconds", "task_request_seconds",
+              "seconds_editor_sampling", "editor_sampled_tokens", "editor_sample_tokens_per_s", "train_tokens_per_s", "seconds_sampling_and_rollouts",
               "seconds_update", "instances", "best_skill", "best_skill_reward", "best_skill_gain",
               "best_skill_instance")
-TIMING_FIELDS = ("editor_sample_tokens_per_s", "train_tokens_per_s", "seconds_sampling_and_rollouts",
+TIMING_FIELDS = ("editor_sample_tokens_per_s", "train_tokens_per_s", "seconds_sampling_and_rollouts", "task_seconds",
+                 "task_request_seconds", "seconds_editor_sampling",
                  "seconds_update")
 
 
@@ -89,6 +91,10 @@ def test_smoke_run_writes_checkpoint_metrics_and_picture(straight_run):
         assert len(row["reward_per_generation"]) == 3 and len(row["a_inter"]) == 2
         assert all(0.0 <= r <= 1.0 for r in row["reward_per_generation"])
         assert row["task_calls"] > 0 and row["task_tokens"] > 0 and row["kl"] == 0.0
+        # the task model's seconds apart from the editor's: the two parts of the sampling phase
+        assert row["task_tokens"] == row["task_prompt_tokens"] + row["task_completion_tokens"]
+        assert 0 < row["task_seconds"] <= row["seconds_sampling_and_rollouts"] + 0.01 and row["task_request_seconds"] > 0
+        assert row["seconds_editor_sampling"] == pytest.approx(row["seconds_sampling_and_rollouts"] - row["task_seconds"])
     # the progress lines, with ETA, and the closing summary
     assert "step 4/4 | reward " in printed and "ETA" in printed and "done: 4 steps" in printed
     svg = (out / "reward_curve.svg").read_text()
@@ -239,12 +245,13 @@ def test_no_reference_model_when_beta_is_zero(straight_run):
     assert "reference model: none" in straight_run[1]
 
 
-def test_eval_prints_the_papers_rows(straight_run, editor_dir, suite_file, task_url, capsys):
+def test_eval_prints_the_papers_rows(straight_run, editor_dir, suite_file, task_url, capsys, tmp_path):
     ckpt = str(straight_run[0] / "checkpoint")
-    flags = common_flags(editor_dir, suite_file, task_url, straight_run[0]) + [
+    flags = common_flags(editor_dir, suite_file, task_url, tmp_path / "eval") + [
         "--eval", "--grpo-editor", ckpt, "--skillr1-editor", ckpt, "--eval-instances", "2", "--eval-tasks", "2"]
     assert train_grpo.main(flags) == 0
     printed = capsys.readouterr().out
+    check_eval_folder(tmp_path / "eval", printed)
     lines = printed.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("| method |"))
     table = [line for line in lines[start:start + 7]]
@@ -276,6 +283,52 @@ def test_eval_prints_the_papers_rows(straight_run, editor_dir, suite_file, task_
                                                        abs=1e-3)
 
 
+def check_eval_folder(out, printed):
+    """OUT/eval.json holds what the --eval tables print: the rows with their per-task scores (success = their
+    mean), the skills each editor wrote per instance, the KL, the paired table, and the cost per role."""
+    record = json.loads((out / "eval.json").read_text())
+    assert record["kind"] == "skill-r1-eval" and record["finished"] is True and record["flags"]["eval"] is True
+    assert f"wrote {out / 'eval.json'}; python -m minskill.report {out}" in printed
+    lines = [line for line in printed.splitlines() if line.startswith("| ")]
+    table = lines[1:lines.index(next(line for line in lines if line.startswith("| row |")))]
+    assert [r["name"] for r in record["rows"]] == [line.split("|")[1].strip() for line in table]
+    n_tasks = [len(x["eval_tasks"]) for x in record["instances"]]
+    for row, line in zip(record["rows"], table):
+        assert [len(s) for s in row["scores"]] == n_tasks
+        flat = [x for s in row["scores"] for x in s]
+        assert row["success"] == pytest.approx(sum(flat) / len(flat))
+        assert line.split("|")[2].strip().startswith(f"{row['success']:.3f} ({row['ci95'][0]:.2f}–{row['ci95'][1]:.2f})")
+        assert len(row["skills"]) == len(record["instances"])
+        task = row["costs"].get("task_model") or row["costs"]["task_model_evaluate"]
+        assert task["calls"] == row["eval_calls"] > 0 and task["prompt_tokens"] > 0 and task["busy_seconds"] > 0
+        if row["spec"]:                                  # an editor row: what it wrote, and what that cost
+            assert row["costs"]["task_model_evolve"]["calls"] == row["evolve_calls"] > 0
+            editor = row["costs"]["editor"]
+            assert editor["sampled_tokens"] > 0 and 0 <= editor["seconds"] < float("inf")
+            for written in row["skills"]:
+                assert len(written["generations"]) == 2 and all(len(g["candidates"]) == 3 for g in written["generations"])
+                assert written["carried"] == written["generations"][-1]["carried"]
+            assert (row["kl"] is None) == (row["spec"] == record["flags"]["editor"])
+    printed_paired = [[c.strip() for c in line.split("|")[1:-1]] for line in lines[lines.index(
+        next(line for line in lines if line.startswith("| row |"))) + 1:]]
+    assert [[p["row"], p["against"], f"{p['gained']} / {p['lost']}", f"{p['p']:.3f}"] for p in record["paired"]] == \
+           [[c[0], c[1], c[3], c[4]] for c in printed_paired]
+    assert record["usage"]["calls"] == sum(r["eval_calls"] + r["evolve_calls"] for r in record["rows"])
+    return record
+
+
+def test_eval_refuses_a_non_empty_out_and_writes_nothing_there(straight_run, editor_dir, suite_file, task_url):
+    before = sorted(p.name for p in straight_run[0].iterdir())
+    flags = common_flags(editor_dir, suite_file, task_url, straight_run[0]) + ["--eval", "--eval-instances", "1",
+                                                                              "--eval-tasks", "2"]
+    with pytest.raises(SystemExit, match="is not empty"):
+        train_grpo.main(flags)
+    assert sorted(p.name for p in straight_run[0].iterdir()) == before
+    with pytest.raises(SystemExit):
+        train_grpo.parse_args(flags + ["--resume"])
+    assert train_grpo.parse_args([]).out == "runs/skill-r1" and train_grpo.parse_args(["--eval"]).out is None
+
+
 def test_held_out_probe_every_m_steps_on_instances_eval_never_uses(editor_dir, suite_file, task_url, tmp_path,
                                                                      capsys):
     """--probe-every 2 over 3 steps probes before the first step and after steps 2 and 3, always on the same
@@ -302,15 +355,16 @@ def test_held_out_probe_every_m_steps_on_instances_eval_never_uses(editor_dir, s
 
 
 def test_eval_takes_several_skill_r1_editors_and_can_skip_the_frozen_row(straight_run, editor_dir, suite_file,
-                                                                           task_url, capsys):
+                                                                           task_url, capsys, tmp_path):
     """--skillr1-editor A B gives one Skill-R1 row each, each compared with every other row once;
     --no-frozen-row leaves the inference-only row out."""
     ckpt = str(straight_run[0] / "checkpoint")
-    flags = common_flags(editor_dir, suite_file, task_url, straight_run[0]) + [
+    flags = common_flags(editor_dir, suite_file, task_url, tmp_path / "eval") + [
         "--eval", "--skillr1-editor", ckpt, str(editor_dir), "--eval-instances", "1", "--eval-tasks", "2",
         "--no-frozen-row"]
     assert train_grpo.main(flags) == 0
     printed = capsys.readouterr().out
+    check_eval_folder(tmp_path / "eval", printed)
     assert "skipped: Skill-R1 inference-only (editor frozen) (--no-frozen-row)" in printed
     lines = [line for line in printed.splitlines() if line.startswith("| ")]
     table = lines[1:lines.index(next(line for line in lines if line.startswith("| row |")))]
