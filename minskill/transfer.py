@@ -1,0 +1,571 @@
+"""The transfer matrix: every skill library scored on every target model, on the same held-out tasks.
+
+    python -m minskill.transfer --suite qa --n-heldout 40 \\
+        --libraries base=builtin f32=runs/masa-f32/library \\
+        --targets f32=smollm2-135m int8=smollm2-135m:int8 big=http://gpu:8000/v1 --target-model big=Qwen/Qwen3-8B
+
+MASA's point is that a skill is model-dependent: a library evolved for one backbone can help it and hurt
+another. This command measures that. Rows are libraries L, columns are targets F; cell (L, F) is F run
+greedily (one rollout per task) on the held-out tasks t = 1..n with L in its system prompt
+(minskill.rollout.run_rollouts; the tasks are `load_suite(SUITE, split="heldout", seed, n)`, the held-out
+split evolve_masa.py scores its table on, so the matrix of an evolve run sees the same tasks). Per cell,
+with r(t) ∈ [0, 1] the verifier's reward and success(t) = [r(t) ≥ 1]:
+
+    success rate   p = k / n,   k = Σ_t success(t)
+    95% interval   Wilson score (z = 1.96):  (p + z²/2n ± z·sqrt(p(1−p)/n + z²/4n²)) / (1 + z²/n)
+                   (rollout.wilson_interval)
+
+Labels tie libraries to targets: the *reference* of column F is the library with F's label ("F's own
+library", e.g. the one evolved for F); when no library has that label, the first library (the table header
+says which). Against it, paired on the same tasks (minskill.paired.compare, each task its own group),
+with d(t) = r_L(t) − r_ref(t):
+
+    difference     Δ = mean_t d(t)
+    gained / lost  #{t : d(t) > 0} / #{t : d(t) < 0}          (ties drop out; m = gained + lost)
+    sign test      p = min(1, 2 · Σ_{i ≤ min(gained, lost)} C(m, i) / 2^m)    (two-sided, exact)
+
+A crossing in the matrix (F₁ does best with L₁, F₂ with L₂) is the model-dependence effect.
+
+Arguments. `--libraries LABEL=PATH ...`: PATH an Agent Skills folder or a MASA .json (SkillSet.load),
+`builtin` (the suite's hand-written base skills) or `none` (no system prompt); an unlabelled PATH is
+labelled by its name (`runs/masa-qa/library` → `masa-qa`, since evolve_masa.py names every output
+`library`). `--targets LABEL=SPEC ...`: SPEC an OpenAI-compatible base URL (http://...; the model name
+from `--target-model LABEL=NAME`, else the first the server lists), or a model spec for the embedded
+server (smollm2-135m or an HF folder) with an optional `:int8` / `:auto` suffix for int8 weights; one
+embedded server per distinct (spec, quantisation), all stopped at the end. A label is 1-64 characters of
+letters, digits and `._+-` (it names files).
+
+`--rewriter CKPT` (a `rewrite.py train` output or HF folder) adds, for every library L and target F, a row
+"L+rw": the rewriter's one-pass rewrite of L for F's model card (`--model-card LABEL=PATH`: a card file, a
+checkpoint folder or a model spec; an embedded target's default is the card of its spec; a URL target
+needs one), and the task description `--task` (default: masa.suite_description of the suite's train
+tasks, as evolve_masa.py writes it into the SFT records). The reference of a rewritten cell is its input
+library L on the same target, so Δ is the rewriter's own effect. A rewrite that does not parse leaves its
+cell unscored, its raw text in OUT/rewritten/F/L.raw.txt.
+
+Outputs in --out (default runs/transfer-TIME; a non-empty folder is refused without --overwrite),
+written atomically (minskill.runs): transfer.json (libraries, targets, task ids, per cell n, success,
+ci95, per-task rewards and the paired difference to its reference: diff, gained, lost, p, ci95 by
+bootstrap), table.md (the matrix), trajectories/F/L.jsonl, rewritten/F/L/ (Agent Skills) with --rewriter.
+transfer.json is rewritten after every cell ("complete": false until the end). `python -m minskill.report
+OUT` draws it as a heat map (minskill/report_transfer.py).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import re
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlparse
+
+from minskill import paired
+from minskill.client import ChatError
+from minskill.quantize import QUANTIZE_CHOICES
+from minskill.retrieval import (RetrievalError, add_retrieval_args, check_retrieval_args, retriever_from_args,
+                                with_retrieval)
+from minskill.rollout import load_skills, run_rollouts, summarize
+from minskill.runs import check_run_folder, open_run_folder, write_json_atomic, write_jsonl_atomic, write_text_atomic
+from minskill.server import embedded_client
+from minskill.skills import SkillFormatError
+from minskill.skillsets import SkillSet
+from minskill.tasks import load_suite
+from minskill.weights import DEFAULT_MODEL
+
+PROG = "python -m minskill.transfer"
+LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,63}")
+REWRITTEN = "+rw"        # suffix of a rewritten row's label: "base+rw" is the rewriter's rewrite of "base"
+
+
+class TransferError(ValueError):
+    """A bad argument; the message names it (main turns it into exit status 2)."""
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Arguments: labels, libraries, targets
+
+@dataclass
+class Library:
+    label: str
+    spec: str                       # what was given: a path, "builtin" or "none"
+    skills: SkillSet | None         # None: no system prompt
+
+
+@dataclass
+class Target:
+    label: str
+    spec: str                       # what was given
+    url: str | None = None          # an endpoint; None: the embedded server on model_spec
+    model_spec: str | None = None
+    quantize: str = "none"
+    model: str | None = None        # the name asked for at `url`; after connecting, the served name
+    card: dict | None = None        # the model card (only with --rewriter)
+
+
+@dataclass
+class Row:
+    """A row of the matrix: a library as given, or (rewritten_from set) its rewrite for each target."""
+    label: str
+    skills_for: dict = field(default_factory=dict)    # target label -> SkillSet | None (None: no prompt)
+    rewritten_from: str | None = None
+    unparsed: dict = field(default_factory=dict)      # target label -> why the rewrite did not parse
+
+
+def safe_label(text: str) -> str:
+    """A derived label: characters a label may not hold become '-'."""
+    label = re.sub(r"[^A-Za-z0-9._+-]+", "-", text).strip("-._+")[:64]
+    return label or "x"
+
+
+def split_label(text: str, flag: str) -> tuple[str | None, str]:
+    """'LABEL=VALUE' -> (LABEL, VALUE); a text whose part before '=' is not a label (a path, a URL with a
+    query) is unlabelled: (None, text)."""
+    head, sep, tail = text.partition("=")
+    if not sep or not LABEL.fullmatch(head):
+        if sep and "/" not in head and ":" not in head:
+            raise TransferError(f"{flag} {text!r}: {head!r} is not a label (1-64 of letters, digits, ._+-, "
+                                f"starting with a letter or digit)")
+        return None, text
+    if not tail:
+        raise TransferError(f"{flag} {text!r}: nothing after '='")
+    return head, tail
+
+
+def label_map(items: list[str] | None, flag: str, labels: list[str]) -> dict[str, str]:
+    """--target-model / --model-card: LABEL=VALUE pairs, each LABEL one of `labels`."""
+    out = {}
+    for item in items or []:
+        label, value = split_label(item, flag)
+        if label is None or label not in labels:
+            raise TransferError(f"{flag} {item!r}: expected LABEL=VALUE with LABEL one of the targets "
+                                f"({', '.join(labels)})")
+        out[label] = value
+    return out
+
+
+def unique(labels: list[str], flag: str) -> None:
+    seen = [x for i, x in enumerate(labels) if x in labels[:i]]
+    if seen:
+        raise TransferError(f"{flag}: the label {seen[0]!r} is given twice (labels name rows, columns and files)")
+
+
+def suite_name(suite: str) -> str:
+    return Path(suite).stem if suite.endswith(".jsonl") else suite
+
+
+def load_library(text: str, suite: str) -> Library:
+    """One --libraries argument (module docstring)."""
+    label, spec = split_label(text, "--libraries")
+    if spec.lower() in ("builtin", "base", "none"):
+        kind = "none" if spec.lower() == "none" else "builtin"
+        try:
+            skills = load_skills("none" if kind == "none" else "base", suite_name(suite))
+        except FileNotFoundError:
+            raise TransferError(f"--libraries {text!r}: the suite {suite!r} has no built-in base skills; "
+                                f"give a folder or .json") from None
+        return Library(label or kind, spec, skills)
+    path = Path(spec)
+    if not path.exists():
+        raise TransferError(f"--libraries {text!r}: no such folder or file {spec!r} (or use builtin / none)")
+    if path.is_file() and path.suffix.lower() != ".json":
+        raise TransferError(f"--libraries {text!r}: expected an Agent Skills folder or a MASA .json file")
+    try:
+        skills = SkillSet.load(path)
+    except (SkillFormatError, ValueError, OSError) as e:
+        raise TransferError(f"--libraries {text!r}: not a skill library ({e})") from None
+    name = path.parent.name if path.stem == "library" and path.parent.name else path.stem
+    return Library(label or safe_label(name), spec, skills)
+
+
+def parse_target(text: str) -> Target:
+    """One --targets argument: a URL, or an embedded model spec with an optional :QUANTIZE suffix."""
+    label, spec = split_label(text, "--targets")
+    if spec.startswith(("http://", "https://")):
+        netloc = urlparse(spec).netloc
+        if not netloc:
+            raise TransferError(f"--targets {text!r}: not a URL (expected http://HOST:PORT/v1)")
+        return Target(label or safe_label(netloc), spec, url=spec.rstrip("/"))
+    model_spec, quantize = spec, "none"
+    head, sep, tail = spec.rpartition(":")
+    if sep and tail in QUANTIZE_CHOICES:
+        model_spec, quantize = head, tail
+    if model_spec != DEFAULT_MODEL and not (Path(model_spec) / "config.json").is_file():
+        raise TransferError(f"--targets {text!r}: {model_spec!r} is neither an http(s):// URL, nor "
+                            f"{DEFAULT_MODEL!r}, nor a folder holding a Hugging Face checkpoint (config.json); "
+                            f"a suffix may be one of :{', :'.join(QUANTIZE_CHOICES)}")
+    return Target(label or safe_label(spec), spec, model_spec=model_spec, quantize=quantize)
+
+
+def load_targets(args) -> list[Target]:
+    targets = [parse_target(t) for t in args.targets]
+    labels = [t.label for t in targets]
+    unique(labels, "--targets")
+    for label, model in label_map(args.target_model, "--target-model", labels).items():
+        target = targets[labels.index(label)]
+        if target.url is None:
+            raise TransferError(f"--target-model {label}={model}: target {label!r} is the embedded server, "
+                                f"which serves one model; a model name is for a URL target")
+        target.model = model
+    if args.rewriter:
+        cards = label_map(args.model_card, "--model-card", labels)
+        for target in targets:
+            if target.label not in cards and target.url is not None:
+                raise TransferError(f"--rewriter: target {target.label!r} is a URL; give its model card with "
+                                    f"--model-card {target.label}=PATH")
+            spec = cards.get(target.label, target.model_spec)
+            try:
+                target.card = rewrite_cli().load_model_card(spec)
+            except (OSError, ValueError, RuntimeError) as e:
+                raise TransferError(f"--model-card {target.label}={spec}: {e}") from None
+    elif args.model_card:
+        raise TransferError("--model-card is for --rewriter (the card the rewriter adapts a library to)")
+    return targets
+
+
+def load_tasks(args) -> list:
+    """The held-out tasks (the split and selection evolve_masa.py's held-out table uses)."""
+    if args.n_heldout < 1:
+        raise TransferError(f"--n-heldout {args.n_heldout}: need at least one task")
+    try:
+        tasks = load_suite(args.suite, split="heldout", seed=args.task_seed, n=args.n_heldout)
+    except (ValueError, FileNotFoundError) as e:
+        raise TransferError(f"--suite {args.suite}: {e}") from None
+    if not tasks:
+        raise TransferError(f"--suite {args.suite}: no held-out tasks")
+    return tasks
+
+
+def task_description(args) -> str:
+    """--task, else what evolve_masa.py writes into its SFT records with its defaults: the suite described
+    from the train tasks after the 4 preliminary ones (--n-prelim 4, --n-train 24)."""
+    if args.task:
+        return args.task
+    from minskill.masa import suite_description   # only the rewriter needs it
+    train = load_suite(args.suite, split="train", seed=args.task_seed, n=28)[4:]
+    return suite_description(train or load_tasks(args), suite_name(args.suite))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The rewriter (rewrite.py's own functions: its card reader, checkpoint resolver, one greedy pass, parser)
+
+def rewrite_cli():
+    """rewrite.py, the stage-2 script next to the package, loaded by path (it is not a package module)."""
+    path = Path(__file__).resolve().parent.parent / "rewrite.py"
+    if "minskill_rewrite_cli" in sys.modules:
+        return sys.modules["minskill_rewrite_cli"]
+    if not path.is_file():
+        raise TransferError(f"--rewriter needs rewrite.py next to the minskill package ({path} is missing)")
+    spec = importlib.util.spec_from_file_location("minskill_rewrite_cli", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def rewritten_rows(args, libraries: list[Library], targets: list[Target], out: Path) -> list[Row]:
+    """One "L+rw" row per library with skills: the rewriter's greedy rewrite of L for each target's card,
+    validated and saved in OUT/rewritten/F/L/ (what does not parse: OUT/rewritten/F/L.raw.txt)."""
+    import torch
+    from minskill.weights import load_model
+    cli = rewrite_cli()
+    checkpoint = cli.resolve_rewriter(args.rewriter)
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    model, tokenizer = load_model(checkpoint, dtype=torch.float32, device=device)
+    model.eval()
+    task = task_description(args)
+    rows = []
+    for library in (lib for lib in libraries if lib.skills is not None):
+        row = Row(library.label + REWRITTEN, rewritten_from=library.label)
+        for target in targets:
+            started = time.time()
+            text, finish = cli.rewrite_with_model(model, tokenizer, target.card, library.skills, task,
+                                                  args.rewriter_max_tokens, 0.0, args.seed)
+            where = out / "rewritten" / target.label / library.label
+            try:
+                skills = cli.parse_rewriter_output(text, finish).carry_resources(library.skills)
+                row.skills_for[target.label] = cli.save_skills_validated(skills, where)
+                outcome = f"wrote {where}"
+            except ValueError as e:
+                write_text_atomic(where.parent / f"{library.label}.raw.txt", text)
+                row.unparsed[target.label] = str(e)
+                outcome = f"did not parse ({e}); raw text in {where.parent / (library.label + '.raw.txt')}"
+            log(f"[rewrite] {library.label} for {target.label}: {outcome}  {time.time() - started:.1f}s")
+        rows.append(row)
+    del model
+    return rows
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Scoring
+
+STARTED = time.time()
+
+
+def log(line: str) -> None:
+    elapsed = int(time.time() - STARTED)
+    print(f"[{elapsed // 60:3d}:{elapsed % 60:02d}] {line}", file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def connect(targets: list[Target], args):
+    """{target label: ChatClient}: URL targets directly, embedded ones through one server per distinct
+    (model spec, quantisation), all stopped when the block exits. Each client knows its model's name."""
+    with contextlib.ExitStack() as stack:
+        servers, clients = {}, {}
+        kw = dict(max_workers=args.concurrency, timeout=args.timeout)
+        for target in targets:
+            if target.url is not None:
+                client = stack.enter_context(embedded_client(url=target.url, model=target.model,
+                                                             api_key=args.api_key, **kw))
+                client.resolve_model()        # an unreachable endpoint fails here, before any cell
+            else:
+                key = (target.model_spec, target.quantize)
+                if key not in servers:
+                    log(f"starting the embedded server: {target.model_spec} (quantize {target.quantize})")
+                    servers[key] = stack.enter_context(embedded_client(
+                        model_spec=target.model_spec, quantize=target.quantize, startup_timeout=args.startup_timeout,
+                        server_args=("--max-batch", str(args.concurrency)), **kw))
+                client = servers[key]
+            target.model = client.model
+            clients[target.label] = client
+        yield clients
+
+
+def reference_of(row: Row, rows: list[Row], target: Target) -> str:
+    """The row a cell is paired against (module docstring)."""
+    if row.rewritten_from is not None:
+        return row.rewritten_from
+    plain = [r.label for r in rows if r.rewritten_from is None]
+    return target.label if target.label in plain else plain[0]
+
+
+def score_cell(client, tasks: list, skills, args, retriever) -> tuple[list, dict, list[float]]:
+    """(trajectories, summary, per-task reward in task order) of one cell."""
+    trajectories = run_rollouts(client, tasks, with_retrieval(skills, retriever), n=1, temperature=0.0,
+                                max_tokens=args.max_tokens, seed=args.seed, skill_max_tokens=args.skill_max_tokens)
+    by_task = {t.task_id: float(t.reward) for t in trajectories}
+    return trajectories, summarize(trajectories, lam_nh=0.0), [by_task.get(t.id, 0.0) for t in tasks]
+
+
+def paired_to(rewards: list[float], reference: list[float]) -> dict:
+    """The paired difference of a cell to its reference cell (minskill.paired, one group per task)."""
+    result = paired.compare([[r] for r in reference], [[r] for r in rewards], draws=2000, seed=0)
+    return {"diff": result["difference"], "gained": result["gained"], "lost": result["lost"], "p": result["p"],
+            "ci95": list(result["ci95"])}
+
+
+def cell_record(row: Row, target: Target, reference: str, summary: dict | None, rewards, ref_rewards) -> dict:
+    record = {"library": row.label, "target": target.label, "reference": reference,
+              "trajectories": f"trajectories/{target.label}/{row.label}.jsonl" if summary else None,
+              "skills": f"rewritten/{target.label}/{row.label[:-len(REWRITTEN)]}" if row.rewritten_from else None}
+    if summary is None:
+        return {**record, "status": "not parsed", "note": row.unparsed.get(target.label), "n": 0,
+                "success": None, "ci95": None, "rewards": None, "paired": None}
+    return {**record, "status": "scored", "n": summary["n"], "success": summary["success_rate"],
+            "successes": round(summary["success_rate"] * summary["n"]), "ci95": summary["success_ci95"],
+            "errors": summary["errors"], "per_type": {k: v["success_rate"] for k, v in summary["per_type"].items()},
+            "rewards": rewards, "paired": None if reference == row.label else paired_to(rewards, ref_rewards)}
+
+
+def column_order(rows: list[Row], target: Target) -> list[Row]:
+    """A column's rows with its reference first, so every later cell can show its Δ at once."""
+    first = reference_of(rows[0], rows, target)
+    return sorted(rows, key=lambda r: (r.label != first, r.rewritten_from is not None))
+
+
+def score_matrix(run: dict, rows: list[Row], targets: list[Target], tasks: list, args, out: Path, clients) -> None:
+    """Every cell, column by column; transfer.json rewritten after each."""
+    total, done = len(rows) * len(targets), 0
+    for target in targets:
+        client = clients[target.label]
+        retriever = retriever_from_args(args, client, args.api_key)
+        rewards: dict[str, list[float]] = {}
+        for row in column_order(rows, target):
+            done += 1
+            reference = reference_of(row, rows, target)
+            if target.label in row.unparsed:
+                run["cells"].append(cell_record(row, target, reference, None, None, None))
+                log(f"[{done}/{total}] {row.label} on {target.label}: not scored (the rewrite did not parse)")
+                continue
+            started = time.time()
+            trajectories, summary, rewards[row.label] = score_cell(client, tasks, row.skills_for[target.label],
+                                                                   args, retriever)
+            write_jsonl_atomic(out / "trajectories" / target.label / f"{row.label}.jsonl",
+                               [t.to_json() for t in trajectories])
+            cell = cell_record(row, target, reference, summary, rewards[row.label], rewards.get(reference))
+            run["cells"].append(cell)
+            write_json_atomic(out / "transfer.json", run)
+            log(f"[{done}/{total}] {row.label} on {target.label}: {cell_text(cell)}  {time.time() - started:.1f}s")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The table
+
+def cell_text(cell: dict) -> str:
+    if cell["status"] != "scored":
+        return "– (the rewrite did not parse)"
+    lo, hi = cell["ci95"]
+    text = f"{cell['success']:.2f} ({lo:.2f}–{hi:.2f})"
+    if cell["errors"]:
+        text += f" [{cell['errors']} errors]"
+    d = cell["paired"]
+    if d is None:
+        return text + " · reference"
+    return text + f" · Δ {d['diff']:+.2f}, +{d['gained']}/−{d['lost']}, p {d['p']:.3g}"
+
+
+def column_note(run: dict, target: dict) -> str:
+    """What a column's plain rows are paired against."""
+    plain = [r["label"] for r in run["libraries"] if r["rewritten_from"] is None]
+    if target["label"] in plain:
+        return f"Δ vs {target['label']} (own)"
+    return f"Δ vs {plain[0]} (first library: none labelled {target['label']})"
+
+
+def matrix_table(run: dict) -> str:
+    """table.md: libraries × targets, the best success of each column in bold."""
+    cells = {(c["library"], c["target"]): c for c in run["cells"]}
+    targets = run["targets"]
+    best = {t["label"]: max((c["success"] for c in run["cells"] if c["target"] == t["label"]
+                             and c["success"] is not None), default=None) for t in targets}
+    lines = [f"Success on {run['n_tasks']} held-out {run['suite_name']} tasks (95% Wilson interval) · Δ = paired "
+             f"difference to the column's reference on the same tasks: Δ success, tasks gained/lost, exact sign "
+             f"test p{'; a +rw row is paired against its input library' if run['rewriter'] else ''}.", "",
+             "| library \\ target | " + " | ".join(f"{t['label']} · {column_note(run, t)}" for t in targets) + " |",
+             "|---|" + "---|" * len(targets)]
+    for row in run["libraries"]:
+        texts = []
+        for t in targets:
+            cell = cells.get((row["label"], t["label"]))
+            text = cell_text(cell) if cell else "(not run)"
+            bold = cell and cell["success"] is not None and cell["success"] == best[t["label"]]
+            texts.append(f"**{text}**" if bold else text)
+        lines.append(f"| {row['label']} | " + " | ".join(texts) + " |")
+    lines += ["", *(f"- target {t['label']}: {t['url'] or 'embedded ' + t['spec']}, model {t['model']}"
+                    for t in targets),
+              *(f"- library {r['label']}: {r['spec']}" for r in run["libraries"])]
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The command
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=PROG, formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="The transfer matrix: score every skill library (rows) on every target model (columns) on "
+                    "the same held-out tasks; success with a 95% Wilson interval, and per cell the paired "
+                    "difference to the column's own library (gained/lost tasks, exact sign test p).",
+        epilog=f"example:\n  {PROG} --suite qa --libraries base=builtin evolved=runs/masa-qa/library \\\n"
+               "      --targets f32=smollm2-135m int8=smollm2-135m:int8\n\n"
+               "LABEL=VALUE: a target's own library is the library with its label (else the first library).\n"
+               "Equations, outputs and the --rewriter rows: see the module docstring (minskill/transfer.py).")
+    p.add_argument("--libraries", nargs="+", required=True, metavar="[LABEL=]PATH",
+                   help="skill libraries: an Agent Skills folder, a MASA .json, builtin (the suite's base "
+                        "skills) or none (no system prompt)")
+    p.add_argument("--targets", nargs="+", required=True, metavar="[LABEL=]SPEC",
+                   help="target models: http(s)://HOST:PORT/v1, or an embedded model spec (smollm2-135m, an HF "
+                        "folder) with an optional :int8 or :auto suffix")
+    p.add_argument("--target-model", nargs="+", default=None, metavar="LABEL=NAME",
+                   help="the model name to ask a URL target for (default: the first it lists)")
+    p.add_argument("--api-key", default=None, help="API key of the URL targets (default $OPENAI_API_KEY)")
+    p.add_argument("--suite", default="qa", help="qa | household | webwalk | PATH.jsonl (default qa)")
+    p.add_argument("--n-heldout", type=int, default=40, help="held-out tasks (evolve_masa.py's; default 40)")
+    p.add_argument("--task-seed", type=int, default=0, help="seed of the generated suite (default 0)")
+    p.add_argument("--max-tokens", type=int, default=128, help="reply budget per task (evolve_masa.py's; 128)")
+    p.add_argument("--skill-max-tokens", type=int, default=1024, help="token budget of the rendered skills")
+    p.add_argument("--seed", type=int, default=0, help="seed sent with each request (greedy: no effect)")
+    add_retrieval_args(p.add_argument_group("retrieval (minskill.retrieval)"))
+    g = p.add_argument_group("--rewriter: also score each library rewritten for each target (MASA stage 2)")
+    g.add_argument("--rewriter", default=None, metavar="CKPT", help="a rewrite.py train --out folder or HF folder")
+    g.add_argument("--model-card", nargs="+", default=None, metavar="LABEL=PATH",
+                   help="a target's model card: JSON/YAML file, checkpoint folder or model spec (default for "
+                        "an embedded target: its spec's card)")
+    g.add_argument("--task", default=None, help="task description given to the rewriter (default: the suite's)")
+    g.add_argument("--rewriter-max-tokens", type=int, default=1536, help="reply budget of the rewriter")
+    g.add_argument("--device", default=None, help="the rewriter's device (default cuda when available)")
+    g = p.add_argument_group("run")
+    g.add_argument("--concurrency", type=int, default=16, help="requests in flight per target")
+    g.add_argument("--timeout", type=float, default=600.0, help="seconds one reply may take")
+    g.add_argument("--startup-timeout", type=float, default=600.0, help="seconds to wait for an embedded server")
+    g.add_argument("--out", default=None, help="output folder (default runs/transfer-TIME)")
+    g.add_argument("--overwrite", action="store_true", help="replace what a non-empty --out holds")
+    return p
+
+
+def set_up(args) -> tuple[list[Library], list[Target], list, Path]:
+    """Everything checked before any model starts: libraries, targets (and cards), tasks, the folder."""
+    tasks = load_tasks(args)
+    libraries = [load_library(x, args.suite) for x in args.libraries]
+    unique([lib.label for lib in libraries], "--libraries")
+    clash = next((lib.label for lib in libraries if args.rewriter and lib.label.endswith(REWRITTEN)), None)
+    if clash:
+        raise TransferError(f"--libraries: the label {clash!r} ends with {REWRITTEN!r}, which names the "
+                            f"rewriter's rows; choose another label")
+    targets = load_targets(args)
+    try:
+        check_retrieval_args(args)
+    except RetrievalError as e:
+        raise TransferError(str(e)) from None
+    out = Path(args.out or f"runs/transfer-{time.strftime('%Y%m%d-%H%M%S')}")
+    try:
+        check_run_folder(out, False, args.overwrite, PROG)
+    except SystemExit as e:
+        raise TransferError(str(e).removeprefix(f"{PROG}: ")) from None
+    return libraries, targets, tasks, out
+
+
+def run_record(args, rows: list[Row], libraries: list[Library], targets: list[Target], tasks: list, argv) -> dict:
+    specs = {lib.label: lib.spec for lib in libraries}
+    return {"version": 1, "kind": "transfer", "complete": False, "suite": args.suite,
+            "suite_name": suite_name(args.suite), "split": "heldout", "task_seed": args.task_seed,
+            "n_tasks": len(tasks), "task_ids": [t.id for t in tasks], "task_types": [t.type for t in tasks],
+            "questions": [str(t.question)[:300] for t in tasks], "rewriter": args.rewriter,
+            "libraries": [{"label": r.label, "spec": specs.get(r.label, f"{args.rewriter} on {r.rewritten_from}"),
+                           "rewritten_from": r.rewritten_from} for r in rows],
+            "targets": [{"label": t.label, "spec": t.spec, "url": t.url, "model_spec": t.model_spec,
+                         "quantize": t.quantize, "model": t.model, "card": t.card} for t in targets],
+            "cells": [], "max_tokens": args.max_tokens, "retrieve": args.retrieve,
+            "command": f"{PROG} " + " ".join(argv)}
+
+
+def main(argv=None) -> int:
+    global STARTED
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if threading.current_thread() is threading.main_thread():   # `kill` / `timeout`: stop the servers too
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    try:
+        libraries, targets, tasks, out = set_up(args)
+    except TransferError as e:
+        parser.error(str(e))
+    out, STARTED = open_run_folder(out, False, args.overwrite, PROG), time.time()
+    rows = [Row(lib.label, {t.label: lib.skills for t in targets}) for lib in libraries]
+    if args.rewriter:
+        rows += rewritten_rows(args, libraries, targets, out)
+    log(f"transfer matrix -> {out}: {len(rows)} libraries × {len(targets)} targets on {len(tasks)} held-out "
+        f"{suite_name(args.suite)} tasks")
+    try:
+        with connect(targets, args) as clients:
+            run = run_record(args, rows, libraries, targets, tasks, argv)
+            score_matrix(run, rows, targets, tasks, args, out, clients)
+    except (ChatError, RetrievalError, RuntimeError) as e:   # an endpoint or server that keeps failing
+        log(f"FAILED: {e}")
+        return 1
+    run.update(complete=True, seconds=round(time.time() - STARTED, 1))
+    write_json_atomic(out / "transfer.json", run)
+    table = matrix_table(run)
+    write_text_atomic(out / "table.md", table + "\n")
+    print(table)
+    print(f"\nwrote {out}/transfer.json, table.md, trajectories/ (report: python -m minskill.report {out})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

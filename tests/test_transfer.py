@@ -1,0 +1,303 @@
+"""The transfer matrix (minskill/transfer.py) and its report page (minskill/report_transfer.py), with scripted
+targets behind the real HTTP server (minskill.server.ScriptedBackend on loopback).
+
+The scripted targets prefer different skills, the model-dependence effect of the MASA paper: target `alpha`
+solves held-out task i (of 10) under library alpha for i < 8, under library beta for i < 2, with no skill for
+i in {0, 8, 9}; target `beta` solves i < 9 under beta, i < 3 under alpha, i < 4 with none; target `other`
+(no library of its label: paired against the first library) answers like `beta`. So the matrix must cross:
+alpha is best on target alpha, beta on targets beta and other. Every number below is worked out by hand
+from those sets in the comments next to it.
+"""
+import contextlib
+import io
+import json
+import re
+import sys
+from contextlib import redirect_stderr, redirect_stdout
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from minskill import transfer  # noqa: E402
+from minskill.report_transfer import load_transfer, render_transfer  # noqa: E402
+from minskill.server import ScriptedBackend, start_server  # noqa: E402
+from minskill.skillsets import SkillSet  # noqa: E402
+from test_evolve_masa import skill  # noqa: E402
+from test_report import CHROMIUM, XSS, assert_self_contained_and_escaped, browse  # noqa: E402
+from test_rewrite import TASK, files, trained  # noqa: E402,F401  (fixtures: a tiny rewriter trained by SFT)
+from tiny import make_tiny_model_dir  # noqa: E402
+
+SOLVES = {"alpha": {"ALPHA-TIP": set(range(8)), "BETA-TIP": {0, 1}, None: {0, 8, 9}},
+          "beta": {"BETA-TIP": set(range(9)), "ALPHA-TIP": {0, 1, 2}, None: {0, 1, 2, 3}}}
+
+
+def scripted_target(prefers: str):
+    def answer(messages, request):
+        system = messages[0]["content"] if messages[0]["role"] == "system" else ""
+        i = int(re.search(r"item (\d+)", messages[-1]["content"]).group(1))
+        tip = next((k for k in ("ALPHA-TIP", "BETA-TIP") if k in system), None)
+        return f"Answer: {100 + i}" if i in SOLVES[prefers][tip] else "I am not sure, maybe 1."
+    return answer
+
+
+def run_main(argv) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        try:
+            code = transfer.main([str(a) for a in argv])
+        except SystemExit as e:      # argparse's errors
+            code = e.code
+    return code, out.getvalue(), err.getvalue()
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("transfer")
+    suite = tmp / "codes.jsonl"
+    lines = [{"id": f"code-{i}", "type": "code", "split": "heldout", "answer": str(100 + i),
+              "question": f"What is the code of item {i}?" + (f" {XSS}" if i == 5 else "")} for i in range(10)]
+    lines += [{"id": f"train-{i}", "type": "code", "split": "train", "answer": "1",
+               "question": f"What is the code of item {i}?"} for i in range(10, 14)]
+    suite.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    SkillSet(general=[skill("alpha-tip", "ALPHA-TIP: answer with 'Answer: N'.")]).save_json(tmp / "alpha.json")
+    SkillSet(general=[skill("beta-tip", "BETA-TIP: look the code up.")]).save(tmp / "runs" / "beta" / "library")
+    servers = {name: start_server(ScriptedBackend(scripted_target(prefers), name=name))
+               for name, prefers in (("alpha-model", "alpha"), ("beta-model", "beta"), (XSS, "beta"))}
+    yield {"tmp": tmp, "suite": suite, "urls": {k: s.url for k, s in servers.items()}}
+    for server in servers.values():
+        server.close()
+
+
+@pytest.fixture(scope="module")
+def matrix(env):
+    out = env["tmp"] / "matrix"
+    urls = env["urls"]
+    code, stdout, stderr = run_main([
+        "--suite", env["suite"], "--n-heldout", 10, "--libraries", f"alpha={env['tmp'] / 'alpha.json'}",
+        env["tmp"] / "runs" / "beta" / "library", "none",
+        "--targets", f"alpha={urls['alpha-model']}", f"beta={urls['beta-model']}", f"other={urls[XSS]}",
+        "--target-model", "alpha=alpha-model", "--concurrency", 4, "--out", out])
+    assert code == 0, stderr
+    return out, stdout, stderr
+
+
+def cells_of(out: Path) -> dict:
+    run = json.loads((out / "transfer.json").read_text())
+    return {(c["library"], c["target"]): c for c in run["cells"]}
+
+
+def test_the_matrix_crosses_and_every_number_is_the_hand_computed_one(matrix):
+    out, stdout, stderr = matrix
+    run = json.loads((out / "transfer.json").read_text())
+    assert run["complete"] and [r["label"] for r in run["libraries"]] == ["alpha", "beta", "none"]
+    assert [t["label"] for t in run["targets"]] == ["alpha", "beta", "other"]
+    assert [t["model"] for t in run["targets"]] == ["alpha-model", "beta-model", XSS]   # asked for / listed
+    assert run["task_ids"] == [f"code-{i}" for i in range(10)]
+    cells = cells_of(out)
+    success = {k: c["success"] for k, c in cells.items()}
+    assert success == {("alpha", "alpha"): 0.8, ("beta", "alpha"): 0.2, ("none", "alpha"): 0.3,
+                       ("alpha", "beta"): 0.3, ("beta", "beta"): 0.9, ("none", "beta"): 0.4,
+                       ("alpha", "other"): 0.3, ("beta", "other"): 0.9, ("none", "other"): 0.4}
+    # the crossing: each target's best library is a different one
+    best = {t: max(("alpha", "beta", "none"), key=lambda lib: success[(lib, t)]) for t in ("alpha", "beta")}
+    assert best == {"alpha": "alpha", "beta": "beta"}
+    # Wilson 8/10: (0.8 + 3.8416/20 ± 1.96·sqrt(0.016 + 3.8416/400)) / 1.38416 = 0.4902 .. 0.9433
+    assert cells[("alpha", "alpha")]["ci95"] == pytest.approx([0.4902, 0.9433], abs=1e-4)
+    assert cells[("alpha", "alpha")]["rewards"] == [1.0] * 8 + [0.0] * 2
+    # own libraries are the references; `other` has none, so it is paired against the first library (alpha)
+    assert {k: c["reference"] for k, c in cells.items() if k[1] == "other"} == {(lib, "other"): "alpha" for lib in
+                                                                               ("alpha", "beta", "none")}
+    assert cells[("alpha", "alpha")]["paired"] is None and cells[("beta", "beta")]["paired"] is None
+    expected = {   # (Δ, gained, lost, p): p = min(1, 2·Σ_{i ≤ min(g, l)} C(g + l, i) / 2^(g + l))
+        ("beta", "alpha"): (-0.6, 0, 6, 2 / 64),            # lost 2..7
+        ("none", "alpha"): (-0.5, 2, 7, 2 * (1 + 9 + 36) / 512),   # gained 8, 9; lost 1..7
+        ("alpha", "beta"): (-0.6, 0, 6, 2 / 64),            # lost 3..8
+        ("none", "beta"): (-0.5, 0, 5, 2 / 32),             # lost 4..8
+        ("beta", "other"): (0.6, 6, 0, 2 / 64),             # gained 3..8
+        ("none", "other"): (0.1, 1, 0, 1.0)}                # gained 3: m = 1, p = min(1, 2·1/2)
+    for key, (diff, gained, lost, p) in expected.items():
+        d = cells[key]["paired"]
+        assert (d["diff"], d["gained"], d["lost"], d["p"]) == (pytest.approx(diff), gained, lost, pytest.approx(p)), key
+
+
+def test_the_table_trajectories_and_progress(matrix, env):
+    out, stdout, stderr = matrix
+    table = (out / "table.md").read_text()
+    assert table.strip() == stdout.split("\nwrote ")[0].strip()
+    header = next(line for line in table.splitlines() if line.startswith("| library"))
+    assert "| alpha · Δ vs alpha (own) |" in header
+    assert "| other · Δ vs alpha (first library: none labelled other) |" in header
+    row = next(line for line in table.splitlines() if line.startswith("| beta |"))
+    assert "| 0.20 (0.06–0.51) · Δ -0.60, +0/−6, p 0.0312 |" in row     # Wilson 2/10; p = 2/64
+    assert "**0.90 (0.60–0.98) · reference**" in row            # the best of column beta, in bold
+    # trajectories per cell: the library reached the system prompt, none means no system message
+    trajs = [json.loads(x) for x in (out / "trajectories" / "alpha" / "beta.jsonl").read_text().splitlines()]
+    assert len(trajs) == 10 and "BETA-TIP" in trajs[0]["messages"][0]["content"]
+    none = json.loads((out / "trajectories" / "beta" / "none.jsonl").read_text().splitlines()[0])
+    assert none["messages"][0]["role"] == "user"
+    assert len(re.findall(r"\[\d/9\] ", stderr)) == 9 and "[9/9]" in stderr
+
+
+def test_report_page_draws_the_heat_map_with_every_run_string_escaped(matrix, tmp_path):
+    out = matrix[0]
+    run = load_transfer(out)
+    text = render_transfer(run)
+    assert_self_contained_and_escaped(text)          # the XSS model name and task question: escaped
+    svg = text[text.index("<svg"):text.index("</svg>")]
+    assert svg.count("<rect") == 9 + 3 + 10           # 9 cells, 3 best-of-column borders, the legend's 10 steps
+    assert "Δ -0.60  +0/−6  p 0.031" in svg and "Δ +0.60  +6/−0  p 0.031" in svg
+    assert svg.count(">reference<") == 3 and ">0.80<" in svg and ">0.90<" in svg
+    assert "code-5: What is the code of item 5? &lt;script&gt;" in text      # gained/lost task lists
+    # an interrupted run says which cells are missing
+    data = json.loads((out / "transfer.json").read_text())
+    data.update(complete=False, cells=data["cells"][:4])
+    partial = render_transfer({"kind": "transfer", "folder": "x", "files": ["transfer.json"], "transfer": data})
+    assert "5 of 9 cells" in partial and "not run" in partial
+
+
+def test_a_folder_without_transfer_json_is_not_a_run(tmp_path):
+    from minskill.provenance import NotARun
+    with pytest.raises(NotARun, match="transfer.json"):
+        load_transfer(tmp_path)
+    (tmp_path / "transfer.json").write_text('{"libraries": []}')
+    with pytest.raises(NotARun, match="not a transfer matrix"):
+        load_transfer(tmp_path)
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no headless Chromium (Debian: apt-get install chromium)")
+def test_the_page_loads_in_chromium_without_console_errors(matrix, tmp_path):
+    page = tmp_path / "transfer.html"
+    page.write_text(render_transfer(load_transfer(matrix[0])), encoding="utf-8")
+    console = browse(page, tmp_path / "transfer.png", tmp_path / "profile", 1400)
+    assert console == [], "\n".join(console)
+
+
+# ---------------------------------------------------------------------------------------------- arguments
+
+def test_labels_and_specs():
+    assert transfer.split_label("f32=runs/x", "--libraries") == ("f32", "runs/x")
+    assert transfer.split_label("http://h:1/v1?a=b", "--targets") == (None, "http://h:1/v1?a=b")
+    t = transfer.parse_target("smollm2-135m:int8")
+    assert (t.label, t.model_spec, t.quantize, t.url) == ("smollm2-135m-int8", "smollm2-135m", "int8", None)
+    t = transfer.parse_target("http://127.0.0.1:8000/v1/")
+    assert (t.label, t.url, t.model_spec) == ("127.0.0.1-8000", "http://127.0.0.1:8000/v1", None)
+    lib = transfer.load_library("builtin", "qa")
+    assert lib.label == "builtin" and lib.skills.general       # the suite's base skills
+    assert transfer.load_library("none", "qa").skills is None
+
+
+@pytest.mark.parametrize("extra, names", [
+    (["--libraries", "bad label=x"], "'bad label' is not a label"),
+    (["--libraries", "a=/no/such/folder"], "--libraries 'a=/no/such/folder': no such folder"),
+    (["--libraries", "x=builtin", "x=none"], "the label 'x' is given twice"),
+    (["--targets", "m=not-a-model"], "--targets 'm=not-a-model'"),
+    (["--targets", "m=smollm2-135m", "--target-model", "m=foo"], "a model name is for a URL target"),
+    (["--target-model", "zz=foo"], "--target-model 'zz=foo'"),
+    (["--model-card", "t=card.json"], "--model-card is for --rewriter"),
+    (["--rewriter", "ckpt"], "give its model card with --model-card t=PATH"),
+    (["--suite", "nope"], "--suite nope"),
+])
+def test_bad_arguments_exit_2_naming_the_argument(extra, names, tmp_path):
+    argv = ["--libraries", "builtin", "--targets", "t=http://127.0.0.1:9/v1", "--out", tmp_path / "o"]
+    for flag in ("--libraries", "--targets"):      # `extra` replaces the default of its flag
+        if flag in extra:
+            i = argv.index(flag)
+            del argv[i:i + 2]
+    code, _, stderr = run_main(argv + extra)
+    assert code == 2 and names in stderr, stderr
+    assert not (tmp_path / "o").exists()            # nothing written
+
+
+def test_a_non_empty_out_is_refused_without_overwrite(env, tmp_path):
+    (tmp_path / "keep.txt").write_text("mine")
+    argv = ["--suite", env["suite"], "--n-heldout", 2, "--libraries", "none",
+            "--targets", f"a={env['urls']['alpha-model']}", "--out", tmp_path]
+    code, _, stderr = run_main(argv)
+    assert code == 2 and "--overwrite" in stderr and (tmp_path / "keep.txt").exists()
+    code, _, stderr = run_main(argv + ["--overwrite"])
+    assert code == 0, stderr
+    assert not (tmp_path / "keep.txt").exists() and cells_of(tmp_path)[("none", "a")]["success"] == 0.5  # tasks 0, 1: solves 0
+
+
+# ---------------------------------------------------------------------------------------------- embedded targets
+
+def test_embedded_targets_get_one_server_per_distinct_spec_stopped_at_the_end(env, tmp_path, monkeypatch):
+    model = make_tiny_model_dir(tmp_path / "tiny", family="llama", chat_format="chatml")
+    started = []
+    real = transfer.embedded_client
+
+    @contextlib.contextmanager
+    def counting(*args, **kwargs):           # the real embedded server; remembers each one started
+        with real(*args, **kwargs) as client:
+            if kwargs.get("url") is None:
+                started.append((kwargs["model_spec"], kwargs["quantize"], client.server_process))
+            yield client
+    monkeypatch.setattr(transfer, "embedded_client", counting)
+    out = tmp_path / "out"
+    code, stdout, stderr = run_main(["--suite", env["suite"], "--n-heldout", 2, "--max-tokens", 2, "--libraries",
+                                     "none", "--targets", f"a={model}", f"b={model}:none", f"q={model}:int8",
+                                     "--out", out])
+    assert code == 0, stderr
+    assert [(spec, q) for spec, q, _ in started] == [(str(model), "none"), (str(model), "int8")]  # a, b share one
+    assert all(process.poll() is not None for _, _, process in started)     # every server stopped
+    run = json.loads((out / "transfer.json").read_text())
+    targets = {t["label"]: t for t in run["targets"]}
+    assert targets["a"]["model"] == targets["b"]["model"] and targets["q"]["model"].endswith("-int8")
+    assert [targets[k]["quantize"] for k in "abq"] == ["none", "none", "int8"]
+    assert len(run["cells"]) == 3 and all(c["n"] == 2 for c in run["cells"])
+
+
+# ---------------------------------------------------------------------------------------------- --rewriter
+
+def rewriter_target(messages, request):
+    """Solves a task only under the skills the tiny rewriter was trained to write ("Carry the one.")."""
+    system = messages[0]["content"] if messages[0]["role"] == "system" else ""
+    i = int(re.search(r"item (\d+)", messages[-1]["content"]).group(1))
+    return f"Answer: {100 + i}" if "Carry the one." in system else "I am not sure."
+
+
+def test_rewriter_rows_are_paired_against_their_input(env, trained, files, tmp_path):
+    out = tmp_path / "rw"
+    with start_server(ScriptedBackend(rewriter_target, name="rw-target")) as server:
+        code, stdout, stderr = run_main([
+            "--suite", env["suite"], "--n-heldout", 4, "--libraries", f"empty={files['skills']}",
+            "--targets", f"t={server.url}", "--rewriter", trained[0], "--model-card", f"t={files['card']}",
+            "--task", TASK, "--rewriter-max-tokens", 40, "--device", "cpu", "--out", out])
+    assert code == 0, stderr
+    cells = cells_of(out)
+    assert cells[("empty", "t")]["success"] == 0.0 and cells[("empty+rw", "t")]["success"] == 1.0
+    d = cells[("empty+rw", "t")]["paired"]
+    assert cells[("empty+rw", "t")]["reference"] == "empty" and (d["gained"], d["lost"], d["p"]) == (4, 0, 0.125)
+    assert SkillSet.load(out / "rewritten" / "t" / "empty").common_mistakes == ["Carry the one."]
+    assert "a +rw row is paired against its input library" in stdout
+
+
+def test_a_rewrite_that_does_not_parse_leaves_its_cell_unscored(env, files, tmp_path):
+    out = tmp_path / "garbled"
+    with start_server(ScriptedBackend(rewriter_target, name="rw-target")) as server:
+        code, stdout, stderr = run_main([
+            "--suite", env["suite"], "--n-heldout", 2, "--libraries", f"empty={files['skills']}",
+            "--targets", f"t={server.url}", "--rewriter", files["base"], "--model-card", f"t={files['card']}",
+            "--task", TASK, "--rewriter-max-tokens", 8, "--device", "cpu", "--out", out])
+    assert code == 0, stderr
+    cell = cells_of(out)[("empty+rw", "t")]
+    assert cell["status"] == "not parsed" and cell["success"] is None and cell["note"]
+    assert (out / "rewritten" / "t" / "empty.raw.txt").is_file() and not (out / "rewritten" / "t" / "empty").exists()
+    assert "– (the rewrite did not parse)" in stdout
+    page = render_transfer(load_transfer(out))
+    assert "rewrite did not parse" in page
+
+
+def test_keyword_retrieval_reaches_every_cell(env, tmp_path):
+    out = tmp_path / "retrieved"
+    code, stdout, stderr = run_main(["--suite", env["suite"], "--n-heldout", 10, "--libraries",
+                                     f"alpha={env['tmp'] / 'alpha.json'}", "--targets",
+                                     f"alpha={env['urls']['alpha-model']}", "--retrieve", "keyword",
+                                     "--top-k-general", 0, "--out", out])
+    assert code == 0, stderr
+    # top-k 0 general skills: the tip is never retrieved, so target alpha scores as with no skill ({0, 8, 9})
+    assert cells_of(out)[("alpha", "alpha")]["success"] == 0.3
+    assert json.loads((out / "transfer.json").read_text())["retrieve"] == "keyword"
