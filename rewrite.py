@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 
 from minskill import sft
-from minskill.client import ChatClient
+from minskill.client import ChatClient, usage_delta
 from minskill.lora import BASE_DTYPES, add_lora_arguments, apply_lora, lora_settings
 from minskill.masa import one_shot_rewrite
 from minskill.model_card import as_model_card, model_card_from_config, read_card_file
@@ -254,8 +254,10 @@ def cmd_apply(args) -> int:
     started = time.perf_counter()
     text, finish_reason = rewrite_with_model(model, tokenizer, card, skills, args.task, args.max_new_tokens,
                                              args.temperature, args.seed)
-    print(f"rewriter {rewriter_path}: {len(tokenizer.encode(text))} tokens in "
-          f"{time.perf_counter() - started:.1f}s (finish: {finish_reason})", file=sys.stderr)
+    rewriter_cost = {"calls": 1, "completion_tokens": len(tokenizer.encode(text)),
+                     "wall_seconds": time.perf_counter() - started, "finish_reason": finish_reason}
+    print(f"rewriter {rewriter_path}: {rewriter_cost['completion_tokens']} tokens in "
+          f"{rewriter_cost['wall_seconds']:.1f}s (finish: {finish_reason})", file=sys.stderr)
     del model
     raw_path = out.parent / f"{out.name}.raw.txt"
     rewritten = None
@@ -272,12 +274,15 @@ def cmd_apply(args) -> int:
         print(f"wrote {len(rewritten.general)} general + {n_task} task-specific skills and "
               f"{len(rewritten.common_mistakes)} common mistakes to {out}")
     if args.compare:
-        return compare(args, card, skills, rewritten)
+        return compare(args, card, skills, rewritten, rewriter_cost)
     return 0
 
 
-def compare(args, card: dict, skills, rewritten) -> int:
-    """Evaluate input, rewritten and teacher one-shot skills on the suite; print one table."""
+def compare(args, card: dict, skills, rewritten, rewriter_cost: dict | None = None) -> int:
+    """Evaluate input, rewritten and teacher one-shot skills on the suite; print one table. compare.json records
+    the cost per role: the task model's and the teacher's calls, tokens and seconds (client.Usage, measured
+    apart also when one endpoint serves both: the two phases run one after the other) and the rewriter's
+    generated tokens and seconds (`rewriter_cost`, from cmd_apply; a local model: no call over HTTP)."""
     if not args.suite:
         print("rewrite.py apply --compare needs --suite", file=sys.stderr)
         return 1
@@ -292,9 +297,11 @@ def compare(args, card: dict, skills, rewritten) -> int:
             teacher_client = ChatClient(args.teacher_url, model=args.teacher_model, api_key=args.api_key)
         else:
             teacher_client = task_client     # one embedded server (or the --task-url one) serves both
+        costs, (u0, t0) = {"rewriter": rewriter_cost}, (teacher_client.usage, time.perf_counter())
         teacher, teacher_raw = teacher_oneshot_rewrite(teacher_client, card, skills, args.task,
                                                        attempts=args.teacher_attempts,
                                                        max_tokens=args.max_new_tokens, seed=args.seed)
+        costs["teacher (one-shot)"] = {**usage_delta(teacher_client.usage, u0), "wall_seconds": time.perf_counter() - t0}
         if teacher is not None:
             save_skills_validated(teacher, report_dir / "teacher_oneshot")
         else:
@@ -302,6 +309,7 @@ def compare(args, card: dict, skills, rewritten) -> int:
             log(f"teacher one-shot rewrite: no parseable reply in {args.teacher_attempts} attempts "
                 f"(last reply saved to {report_dir / 'teacher_oneshot.raw.txt'})")
         rows, results = [], {}
+        u0, t0 = task_client.usage, time.perf_counter()
         retriever = retriever_from_args(args, task_client, args.api_key)   # None: --retrieve none
         for name, variant in (("input", skills), ("rewritten", rewritten), ("teacher one-shot", teacher)):
             if variant is None:
@@ -314,11 +322,13 @@ def compare(args, card: dict, skills, rewritten) -> int:
             summary = summarize(trajectories, lam_nh=args.lam_nh)
             rows.append((name, summary, ""))
             results[name] = summary
+        costs["task model"] = {**usage_delta(task_client.usage, u0), "wall_seconds": time.perf_counter() - t0}
     table = _table(rows)
     write_text_atomic(report_dir / "compare.json", json.dumps(
         {"suite": args.suite, "split": args.split, "n_tasks": len(tasks), "task_url": args.task_url,
          "task_model": args.task_model or (None if args.task_url else args.model_spec),
-         "rewriter": args.rewriter, "task": args.task, "results": results, "table": table}, indent=2) + "\n")
+         "rewriter": args.rewriter, "task": args.task, "results": results, "table": table, "costs": costs},
+        indent=2) + "\n")
     print(table)
     print(f"\n(details in {report_dir})")
     return 0

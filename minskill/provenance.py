@@ -11,10 +11,16 @@ run folder by the files it holds and reads them, with errors naming the file (an
     masa           evolve_masa.py                  state.json (every candidate: skills, parent, reward, metrics,
                                                    attribution, failures; the climb; the trees), run.json,
                                                    results.json (held-out), model_card.json
-    compare        rewrite.py apply --compare      compare.json, trajectories-*.jsonl, teacher_oneshot/
+    skill-r1-eval  train_grpo.py --eval            eval.json (skill_r1_eval.eval_record: the rows, per-task scores,
+                                                   the skills written per instance, the paired table, costs)
+    compare        rewrite.py apply --compare      compare.json (with `costs` per role), trajectories-*.jsonl,
+                                                   teacher_oneshot/
     rewriter       rewrite.py train                metrics.jsonl (loss per step), run_config.json
 
-`train_grpo.py --eval` prints its table and writes no folder, so it has no report yet.
+The cost per role is what the runs record with minskill/client.py's Usage (calls, prompt and completion
+tokens, summed request seconds, busy wall seconds): MASA's run.json / state.json `usage` (target and teacher,
+the target's cache hits apart), a Skill-R1 metrics row's task_* and seconds_* fields, eval.json's and
+compare.json's `costs`. Folders written before a field existed lack it; the report says so.
 
 Derived here, from recorded data only:
 
@@ -45,8 +51,8 @@ Skill-R1 lineage (`lineage_records`, one JSON line per instance and training ste
      "editor_prompts": [{"generation", "current", "history": [ids, newest first], "prompt_tokens",
                          "outcomes_per_entry"}]}
 
-train_grpo.py writes no lineage.jsonl today; the report then says so. Recording it is one call per step
-after metrics_row: `for r in lineage_records(step, evolutions): append_jsonl(OUT / "lineage.jsonl", r)`.
+train_grpo.py's log_step appends these records every step; a run folder from before it did has no
+lineage.jsonl, and the report then says so.
 The history is what the prompt offered: editor_messages drops the oldest entries when the prompt would
 exceed --context-tokens, which `prompt_tokens` lets a reader judge.
 """
@@ -78,13 +84,15 @@ def detect_kind(folder: Path) -> str:
         return "masa"
     if (folder / "compare.json").is_file():
         return "compare"
+    if (folder / "eval.json").is_file():
+        return "skill-r1-eval"
     if (folder / "metrics.jsonl").is_file():
         return "rewriter" if (folder / "run_config.json").is_file() else "skill-r1"
     held = sorted(p.name for p in folder.iterdir())
     shown = ", ".join(held[:8]) + (", ..." if len(held) > 8 else "") if held else "nothing"
     raise NotARun(f"{folder}: not a run folder: expected metrics.jsonl (train_grpo.py training, rewrite.py train), "
-                  f"state.json (evolve_masa.py) or compare.json (rewrite.py apply --compare); it holds {shown}. "
-                  f"(train_grpo.py --eval writes no folder: it prints its table.)")
+                  f"eval.json (train_grpo.py --eval), state.json (evolve_masa.py) or compare.json (rewrite.py "
+                  f"apply --compare); it holds {shown}.")
 
 
 def read_rows(path: Path, required: tuple[str, ...]) -> list[dict]:
@@ -120,7 +128,7 @@ def load_run(folder: str | Path) -> dict:
     folder = Path(folder)
     kind = detect_kind(folder)
     loader = {"skill-r1": _load_skill_r1, "masa": _load_masa, "compare": _load_compare,
-              "rewriter": _load_rewriter}[kind]
+              "rewriter": _load_rewriter, "skill-r1-eval": _load_eval}[kind]
     return {"kind": kind, "folder": str(folder), **loader(folder)}
 
 
@@ -172,6 +180,15 @@ def _load_compare(folder: Path) -> dict:
     raw = folder / "teacher_oneshot.raw.txt"
     return {"files": files, "compare": compare, "trajectories": trajectories,
             "teacher_raw": raw.read_text(encoding="utf-8", errors="replace") if raw.is_file() else None}
+
+
+def _load_eval(folder: Path) -> dict:
+    record = _json(folder / "eval.json")
+    if not isinstance(record, dict) or not isinstance(record.get("rows"), list) or \
+            not all(isinstance(r, dict) and {"name", "scores", "success"} <= set(r) for r in record["rows"]):
+        raise NotARun(f"{folder / 'eval.json'}: not a train_grpo.py --eval record (no 'rows' with name, scores "
+                      f"and success)")
+    return {"files": ["eval.json"], "eval": record}
 
 
 def _load_rewriter(folder: Path) -> dict:

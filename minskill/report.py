@@ -2,14 +2,17 @@
 
     python -m minskill.report RUN_DIR [-o report.html]       (default: RUN_DIR/report.html)
 
-RUN_DIR is a train_grpo.py training folder, an evolve_masa.py folder, a `rewrite.py apply --compare` folder or
-a `rewrite.py train` folder (minskill/provenance.py reads them; `train_grpo.py --eval` writes no folder). The
-page shows the reward and loss curves (minskill/plot.py's SVG), the cost per role, and the story of each edit:
-for Skill-R1 the skill lineage of every instance across generations (each skill diffed against its parent,
-with its reward and the tasks it gained and lost); for MASA the hill-climbing trajectory, each UCB1 tree drawn
-as a tree and every candidate with the teacher's failure attribution and the failed episodes that motivated
-it (minskill/report_masa.py); for --compare the three skill sets side by side. Whatever the run did not
-record is shown as "not recorded by this run", never guessed, and no model is run.
+RUN_DIR is a train_grpo.py training folder, a `train_grpo.py --eval` folder, an evolve_masa.py folder, a
+`rewrite.py apply --compare` folder or a `rewrite.py train` folder (minskill/provenance.py reads them). The
+page shows the reward and loss curves (minskill/plot.py's SVG), the cost per role (calls, tokens, seconds:
+client.Usage as the runs record it), and the story of each edit: for Skill-R1 the skill lineage of every
+instance across generations (each skill diffed against its parent, with its reward and the tasks it gained
+and lost); for --eval the table and paired table as printed and, per instance, the skills each editor wrote
+with their rewards and the tasks gained and lost against no skill; for MASA the hill-climbing trajectory,
+each UCB1 tree drawn as a tree and every candidate with the teacher's failure attribution and the failed
+episodes that motivated it (minskill/report_masa.py); for --compare the three skill sets side by side.
+Whatever the run did not record (e.g. a folder written before a field existed) is shown as "not recorded by
+this run", never guessed, and no model is run.
 
 The page is one file: inline CSS and inline SVG, no script, nothing fetched (a Content-Security-Policy of
 default-src 'none' makes a browser refuse anything else and say so in its console, which the test reads).
@@ -155,6 +158,25 @@ def cost_table(rows: list[list]) -> Safe:
                  numeric=(1, 2, 3))
 
 
+SECONDS_NOTE = ("seconds: wall seconds with a request of this role in flight; the summed request seconds of "
+                "concurrent calls exceed the wall time")
+
+
+def usage_row(role: str, usage: dict | None, note: str = "") -> list:
+    """A cost_table row from client.Usage counts (None: not recorded): calls, prompt + completion tokens, busy
+    seconds; the note adds the token split, the summed request seconds, failures and a phase's wall seconds."""
+    if not usage:
+        return [role, None, None, None, note]
+    parts = [note, f"{usage.get('prompt_tokens', 0)} prompt + {usage.get('completion_tokens', 0)} completion tokens",
+             f"Σ request seconds {usage.get('request_seconds', 0):.1f}"]
+    if usage.get("wall_seconds") is not None:
+        parts.append(f"phase wall seconds {usage['wall_seconds']:.1f}")
+    if usage.get("failures"):
+        parts.append(f"{usage['failures']} failed calls")
+    return [role, usage.get("calls", 0), usage.get("prompt_tokens", 0) + usage.get("completion_tokens", 0),
+            float(usage.get("busy_seconds", 0.0)), "; ".join(p for p in parts if p)]
+
+
 def flags_table(flags: dict | None, keys: tuple[str, ...]) -> Safe:
     """The run's flags as compact `--flag value` chips."""
     if not flags:
@@ -213,16 +235,33 @@ def skill_r1_costs(rows: list[dict]) -> Safe:
         values = [r[key] * (r[scale] if scale else 1) for r in rows if key in r and (scale is None or scale in r)]
         return sum(values) if values else None
     probes = [p for r in rows for p in r.get("probes") or []]
-    return join(tag("h2", "Cost per role"), cost_table([
+    split = split_task_seconds(rows)
+    probe_usage = [p["task_usage"] for p in probes if p.get("task_usage")]
+    task_row = (usage_row("task model (training rollouts)", {
+        "calls": total("task_calls"), "prompt_tokens": total("task_prompt_tokens"),
+        "completion_tokens": total("task_completion_tokens"), "request_seconds": total("task_request_seconds"),
+        "busy_seconds": total("task_seconds")}, SECONDS_NOTE) if split else
         ["task model (training rollouts)", total("task_calls"), total("task_tokens"), None,
-         "its seconds are not separate: they are in the editor's sampling row"],
-        ["editor: sampling + task rollouts", "n/a (local)", total("editor_sample_tokens_per_s", "seconds_sampling_and_rollouts"),
-         total("seconds_sampling_and_rollouts"), "tokens = sampled skill tokens"],
+         "its seconds are not separate: they are in the editor's sampling row"])
+    sampling = (["editor: sampling", "n/a (local)", total("editor_sampled_tokens"), total("seconds_editor_sampling"),
+                 "tokens = sampled skill tokens; seconds = the sampling phase's wall time minus the task model's "
+                 "busy seconds in it"] if split else
+                ["editor: sampling + task rollouts", "n/a (local)",
+                 total("editor_sample_tokens_per_s", "seconds_sampling_and_rollouts"),
+                 total("seconds_sampling_and_rollouts"), "tokens = sampled skill tokens"])
+    return join(tag("h2", "Cost per role"), cost_table([
+        task_row, sampling,
         ["editor: policy update", "n/a (local)", total("train_tokens_per_s", "seconds_update"), total("seconds_update"),
          "tokens = trained completion tokens"],
         ["held-out probes (editor + task model)", sum(p.get("task_calls", 0) for p in probes) if probes else None,
-         None, sum(p.get("seconds", 0) for p in probes) if probes else None, f"{len(probes)} probes"],
+         sum(u["prompt_tokens"] + u["completion_tokens"] for u in probe_usage) if probe_usage else None,
+         sum(p.get("seconds", 0) for p in probes) if probes else None, f"{len(probes)} probes; wall seconds"],
         ["teacher", "n/a", "n/a", "n/a", "Skill-R1 has no teacher"]]))
+
+
+def split_task_seconds(rows: list[dict]) -> bool:
+    """Whether the metrics rows time the task model apart from the editor (runs of this version on)."""
+    return bool(rows) and all("task_seconds" in r and "seconds_editor_sampling" in r for r in rows)
 
 
 def lineage_card(skill: dict, by_id: dict, task_ids: list[str], questions: dict, carried: set) -> Safe:
@@ -308,7 +347,8 @@ def render_skill_r1(run: dict) -> str:
     missing = ([] if run["lineage"] is not None else
                ["the skill lineage (parent, text, reward, per-task scores and editor prompt of every candidate): "
                 "train_grpo.py writes no lineage.jsonl yet (provenance.lineage_records is the record)"])
-    missing += ["the task model's seconds apart from the editor's sampling (one timer covers both)"]
+    if not split_task_seconds(rows):
+        missing.append("the task model's seconds apart from the editor's sampling (one timer covers both)")
     if flags is None:
         missing.append("the run's flags (no readable checkpoint/trainer_state.pt)")
     if not rows:
@@ -320,6 +360,89 @@ def render_skill_r1(run: dict) -> str:
     return page("Skill-R1 training: edit provenance", f"{run['folder']} · read {', '.join(run['files'])}", [
         missing_box(missing), tag("p", summary), tag("h2", "Run"), flags_table(flags, SKILL_R1_FLAGS),
         skill_r1_curves(rows), skill_r1_costs(rows), skill_r1_lineage(run), skill_r1_probes(rows)])
+
+
+# ---------------------------------------------------------------------------------------------- --eval
+
+EVAL_FLAGS = ("editor", "grpo_editor", "skillr1_editor", "suite", "seed_skills", "generations", "candidates",
+              "rollouts", "tasks_per_instance", "eval_instances", "eval_tasks", "max_skill_tokens", "task_url",
+              "task_model", "carry_gate", "seed")
+
+
+def eval_tables(record: dict) -> Safe:
+    rows, g = record["rows"], (record.get("flags") or {}).get("generations", 0)
+    table_rows = [[r["name"], num(r["success"]), "–".join(f"{x:.2f}" for x in r.get("ci95") or []),
+                   *(num(x) for x in (r.get("per_generation") or [None] * g)), r.get("evolve_calls"),
+                   r.get("eval_calls"), num(r.get("kl"), 4)] for r in rows]
+    paired = [[c["row"], c["against"], f"{c['difference']:+.3f} ({c['ci95'][0]:+.2f} to {c['ci95'][1]:+.2f})",
+               f"{c['gained']} / {c['lost']}", f"{c['p']:.3f}"] for c in record.get("paired") or []]
+    return join(tag("h2", "Results (as printed)"),
+                table(["method", "success", "95% CI", *(f"g={k + 1}" for k in range(g)), "task calls: evolve",
+                       "task calls: evaluate", "KL to the frozen editor"], table_rows,
+                      numeric=tuple(range(1, 6 + g))),
+                tag("p", "success: share of evaluation tasks solved with the skill carried after the last generation; "
+                    "g=k: after generation k; KL: nats per token of the skills the trained editor wrote.",
+                    cls="muted small"),
+                tag("h2", "Paired on the same tasks (minskill/paired.py; the interval resamples instances)"),
+                table(["row", "against", "difference (95% CI)", "gained / lost", "sign test p"], paired,
+                      numeric=(4,)) if paired else not_recorded("the paired table (the evaluation did not finish)"))
+
+
+def eval_costs(record: dict) -> Safe:
+    rows = record["rows"]
+    cost_rows = [usage_row("task model (whole evaluation)", record.get("usage"), SECONDS_NOTE)]
+    for r in rows:
+        editor = (r.get("costs") or {}).get("editor")
+        if editor:
+            kl = f"; KL to the frozen editor: {editor['kl_seconds']:.1f} s" if editor.get("kl_seconds") else ""
+            cost_rows.append([f"editor: {r['name']}", "n/a (local)", editor["sampled_tokens"], float(editor["seconds"]),
+                              "sampled skill tokens; seconds = the evolve phase's wall time minus the task model's "
+                              "busy seconds in it" + kl])
+    cost_rows.append(["teacher", "n/a", "n/a", "n/a", "Skill-R1 has no teacher"])
+    return join(tag("h2", "Cost per role"), cost_table(cost_rows),
+                tag("p", f"whole evaluation: {record.get('wall_seconds', 0):.0f} wall seconds", cls="muted small"))
+
+
+def eval_instance(j: int, inst: dict, rows: list[dict]) -> Safe:
+    """One held-out instance: per row the skill it scored with, its score, the tasks gained and lost against no
+    skill, and (editor rows) every generation's candidates with their rewards on the instance's own tasks."""
+    ids, questions = inst["eval_tasks"], dict(zip(inst["eval_tasks"], inst.get("eval_questions") or []))
+    base = dict(zip(ids, rows[0]["scores"][j])) if rows and j < len(rows[0]["scores"]) else None
+    cards = []
+    for r in rows:
+        if j >= len(r["scores"]):
+            continue
+        scores, written = dict(zip(ids, r["scores"][j])), (r.get("skills") or [{}] * (j + 1))[j]
+        gens = [join(tag("div", f"generation {gen['g']}: carried reward {gen.get('carried_reward', 0):.2f} on the "
+                         "instance's own tasks", cls="small"),
+                     *(join(tag("span", f"reward {c.get('reward', 0):.2f}", cls="badge"),
+                            pre(c["skill"] if c.get("skill") is not None else f"(did not parse) {c.get('reply') or ''}",
+                                800)) for c in gen.get("candidates") or []))
+                for gen in written.get("generations") or []]
+        cards.append(Safe('<div class="card">' + join(
+            tag("b", r["name"]), " ", tag("span", f"score {sum(scores.values()) / max(1, len(scores)):.2f}", cls="badge"),
+            tag("div", gained_lost_html(gained_lost(base, scores), questions) if r is not rows[0] else
+                tag("span", "the baseline of gained / lost", cls="muted small"), cls="small"),
+            details("the skill it was scored with", pre(written.get("carried") or "(no skill)")),
+            details(f"what the editor wrote ({len(gens)} generations)", *gens) if gens else None) + "</div>"))
+    return details(f"instance {inst['id']} ({inst.get('type')}): {len(ids)} evaluation tasks",
+                   tag("div", "evolved on: ", tasks_list(inst.get("evolve_tasks") or []), cls="small"),
+                   Safe('<div class="grid">' + "".join(cards) + "</div>"), open_=j == 0)
+
+
+def render_eval(run: dict) -> str:
+    record = run["eval"]
+    rows, flags = record["rows"], record.get("flags") or {}
+    missing = [] if record.get("finished") else ["the rows after the last one written and the paired table "
+                                                 "(the evaluation did not finish)"]
+    n_eval = sum(len(x["eval_tasks"]) for x in record.get("instances") or [])
+    return page("Skill-R1 evaluation (train_grpo.py --eval)", f"{run['folder']} · read {', '.join(run['files'])}", [
+        missing_box(missing),
+        kv_table([("task model", record.get("task_model")), ("instances", len(record.get("instances") or [])),
+                  ("evaluation tasks per row", n_eval)]),
+        tag("h2", "Run"), flags_table(flags, EVAL_FLAGS), eval_tables(record), eval_costs(record),
+        tag("h2", "Per instance: the skills each row scored with, tasks gained and lost against no skill"),
+        *(eval_instance(j, inst, rows) for j, inst in enumerate(record.get("instances") or []))])
 
 
 # ---------------------------------------------------------------------------------------------- --compare
@@ -357,7 +480,9 @@ def render_compare(run: dict) -> str:
             groups.setdefault((prompts[base].get(t, ""), p.get(t, "")), []).append(t)
         diffs += [join(tag("h3", f"{name} vs input, task type{'s' if len(ts) > 1 else ''} {', '.join(ts)}"),
                        diff_html(old, new, "input", name)) for (old, new), ts in groups.items()]
-    missing = ["calls, tokens and seconds of the task model, the rewriter and the teacher (compare.json holds none)"]
+    costs = compare.get("costs")
+    missing = [] if costs else ["calls, tokens and seconds of the task model, the rewriter and the teacher "
+                                "(compare.json holds none)"]
     if not trajs:
         missing.append("the trajectories (no trajectories-*.jsonl): gained / lost tasks and the skills as read")
     return page("rewrite.py apply --compare: edit provenance", f"{run['folder']} · read {', '.join(run['files'])}", [
@@ -372,8 +497,19 @@ def render_compare(run: dict) -> str:
         table(["pair", "tasks"], pairs) if pairs else not_recorded("trajectories of the input skills"),
         tag("h2", "The skills as the task model read them (system prompt per task type)"), *diffs,
         details("teacher one-shot: raw reply (it did not parse)", pre(run["teacher_raw"])) if run["teacher_raw"] else None,
-        tag("h2", "Cost per role"), cost_table([[role, None, None, None, ""] for role in
-                                                ("task model", "rewriter", "teacher (one-shot)")])])
+        tag("h2", "Cost per role"), compare_costs(costs)])
+
+
+def compare_costs(costs: dict | None) -> Safe:
+    if not costs:
+        return cost_table([[role, None, None, None, ""] for role in ("task model", "rewriter", "teacher (one-shot)")])
+    rewriter = costs.get("rewriter")
+    return cost_table([
+        usage_row("task model", costs.get("task model"), "the three skill sets' rollouts; " + SECONDS_NOTE),
+        ["rewriter", "n/a (local)", rewriter["completion_tokens"], float(rewriter["wall_seconds"]),
+         f"generated tokens, one pass (finish: {rewriter.get('finish_reason')})"] if rewriter else
+        ["rewriter", None, None, None, "not given to compare()"],
+        usage_row("teacher (one-shot)", costs.get("teacher (one-shot)"), "until a reply parses")])
 
 
 # ---------------------------------------------------------------------------------------------- rewriter SFT
@@ -383,13 +519,15 @@ def render_rewriter(run: dict) -> str:
     series = {"train loss": [(r["step"], r["loss"]) for r in rows if isinstance(r.get("loss"), (int, float))],
               "validation loss": [(r["step"], r["val_loss"]) for r in rows if isinstance(r.get("val_loss"), (int, float))]}
     tokens = sum(r.get("target_tokens", 0) for r in rows)
+    timed = bool(rows) and all(isinstance(r.get("seconds"), (int, float)) for r in rows)
     return page("rewrite.py train: rewriter SFT", f"{run['folder']} · read {', '.join(run['files'])}", [
-        missing_box(["seconds per step (metrics.jsonl holds tokens per second, not the time)"]),
+        missing_box([] if timed else ["seconds per step (metrics.jsonl holds tokens per second, not the time)"]),
         kv_table([("command", config.get("command")), ("base model", config.get("base_model")),
                   ("data", json.dumps(config.get("data_counts"), ensure_ascii=False))]),
         tag("h2", "Curves"), plot(series, "rewriter SFT: target-token loss", "optimizer step", "mean NLL"),
         tag("h2", "Cost per role"),
-        cost_table([["rewriter (training)", None, tokens, None, f"{len(rows)} optimizer steps; target tokens"]])])
+        cost_table([["rewriter (training)", "n/a (local)", tokens, sum(r["seconds"] for r in rows) if timed else None,
+                     f"{len(rows)} optimizer steps; target tokens"]])])
 
 
 # ---------------------------------------------------------------------------------------------- CLI
@@ -399,7 +537,8 @@ def render(run: dict) -> str:
     if run["kind"] == "masa":
         from minskill.report_masa import render_masa   # it builds on the helpers above
         return render_masa(run)
-    return {"skill-r1": render_skill_r1, "compare": render_compare, "rewriter": render_rewriter}[run["kind"]](run)
+    return {"skill-r1": render_skill_r1, "skill-r1-eval": render_eval, "compare": render_compare,
+            "rewriter": render_rewriter}[run["kind"]](run)
 
 
 def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
@@ -410,8 +549,8 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m minskill.report", description=__doc__.split("\n\n")[0])
-    p.add_argument("run_dir", help="a run folder of train_grpo.py, evolve_masa.py, rewrite.py apply --compare "
-                   "or rewrite.py train")
+    p.add_argument("run_dir", help="a run folder of train_grpo.py (training or --eval), evolve_masa.py, rewrite.py "
+                   "apply --compare or rewrite.py train")
     p.add_argument("-o", "--out", default=None, help="the HTML file to write (default RUN_DIR/report.html)")
     args = p.parse_args(argv)
     try:

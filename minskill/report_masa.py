@@ -9,15 +9,17 @@ What it shows, all read from state.json (every candidate the search made) and ru
 * every edit (a general rewrite or a tree child): the teacher's failure attribution that drove it, the failed
   episodes of its parent that the teacher was shown, a line diff of the skill set against its parent's, its
   reward and the tasks it gained and lost (metrics["task_rewards"], recorded by masa.MasaSearch.evaluate);
-* the held-out table, the teacher's skipped replies and the cost per role (run.json).
+* the held-out table, the teacher's skipped replies and the cost per role: run.json's (or, for a run that did
+  not finish, state.json's) `usage`: the target's and the teacher's calls, tokens and seconds, continued across
+  --resume; the target's cache hits apart, at no cost.
 """
 from __future__ import annotations
 
 import json
 
 from minskill.provenance import NOT_RECORDED, best_node_id, gained_lost, replay_ucb1, task_rewards
-from minskill.report import (Safe, cost_table, details, diff_html, esc, flags_table, gained_lost_html, join,
-                             missing_box, not_recorded, num, page, plot, pre, table, tag)
+from minskill.report import (SECONDS_NOTE, Safe, cost_table, details, diff_html, esc, flags_table, gained_lost_html,
+                             join, missing_box, not_recorded, num, page, plot, pre, table, tag, usage_row)
 from minskill.skillsets import SkillSet
 
 MASA_FLAGS = ("suite", "n_train", "n_heldout", "iterations", "patience", "tree_iterations", "episodes", "c",
@@ -66,6 +68,19 @@ def masa_curves(candidates: list[dict]) -> Safe:
 
 def masa_costs(run: dict) -> Safe:
     info, spent = run["run"] or {}, run["state"].get("calls_spent")
+    usage = info.get("usage") or run["state"].get("usage")
+    if usage:
+        target, teacher = usage.get("target") or {}, usage.get("teacher") or {}
+        tokens = sum(u.get(k, 0) for u in (target, teacher) for k in ("prompt_tokens", "completion_tokens"))
+        return join(tag("h2", "Cost per role"), cost_table([
+            usage_row("target (task model)", target, f"calls that missed the cache; {target.get('cache_hits', 0)} "
+                      "answered by the cache at no call, token or second"),
+            usage_row("teacher", teacher, "attribution, rewrites, model summary, one-shot rewrite"),
+            ["editor", "n/a", "n/a", "n/a", "MASA stage 1 has no editor (the rewriter is rewrite.py's)"],
+            ["whole run", spent, tokens, float(usage.get("wall_seconds", 0.0)),
+             f"calls charged to --max-calls; wall seconds over {usage.get('sessions', 1)} session(s)"
+             + ("" if run["run"] else " (to the last checkpoint: the run did not finish)")]]),
+            tag("p", SECONDS_NOTE + ". Counts continue across --resume.", cls="muted small"))
     hits = info.get("target_cache_hits")
     return join(tag("h2", "Cost per role"), cost_table([
         ["target (task model)", info.get("target_calls"), None, None,
@@ -300,12 +315,15 @@ def render_masa(run: dict) -> str:
     args = state.get("args") or {}
     c = float(args.get("c", 1.4))
     best_nodes = {_payload(t["root"], chosen_node_id(t["root"], by_id)) for t in (search.get("trees") or {}).values()}
-    missing = ["tokens and seconds per role (run.json counts calls; the clients do not time or count tokens)"]
+    recorded = (run["run"] or {}).get("usage") or state.get("usage")
+    missing = [] if recorded else ["tokens and seconds per role (run.json counts calls; the clients did not time "
+                                   "or count tokens)"]
     if candidates and not any(task_rewards(x) for x in candidates):
         missing.append("per-task rewards of each candidate (metrics.task_rewards, recorded by runs of this version "
                        "on): tasks gained and lost")
     if run["run"] is None:
-        missing.append("run.json (the run did not finish): calls per role and seconds")
+        missing.append("run.json (the run did not finish): " + ("the cost per role is state.json's, to the last "
+                                                                "checkpoint" if recorded else "calls per role and seconds"))
     card = run["card"] or {}
     info = run["run"] or {}
     summary = (f"target {info.get('target_model') or args.get('target_model') or args.get('model_spec')}, teacher "

@@ -157,7 +157,8 @@ def skill_row(client, name: str, skills: list[str], evo: list[Instance], test: l
     final, calls, scores = success(client, skills, test, args)
     return {"name": name, "spec": None, "success": final, "eval_calls": calls, "scores": scores,
             "per_generation": [], "evolve_calls": 0, "kl": None,
-            "skills": [{"instance": x.id, "seed_skill": s, "carried": s, "generations": []} for x, s in zip(evo, skills)],
+            "skills": [{"instance": x.id, "seed_skill": s, "carried": s, "generations": []}
+                       for x, s in zip(evo, skills)],
             "costs": {"task_model": {**usage_delta(client.usage, u0), "wall_seconds": time.time() - t0}}}
 
 
@@ -171,7 +172,8 @@ def editor_row(client, name: str, spec: str, evo: list[Instance], seed_skills: l
         evolutions = evolve_batch(editor, tokenizer, client, evo, EvolveConfig.from_args(args),
                                   seeds=[step_seed(args.seed, 10**6, k) for k in range(len(evo))],
                                   seed_skills=seed_skills)
-    evolve_calls, evolve_usage, evolve_wall = client.stats["calls"] - c0, usage_delta(client.usage, u0), time.time() - t0
+    evolve_calls, evolve_wall = client.stats["calls"] - c0, time.time() - t0
+    evolve_usage = usage_delta(client.usage, u0)
     kl, t_kl = None, time.time()
     if spec != args.editor:  # a trained editor: how far it moved from the one it started from
         kl = kl_to_frozen(editor, args.editor, evolutions, args)

@@ -1,6 +1,7 @@
 """The edit-provenance report (minskill/report.py) on small scripted runs built here: a train_grpo.py run (tiny
-random editor, scripted task model over HTTP) with and without the lineage record, an evolve_masa.py run
-(scripted target and teacher), a rewrite.py --compare folder and a rewriter SFT folder. Checks what each page
+random editor, scripted task model over HTTP) with and without the lineage record, its --eval folder, an
+evolve_masa.py run (scripted target and teacher), a rewrite.py --compare folder and a rewriter SFT folder; the
+cost per role each records (and the "not recorded" lines of folders written before it was). Checks what each page
 shows, that run text is escaped, that the UCB1 replay equals what ucb.search saw, the errors for folders that
 are not runs and for malformed lines, and, where a headless Chromium is installed, that each page loads with
 no console message (its Content-Security-Policy turns any script or fetch into one) and gives a screenshot."""
@@ -97,6 +98,16 @@ def skill_r1_lineage_run(skill_r1_env):
     return out, evolutions_seen
 
 
+@pytest.fixture(scope="module")
+def eval_run(skill_r1_env, skill_r1_run):
+    """train_grpo.py --eval of the trained editor (and the frozen one) on the same scripted task model."""
+    out = skill_r1_env["tmp"] / "eval"
+    flags = skill_r1_env["flags"] + ["--eval", "--skillr1-editor", str(skill_r1_run / "checkpoint"),
+                                     "--eval-instances", "1", "--eval-tasks", "2", "--out", str(out)]
+    assert quiet(train_grpo.main, flags) == 0
+    return out
+
+
 SECRET_REWRITES = []
 
 
@@ -190,6 +201,15 @@ def test_skill_r1_training_report_without_lineage(skill_r1_run, tmp_path):
     rows = [json.loads(line) for line in (older / "metrics.jsonl").read_text().splitlines()]
     calls = sum(r["task_calls"] for r in rows)
     assert re.search(rf'<td class="num">{calls}</td>', text)           # the cost table sums the recorded calls
+    tokens = sum(r["task_prompt_tokens"] + r["task_completion_tokens"] for r in rows)
+    assert re.search(rf'<td class="num">{tokens}</td>', text) and "editor: sampling</td>" in text
+    assert "the task model&#x27;s seconds apart from the editor&#x27;s sampling" not in text   # recorded now
+    # a folder from before the task model was timed apart: said, and the one timer shown as it was
+    (older / "metrics.jsonl").write_text("".join(json.dumps({k: v for k, v in r.items() if k not in (
+        "task_seconds", "seconds_editor_sampling")}) + "\n" for r in rows))
+    text = page_of(older, tmp_path, "skill_r1_older")
+    assert "the task model&#x27;s seconds apart from the editor&#x27;s sampling" in text
+    assert "editor: sampling + task rollouts" in text
 
 
 def test_skill_r1_lineage_report(skill_r1_lineage_run, tmp_path):
@@ -227,7 +247,13 @@ def test_masa_report_shows_climb_trees_and_every_edit(masa_run, tmp_path):
     assert "+KEY-GENERAL" in text or "+State the final" in text or 'class="add"' in text
     assert "gained 6" in text                                          # the general rewrite solves the 6 sums
     assert "Held-out: base vs evolved skills" in text and "Cost per role" in text
-    assert "not recorded by this run" in text                          # tokens and seconds per role
+    usage = json.loads((masa_run / "run.json").read_text())["usage"]     # tokens and seconds per role, recorded
+    for role in ("target", "teacher"):
+        u = usage[role]
+        assert re.search(rf'<td class="num">{u["calls"]}</td><td class="num">'
+                         rf'{u["prompt_tokens"] + u["completion_tokens"]}</td>', text), role
+    assert f"{usage['target']['cache_hits']} answered by the cache at no call, token or second" in text
+    assert "tokens and seconds per role" not in text and "session(s)" in text
 
 
 def test_masa_report_of_an_interrupted_or_older_run(masa_run, tmp_path):
@@ -243,6 +269,10 @@ def test_masa_report_of_an_interrupted_or_older_run(masa_run, tmp_path):
     (old / "state.json").write_text(json.dumps(state))
     text = page_of(old, tmp_path, "old")
     assert "not recorded by this run (metrics.task_rewards)" in text and "run.json (the run did not finish)" in text
+    assert "the cost per role is state.json" in text and "tokens and seconds per role" not in text
+    state.pop("usage")                       # a run of a version that did not count tokens or seconds
+    (old / "state.json").write_text(json.dumps(state))
+    assert "tokens and seconds per role (run.json counts calls" in page_of(old, tmp_path, "older")
     assert "results.json has no held-out table" in text and "tree secret:" in text
     state["search"] = None
     (old / "state.json").write_text(json.dumps(state))
@@ -279,7 +309,43 @@ def test_compare_report(compare_run, tmp_path):
     assert "teacher one-shot" in text and "rewritten" in text
     assert "input → rewritten" in text and "gained 4" in text          # the rewritten skills solve all 4
     assert "+- Carry the one." in text or "Carry the one." in text
-    assert "compare.json holds none" in text
+    costs = json.loads((compare_run / "compare.json").read_text())["costs"]
+    assert costs["task model"]["calls"] == 3 * 4 and costs["teacher (one-shot)"]["calls"] == 1
+    for role in ("task model", "teacher (one-shot)"):
+        u = costs[role]
+        assert re.search(rf'<td>{re.escape(role)}</td><td class="num">{u["calls"]}</td><td class="num">'
+                         rf'{u["prompt_tokens"] + u["completion_tokens"]}</td>', text), role
+    assert "compare.json holds none" not in text
+    older = tmp_path / "older-compare"
+    shutil.copytree(compare_run, older)
+    record = json.loads((older / "compare.json").read_text())
+    record.pop("costs")
+    (older / "compare.json").write_text(json.dumps(record))
+    assert "compare.json holds none" in page_of(older, tmp_path, "older_compare")
+
+
+def test_eval_report(eval_run, tmp_path):
+    """The --eval folder round-trips into its page: the table and the paired table as eval.json holds them,
+    per instance each row's skill, score and tasks gained / lost against no skill, and the cost per role."""
+    record = json.loads((eval_run / "eval.json").read_text())
+    assert provenance.load_run(eval_run)["kind"] == "skill-r1-eval"
+    text = page_of(eval_run, tmp_path, "eval")
+    assert_self_contained_and_escaped(text)                 # the seed skill holds XSS
+    assert "Skill-R1 evaluation (train_grpo.py --eval)" in text and "not recorded by this run" not in text
+    names = [r["name"] for r in record["rows"]]
+    assert names[0] == "no skill" and names[2].startswith("Skill-R1 inference-only") and len(names) == 4
+    for row in record["rows"]:
+        assert f"<td>{report.esc(row['name'])}</td><td class=\"num\">{row['success']:.3f}</td>" in text
+    for c in record["paired"]:
+        assert f"<td>{c['gained']} / {c['lost']}</td><td class=\"num\">{c['p']:.3f}</td>" in text
+    assert len(record["paired"]) == 3 + 2
+    assert text.count("instance heldout-") == len(record["instances"]) == 1        # 8 held-out tasks: one instance
+    assert text.count("the baseline of gained / lost") == 1 and text.count("of 2 tasks scored on both") == 3
+    assert "what the editor wrote (2 generations)" in text
+    u = record["usage"]
+    assert re.search(rf'<td class="num">{u["calls"]}</td><td class="num">{u["prompt_tokens"] + u["completion_tokens"]}'
+                     rf'</td>', text)
+    assert text.count("<td>editor: ") == 2                    # the two editor rows' sampling cost
 
 
 def test_rewriter_sft_report(tmp_path):
@@ -291,6 +357,11 @@ def test_rewriter_sft_report(tmp_path):
     text = page_of(run, tmp_path, "rewriter")
     assert_self_contained_and_escaped(text)
     assert "rewriter SFT: target-token loss" in text and '<td class="num">40</td>' in text
+    assert "seconds per step (metrics.jsonl holds tokens per second" in text
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "loss": 2.0 / s, "target_tokens": 10,
+                                                           "seconds": 1.25}) + "\n" for s in range(1, 5)))
+    text = page_of(run, tmp_path, "rewriter_timed")
+    assert "seconds per step" not in text and '<td class="num">5.0</td>' in text
 
 
 def test_not_a_run_and_malformed_lines_are_clear_errors(tmp_path, capsys):
@@ -300,7 +371,7 @@ def test_not_a_run_and_malformed_lines_are_clear_errors(tmp_path, capsys):
     assert report.main([str(empty)]) == 2
     err = capsys.readouterr().err
     assert str(empty) in err and "not a run folder" in err and "metrics.jsonl" in err and "state.json" in err
-    assert "compare.json" in err and "notes.txt" in err and "--eval writes no folder" in err
+    assert "compare.json" in err and "notes.txt" in err and "eval.json (train_grpo.py --eval)" in err
     assert report.main([str(tmp_path / "missing")]) == 2 and "no such folder" in capsys.readouterr().err
     bad = tmp_path / "bad"
     bad.mkdir()
@@ -337,13 +408,15 @@ def browse(page: Path, png: Path, profile: Path, height: int = 2400) -> list[str
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="no headless Chromium (Debian: apt-get install chromium)")
-def test_pages_load_in_chromium_without_console_errors(skill_r1_lineage_run, masa_run, compare_run, tmp_path):
+def test_pages_load_in_chromium_without_console_errors(skill_r1_lineage_run, masa_run, compare_run, eval_run,
+                                                       tmp_path):
     # the check itself: a page with the report's policy and a script in it must be caught
     probe = tmp_path / "probe.html"
     probe.write_text(report.page("probe", "", [report.Safe(f"{XSS}<img src='http://example.invalid/x.png'>")]))
     assert len(browse(probe, tmp_path / "probe.png", tmp_path / "profile", 600)) >= 2
     keep = os.environ.get("MINSKILL_REPORT_SCREENSHOTS")
-    for name, folder in (("skill_r1", skill_r1_lineage_run[0]), ("masa", masa_run), ("compare", compare_run)):
+    for name, folder in (("skill_r1", skill_r1_lineage_run[0]), ("masa", masa_run), ("compare", compare_run),
+                         ("eval", eval_run)):
         page = report.write_report(folder, tmp_path / f"{name}.html")
         png = tmp_path / f"{name}.png"
         console = browse(page, png, tmp_path / "profile")

@@ -169,3 +169,12 @@ def test_apply_compare_prints_one_table_of_input_rewritten_and_teacher(trained, 
     report = json.loads((files["root"] / "compared-compare" / "compare.json").read_text())
     assert report["results"]["rewritten"]["success_rate"] == 1.0
     assert SkillSet.load(files["root"] / "compared-compare" / "teacher_oneshot").general[0].name == "tip"
+    # the cost per role, apart although one server answers the task model and the teacher
+    costs = report["costs"]
+    assert costs["teacher (one-shot)"]["calls"] == 1 and costs["teacher (one-shot)"]["completion_tokens"] > 0
+    assert costs["task model"]["calls"] == 3 * 4 and costs["task model"]["failures"] == 0
+    assert costs["task model"]["prompt_tokens"] > 0 and costs["teacher (one-shot)"]["prompt_tokens"] > 0
+    assert all(0 < costs[r][k] < float("inf") for r in ("task model", "teacher (one-shot)")
+               for k in ("request_seconds", "busy_seconds", "wall_seconds"))
+    rewriter = costs["rewriter"]
+    assert rewriter["calls"] == 1 and 0 < rewriter["completion_tokens"] <= 40 and rewriter["wall_seconds"] > 0
