@@ -16,6 +16,7 @@ run folder by the files it holds and reads them, with errors naming the file (an
     compare        rewrite.py apply --compare      compare.json (with `costs` per role), trajectories-*.jsonl,
                                                    teacher_oneshot/
     rewriter       rewrite.py train                metrics.jsonl (loss per step), run_config.json
+    transfer       python -m minskill.transfer     transfer.json (read by minskill/report_transfer.py)
 
 The cost per role is what the runs record with minskill/client.py's Usage (calls, prompt and completion
 tokens, summed request seconds, busy wall seconds): MASA's run.json / state.json `usage` (target and teacher,
@@ -79,7 +80,10 @@ def detect_kind(folder: Path) -> str:
     """The kind of run `folder` holds (module docstring), or NotARun naming the folder and what it expected."""
     if not folder.is_dir():
         what = "a file, not a folder" if folder.exists() else "no such folder"
-        raise NotARun(f"{folder}: {what} (expected a run folder of train_grpo.py, evolve_masa.py or rewrite.py)")
+        raise NotARun(f"{folder}: {what} (expected a run folder of train_grpo.py, evolve_masa.py, rewrite.py or "
+                       "minskill.transfer)")
+    if (folder / "transfer.json").is_file():
+        return "transfer"
     if (folder / "state.json").is_file():
         return "masa"
     if (folder / "compare.json").is_file():
@@ -92,7 +96,7 @@ def detect_kind(folder: Path) -> str:
     shown = ", ".join(held[:8]) + (", ..." if len(held) > 8 else "") if held else "nothing"
     raise NotARun(f"{folder}: not a run folder: expected metrics.jsonl (train_grpo.py training, rewrite.py train), "
                   f"eval.json (train_grpo.py --eval), state.json (evolve_masa.py) or compare.json (rewrite.py "
-                  f"apply --compare); it holds {shown}.")
+                  f"apply --compare) or transfer.json (python -m minskill.transfer); it holds {shown}.")
 
 
 def read_rows(path: Path, required: tuple[str, ...]) -> list[dict]:
@@ -127,6 +131,9 @@ def load_run(folder: str | Path) -> dict:
     """{"kind", "folder", "files": [names read], ...the kind's data}: see the module docstring."""
     folder = Path(folder)
     kind = detect_kind(folder)
+    if kind == "transfer":   # lazily: report_transfer builds on report, which imports this module
+        from minskill.report_transfer import load_transfer
+        return load_transfer(folder)
     loader = {"skill-r1": _load_skill_r1, "masa": _load_masa, "compare": _load_compare,
               "rewriter": _load_rewriter, "skill-r1-eval": _load_eval}[kind]
     return {"kind": kind, "folder": str(folder), **loader(folder)}

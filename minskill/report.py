@@ -3,7 +3,8 @@
     python -m minskill.report RUN_DIR [-o report.html]       (default: RUN_DIR/report.html)
 
 RUN_DIR is a train_grpo.py training folder, a `train_grpo.py --eval` folder, an evolve_masa.py folder, a
-`rewrite.py apply --compare` folder or a `rewrite.py train` folder (minskill/provenance.py reads them). The
+`rewrite.py apply --compare` folder, a `rewrite.py train` folder (minskill/provenance.py reads them) or a
+`python -m minskill.transfer` folder (its heat map: minskill/report_transfer.py). The
 page shows the reward and loss curves (minskill/plot.py's SVG), the cost per role (calls, tokens, seconds:
 client.Usage as the runs record it), and the story of each edit: for Skill-R1 the skill lineage of every
 instance across generations (each skill diffed against its parent, with its reward and the tasks it gained
@@ -534,6 +535,9 @@ def render_rewriter(run: dict) -> str:
 
 def render(run: dict) -> str:
     """The page for a run loaded by provenance.load_run."""
+    if run["kind"] == "transfer":
+        from minskill.report_transfer import render_transfer
+        return render_transfer(run)
     if run["kind"] == "masa":
         from minskill.report_masa import render_masa   # it builds on the helpers above
         return render_masa(run)
@@ -550,7 +554,7 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m minskill.report", description=__doc__.split("\n\n")[0])
     p.add_argument("run_dir", help="a run folder of train_grpo.py (training or --eval), evolve_masa.py, rewrite.py "
-                   "apply --compare or rewrite.py train")
+                   "apply --compare, rewrite.py train or python -m minskill.transfer")
     p.add_argument("-o", "--out", default=None, help="the HTML file to write (default RUN_DIR/report.html)")
     args = p.parse_args(argv)
     try:

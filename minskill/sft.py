@@ -499,6 +499,7 @@ def train_sft(model: Transformer, tokenizer: Tokenizer, train_examples: list[Exa
             order = epoch_order(len(train_examples), cfg.seed, epoch)
             batch = [train_examples[i] for i in order[index * cfg.batch_size:(index + 1) * cfg.batch_size]]
             lr = cfg.lr * lr_factor(step, total_steps, cfg.warmup_ratio, cfg.min_lr_ratio)
+            step_started = time.perf_counter()
             train_loss, grad_norm = _optimizer_step(model, optimizer, batch, pad_id, device, cfg, lr)
             step, steps_done = step + 1, steps_done + 1
             tokens_seen += sum(len(e.input_ids) for e in batch)
@@ -509,6 +510,7 @@ def train_sft(model: Transformer, tokenizer: Tokenizer, train_examples: list[Exa
             if val_examples and ((cfg.eval_every and step % cfg.eval_every == 0) or step == stop_step):
                 val_loss = evaluate_loss(model, val_examples, pad_id, cfg.micro_batch_size, cfg.bf16, cfg.chunk_tokens)
                 row["val_loss"] = val_loss
+            row["seconds"] = time.perf_counter() - step_started   # the step and its validation, for the report
             metrics.write(json.dumps(row) + "\n")
             metrics.flush()
             if step % cfg.log_every == 0 or step == stop_step or "val_loss" in row:

@@ -168,6 +168,7 @@ def test_training_loss_falls_and_the_model_reproduces_memorised_targets(tiny_dir
     assert [r["step"] for r in rows] == list(range(1, 41))
     assert rows[0]["loss"] > 4.0 and rows[-1]["loss"] < 0.1 * rows[0]["loss"]          # falls clearly
     assert [r["step"] for r in rows if "val_loss" in r] == [10, 20, 30, 40]
+    assert all(0 < r["seconds"] < 600 for r in rows)                                  # per step, for the report
     assert any(line.startswith("step 10/40 | loss ") and "tok/s | ETA " in line for line in lines)
     assert (tmp_path / "run" / "loss.svg").read_text().startswith("<svg")
 

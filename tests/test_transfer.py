@@ -146,6 +146,9 @@ def test_report_page_draws_the_heat_map_with_every_run_string_escaped(matrix, tm
     run = load_transfer(out)
     text = render_transfer(run)
     assert_self_contained_and_escaped(text)          # the XSS model name and task question: escaped
+    from minskill import report
+    page = tmp_path / "page.html"
+    assert report.main([str(out), "-o", str(page)]) == 0 and page.read_text(encoding="utf-8") == text  # the CLI
     svg = text[text.index("<svg"):text.index("</svg>")]
     assert svg.count("<rect") == 9 + 3 + 10           # 9 cells, 3 best-of-column borders, the legend's 10 steps
     assert "Δ -0.60  +0/−6  p 0.031" in svg and "Δ +0.60  +6/−0  p 0.031" in svg
