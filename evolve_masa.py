@@ -12,8 +12,10 @@ Steps (the algorithm and its equations are in minskill/masa.py):
    train tasks that the search never sees;
 2. hill climbing on the general skills (I = --iterations, p = --patience), R = SR − λ·NHR (λ = --lam-nh);
 3. one UCB1 tree per task type with the general skills fixed (J = --tree-iterations, N = --episodes, C = --c);
-   --gate strict|paired (minskill/gates.py) decides what a climb candidate and a tree's best node must show to
-   replace the incumbent; every decision is recorded on the candidate (`gate` in state.json, search_log.jsonl);
+   --gate strict|paired|fresh (minskill/gates.py) decides what a climb candidate and a tree's best node must
+   show to replace the incumbent (fresh: a sign test on --gate-tasks more train tasks, apart from the search,
+   the preliminary and the held-out tasks; `load_gate_tasks`); every decision is recorded on the candidate
+   (`gate` in state.json, search_log.jsonl);
 4. outputs in --out: library/ (Agent Skills folders) and library.json (MASA JSON), search_log.jsonl (every
    candidate: reward, parent, phase, teacher attribution; teacher skips), sft.jsonl (rewriter records),
    heldout.md / results.json (base vs evolved on the held-out split), reward.svg, run.json, state.json.
@@ -50,10 +52,11 @@ from minskill.runs import (check_run_folder, open_run_folder, read_json, write_j
 from minskill.server import embedded_client
 from minskill.skillsets import SkillSet
 from minskill.tasks import load_suite
+from minskill.tasks.base import interleave
 from minskill.weights import DEFAULT_MODEL, resolve_model
 
 # What a run saved before --gate ran with: the strict rule; given on --resume, these must equal the saved run's
-GATE_DEFAULTS = {"gate": "strict", "gate_alpha": 0.1}
+GATE_DEFAULTS = {"gate": "strict", "gate_alpha": 0.1, "gate_tasks": 24}
 # Flags that may change when a run is resumed (endpoints move, budgets grow); every other flag is restored
 # from the saved run so that the resumed search is the same search.
 RESUMABLE_OVERRIDES = ("max_calls", "no_cache", "cache", "target_url", "target_model", "target_api_key",
@@ -102,10 +105,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--episodes", type=int, default=6, help="N: episodes per tree-node evaluation")
     g.add_argument("--c", type=float, default=1.4, help="UCB1 exploration constant C")
     g.add_argument("--max-children", type=int, default=3, help="rewrites per tree node before descending")
-    g.add_argument("--gate", choices=gates.GATES, default=None, help="acceptance gate of the climb and of each "
-                   "tree's result: strict = R strictly higher (the paper); paired = also a one-sided exact sign test "
-                   "on the per-task rewards at --gate-alpha (minskill/gates.py). Default strict; fixed on --resume")
-    g.add_argument("--gate-alpha", type=float, default=None, help="α of --gate paired (default 0.1)")
+    g.add_argument("--gate", choices=gates.MASA_GATES, default=None, help="acceptance gate of the climb and of "
+                   "each tree's result: strict = R strictly higher (the paper); paired = also a one-sided exact sign "
+                   "test on the per-task rewards at --gate-alpha; fresh = R strictly higher and that sign test on "
+                   "--gate-tasks train tasks the search never scores nor shows the teacher (minskill/gates.py). "
+                   "Default strict; fixed on --resume")
+    g.add_argument("--gate-alpha", type=float, default=None, help="α of --gate paired / fresh (default 0.1)")
+    g.add_argument("--gate-tasks", type=int, default=None, help="--gate fresh: train tasks drawn after the search "
+                   "and preliminary ones for its sign test (the climb uses all, a tree those of its type; default 24)")
     g.add_argument("--max-tokens", type=int, default=128, help="reply budget of the target per task")
     g.add_argument("--teacher-max-tokens", type=int, default=None,
                    help="reply budget of the teacher (default 1536 for --teacher-url, 384 for the slow embedded model)")
@@ -156,6 +163,7 @@ class Run:
     cache_path: Path | None
     task_description: str
     usage_before: dict = field(default_factory=dict)   # state.json's usage when this session began
+    gate_tasks: list = field(default_factory=list)     # --gate fresh: its gate tasks (load_gate_tasks)
     roles: dict = field(default_factory=dict)   # "target", "teacher": their CachingClients, once connected
 
 
@@ -213,6 +221,8 @@ def set_up(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Run:
         gates.check_gate(args.gate, args.gate_alpha)
     except ValueError as e:
         parser.error(f"--gate / --gate-alpha: {e}")
+    if args.gate == "fresh" and args.gate_tasks < 1:
+        parser.error(f"--gate-tasks must be at least 1, got {args.gate_tasks}")
     embedded_teacher = args.teacher_url is None
     if args.teacher_max_tokens is None:
         args.teacher_max_tokens = 384 if embedded_teacher else 1536
@@ -225,19 +235,25 @@ def set_up(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Run:
                         target_max_tokens=args.max_tokens, gate=args.gate, gate_alpha=args.gate_alpha)
     try:
         prelim, tasks, heldout = load_tasks(args)
-    except (ValueError, FileNotFoundError) as e:   # a bad suite file: refused before any model call
+        gate_tasks = load_gate_tasks(args, prelim + tasks + heldout)
+    except (ValueError, FileNotFoundError) as e:   # a bad suite file, too few gate tasks: before any model call
         parser.error(str(e))
+    gate_ids = [t.id for t in gate_tasks]
+    if saved is not None and saved.get("gate_tasks", gate_ids) != gate_ids:
+        differ = sorted(set(gate_ids) ^ set(saved["gate_tasks"]))
+        parser.error(f"--resume: the suite now gives other gate tasks than the saved run's ({len(gate_ids)} vs "
+                     f"{len(saved['gate_tasks'])}; differing ids: {', '.join(differ[:3])})")
     base_skills = load_base_skills(args)
     out = open_run_folder(out, args.resume, args.overwrite, "evolve_masa.py", keep=("target_cache.jsonl",))
     state = saved or {"version": 1, "args": {k: v for k, v in vars(args).items()
                                              if k not in ("resume", "overwrite", "merge")},
-                      "card": None, "calls_spent": 0, "search": None, "events": []}
+                      "card": None, "calls_spent": 0, "search": None, "events": [], "gate_tasks": gate_ids}
     STARTED = time.time()   # progress lines and run.json count from here
     return Run(args, out, state, config, prelim, tasks, heldout, base_skills,
                CallBudget(args.max_calls, spent=saved["calls_spent"] if saved else 0),
                None if args.no_cache else Path(args.cache or out / "target_cache.jsonl"),
                masa.suite_description(tasks, Path(args.suite).stem),
-               usage_before=dict(state.get("usage") or {}))   # what earlier sessions spent: continued
+               usage_before=dict(state.get("usage") or {}), gate_tasks=gate_tasks)   # usage: continued
 
 
 def load_tasks(args):
@@ -247,6 +263,38 @@ def load_tasks(args):
     heldout = load("heldout", args.n_heldout) if args.n_heldout > 0 else []
     # the first n_prelim tasks are for the model card only (built-in suites interleave types: balanced)
     return train[:args.n_prelim], train[args.n_prelim:], heldout
+
+
+def load_gate_tasks(args, used: list) -> list:
+    """--gate fresh: --gate-tasks train tasks for its sign test, disjoint (by id) from `used` (the preliminary,
+    search and held-out tasks), types balanced: drawn from a longer train draw of the same suite and seed (a
+    generated suite's longer draw need not begin with the shorter one, so what is used is left out by id).
+    The search never scores them and the teacher never sees them. [] for the other gates."""
+    if args.gate != "fresh":
+        return []
+    n_used, want = args.n_train + args.n_prelim, args.gate_tasks
+    taken = {t.id for t in used}
+    need = (f"--gate fresh needs --gate-tasks {want} train tasks beyond the {n_used} search and preliminary ones "
+            f"(--n-train {args.n_train} + --n-prelim {args.n_prelim})")
+    try:
+        train = load_suite(args.suite, split="train", seed=args.task_seed, n=n_used + want)
+    except ValueError as e:
+        raise ValueError(f"{need}, but the suite cannot give {n_used + want} train tasks: {e}") from None
+    by_type: dict[str, list] = {}
+    for t in train:
+        if t.id not in taken:
+            by_type.setdefault(t.type, []).append(t)
+    gate = interleave(by_type, list(by_type))[:want]
+    if len(gate) < want:
+        raise ValueError(f"{need}, but the train split of {args.suite} holds {len(train)} tasks, which leaves "
+                         f"{len(gate)}; lower --gate-tasks, --n-train or --n-prelim, or use another gate")
+    alpha = GATE_DEFAULTS["gate_alpha"] if args.gate_alpha is None else args.gate_alpha
+    for task_type in sorted({t.type for t in used}):   # with no loss, k tasks give p = 2^-k at best
+        k = sum(t.type == task_type for t in gate)
+        if 0.5 ** k > alpha:
+            log(f"note: only {k} gate tasks of type {task_type!r}: its tree's best node can never pass the sign "
+                f"test (p >= {0.5 ** k:.3g} > α = {alpha}), so that tree keeps its root")
+    return gate
 
 
 def load_base_skills(args):
@@ -285,7 +333,8 @@ def connect(run: Run):
             f"{teacher.model} ({args.teacher_url or 'embedded'}); {len(run.tasks)} search tasks of types "
             f"{sorted({t.type for t in run.tasks})}, {len(run.heldout)} held-out; I={c.iterations} p={c.patience} "
             f"J={c.tree_iterations} N={c.episodes} C={c.c} λ={c.lam_nh} gate={c.gate}"
-            f"{f' α={c.gate_alpha}' if c.gate == 'paired' else ''}; cache "
+            f"{f' α={c.gate_alpha}' if c.gate != 'strict' else ''}"
+            f"{f' on {len(run.gate_tasks)} gate tasks' if c.gate == 'fresh' else ''}; cache "
             f"{run.cache_path or 'off'}; budget {args.max_calls or 'unlimited'} calls")
         yield target, teacher
 
@@ -348,9 +397,9 @@ def run_search(run: Run, target, teacher) -> tuple[MasaSearch | None, str | None
     failure or Ctrl-C that checkpoint is saved and the exception passes on."""
     search = None
     try:
-        card = model_card(run, target, teacher)
-        search = MasaSearch(target, teacher, card, run.tasks, run.base_skills, run.config, state=run.state["search"],
-                            log=log, checkpoint=lambda state: checkpoint(run, state), budget=run.budget)
+        search = MasaSearch(target, teacher, model_card(run, target, teacher), run.tasks, run.base_skills, run.config,
+                            state=run.state["search"], log=log, checkpoint=lambda state: checkpoint(run, state),
+                            budget=run.budget, gate_tasks=run.gate_tasks)   # 1. the card, then 2-3
         checkpoint(run, search.to_json())
         search.run()
     except BudgetExhausted as e:

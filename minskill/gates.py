@@ -7,6 +7,7 @@ gate, chosen by a flag (`evolve_masa.py --gate`, `train_grpo.py --carry-gate`):
 
     strict   accept iff R(S') > R(S*)                       the papers' rule, as before this module
     paired   accept iff R(S') > R(S*)  and  gained > lost  and  p ≤ α        (α = --gate-alpha, default 0.1)
+    fresh    accept iff R(S') > R(S*)  and, on the GATE tasks,  gained > lost  and  p ≤ α       (MASA only)
 
 where both sets are scored on the SAME tasks t (s(t): a task's score, the mean over its rollouts) and
 
@@ -35,12 +36,32 @@ fixed draw (--n-train; the held-out split must stay unseen), so no other fresh t
 removes the noise of a small difference on a fixed task sample, not the bias of a task sample the teacher
 has seen; only the held-out split shows that (issue 16 asks for both gates to be measured there).
 
+The fresh gate (MASA, `--gate fresh`, `fresh_decision`) is for that bias. Measured on the offline default
+(qa), the climb's candidate gained 5 of the 24 search tasks and lost none (p = 1/32), so paired accepted it
+like strict, and on the 40 held-out tasks it gained 3 and lost 3: a gain on the very sample the search
+scores every candidate on (and picks the best of) is partly a gain on that sample. So fresh keeps strict's
+R(S') > R(S*) on the search tasks and runs the sign test on GATE tasks instead: --gate-tasks train tasks
+(default 24) drawn after the search and preliminary tasks (evolve_masa.load_gate_tasks: disjoint from them
+and from the held-out split, by id, types balanced), which the search never scores and the teacher never
+sees. The climb gates on all of them, a tree's result on those of its type (qa's default: 6 per type). Both
+sets are rolled out on the gate tasks only when R(S') > R(S*) (else there is nothing to test), and each
+side's gate-task rewards are kept in the decision record (`gate_rewards`), apart from its search metrics
+(R on the search tasks is unchanged); a later decision takes an incumbent's rewards from there, so it is
+not paid for twice. Cost: at most |gate tasks| target rollouts per climb decision, plus |gate tasks| once per
+incumbent (a tree: its type's share, per new best node and once for the root); no teacher call.
+
 Every decision is a record (`decision`):
 
     {"gate": "strict" | "paired", "alpha", "use": "climb" | "tree result" | "carry",
      "candidate", "incumbent" (ids), "candidate_reward", "incumbent_reward",
      "n" (tasks paired), "gained", "lost", "p" (one-sided; also computed under strict, for the record),
      "rescored" (MASA: tasks the incumbent was re-evaluated on), "accepted"}
+
+and fresh's also says which tasks it used: n, gained, lost and p are then the gate tasks' (none when R is not
+higher: n = 0, p = 1), and
+
+     "tasks": "gate", "gate_tasks" (their ids), "search": {"n", "gained", "lost", "p"} (the search tasks',
+     for the record), "gate_rewards": {"candidate": {task id: reward}, "incumbent": {...}}
 """
 from __future__ import annotations
 
@@ -48,12 +69,13 @@ from typing import Callable
 
 from minskill.paired import sign_test_p_greater
 
-GATES = ("strict", "paired")
+GATES = ("strict", "paired")            # every place (Skill-R1's --carry-gate too)
+MASA_GATES = (*GATES, "fresh")          # evolve_masa.py --gate: fresh needs train tasks apart from the search
 
 
 def check_gate(kind: str, alpha: float) -> None:
-    if kind not in GATES:
-        raise ValueError(f"gate must be one of {', '.join(GATES)}, got {kind!r}")
+    if kind not in MASA_GATES:
+        raise ValueError(f"gate must be one of {', '.join(MASA_GATES)}, got {kind!r}")
     if not 0.0 < alpha <= 1.0:
         raise ValueError(f"gate alpha must be in (0, 1], got {alpha}")
 
@@ -80,10 +102,16 @@ def _task_rewards(candidate) -> dict:
 
 
 def masa_decision(candidate, incumbent, kind: str, alpha: float, use: str,
-                  rescore: Callable[[list[str]], dict] | None = None) -> dict:
+                  rewards: Callable[[object, list], dict] | None = None, search_tasks: list = (),
+                  gate_tasks: list = (), history: list = ()) -> dict:
     """May MASA candidate `candidate` (masa.Candidate, evaluated) replace `incumbent`? Strict: its R is higher.
     Paired: also significantly more tasks gained than lost, on the candidate's tasks; the incumbent is first
-    re-evaluated (rescore(task ids) -> {task id: reward}) on those of them it has no score for."""
+    re-evaluated (rewards(skills, tasks) -> {task id: reward}, on `search_tasks`) on those it has no score for.
+    Fresh: `fresh_decision` on `gate_tasks` (`history`: the search's candidates, whose records it reads)."""
+    if kind == "fresh":
+        return fresh_decision(candidate, incumbent, alpha, use, rewards, gate_tasks, history)
+    rescore = None if rewards is None else (
+        lambda ids: rewards(incumbent.skills, [t for t in search_tasks if t.id in set(ids)]))
     mine, theirs = _task_rewards(candidate), _task_rewards(incumbent)
     missing = [t for t in mine if t not in theirs]
     if kind == "paired" and missing and rescore is not None:
@@ -92,6 +120,45 @@ def masa_decision(candidate, incumbent, kind: str, alpha: float, use: str,
     return decision(kind, alpha, use, candidate.id, incumbent.id, candidate.reward, incumbent.reward, scores,
                     candidate.reward > incumbent.reward,
                     rescored=len(missing) if kind == "paired" and rescore is not None else 0)
+
+
+def fresh_decision(candidate, incumbent, alpha: float, use: str, rewards: Callable[[object, list], dict],
+                   gate_tasks: list, history: list = ()) -> dict:
+    """--gate fresh (module docstring): R(S') > R(S*) on the search tasks, then the sign test on `gate_tasks`,
+    both sides rolled out there (rewards(skills, tasks) -> {task id: reward}) where no earlier record in
+    `history` (candidates) holds their reward yet."""
+    strict_ok = candidate.reward > incumbent.reward
+    mine, theirs, before = {}, {}, 0
+    if strict_ok and gate_tasks:
+        mine = _gate_rewards(candidate, gate_tasks, rewards, history)
+        before = len(_recorded_gate_rewards(incumbent, history).keys() & {t.id for t in gate_tasks})
+        theirs = _gate_rewards(incumbent, gate_tasks, rewards, history)
+    on_search = masa_decision(candidate, incumbent, "paired", alpha, use)   # no rescoring: for the record only
+    record = decision("fresh", alpha, use, candidate.id, incumbent.id, candidate.reward, incumbent.reward,
+                      [(mine[t], theirs[t]) for t in mine], strict_ok, rescored=len(theirs) - before if theirs else 0)
+    return {**record, "tasks": "gate", "gate_tasks": [t.id for t in gate_tasks],
+            "search": {k: on_search[k] for k in ("n", "gained", "lost", "p")},
+            "gate_rewards": {"candidate": mine, "incumbent": theirs}}
+
+
+def _recorded_gate_rewards(candidate, history: list) -> dict:
+    """The gate-task rewards that earlier fresh decisions (on any candidate in `history`) recorded for `candidate`."""
+    known = {}
+    for other in history:
+        record = other.gate or {}
+        for side in ("candidate", "incumbent"):
+            if record.get(side) == candidate.id:
+                known.update((record.get("gate_rewards") or {}).get(side) or {})
+    return known
+
+
+def _gate_rewards(candidate, gate_tasks: list, rewards: Callable[[object, list], dict], history: list) -> dict:
+    """{gate task id: reward} of `candidate`: recorded ones reused, the others rolled out now."""
+    known = _recorded_gate_rewards(candidate, history)
+    missing = [t for t in gate_tasks if t.id not in known]
+    if missing:
+        known.update(rewards(candidate.skills, missing))
+    return {t.id: known[t.id] for t in gate_tasks}
 
 
 # ---------------------------------------------------------------------------------------------- Skill-R1

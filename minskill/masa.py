@@ -21,7 +21,8 @@ Phase 1, general skills, hill climbing (`hill_climb`, driven by `MasaSearch.clim
         (S*, A, card, top-5 sets of the whole history by R) -> teacher: new general skills S'
                                                                                    `general_rewrite_messages`
         accept S' (S* <- S', R* <- R(S')) only if R(S') > R*   (strictly; equal or worse is rejected)
-        (--gate paired: only if it also wins a one-sided sign test on the per-task rewards; minskill/gates.py)
+        (--gate paired: only if it also wins a one-sided sign test on the per-task rewards; --gate fresh: on
+         gate tasks apart from the search tasks instead, never shown to the teacher; minskill/gates.py)
 
 Phase 2, task-specific skills, one UCB1 tree per task type t with the general skills of S* fixed
 (`MasaSearch.search_tree`, which runs `ucb.search`, the tree of minskill/ucb.py):
@@ -30,7 +31,8 @@ Phase 2, task-specific skills, one UCB1 tree per task type t with the general sk
     select by UCB1(n) = R̄(n) + C · sqrt(ln N(parent) / N(n))   (R̄: mean over n and its descendants)
     expand = failures of the node -> teacher attribution -> teacher rewrite of t's skills -> child
     J iterations; the tree's best node (highest own reward) gives t's skills in the evolved library
-    (--gate paired: the best node replaces the root only when it wins the sign test against the root).
+    (--gate paired / fresh: the best node replaces the root only when it wins the sign test against the root,
+     fresh on the gate tasks of type t).
     (A node gets up to `max_children` sibling rewrites before selection descends below it; see ucb.py.)
 
 Both phases stop early once the best R is 1, the maximum (nothing can be strictly better). The evolved
@@ -247,8 +249,6 @@ def one_shot_rewrite(teacher, card: ModelCard, skills: SkillSet, task_descriptio
                     common_mistakes=list(new.common_mistakes) or list(skills.common_mistakes))
 
 
-
-
 # ----------------------------------------------------------------------------------------------------------
 # Hill climbing (generic: payloads are whatever propose/evaluate understand; MASA's are Candidates)
 
@@ -424,11 +424,11 @@ class MasaSearch:
 
     def __init__(self, target, teacher, card: ModelCard, tasks: list, base_skills: SkillSet,
                  config: MasaConfig, state: dict | None = None, log: Callable[[str], None] | None = None,
-                 checkpoint: Callable[[dict], None] | None = None, budget: CallBudget | None = None):
+                 checkpoint: Callable[[dict], None] | None = None, budget: CallBudget | None = None, gate_tasks=()):
         if not tasks:
             raise ValueError("MasaSearch: no search tasks")
         self.target, self.teacher, self.card, self.tasks, self.config = target, teacher, card, tasks, config
-        self.base_skills, self.budget = base_skills, budget
+        self.base_skills, self.budget, self.gate_tasks = base_skills, budget, list(gate_tasks)  # --gate fresh
         self.log = log or (lambda line: None)
         self._checkpoint_fn = checkpoint
         self.types = sorted({t.type for t in tasks})
@@ -546,12 +546,12 @@ class MasaSearch:
 
     def gate(self, candidate: Candidate, incumbent: Candidate, use: str) -> bool:
         """Whether `candidate` may replace `incumbent` under --gate (minskill/gates.py; the decision is recorded
-        on the candidate). The paired gate re-evaluates the incumbent on the candidate's tasks it lacks."""
-        def rescore(task_ids: list[str]) -> dict:
-            tasks = [t for t in self.tasks if t.id in set(task_ids)]
-            return self.evaluate(incumbent.skills, tasks)[0]["task_rewards"]
-        c = self.config
-        candidate.gate = gates.masa_decision(candidate, incumbent, c.gate, c.gate_alpha, use, rescore)
+        on the candidate). Paired re-evaluates the incumbent on the candidate's tasks it lacks; fresh rolls both
+        out on the gate tasks (in a tree: those of its type), which the teacher never sees."""
+        c, gate_tasks = self.config, [t for t in self.gate_tasks if candidate.task_type in (None, t.type)]
+        rewards = lambda skills, tasks: self.evaluate(skills, tasks)[0]["task_rewards"]  # noqa: E731
+        candidate.gate = gates.masa_decision(candidate, incumbent, c.gate, c.gate_alpha, use, rewards, self.tasks,
+                                             gate_tasks, self.candidates)
         return candidate.gate["accepted"]
 
     def tree_result(self, tree: Tree) -> Candidate:

@@ -1,7 +1,10 @@
 """The acceptance gates (minskill/gates.py): the one-sided sign test by hand, the decision record, strict = the
 rule the code had before (MASA's climb and trees, Skill-R1's carry), paired rejecting a higher mean that rests
 on one task, the flags checked on --resume (old runs count as strict), and a scripted evolve_masa.py run with
---gate paired that records every decision."""
+--gate paired that records every decision. --gate fresh (MASA): a gain on the search tasks only is rejected
+(strict and paired accept it), a gain on the gate tasks too is accepted, the gate tasks are disjoint from the
+search, preliminary and held-out tasks, too few are refused before any model call, and a resumed run makes the
+same decisions."""
 import json
 import random
 import sys
@@ -253,10 +256,12 @@ def test_train_grpo_carry_gate_flags_and_resume(monkeypatch, tmp_path):
 
 def test_evolve_masa_gate_on_resume(tmp_path):
     parser = evolve_masa.build_parser()
-    saved_args = {k: v for k, v in vars(parser.parse_args([])).items() if k not in ("gate", "gate_alpha")}
+    saved_args = {k: v for k, v in vars(parser.parse_args([])).items() if k not in ("gate", "gate_alpha", "gate_tasks")}
     (tmp_path / "state.json").write_text(json.dumps({"args": saved_args, "calls_spent": 0, "search": None}))
     args, _ = evolve_masa.resume_args(parser, parser.parse_args(["--resume"]), tmp_path)
-    assert (args.gate, args.gate_alpha) == ("strict", 0.1)             # a run saved before --gate: strict
+    assert (args.gate, args.gate_alpha, args.gate_tasks) == ("strict", 0.1, 24)   # saved before --gate: strict
+    with pytest.raises(SystemExit):
+        evolve_masa.resume_args(parser, parser.parse_args(["--resume", "--gate-tasks", "12"]), tmp_path)
     args, _ = evolve_masa.resume_args(parser, parser.parse_args(["--resume", "--gate", "strict"]), tmp_path)
     with pytest.raises(SystemExit):
         evolve_masa.resume_args(parser, parser.parse_args(["--resume", "--gate", "paired"]), tmp_path)
@@ -320,3 +325,254 @@ def test_the_masa_report_shows_the_gate_decisions(paired_run):
     html = render_masa(load_run(paired_run))
     assert "gate: vs, gained / lost, p" in html and "paired vs #0: 6 / 0 of 12, p = 0.0156 (α = 0.1)" in html
     assert "gate, best node against the root: paired vs #" in html
+
+
+# ---------------------------------------------------------------------------------------------- fresh (MASA)
+
+FRESH_KEYS = RECORD_KEYS | {"tasks", "gate_tasks", "search", "gate_rewards"}
+
+
+def fresh_search(n_gate=6, gate_types=("qa",)):
+    """A search on 4 search tasks t0..t3 with gate tasks g0.. (types cycling through `gate_types`) whose target
+    is scripted per skill set: `scripted[skill name]` = {task id: reward} on the gate tasks."""
+    gate_tasks = [Task(f"g{i}", gate_types[i % len(gate_types)], f"gate question {i}?", "1") for i in range(n_gate)]
+    config = masa.MasaConfig(gate="fresh", gate_alpha=0.1)
+    s = masa.MasaSearch(None, None, ModelCard(name="m"), tasks(4), SkillSet([], {}, []), config, gate_tasks=gate_tasks)
+    s.scripted, s.asked = {}, []
+
+    def evaluate(skills, task_list):
+        name = skills.general[0].name
+        s.asked.append((name, [t.id for t in task_list]))
+        return {"task_rewards": {t.id: s.scripted[name].get(t.id, 0.0) for t in task_list}}, []
+    s.evaluate = evaluate
+    return s
+
+
+def named(s, name, search_scores: dict, gate_scores: dict, phase="general", task_type=None):
+    from minskill.skills import Skill
+    x = s.add_candidate(SkillSet([Skill(name=name, description="d", body="b", metadata={})], {}, []), phase,
+                        task_type=task_type)
+    x.reward = sum(search_scores.values()) / len(search_scores)
+    x.metrics = {"adjusted_reward": x.reward, "task_rewards": dict(search_scores)}
+    s.scripted[name] = dict(gate_scores)
+    return x
+
+
+def test_fresh_rejects_a_gain_on_the_search_tasks_only_which_strict_and_paired_accept():
+    search_gain = {"t0": 1, "t1": 1, "t2": 1, "t3": 1}                       # 4 gained of 4 search tasks: p = 1/16
+    for gate in ("strict", "paired", "fresh"):
+        s = fresh_search()
+        s.config.gate = gate
+        base = named(s, "base", {f"t{i}": 0 for i in range(4)}, {})          # 0 on every gate task
+        overfit = named(s, "overfit", search_gain, {})                       # and so is this one
+        assert s.gate(overfit, base, "climb") is (gate != "fresh"), gate
+    record = overfit.gate
+    assert set(record) == FRESH_KEYS and record["tasks"] == "gate" and record["gate"] == "fresh"
+    assert record["gate_tasks"] == [f"g{i}" for i in range(6)] and record["n"] == 6
+    assert (record["gained"], record["lost"], record["p"], record["accepted"]) == (0, 0, 1.0, False)
+    assert record["search"] == {"n": 4, "gained": 4, "lost": 0, "p": pytest.approx(1 / 16)}
+    assert record["gate_rewards"] == {"candidate": {f"g{i}": 0.0 for i in range(6)},
+                                      "incumbent": {f"g{i}": 0.0 for i in range(6)}}
+    assert overfit.metrics["task_rewards"] == search_gain and overfit.reward == 1.0   # search metrics untouched
+    assert overfit.to_json()["gate"] == record and masa.search_log(s.to_json())[overfit.id]["gate"] == record
+
+
+def test_fresh_accepts_a_gain_on_both_and_pays_the_incumbent_once():
+    s = fresh_search()
+    base = named(s, "base", {f"t{i}": 0 for i in range(4)}, {})
+    general = named(s, "general", {"t0": 1, "t1": 0, "t2": 0, "t3": 0}, {f"g{i}": 1 for i in range(5)})
+    assert s.gate(general, base, "climb")                                   # 5 gained, 0 lost on g0..g5: p = 1/32
+    assert (general.gate["gained"], general.gate["lost"], general.gate["rescored"]) == (5, 0, 6)
+    assert general.gate["search"]["p"] == 0.5                                # paired on the search tasks: rejected
+    assert s.asked == [("general", [f"g{i}" for i in range(6)]), ("base", [f"g{i}" for i in range(6)])]
+    s.asked.clear()
+    better = named(s, "better", {"t0": 1, "t1": 1, "t2": 0, "t3": 0}, {f"g{i}": 1 for i in range(6)})
+    assert not s.gate(better, general, "climb")                             # 1 gained of 6: p = 1/2
+    assert s.asked == [("better", [f"g{i}" for i in range(6)])]              # the incumbent's came from its record
+    assert better.gate["rescored"] == 0 and better.gate["gate_rewards"]["incumbent"] == general.gate["gate_rewards"]["candidate"]
+    s.asked.clear()
+    worse = named(s, "worse", {f"t{i}": 0 for i in range(4)}, {f"g{i}": 1 for i in range(6)})
+    assert not s.gate(worse, base, "climb") and s.asked == []               # R not higher: no rollout at all
+    assert (worse.gate["n"], worse.gate["p"], worse.gate["gate_rewards"]) == (0, 1.0, {"candidate": {}, "incumbent": {}})
+
+
+def test_fresh_tree_result_uses_the_gate_tasks_of_its_type():
+    s = fresh_search(n_gate=12, gate_types=("qa", "other"))                 # 6 gate tasks of type qa, 6 of another
+    root = ucb.Node(payload=named(s, "root", {"t0": 0, "t1": 0, "t2": 0, "t3": 0}, {}, "tree", "qa"))
+    root.reward = root.payload.reward
+    child = ucb.expand(root, named(s, "child", {"t0": 1, "t1": 0, "t2": 0, "t3": 0},
+                                   {f"g{i}": 1 for i in range(12)}, "tree", "qa"))
+    child.reward = child.payload.reward
+    s.trees["qa"] = masa.Tree(root, 1)
+    assert s.best_per_type()["qa"] is child.payload
+    record = child.payload.gate
+    assert record["use"] == "tree result" and record["gate_tasks"] == [f"g{i}" for i in range(0, 12, 2)]
+    assert (record["n"], record["gained"], record["p"]) == (6, 6, pytest.approx(1 / 64))
+    restored = fresh_search(n_gate=12, gate_types=("qa", "other"))
+    restored.restore(s.to_json())                                           # the decision survives a checkpoint
+    assert restored.best_per_type()["qa"].id == child.payload.id and restored.asked == []
+
+
+# ------------------------------------------------------------------ fresh: gate tasks of evolve_masa.py
+
+def test_gate_tasks_are_disjoint_balanced_and_leave_the_search_tasks_as_they_were():
+    parser = evolve_masa.build_parser()
+    for suite in ("qa", "household", "webwalk"):
+        args = parser.parse_args(["--suite", suite, "--gate", "fresh", "--gate-tasks", "24"])
+        prelim, search_tasks, heldout = evolve_masa.load_tasks(args)
+        gate = evolve_masa.load_gate_tasks(args, prelim + search_tasks + heldout)
+        assert len(gate) == 24 and len({t.id for t in gate}) == 24
+        assert not {t.id for t in gate} & {t.id for t in prelim + search_tasks + heldout}, suite
+        assert all(t.metadata["split"] == "train" for t in gate)
+        strict = evolve_masa.load_tasks(parser.parse_args(["--suite", suite]))   # the other gates: unchanged
+        assert [[t.id for t in part] for part in strict] == [[t.id for t in part] for part in (prelim, search_tasks, heldout)]
+        assert evolve_masa.load_gate_tasks(parser.parse_args(["--suite", suite]), []) == []
+        counts = {t.type: sum(g.type == t.type for g in gate) for t in gate}
+        assert max(counts.values()) - min(counts.values()) <= 1, (suite, counts)
+        if suite == "qa":
+            assert counts == {"counting": 6, "lookup": 6, "arithmetic": 6, "conversion": 6}
+            assert gate == evolve_masa.load_gate_tasks(args, prelim + search_tasks + heldout)   # deterministic
+
+
+def test_too_few_gate_tasks_are_refused_before_any_model_call(env, tmp_path, capsys):
+    out = tmp_path / "refused"
+    bogus = ["--target-url", "http://127.0.0.1:9/v1", "--teacher-url", "http://127.0.0.1:9/v1"]
+    with pytest.raises(SystemExit):     # the test suite's train split: 16 tasks, 14 of them search + preliminary
+        evolve_masa.main(argv(env, out, "--gate", "fresh", *bogus))
+    err = capsys.readouterr().err
+    assert ("--gate fresh needs --gate-tasks 24 train tasks beyond the 14 search and preliminary ones "
+            "(--n-train 12 + --n-prelim 2), but the train split of") in err
+    assert "holds 16 tasks, which leaves 2; lower --gate-tasks" in err and not out.exists()
+    with pytest.raises(SystemExit):     # a generated suite that cannot draw that many
+        evolve_masa.main(["--suite", "qa", "--n-train", "280", "--gate", "fresh", "--out", str(out), *bogus])
+    assert "beyond the 284 search and preliminary ones" in capsys.readouterr().err and not out.exists()
+    with pytest.raises(SystemExit):
+        evolve_masa.main(["--suite", "qa", "--gate", "fresh", "--gate-tasks", "0", "--out", str(out), *bogus])
+
+
+# ------------------------------------------------------------------ fresh: a scripted run end to end
+
+FRESH_ANSWERS: dict[str, str] = {}
+SEEN_SUMS: set[str] = set()
+
+
+def write_fresh_suite(path: Path) -> Path:
+    """16 train tasks per type (2 preliminary, 12 search, then gate tasks) and 4 held-out per type."""
+    lines = []
+    for i in range(20):
+        split = "train" if i < 16 else "heldout"
+        q_sum, q_secret = f"What is {i + 3} plus {2 * i + 1}?", f"What is the secret number of agent {i}?"
+        FRESH_ANSWERS[q_sum], FRESH_ANSWERS[q_secret] = str(3 * i + 4), str(100 + 7 * i)
+        if i <= 6:                      # sum-0 (preliminary) and sum-1..6 (search)
+            SEEN_SUMS.add(q_sum)
+        lines.append({"id": f"sum-{i}", "type": "sum", "question": q_sum, "answer": FRESH_ANSWERS[q_sum], "split": split})
+        lines.append({"id": f"secret-{i}", "type": "secret", "question": q_secret,
+                      "answer": FRESH_ANSWERS[q_secret], "split": split})
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+def overfit_target(messages, request):
+    """KEY-GENERAL helps only on the sum tasks the search scores (a gain specific to that sample); KEY-SECRET
+    helps on every secret task."""
+    system = messages[0]["content"] if messages[0]["role"] == "system" else ""
+    question = messages[-1]["content"]
+    if question in FRESH_ANSWERS and (("KEY-GENERAL" in system and question in SEEN_SUMS)
+                                      or ("KEY-SECRET" in system and "secret" in question)):
+        return f"Answer: {FRESH_ANSWERS[question]}"
+    return "I am not sure, maybe 1."
+
+
+@pytest.fixture(scope="module")
+def fresh_env(env):
+    from minskill.server import ScriptedBackend, start_server
+    server = start_server(ScriptedBackend(overfit_target, name="overfit"))
+    suite = write_fresh_suite(env["tmp"] / "fresh-suite.jsonl")
+
+    def fresh_argv(out, *extra):
+        return ["--suite", str(suite), "--base-skills", str(env["base"]), "--n-train", "12", "--n-prelim", "2",
+                "--n-heldout", "8", "--target-url", server.url, "--target-model", "overfit", "--teacher-url",
+                env["teacher"], "--teacher-model", "teacher", "--iterations", "3", "--patience", "2",
+                "--tree-iterations", "3", "--episodes", "4", "--concurrency", "4", "--out", str(out), *extra]
+    yield {"argv": fresh_argv, "tmp": env["tmp"], "suite": suite}
+    server.close()
+
+
+@pytest.fixture(scope="module")
+def fresh_run(fresh_env):
+    out = fresh_env["tmp"] / "run-fresh"
+    assert evolve_masa.main(fresh_env["argv"](out, "--gate", "fresh", "--gate-tasks", "8")) == 0
+    return out
+
+
+def test_evolve_masa_fresh_rejects_the_overfit_climb_that_paired_accepts(fresh_env, fresh_run):
+    state = read(fresh_run, "state.json")
+    assert (state["args"]["gate"], state["args"]["gate_tasks"]) == ("fresh", 8)
+    gate_ids = [f"{kind}-{i}" for i in range(7, 11) for kind in ("sum", "secret")]
+    assert state["gate_tasks"] == gate_ids                                   # after the 2 + 12 train tasks
+    args = evolve_masa.build_parser().parse_args(fresh_env["argv"](fresh_run))
+    used = [t.id for part in evolve_masa.load_tasks(args) for t in part]
+    assert not set(gate_ids) & set(used) and len(used) == 2 + 12 + 8
+    general = [x for x in state["search"]["candidates"] if x["phase"] == "general" and x["reward"] is not None]
+    assert len(general) == 2 and all(set(x["gate"]) == FRESH_KEYS and not x["accepted"] for x in general)
+    first, second = general[0]["gate"], general[1]["gate"]
+    # KEY-GENERAL fixes the 6 search sum tasks (paired would accept: p = 1/64) but none of the 8 gate tasks
+    assert first["search"] == {"n": 12, "gained": 6, "lost": 0, "p": pytest.approx(1 / 64)}
+    assert (first["n"], first["gained"], first["lost"], first["p"]) == (8, 0, 0, 1.0)
+    assert first["gate_tasks"] == gate_ids and first["rescored"] == 8 and second["rescored"] == 0
+    # the secret tree's child solves its 4 secret gate tasks too: 4 gained, p = 1/16, it replaces the root
+    trees = [x["gate"] for x in state["search"]["candidates"] if (x.get("gate") or {}).get("use") == "tree result"]
+    assert [(g["gate_tasks"], g["gained"], g["lost"], g["accepted"]) for g in trees] == \
+        [([f"secret-{i}" for i in range(7, 11)], 4, 0, True)]
+    library = read(fresh_run, "library.json")
+    assert "KEY-SECRET" in json.dumps(library) and "KEY-GENERAL" not in json.dumps(library)
+    paired = fresh_env["tmp"] / "run-fresh-vs-paired"
+    assert evolve_masa.main(fresh_env["argv"](paired, "--gate", "paired")) == 0
+    climb = [x["gate"] for x in read(paired, "state.json")["search"]["candidates"] if x["phase"] == "general"]
+    assert climb[0]["accepted"] and (climb[0]["gained"], climb[0]["lost"]) == (6, 0)
+    # on the held-out split the accepted KEY-GENERAL gains nothing on sum: the gain was the search sample's
+    assert read(paired, "results.json")["heldout"]["gained_lost"]["**all**"] == \
+        read(fresh_run, "results.json")["heldout"]["gained_lost"]["**all**"] == [4, 0]
+
+
+@pytest.mark.parametrize("stop_at", [3, 6])   # saves: start, base, general 1, 2, trees, roots, tree iterations
+def test_evolve_masa_fresh_resume_is_the_same_search(fresh_env, fresh_run, monkeypatch, stop_at):
+    out = fresh_env["tmp"] / f"run-fresh-interrupted-{stop_at}"
+    real_save, saves = evolve_masa.save_checkpoint, []
+
+    def interrupt(folder, state):
+        real_save(folder, state)
+        saves.append(1)
+        if len(saves) == stop_at:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(evolve_masa, "save_checkpoint", interrupt)
+    assert evolve_masa.main(fresh_env["argv"](out, "--gate", "fresh", "--gate-tasks", "8")) == 130
+    monkeypatch.setattr(evolve_masa, "save_checkpoint", real_save)
+    with pytest.raises(SystemExit):                                         # the gate tasks are part of the run
+        evolve_masa.main(["--resume", "--out", str(out), "--gate-tasks", "6"])
+    assert evolve_masa.main(["--resume", "--out", str(out)]) == 0
+    keys = ("phase", "task_type", "parent", "reward", "accepted", "node", "gate")
+    strip = lambda state: [{k: c.get(k) for k in keys} for c in state["search"]["candidates"]]  # noqa: E731
+    assert strip(read(out, "state.json")) == strip(read(fresh_run, "state.json"))
+    assert read(out, "library.json") == read(fresh_run, "library.json")
+    assert read(out, "state.json")["gate_tasks"] == read(fresh_run, "state.json")["gate_tasks"]
+
+
+def test_evolve_masa_fresh_resume_refuses_other_gate_tasks(fresh_env, fresh_run, tmp_path, capsys):
+    import shutil
+    out = tmp_path / "edited"
+    shutil.copytree(fresh_run, out)
+    state = read(out, "state.json")
+    state["gate_tasks"][0] = "sum-15"                                       # as if the suite file had changed
+    (out / "state.json").write_text(json.dumps(state))
+    with pytest.raises(SystemExit):
+        evolve_masa.main(["--resume", "--out", str(out)])
+    assert "the suite now gives other gate tasks than the saved run's (8 vs 8; differing ids: sum-15, sum-7)" \
+        in capsys.readouterr().err
+
+
+def test_the_masa_report_shows_fresh_decisions(fresh_run):
+    from minskill.provenance import load_run
+    from minskill.report_masa import render_masa
+    assert "fresh vs #0: 0 / 0 of 8" in render_masa(load_run(fresh_run))
