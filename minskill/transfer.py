@@ -26,35 +26,48 @@ with d(t) = r_L(t) − r_ref(t):
 
 A crossing in the matrix (F₁ does best with L₁, F₂ with L₂) is the model-dependence effect.
 
-Arguments. `--libraries LABEL=PATH ...`: PATH an Agent Skills folder or a MASA .json (SkillSet.load),
-`builtin` (the suite's hand-written base skills) or `none` (no system prompt); an unlabelled PATH is
-labelled by its name (`runs/masa-qa/library` → `masa-qa`, since evolve_masa.py names every output
-`library`). `--targets LABEL=SPEC ...`: SPEC an OpenAI-compatible base URL (http://...; the model name
-from `--target-model LABEL=NAME`, else the first the server lists), or a model spec for the embedded
-server (smollm2-135m or an HF folder) with an optional `:int8` / `:auto` suffix for int8 weights; one
-embedded server per distinct (spec, quantisation), all stopped at the end. A label is 1-64 characters of
-letters, digits and `._+-` (it names files).
+Arguments. `--libraries LABEL=PATH ...`: PATH an Agent Skills folder or a MASA .json (SkillSet.load), `builtin` (the
+suite's hand-written base skills) or `none` (no system prompt); an unlabelled PATH is labelled by its name
+(`runs/masa-qa/library` → `masa-qa`: evolve_masa.py names every output `library`). `--targets LABEL=SPEC ...`:
+SPEC an OpenAI-compatible base URL (http://...; the model name from `--target-model LABEL=NAME`, else the first the
+server lists), or a model spec for the embedded server (smollm2-135m or an HF folder) with an optional `:int8` /
+`:auto` suffix for int8 weights; one embedded server per distinct (spec, quantisation), all stopped at the end. A
+label is 1-64 characters of letters, digits and `._+-` (it names files).
 
-`--rewriter CKPT` (a `rewrite.py train` output or HF folder) adds, for every library L and target F, a row
-"L+rw": the rewriter's one-pass rewrite of L for F's model card (`--model-card LABEL=PATH`: a card file, a
-checkpoint folder or a model spec; an embedded target's default is the card of its spec; a URL target
-needs one), and the task description `--task` (default: masa.suite_description of the suite's train
-tasks, as evolve_masa.py writes it into the SFT records). The reference of a rewritten cell is its input
-library L on the same target, so Δ is the rewriter's own effect. A rewrite that does not parse leaves its
-cell unscored, its raw text in OUT/rewritten/F/L.raw.txt.
+`--rewriter CKPT` (a `rewrite.py train` output or HF folder) adds, for every library L and target F, a row "L+rw":
+the rewriter's one-pass rewrite of L for F's model card (`--model-card LABEL=PATH`: a card file, a checkpoint folder
+or a model spec; an embedded target's default is the card of its spec; a URL target needs one), and the task
+description `--task` (default: masa.suite_description of the suite's train tasks, as evolve_masa.py writes it into
+the SFT records). The reference of a rewritten cell is its input library L on the same target, so Δ is the
+rewriter's own effect. A rewrite that does not parse leaves its cell unscored, its raw text in
+OUT/rewritten/F/L.raw.txt.
 
-Outputs in --out (default runs/transfer-TIME; a non-empty folder is refused without --overwrite),
-written atomically (minskill.runs): transfer.json (libraries, targets, task ids, per cell n, success,
-ci95, per-task rewards and the paired difference to its reference: diff, gained, lost, p, ci95 by
-bootstrap), table.md (the matrix), trajectories/F/L.jsonl, rewritten/F/L/ (Agent Skills) with --rewriter.
-transfer.json is rewritten after every cell ("complete": false until the end). `python -m minskill.report
+Outputs in --out (default runs/transfer-TIME; a non-empty folder is refused without --overwrite or --resume),
+written atomically (minskill.runs): transfer.json (the arguments, libraries, targets, task ids, per cell n, success,
+ci95, per-task rewards and the paired difference to its reference: diff, gained, lost, p, ci95 by bootstrap),
+table.md (the matrix), trajectories/F/L.jsonl, rewritten/F/L/ (Agent Skills) with --rewriter. transfer.json is
+written once the targets answer and after every cell ("complete": false until the end). `python -m minskill.report
 OUT` draws it as a heat map (minskill/report_transfer.py).
+
+Resume. `python -m minskill.transfer --resume --out OUT` continues an interrupted matrix (Ctrl-C, a kill, a failing
+endpoint) with the arguments transfer.json saved ("args": all but --api-key, --out, --overwrite). It keeps every
+cell transfer.json holds (rewards, paired numbers, trajectories file; one whose trajectories file is gone is scored
+again), scores only the missing ones in an uninterrupted run's order and writes what that run writes; rewritten rows
+are read back from OUT/rewritten/. Flags that define the cells (libraries, suite, --n-heldout, --task-seed,
+--max-tokens, --skill-max-tokens, --seed, retrieval, the rewriter's, --target-model, --model-card) may be given only
+with their saved values; run settings may change (--api-key, --concurrency, --timeout, --startup-timeout, --device,
+--embed-url), and so may a URL target's URL (the endpoint moved: --targets with the saved labels in the saved order,
+embedded ones as saved) if it serves the saved model. Refused with exit 2: any other change, held-out tasks (ids,
+questions) or library skills not the saved ones, an OUT without transfer.json. Paths are read as given (resume where
+the run started). A complete run: table.md is rewritten, nothing to do.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import importlib.util
+import json
 import re
 import signal
 import sys
@@ -70,7 +83,8 @@ from minskill.quantize import QUANTIZE_CHOICES
 from minskill.retrieval import (RetrievalError, add_retrieval_args, check_retrieval_args, retriever_from_args,
                                 with_retrieval)
 from minskill.rollout import load_skills, run_rollouts, summarize
-from minskill.runs import check_run_folder, open_run_folder, write_json_atomic, write_jsonl_atomic, write_text_atomic
+from minskill.runs import (check_run_folder, open_run_folder, read_json, write_json_atomic, write_jsonl_atomic,
+                           write_text_atomic)
 from minskill.server import embedded_client
 from minskill.skills import SkillFormatError
 from minskill.skillsets import SkillSet
@@ -80,6 +94,8 @@ from minskill.weights import DEFAULT_MODEL
 PROG = "python -m minskill.transfer"
 LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,63}")
 REWRITTEN = "+rw"        # suffix of a rewritten row's label: "base+rw" is the rewriter's rewrite of "base"
+RUN_SETTINGS = ("api_key", "concurrency", "timeout", "startup_timeout", "device", "embed_url")  # --resume may change
+NOT_SAVED = ("resume", "overwrite", "out", "api_key")      # the flags transfer.json's "args" leaves out
 
 
 class TransferError(ValueError):
@@ -154,6 +170,12 @@ def unique(labels: list[str], flag: str) -> None:
         raise TransferError(f"{flag}: the label {seen[0]!r} is given twice (labels name rows, columns and files)")
 
 
+def digest(skills: SkillSet | None) -> str | None:
+    """A fingerprint of a library's skills: --resume refuses a library that changed since its cells were scored."""
+    text = None if skills is None else json.dumps(skills.to_json(), sort_keys=True)
+    return text and hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 def suite_name(suite: str) -> str:
     return Path(suite).stem if suite.endswith(".jsonl") else suite
 
@@ -211,7 +233,9 @@ def load_targets(args) -> list[Target]:
             raise TransferError(f"--target-model {label}={model}: target {label!r} is the embedded server, "
                                 f"which serves one model; a model name is for a URL target")
         target.model = model
-    if args.rewriter:
+    if args.model_card and not args.rewriter:
+        raise TransferError("--model-card is for --rewriter (the card the rewriter adapts a library to)")
+    if args.rewriter and not args.resume:     # on --resume the rewrites are read back: no cards needed
         cards = label_map(args.model_card, "--model-card", labels)
         for target in targets:
             if target.label not in cards and target.url is not None:
@@ -222,8 +246,6 @@ def load_targets(args) -> list[Target]:
                 target.card = rewrite_cli().load_model_card(spec)
             except (OSError, ValueError, RuntimeError) as e:
                 raise TransferError(f"--model-card {target.label}={spec}: {e}") from None
-    elif args.model_card:
-        raise TransferError("--model-card is for --rewriter (the card the rewriter adapts a library to)")
     return targets
 
 
@@ -256,15 +278,13 @@ def task_description(args) -> str:
 def rewrite_cli():
     """rewrite.py, the stage-2 script next to the package, loaded by path (it is not a package module)."""
     path = Path(__file__).resolve().parent.parent / "rewrite.py"
-    if "minskill_rewrite_cli" in sys.modules:
-        return sys.modules["minskill_rewrite_cli"]
-    if not path.is_file():
-        raise TransferError(f"--rewriter needs rewrite.py next to the minskill package ({path} is missing)")
-    spec = importlib.util.spec_from_file_location("minskill_rewrite_cli", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    if "minskill_rewrite_cli" not in sys.modules:
+        if not path.is_file():
+            raise TransferError(f"--rewriter needs rewrite.py next to the minskill package ({path} is missing)")
+        spec = importlib.util.spec_from_file_location("minskill_rewrite_cli", path)
+        sys.modules[spec.name] = module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    return sys.modules["minskill_rewrite_cli"]
 
 
 def rewritten_rows(args, libraries: list[Library], targets: list[Target], out: Path) -> list[Row]:
@@ -273,12 +293,10 @@ def rewritten_rows(args, libraries: list[Library], targets: list[Target], out: P
     import torch
     from minskill.weights import load_model
     cli = rewrite_cli()
-    checkpoint = cli.resolve_rewriter(args.rewriter)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    model, tokenizer = load_model(checkpoint, dtype=torch.float32, device=device)
+    model, tokenizer = load_model(cli.resolve_rewriter(args.rewriter), dtype=torch.float32, device=device)
     model.eval()
-    task = task_description(args)
-    rows = []
+    task, rows = task_description(args), []
     for library in (lib for lib in libraries if lib.skills is not None):
         row = Row(library.label + REWRITTEN, rewritten_from=library.label)
         for target in targets:
@@ -303,7 +321,7 @@ def rewritten_rows(args, libraries: list[Library], targets: list[Target], out: P
 # ----------------------------------------------------------------------------------------------------------
 # Scoring
 
-STARTED = time.time()
+STARTED = time.time()    # the run's clock; --resume sets it back by the seconds of the earlier sessions
 
 
 def log(line: str) -> None:
@@ -379,28 +397,40 @@ def column_order(rows: list[Row], target: Target) -> list[Row]:
 
 
 def score_matrix(run: dict, rows: list[Row], targets: list[Target], tasks: list, args, out: Path, clients) -> None:
-    """Every cell, column by column; transfer.json rewritten after each."""
-    total, done = len(rows) * len(targets), 0
-    for target in targets:
-        client = clients[target.label]
-        retriever = retriever_from_args(args, client, args.api_key)
-        rewards: dict[str, list[float]] = {}
-        for row in column_order(rows, target):
-            done += 1
-            reference = reference_of(row, rows, target)
-            if target.label in row.unparsed:
-                run["cells"].append(cell_record(row, target, reference, None, None, None))
-                log(f"[{done}/{total}] {row.label} on {target.label}: not scored (the rewrite did not parse)")
-                continue
-            started = time.time()
-            trajectories, summary, rewards[row.label] = score_cell(client, tasks, row.skills_for[target.label],
-                                                                   args, retriever)
+    """Every cell that run["cells"] lacks, column by column; transfer.json saved after each. A cell it holds
+    (--resume) is kept, unless its trajectories file is gone; at the end the cells are in the scoring order."""
+    order = [(row, target) for target in targets for row in column_order(rows, target)]
+    position = {(row.label, target.label): i for i, (row, target) in enumerate(order)}
+    kept = {(c["library"], c["target"]): c for c in run["cells"] if (c["library"], c["target"]) in position
+            and (c["trajectories"] is None or (out / c["trajectories"]).is_file())}
+    run["cells"] = list(kept.values())
+    if args.resume:
+        log(f"resuming {out}: {len(kept)} of {len(order)} cells kept, {len(order) - len(kept)} to score")
+    rewards, retrievers = {}, {}     # (library, target) -> per-task rewards; target label -> Retriever | None
+    for done, (row, target) in enumerate(order, 1):
+        key, reference = (row.label, target.label), reference_of(row, rows, target)
+        if key in kept:
+            rewards[key] = kept[key]["rewards"]
+            continue
+        started, client, summary = time.time(), clients[target.label], None
+        if target.label not in row.unparsed:
+            if target.label not in retrievers:
+                retrievers[target.label] = retriever_from_args(args, client, args.api_key)
+            trajectories, summary, rewards[key] = score_cell(client, tasks, row.skills_for[target.label], args,
+                                                             retrievers[target.label])
             write_jsonl_atomic(out / "trajectories" / target.label / f"{row.label}.jsonl",
                                [t.to_json() for t in trajectories])
-            cell = cell_record(row, target, reference, summary, rewards[row.label], rewards.get(reference))
-            run["cells"].append(cell)
-            write_json_atomic(out / "transfer.json", run)
-            log(f"[{done}/{total}] {row.label} on {target.label}: {cell_text(cell)}  {time.time() - started:.1f}s")
+        cell = cell_record(row, target, reference, summary, rewards.get(key), rewards.get((reference, target.label)))
+        run["cells"].append(cell)
+        save_run(run, out)
+        log(f"[{done}/{len(order)}] {row.label} on {target.label}: {cell_text(cell)}  {time.time() - started:.1f}s")
+    run["cells"].sort(key=lambda c: position[(c["library"], c["target"])])
+
+
+def save_run(run: dict, out: Path) -> None:
+    """transfer.json, with the seconds of all the run's sessions so far (STARTED)."""
+    run["seconds"] = round(time.time() - STARTED, 1)
+    write_json_atomic(out / "transfer.json", run)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -453,6 +483,84 @@ def matrix_table(run: dict) -> str:
 
 
 # ----------------------------------------------------------------------------------------------------------
+# --resume (module docstring)
+
+def resume_args(argv: list[str], args) -> tuple[argparse.Namespace, dict]:
+    """--resume: (the saved run's arguments with the run settings given now, the saved transfer.json).
+    A flag that defines the cells may be given only with its saved value; of --targets, only a URL's URL."""
+    if not args.out or args.overwrite:
+        raise TransferError("--resume needs --out OUT, the folder of the run to continue" if not args.out else
+                            "--resume and --overwrite contradict each other (continue the run, or replace it)")
+    path = Path(args.out) / "transfer.json"
+    try:
+        run = read_json(path, f"--resume: {path}", missing=f"--resume: no transfer matrix to continue in "
+                        f"{args.out} (no transfer.json: a run writes it once its targets answer; else: --overwrite)")
+    except (FileNotFoundError, ValueError) as e:
+        raise TransferError(str(e)) from None
+    if not (isinstance(run, dict) and run.get("kind") == "transfer" and isinstance(run.get("args"), dict)
+            and isinstance(run.get("targets"), list) and isinstance(run.get("cells"), list)):
+        raise TransferError(f"--resume: {path} is not a transfer matrix that can be continued (no saved arguments)")
+    quiet = build_parser()           # parses only what the command line gives: no defaults
+    for action in quiet._actions:
+        action.default = argparse.SUPPRESS
+    saved, given = run["args"], vars(quiet.parse_args(argv))
+    for key, value in given.items():
+        if key not in (*RUN_SETTINGS, "resume", "out", "targets") and value != saved.get(key):
+            name = "--" + key.replace("_", "-")
+            raise TransferError(f"--resume: {name} {value!r} contradicts the saved run's {name} {saved.get(key)!r}; "
+                                f"it defines the cells, so the kept cells would not match new ones: drop {name}, "
+                                f"or start a new matrix in another --out")
+    wanted, old = given.get("targets", saved["targets"]), run["targets"]
+    new = [parse_target(t) for t in wanted]
+    if len(new) != len(old) or any(n.label != o["label"] or (n.url is None) != (o["url"] is None)
+                                   or (n.url is None and n.spec != o["spec"]) for n, o in zip(new, old)):
+        raise TransferError(f"--resume: --targets {' '.join(wanted)} contradicts the saved run's "
+                            f"--targets {' '.join(saved['targets'])}: give the same labels in the same order, each "
+                            f"embedded target with its saved spec; only a URL target's URL may change (LABEL=URL)")
+    saved["targets"] = [f"{t.label}={t.spec}" for t in new]      # a moved URL is the one a later resume uses
+    run.setdefault("resumed", []).append(command_line(argv))
+    return argparse.Namespace(**{**vars(args), **saved, **{k: given[k] for k in RUN_SETTINGS if k in given},
+                                 "resume": True}), run
+
+
+def check_resumable(run: dict, tasks: list, libraries: list[Library]) -> None:
+    """--resume: the held-out tasks and the libraries are the ones the saved cells were scored on."""
+    if [t.id for t in tasks] != run["task_ids"] or [str(t.question)[:300] for t in tasks] != run["questions"]:
+        raise TransferError(f"--resume: the held-out task ids (or questions) of --suite {run['suite']} are not the "
+                            f"saved run's ({len(tasks)} now: {' '.join(t.id for t in tasks[:3])} ...; "
+                            f"{run['n_tasks']} saved: {' '.join(run['task_ids'][:3])} ...): the suite changed")
+    saved = {r["label"]: r.get("digest") for r in run["libraries"] if r["rewritten_from"] is None}
+    changed = [f"{lib.label}={lib.spec}" for lib in libraries if saved.get(lib.label, "") != digest(lib.skills)]
+    if changed or len(saved) != len(libraries):
+        raise TransferError(f"--resume: --libraries {' '.join(changed) or '(their labels)'}: not the skills the "
+                            f"saved cells were scored with (a library changed since the run)")
+
+
+def saved_rows(run: dict, libraries: list[Library], targets: list[Target], out: Path) -> list[Row]:
+    """--resume: the saved run's rows; a rewritten row's skills read back from OUT/rewritten/F/L/."""
+    rows, skills = [], {lib.label: lib.skills for lib in libraries}
+    for r in run["libraries"]:
+        row = Row(r["label"], rewritten_from=r["rewritten_from"], unparsed=dict(r.get("unparsed") or {}))
+        for target in (t for t in targets if t.label not in row.unparsed):
+            where = out / "rewritten" / target.label / str(row.rewritten_from)
+            try:
+                row.skills_for[target.label] = SkillSet.load(where) if row.rewritten_from else skills[row.label]
+            except (SkillFormatError, ValueError, OSError) as e:
+                raise TransferError(f"--resume: the rewritten library {where} does not load ({e})") from None
+        rows.append(row)
+    return rows
+
+
+def check_models(run: dict, targets: list[Target]) -> None:
+    """--resume, once connected: each target serves the model its saved column was scored on."""
+    for target, saved in zip(targets, run["targets"]):
+        if target.model != saved["model"]:
+            raise TransferError(f"--resume: --targets {target.label}={target.spec} serves the model {target.model!r}"
+                                f", but the saved column {target.label} was scored on {saved['model']!r}")
+        saved.update(spec=target.spec, url=target.url)
+
+
+# ----------------------------------------------------------------------------------------------------------
 # The command
 
 def build_parser() -> argparse.ArgumentParser:
@@ -462,15 +570,15 @@ def build_parser() -> argparse.ArgumentParser:
                     "the same held-out tasks; success with a 95% Wilson interval, and per cell the paired "
                     "difference to the column's own library (gained/lost tasks, exact sign test p).",
         epilog=f"example:\n  {PROG} --suite qa --libraries base=builtin evolved=runs/masa-qa/library \\\n"
-               "      --targets f32=smollm2-135m int8=smollm2-135m:int8\n\n"
+               "      --targets f32=smollm2-135m int8=smollm2-135m:int8\n"
+               f"continue an interrupted one (only its missing cells are scored):\n  {PROG} --resume --out OUT\n\n"
                "LABEL=VALUE: a target's own library is the library with its label (else the first library).\n"
-               "Equations, outputs and the --rewriter rows: see the module docstring (minskill/transfer.py).")
-    p.add_argument("--libraries", nargs="+", required=True, metavar="[LABEL=]PATH",
-                   help="skill libraries: an Agent Skills folder, a MASA .json, builtin (the suite's base "
-                        "skills) or none (no system prompt)")
-    p.add_argument("--targets", nargs="+", required=True, metavar="[LABEL=]SPEC",
-                   help="target models: http(s)://HOST:PORT/v1, or an embedded model spec (smollm2-135m, an HF "
-                        "folder) with an optional :int8 or :auto suffix")
+               "Equations, outputs, --resume and the --rewriter rows: see the module docstring "
+               "(minskill/transfer.py).")
+    p.add_argument("--libraries", nargs="+", metavar="[LABEL=]PATH", help="skill libraries: an Agent Skills folder, "
+                   "a MASA .json, builtin (the suite's base skills) or none (no system prompt)")
+    p.add_argument("--targets", nargs="+", metavar="[LABEL=]SPEC", help="target models: http(s)://HOST:PORT/v1, or "
+                   "an embedded model spec (smollm2-135m, an HF folder) with an optional :int8 or :auto suffix")
     p.add_argument("--target-model", nargs="+", default=None, metavar="LABEL=NAME",
                    help="the model name to ask a URL target for (default: the first it lists)")
     p.add_argument("--api-key", default=None, help="API key of the URL targets (default $OPENAI_API_KEY)")
@@ -483,9 +591,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_retrieval_args(p.add_argument_group("retrieval (minskill.retrieval)"))
     g = p.add_argument_group("--rewriter: also score each library rewritten for each target (MASA stage 2)")
     g.add_argument("--rewriter", default=None, metavar="CKPT", help="a rewrite.py train --out folder or HF folder")
-    g.add_argument("--model-card", nargs="+", default=None, metavar="LABEL=PATH",
-                   help="a target's model card: JSON/YAML file, checkpoint folder or model spec (default for "
-                        "an embedded target: its spec's card)")
+    g.add_argument("--model-card", nargs="+", default=None, metavar="LABEL=PATH", help="a target's model card: a "
+                   "JSON/YAML file, checkpoint folder or model spec (an embedded target's default: its spec's card)")
     g.add_argument("--task", default=None, help="task description given to the rewriter (default: the suite's)")
     g.add_argument("--rewriter-max-tokens", type=int, default=1536, help="reply budget of the rewriter")
     g.add_argument("--device", default=None, help="the rewriter's device (default cuda when available)")
@@ -495,11 +602,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--startup-timeout", type=float, default=600.0, help="seconds to wait for an embedded server")
     g.add_argument("--out", default=None, help="output folder (default runs/transfer-TIME)")
     g.add_argument("--overwrite", action="store_true", help="replace what a non-empty --out holds")
+    g.add_argument("--resume", action="store_true", help="continue the matrix in --out with its saved arguments: "
+                   "only its missing cells are scored (run settings and a URL target's URL may change)")
     return p
 
 
-def set_up(args) -> tuple[list[Library], list[Target], list, Path]:
-    """Everything checked before any model starts: libraries, targets (and cards), tasks, the folder."""
+def set_up(args, saved: dict | None) -> tuple[list[Library], list[Target], list, Path]:
+    """Checked before any model starts: libraries, targets (cards), tasks, the folder; --resume: check_resumable."""
     tasks = load_tasks(args)
     libraries = [load_library(x, args.suite) for x in args.libraries]
     unique([lib.label for lib in libraries], "--libraries")
@@ -507,31 +616,37 @@ def set_up(args) -> tuple[list[Library], list[Target], list, Path]:
     if clash:
         raise TransferError(f"--libraries: the label {clash!r} ends with {REWRITTEN!r}, which names the "
                             f"rewriter's rows; choose another label")
-    targets = load_targets(args)
+    targets, out = load_targets(args), Path(args.out or f"runs/transfer-{time.strftime('%Y%m%d-%H%M%S')}")
     try:
         check_retrieval_args(args)
-    except RetrievalError as e:
-        raise TransferError(str(e)) from None
-    out = Path(args.out or f"runs/transfer-{time.strftime('%Y%m%d-%H%M%S')}")
-    try:
-        check_run_folder(out, False, args.overwrite, PROG)
-    except SystemExit as e:
+        check_run_folder(out, args.resume, args.overwrite, PROG)
+    except (RetrievalError, SystemExit) as e:
         raise TransferError(str(e).removeprefix(f"{PROG}: ")) from None
+    if saved is not None:
+        check_resumable(saved, tasks, libraries)
     return libraries, targets, tasks, out
 
 
+def command_line(argv: list[str]) -> str:
+    """The command as run, --api-key's value hidden (transfer.json is shared; the key is not saved)."""
+    words = ["--api-key=***" if str(w).startswith("--api-key=") else str(w) for w in argv]
+    return f"{PROG} " + " ".join("***" if i and words[i - 1] == "--api-key" else w for i, w in enumerate(words))
+
+
 def run_record(args, rows: list[Row], libraries: list[Library], targets: list[Target], tasks: list, argv) -> dict:
-    specs = {lib.label: lib.spec for lib in libraries}
+    by_label = {lib.label: lib for lib in libraries}
     return {"version": 1, "kind": "transfer", "complete": False, "suite": args.suite,
             "suite_name": suite_name(args.suite), "split": "heldout", "task_seed": args.task_seed,
             "n_tasks": len(tasks), "task_ids": [t.id for t in tasks], "task_types": [t.type for t in tasks],
             "questions": [str(t.question)[:300] for t in tasks], "rewriter": args.rewriter,
-            "libraries": [{"label": r.label, "spec": specs.get(r.label, f"{args.rewriter} on {r.rewritten_from}"),
-                           "rewritten_from": r.rewritten_from} for r in rows],
+            "libraries": [{"label": r.label, "rewritten_from": r.rewritten_from, "unparsed": r.unparsed,
+                           **({"spec": by_label[r.label].spec, "digest": digest(by_label[r.label].skills)}
+                              if r.rewritten_from is None else {"spec": f"{args.rewriter} on {r.rewritten_from}"})}
+                          for r in rows],
             "targets": [{"label": t.label, "spec": t.spec, "url": t.url, "model_spec": t.model_spec,
                          "quantize": t.quantize, "model": t.model, "card": t.card} for t in targets],
-            "cells": [], "max_tokens": args.max_tokens, "retrieve": args.retrieve,
-            "command": f"{PROG} " + " ".join(argv)}
+            "cells": [], "max_tokens": args.max_tokens, "retrieve": args.retrieve, "command": command_line(argv),
+            "args": {k: v for k, v in vars(args).items() if k not in NOT_SAVED}}
 
 
 def main(argv=None) -> int:
@@ -541,28 +656,40 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if threading.current_thread() is threading.main_thread():   # `kill` / `timeout`: stop the servers too
         signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    saved = out = None
     try:
-        libraries, targets, tasks, out = set_up(args)
+        if args.resume:
+            args, saved = resume_args(argv, args)
+            if saved.get("complete"):
+                print(write_text_atomic(Path(args.out) / "table.md", matrix_table(saved) + "\n").read_text(), end="")
+                log(f"nothing to do: all {len(saved['cells'])} cells of {args.out} are scored (table.md rewritten)")
+                return 0
+        elif not (args.libraries and args.targets):
+            raise TransferError("--libraries and --targets are required (or --resume --out OUT to continue a run)")
+        libraries, targets, tasks, out = set_up(args, saved)
+        out = open_run_folder(out, args.resume, args.overwrite, PROG)
+        STARTED = time.time() - float((saved or {}).get("seconds") or 0.0)
+        rows = saved_rows(saved, libraries, targets, out) if saved else [   # --resume: rewrites read back
+            Row(lib.label, {t.label: lib.skills for t in targets}) for lib in libraries]
+        rows += rewritten_rows(args, libraries, targets, out) if args.rewriter and not saved else []
+        log(f"transfer matrix -> {out}: {len(rows)} libraries × {len(targets)} targets on {len(tasks)} held-out "
+            f"{suite_name(args.suite)} tasks")
+        with connect(targets, args) as clients:
+            run = saved or run_record(args, rows, libraries, targets, tasks, argv)
+            if saved:
+                check_models(run, targets)
+            save_run(run, out)
+            score_matrix(run, rows, targets, tasks, args, out, clients)
     except TransferError as e:
         parser.error(str(e))
-    out, STARTED = open_run_folder(out, False, args.overwrite, PROG), time.time()
-    rows = [Row(lib.label, {t.label: lib.skills for t in targets}) for lib in libraries]
-    if args.rewriter:
-        rows += rewritten_rows(args, libraries, targets, out)
-    log(f"transfer matrix -> {out}: {len(rows)} libraries × {len(targets)} targets on {len(tasks)} held-out "
-        f"{suite_name(args.suite)} tasks")
-    try:
-        with connect(targets, args) as clients:
-            run = run_record(args, rows, libraries, targets, tasks, argv)
-            score_matrix(run, rows, targets, tasks, args, out, clients)
-    except (ChatError, RetrievalError, RuntimeError) as e:   # an endpoint or server that keeps failing
-        log(f"FAILED: {e}")
-        return 1
-    run.update(complete=True, seconds=round(time.time() - STARTED, 1))
-    write_json_atomic(out / "transfer.json", run)
-    table = matrix_table(run)
-    write_text_atomic(out / "table.md", table + "\n")
-    print(table)
+    except (ChatError, RetrievalError, RuntimeError, KeyboardInterrupt) as e:   # Ctrl-C, a failing endpoint
+        stop = "INTERRUPTED" if isinstance(e, KeyboardInterrupt) else f"FAILED: {e}"
+        log(f"{stop}. " + (f"The finished cells are saved; continue with: {PROG} --resume --out {out}" if out and
+                           (out / "transfer.json").is_file() else "No transfer.json was written: nothing to resume"))
+        return 130 if isinstance(e, KeyboardInterrupt) else 1
+    run["complete"] = True
+    save_run(run, out)
+    print(write_text_atomic(out / "table.md", matrix_table(run) + "\n").read_text(), end="")
     print(f"\nwrote {out}/transfer.json, table.md, trajectories/ (report: python -m minskill.report {out})")
     return 0
 

@@ -12,6 +12,7 @@ import contextlib
 import io
 import json
 import re
+import shutil
 import sys
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
@@ -32,10 +33,12 @@ from tiny import make_tiny_model_dir  # noqa: E402
 
 SOLVES = {"alpha": {"ALPHA-TIP": set(range(8)), "BETA-TIP": {0, 1}, None: {0, 8, 9}},
           "beta": {"BETA-TIP": set(range(9)), "ALPHA-TIP": {0, 1, 2}, None: {0, 1, 2, 3}}}
+CALLS = []     # one entry per chat request any scripted target answered (the --resume tests count them)
 
 
 def scripted_target(prefers: str):
     def answer(messages, request):
+        CALLS.append(prefers)
         system = messages[0]["content"] if messages[0]["role"] == "system" else ""
         i = int(re.search(r"item (\d+)", messages[-1]["content"]).group(1))
         tip = next((k for k in ("ALPHA-TIP", "BETA-TIP") if k in system), None)
@@ -71,15 +74,22 @@ def env(tmp_path_factory):
         server.close()
 
 
+def targets_argv(env, **moved) -> list:
+    """--targets of the matrix, a label=URL keyword moving that target to URL."""
+    urls = {"alpha": env["urls"]["alpha-model"], "beta": env["urls"]["beta-model"], "other": env["urls"][XSS], **moved}
+    return ["--targets", *(f"{label}={url}" for label, url in urls.items())]
+
+
+def matrix_argv(env, out) -> list:
+    return ["--suite", env["suite"], "--n-heldout", 10, "--libraries", f"alpha={env['tmp'] / 'alpha.json'}",
+            env["tmp"] / "runs" / "beta" / "library", "none", *targets_argv(env),
+            "--target-model", "alpha=alpha-model", "--concurrency", 4, "--out", out]
+
+
 @pytest.fixture(scope="module")
 def matrix(env):
     out = env["tmp"] / "matrix"
-    urls = env["urls"]
-    code, stdout, stderr = run_main([
-        "--suite", env["suite"], "--n-heldout", 10, "--libraries", f"alpha={env['tmp'] / 'alpha.json'}",
-        env["tmp"] / "runs" / "beta" / "library", "none",
-        "--targets", f"alpha={urls['alpha-model']}", f"beta={urls['beta-model']}", f"other={urls[XSS]}",
-        "--target-model", "alpha=alpha-model", "--concurrency", 4, "--out", out])
+    code, stdout, stderr = run_main(matrix_argv(env, out))
     assert code == 0, stderr
     return out, stdout, stderr
 
@@ -304,3 +314,136 @@ def test_keyword_retrieval_reaches_every_cell(env, tmp_path):
     # top-k 0 general skills: the tip is never retrieved, so target alpha scores as with no skill ({0, 8, 9})
     assert cells_of(out)[("alpha", "alpha")]["success"] == 0.3
     assert json.loads((out / "transfer.json").read_text())["retrieve"] == "keyword"
+
+
+# ---------------------------------------------------------------------------------------------- --resume
+
+def interrupt_after_cells(monkeypatch, k: int) -> None:
+    """Ctrl-C right after the k-th cell is saved in transfer.json (the matrix is then exactly k cells in)."""
+    real = transfer.write_json_atomic
+
+    def write_then_interrupt(path, run, *args, **kwargs):
+        real(path, run, *args, **kwargs)
+        if Path(path).name == "transfer.json" and len(run["cells"]) == k:
+            raise KeyboardInterrupt
+    monkeypatch.setattr(transfer, "write_json_atomic", write_then_interrupt)
+
+
+def test_an_interrupted_matrix_resumes_scoring_only_its_missing_cells(env, matrix, tmp_path, monkeypatch):
+    out, straight = tmp_path / "interrupted", matrix[0]
+    interrupt_after_cells(monkeypatch, 4)
+    code, _, stderr = run_main(matrix_argv(env, out))
+    assert code == 130 and f"--resume --out {out}" in stderr
+    monkeypatch.undo()
+    run = json.loads((out / "transfer.json").read_text())
+    assert not run["complete"] and len(run["cells"]) == 4 and run["args"]["n_heldout"] == 10
+    kept = out / "trajectories" / "alpha" / "alpha.jsonl"      # the first cell: kept as it is
+    before = kept.stat().st_mtime_ns
+    code, _, stderr = run_main(matrix_argv(env, out))          # a fresh run into the folder is refused
+    assert code == 2 and "--resume" in stderr
+    # resumed with a run setting changed and target alpha's endpoint moved (the same model at another URL)
+    with start_server(ScriptedBackend(scripted_target("alpha"), name="alpha-model")) as moved:
+        CALLS.clear()
+        code, stdout, stderr = run_main(["--resume", "--out", out, "--concurrency", 2,
+                                         *targets_argv(env, alpha=moved.url)])
+    assert code == 0, stderr
+    assert len(CALLS) == 5 * 10                                 # 5 missing cells × 10 tasks: nothing scored twice
+    assert "4 of 9 cells kept, 5 to score" in stderr and len(re.findall(r"\[\d/9\] ", stderr)) == 5
+    final, uninterrupted = (json.loads((o / "transfer.json").read_text()) for o in (out, straight))
+    assert final["complete"] and final["cells"] == uninterrupted["cells"]      # the same numbers, the same order
+    assert final["targets"][0]["url"] == moved.url and final["args"]["targets"][0] == f"alpha={moved.url}"
+    assert len(final["resumed"]) == 1 and final["args"]["concurrency"] == 4    # the saved setting is kept
+    assert kept.stat().st_mtime_ns == before
+    assert sorted(p.relative_to(out) for p in (out / "trajectories").rglob("*.jsonl")) == \
+        sorted(p.relative_to(straight) for p in (straight / "trajectories").rglob("*.jsonl"))
+    table = (out / "table.md").read_text()
+    assert table.split("\n- target")[0] == (straight / "table.md").read_text().split("\n- target")[0]
+    assert table.strip() == stdout.split("\nwrote ")[0].strip()
+    # resuming the complete run: table.md rewritten, nothing scored
+    (out / "table.md").unlink()
+    CALLS.clear()
+    code, stdout, stderr = run_main(["--resume", "--out", out])
+    assert code == 0 and "nothing to do" in stderr and CALLS == [] and (out / "table.md").read_text() == table
+    assert json.loads((out / "transfer.json").read_text()) == final
+
+
+@pytest.fixture
+def partial(matrix, tmp_path):
+    """A copy of the matrix with only its first 3 cells (as an interrupted run leaves it)."""
+    out = tmp_path / "partial"
+    shutil.copytree(matrix[0], out)
+    run = json.loads((out / "transfer.json").read_text())
+    run.update(complete=False, cells=run["cells"][:3])
+    (out / "transfer.json").write_text(json.dumps(run))
+    return out
+
+
+@pytest.mark.parametrize("extra, names", [
+    (["--n-heldout", 5], "--n-heldout 5 contradicts the saved run's --n-heldout 10"),
+    (["--max-tokens", 64], "--max-tokens 64 contradicts"),
+    (["--libraries", "none"], "--libraries ['none'] contradicts"),
+    (["--retrieve", "keyword"], "--retrieve 'keyword' contradicts"),
+    (["--target-model", "alpha=other-model"], "--target-model ['alpha=other-model'] contradicts"),
+    (["--targets", "alpha=http://127.0.0.1:9/v1"], "--targets alpha=http://127.0.0.1:9/v1 contradicts"),
+    (["--targets", "a=http://127.0.0.1:9/v1", "beta=http://127.0.0.1:9/v1", "other=http://127.0.0.1:9/v1"],
+     "give the same labels in the same order"),
+    (["--overwrite"], "--resume and --overwrite contradict each other"),
+])
+def test_resume_refuses_flags_that_contradict_the_saved_run(partial, extra, names):
+    before = (partial / "transfer.json").read_bytes()
+    CALLS.clear()
+    code, _, stderr = run_main(["--resume", "--out", partial, *extra])
+    assert code == 2 and names in stderr, stderr
+    assert (partial / "transfer.json").read_bytes() == before and CALLS == []
+
+
+def test_resume_refuses_a_target_serving_another_model_changed_tasks_and_changed_libraries(env, partial):
+    before = (partial / "transfer.json").read_bytes()
+    CALLS.clear()      # beta (no --target-model: the model its server lists) moved to a server of another model
+    code, _, stderr = run_main(["--resume", "--out", partial, *targets_argv(env, beta=env["urls"]["alpha-model"])])
+    assert code == 2 and "serves the model 'alpha-model'" in stderr and "saved column beta" in stderr, stderr
+    assert CALLS == []
+    assert (partial / "transfer.json").read_bytes() == before
+    for edit, names in ((lambda run: run["task_ids"].__setitem__(0, "code-99"), "held-out task ids"),
+                        (lambda run: run["libraries"][0].update(digest="0" * 16), "--libraries alpha=")):
+        run = json.loads(before)
+        edit(run)
+        (partial / "transfer.json").write_text(json.dumps(run))
+        code, _, stderr = run_main(["--resume", "--out", partial])
+        assert code == 2 and names in stderr and "changed" in stderr, stderr
+
+
+@pytest.mark.parametrize("content, names", [
+    (None, "no transfer matrix to continue in"),
+    ('{"cells": [', "not valid JSON"),
+    ('{"kind": "transfer", "cells": []}', "is not a transfer matrix that can be continued"),
+])
+def test_resume_without_a_readable_transfer_json_is_refused(tmp_path, content, names):
+    out = tmp_path / "run"
+    if content is not None:
+        out.mkdir()
+        (out / "transfer.json").write_text(content)
+    code, _, stderr = run_main(["--resume", "--out", out])
+    assert code == 2 and names in stderr and "transfer.json" in stderr, stderr
+    code, _, stderr = run_main(["--resume"])
+    assert code == 2 and "--resume needs --out" in stderr
+    code, _, stderr = run_main(["--out", out])
+    assert code == 2 and "--libraries and --targets are required" in stderr
+
+
+def test_a_resumed_rewriter_matrix_reads_its_rewrites_back(env, trained, files, tmp_path, monkeypatch):
+    out = tmp_path / "rw"
+    with start_server(ScriptedBackend(rewriter_target, name="rw-target")) as server:
+        argv = ["--suite", env["suite"], "--n-heldout", 4, "--libraries", f"empty={files['skills']}",
+                "--targets", f"t={server.url}", "--rewriter", trained[0], "--model-card", f"t={files['card']}",
+                "--task", TASK, "--rewriter-max-tokens", 40, "--device", "cpu", "--out", out]
+        interrupt_after_cells(monkeypatch, 1)
+        assert run_main(argv)[0] == 130
+        monkeypatch.undo()
+        assert [c["library"] for c in json.loads((out / "transfer.json").read_text())["cells"]] == ["empty"]
+        monkeypatch.setattr(transfer, "rewritten_rows", lambda *a: pytest.fail("the rewriter ran again"))
+        code, _, stderr = run_main(["--resume", "--out", out])
+    assert code == 0, stderr
+    cells = cells_of(out)
+    assert cells[("empty", "t")]["success"] == 0.0 and cells[("empty+rw", "t")]["success"] == 1.0
+    assert cells[("empty+rw", "t")]["paired"]["gained"] == 4
