@@ -24,7 +24,7 @@ from minskill.skillsets import SkillSet
 
 MASA_FLAGS = ("suite", "n_train", "n_heldout", "iterations", "patience", "tree_iterations", "episodes", "c",
               "max_children", "lam_nh", "target_url", "target_model", "teacher_url", "teacher_model", "model_spec",
-              "max_calls", "seed", "gate", "gate_alpha")
+              "quantize", "max_calls", "seed", "gate", "gate_alpha", "gate_tasks")
 BOX_W, BOX_H, COL_W, ROW_H = 176, 84, 192, 124
 
 
