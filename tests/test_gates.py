@@ -298,9 +298,8 @@ def test_evolve_masa_paired_run_records_every_decision(paired_run):
         evolve_masa.main(["--resume", "--out", str(out), "--gate", "strict"])
 
 
-@pytest.mark.parametrize("stop_at", [4, 8])   # saves: start, base, general 1..3, trees, roots and tree iterations
-def test_evolve_masa_paired_resume_is_the_same_search(env, paired_run, monkeypatch, stop_at):
-    out = env["tmp"] / f"run-paired-interrupted-{stop_at}"
+def interrupted_at_save(monkeypatch, stop_at: int, args: list[str]) -> None:
+    """Run evolve_masa.py with `args` and stop it (as Ctrl-C would) right after its `stop_at`-th checkpoint."""
     real_save, saves = evolve_masa.save_checkpoint, []
 
     def interrupt(folder, state):
@@ -310,8 +309,14 @@ def test_evolve_masa_paired_resume_is_the_same_search(env, paired_run, monkeypat
             raise KeyboardInterrupt
 
     monkeypatch.setattr(evolve_masa, "save_checkpoint", interrupt)
-    assert evolve_masa.main(argv(env, out, "--gate", "paired", "--n-heldout", "0")) == 130
+    assert evolve_masa.main(args) == 130
     monkeypatch.setattr(evolve_masa, "save_checkpoint", real_save)
+
+
+@pytest.mark.parametrize("stop_at", [4, 8])   # saves: start, base, general 1..3, trees, roots and tree iterations
+def test_evolve_masa_paired_resume_is_the_same_search(env, paired_run, monkeypatch, stop_at):
+    out = env["tmp"] / f"run-paired-interrupted-{stop_at}"
+    interrupted_at_save(monkeypatch, stop_at, argv(env, out, "--gate", "paired", "--n-heldout", "0"))
     assert evolve_masa.main(["--resume", "--out", str(out)]) == 0        # the gate comes from the saved run
     keys = ("phase", "task_type", "parent", "reward", "accepted", "node", "gate")
     strip = lambda state: [{k: c.get(k) for k in keys} for c in state["search"]["candidates"]]  # noqa: E731
@@ -538,17 +543,7 @@ def test_evolve_masa_fresh_rejects_the_overfit_climb_that_paired_accepts(fresh_e
 @pytest.mark.parametrize("stop_at", [3, 6])   # saves: start, base, general 1, 2, trees, roots, tree iterations
 def test_evolve_masa_fresh_resume_is_the_same_search(fresh_env, fresh_run, monkeypatch, stop_at):
     out = fresh_env["tmp"] / f"run-fresh-interrupted-{stop_at}"
-    real_save, saves = evolve_masa.save_checkpoint, []
-
-    def interrupt(folder, state):
-        real_save(folder, state)
-        saves.append(1)
-        if len(saves) == stop_at:
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(evolve_masa, "save_checkpoint", interrupt)
-    assert evolve_masa.main(fresh_env["argv"](out, "--gate", "fresh", "--gate-tasks", "8")) == 130
-    monkeypatch.setattr(evolve_masa, "save_checkpoint", real_save)
+    interrupted_at_save(monkeypatch, stop_at, fresh_env["argv"](out, "--gate", "fresh", "--gate-tasks", "8"))
     with pytest.raises(SystemExit):                                         # the gate tasks are part of the run
         evolve_masa.main(["--resume", "--out", str(out), "--gate-tasks", "6"])
     assert evolve_masa.main(["--resume", "--out", str(out)]) == 0
