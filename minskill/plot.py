@@ -37,9 +37,9 @@ def svg_line_plot(series: dict[str, list[tuple[float, float]]], title: str = "",
     y_lo, y_hi = y_lo - pad, y_hi + pad
     left, right, top, bottom = 64, 150, 36, 48
     plot_w, plot_h = width - left - right, height - top - bottom
-    longest = max((len(name) for name in series), default=0)
-    if 40 + 7 * longest > right:   # a long legend widens the figure, never overflows it (7 px ≈ one 12 px glyph)
-        width, right = width + 40 + 7 * longest - right, 40 + 7 * longest
+    legend_w = 38 + round(5.5 * max((len(name) for name in series), default=0))   # 12 px sans: ~5.5 px a glyph
+    if legend_w > right:   # a long legend widens the figure instead of running off its edge
+        width, right = width + legend_w - right, legend_w
 
     def sx(x: float) -> float:
         return left + (x - x_lo) / (x_hi - x_lo) * plot_w
