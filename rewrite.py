@@ -29,9 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -41,13 +39,12 @@ from minskill import sft
 from minskill.client import ChatClient, usage_delta
 from minskill.lora import BASE_DTYPES, add_lora_arguments, apply_lora, lora_settings
 from minskill.masa import one_shot_rewrite
-from minskill.model_card import as_model_card, model_card_from_config, read_card_file
 from minskill.quantize import QUANTIZE_CHOICES
-from minskill.replies import extract_json
 from minskill.retrieval import add_retrieval_args, check_retrieval_args, retriever_from_args, with_retrieval
+from minskill.rewriter import (load_model_card, parse_rewriter_output, resolve_rewriter,  # noqa: F401 (rewrite.X)
+                               rewrite_with_model, save_skills_validated)
 from minskill.rollout import load_skills, run_rollouts, summarize
 from minskill.runs import check_run_folder, open_run_folder, write_text_atomic
-from minskill.sampling import generate
 from minskill.server import embedded_client
 from minskill.skillsets import SkillSet
 from minskill.tasks import load_suite
@@ -58,30 +55,6 @@ from minskill.weights import load_model, resolve_model
 
 def _default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def load_model_card(spec: str) -> dict:
-    """--model-card: a JSON or YAML card file (read leniently: unknown keys dropped), or a checkpoint folder
-    or model spec whose config.json fills the architectural fields (minskill.model_card.model_card_from_config)."""
-    path = Path(spec)
-    if path.is_file():
-        return as_model_card(read_card_file(path, strict=False)[0]).to_json()
-    if not path.is_dir():
-        path = resolve_model(spec)          # e.g. "smollm2-135m" -> its converted HF folder
-    return model_card_from_config(path).to_json()
-
-
-def resolve_rewriter(spec: str) -> str:
-    """--rewriter: an HF folder, a `rewrite.py train` output folder (its final/ or latest checkpoint) or a spec."""
-    path = Path(spec)
-    if path.is_dir() and not (path / "config.json").is_file():
-        if (path / "final" / "config.json").is_file():
-            return str(path / "final")
-        checkpoint = sft.latest_checkpoint(path)
-        if checkpoint is None:
-            raise FileNotFoundError(f"--rewriter {spec}: no config.json, final/ or checkpoint-*/ in this folder")
-        return str(checkpoint)
-    return spec
 
 
 def load_input_skills(spec: str, suite: str | None):
@@ -98,63 +71,6 @@ def load_input_skills(spec: str, suite: str | None):
     if not isinstance(skills, SkillSet):
         raise ValueError(f"--skills {spec}: expected a skill set, got {type(skills).__name__}")
     return skills
-
-
-def parse_rewriter_output(text: str, finish_reason: str = "stop"):
-    """The SkillSet in a rewriter reply: the MASA JSON object it was trained to write (the text from its
-    first "{" to its last "}": replies.extract_json(strict=True); a code fence or words around it are
-    ignored). A small rewriter sometimes closes the object early and writes the rest of the set as a
-    second object ({"general_skills": ...} {"task_specific_skills": ...}); whitespace-separated objects
-    whose keys are distinct skill-set keys are merged into one. Raises ValueError saying why it does not
-    parse. Free text is never re-read leniently as Markdown (a garbled or cut-off reply would become the
-    body of a broken skill), and an empty skill set counts as not parsed."""
-    keys = {"general_skills", "task_specific_skills", "common_mistakes"}
-    cut = " (the reply hit the token limit: raise --max-new-tokens)" if finish_reason == "length" else ""
-    try:
-        data = extract_json(text, strict=True)
-    except ValueError as e:
-        raise ValueError(f"{e}{cut}") from None
-    if isinstance(data, list):   # several objects in a row: the parts of one skill set, or not a reply
-        seen: set = set()
-        for i, part in enumerate(data, 1):
-            if not isinstance(part, dict) or not set(part) <= keys or seen & set(part):
-                raise ValueError(f"the reply holds {len(data)} JSON values and value {i} is not a further part "
-                                 f"of one skill set (distinct keys among {sorted(keys)})")
-            seen |= set(part)
-        data = {k: v for part in data for k, v in part.items()}
-    if not isinstance(data, dict) or not keys & set(data):
-        raise ValueError("the JSON object has none of general_skills, task_specific_skills, common_mistakes")
-    try:
-        skills = SkillSet.from_json(data, where="rewriter output")
-    except ValueError as e:
-        raise ValueError(f"not a valid MASA skill library: {e}") from None
-    if not (skills.general or any(skills.task_specific.values()) or skills.common_mistakes):
-        raise ValueError("the reply is an empty skill set")
-    return skills
-
-
-def save_skills_validated(skills, out: Path):
-    """Write `skills` as an Agent Skills folder at `out`, only once a trial copy has read back identically."""
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    trial = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.check-"))
-    try:
-        skills.save(trial / "set")
-        if SkillSet.load(trial / "set").to_json() != skills.to_json():
-            raise ValueError("the skills do not read back identically from an Agent Skills folder")
-    finally:
-        shutil.rmtree(trial, ignore_errors=True)
-    skills.save(out)
-    return SkillSet.load(out)
-
-
-def rewrite_with_model(model, tokenizer, card: dict, skills, task: str, max_new_tokens: int = 1536,
-                       temperature: float = 0.0, seed: int = 0) -> tuple[str, str]:
-    """One rewriter pass: (raw reply text, finish reason). Greedy by default."""
-    prompt = tokenizer.apply_chat_template(sft.prompt_messages(card, skills.to_json(), task), add_generation_prompt=True)
-    sample = generate(model, [prompt], max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
-                      stop_token_ids=tokenizer.stop_token_ids, tokenizer=tokenizer, pad_id=tokenizer.pad_token_id)[0]
-    return sample.text, sample.finish_reason
 
 
 def teacher_oneshot_rewrite(client, card: dict, skills, task: str, attempts: int = 3, max_tokens: int = 1536,

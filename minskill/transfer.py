@@ -66,7 +66,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import hashlib
-import importlib.util
 import json
 import re
 import signal
@@ -77,7 +76,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
-from minskill import paired
+from minskill import paired, rewriter
 from minskill.client import ChatError
 from minskill.quantize import QUANTIZE_CHOICES
 from minskill.retrieval import (RetrievalError, add_retrieval_args, check_retrieval_args, retriever_from_args,
@@ -243,7 +242,7 @@ def load_targets(args) -> list[Target]:
                                     f"--model-card {target.label}=PATH")
             spec = cards.get(target.label, target.model_spec)
             try:
-                target.card = rewrite_cli().load_model_card(spec)
+                target.card = rewriter.load_model_card(spec)
             except (OSError, ValueError, RuntimeError) as e:
                 raise TransferError(f"--model-card {target.label}={spec}: {e}") from None
     return targets
@@ -273,40 +272,27 @@ def task_description(args) -> str:
 
 
 # ----------------------------------------------------------------------------------------------------------
-# The rewriter (rewrite.py's own functions: its card reader, checkpoint resolver, one greedy pass, parser)
-
-def rewrite_cli():
-    """rewrite.py, the stage-2 script next to the package, loaded by path (it is not a package module)."""
-    path = Path(__file__).resolve().parent.parent / "rewrite.py"
-    if "minskill_rewrite_cli" not in sys.modules:
-        if not path.is_file():
-            raise TransferError(f"--rewriter needs rewrite.py next to the minskill package ({path} is missing)")
-        spec = importlib.util.spec_from_file_location("minskill_rewrite_cli", path)
-        sys.modules[spec.name] = module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    return sys.modules["minskill_rewrite_cli"]
-
+# The rewriter (minskill/rewriter.py, shared with rewrite.py apply)
 
 def rewritten_rows(args, libraries: list[Library], targets: list[Target], out: Path) -> list[Row]:
     """One "L+rw" row per library with skills: the rewriter's greedy rewrite of L for each target's card,
     validated and saved in OUT/rewritten/F/L/ (what does not parse: OUT/rewritten/F/L.raw.txt)."""
     import torch
     from minskill.weights import load_model
-    cli = rewrite_cli()
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    model, tokenizer = load_model(cli.resolve_rewriter(args.rewriter), dtype=torch.float32, device=device)
+    model, tokenizer = load_model(rewriter.resolve_rewriter(args.rewriter), dtype=torch.float32, device=device)
     model.eval()
     task, rows = task_description(args), []
     for library in (lib for lib in libraries if lib.skills is not None):
         row = Row(library.label + REWRITTEN, rewritten_from=library.label)
         for target in targets:
             started = time.time()
-            text, finish = cli.rewrite_with_model(model, tokenizer, target.card, library.skills, task,
+            text, finish = rewriter.rewrite_with_model(model, tokenizer, target.card, library.skills, task,
                                                   args.rewriter_max_tokens, 0.0, args.seed)
             where = out / "rewritten" / target.label / library.label
             try:
-                skills = cli.parse_rewriter_output(text, finish).carry_resources(library.skills)
-                row.skills_for[target.label] = cli.save_skills_validated(skills, where)
+                skills = rewriter.parse_rewriter_output(text, finish).carry_resources(library.skills)
+                row.skills_for[target.label] = rewriter.save_skills_validated(skills, where)
                 outcome = f"wrote {where}"
             except ValueError as e:
                 write_text_atomic(where.parent / f"{library.label}.raw.txt", text)
