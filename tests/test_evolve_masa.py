@@ -218,19 +218,25 @@ def test_budget_stop_keeps_best_so_far_then_resume(env, full_run, capsys):
     assert read(out, "results.json")["heldout"]["evolved"]["success_rate"] == 1.0
 
 
-def test_resume_after_interruption(env, full_run, monkeypatch):
-    out = env["tmp"] / "run-interrupted"
+def interrupted_at_save(monkeypatch, stop_at: int, args: list[str]) -> None:
+    """Run evolve_masa.py with `args` and stop it (as Ctrl-C would) right after its `stop_at`-th checkpoint."""
     real_save, saves = evolve_masa.save_checkpoint, []
 
-    def interrupt_on_fourth_save(folder, state):
+    def interrupt(folder, state):
         real_save(folder, state)
         saves.append(1)
-        if len(saves) == 4:   # saves: start, base evaluated, general iteration 1, general iteration 2 -> stop
+        if len(saves) == stop_at:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(evolve_masa, "save_checkpoint", interrupt_on_fourth_save)
-    assert evolve_masa.main(argv(env, out)) == 130
+    monkeypatch.setattr(evolve_masa, "save_checkpoint", interrupt)
+    assert evolve_masa.main(args) == 130
     monkeypatch.setattr(evolve_masa, "save_checkpoint", real_save)
+
+
+def test_resume_after_interruption(env, full_run, monkeypatch):
+    out = env["tmp"] / "run-interrupted"
+    # saves: start, base evaluated, general iteration 1, general iteration 2 -> stop
+    interrupted_at_save(monkeypatch, 4, argv(env, out))
     state = read(out, "state.json")
     assert state["search"]["general"]["iteration"] == 2 and not (out / "library.json").exists()
     with pytest.raises(SystemExit):   # a fresh run into the same folder is refused

@@ -9,7 +9,6 @@ import json
 import random
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -25,7 +24,7 @@ from minskill.provenance import lineage_records  # noqa: E402
 from minskill.skillsets import SkillSet  # noqa: E402
 from minskill.tasks.base import Task  # noqa: E402
 
-from test_evolve_masa import argv, env, read  # noqa: E402,F401  (env: the scripted servers' fixture)
+from test_evolve_masa import argv, env, interrupted_at_save, read  # noqa: E402,F401  (env: the scripted servers' fixture)
 
 RECORD_KEYS = {"gate", "alpha", "use", "candidate", "incumbent", "candidate_reward", "incumbent_reward", "n",
                "gained", "lost", "p", "rescored", "accepted"}
@@ -296,21 +295,6 @@ def test_evolve_masa_paired_run_records_every_decision(paired_run):
         == [x["gate"] for x in general]
     with pytest.raises(SystemExit):                                      # the gate is part of the run
         evolve_masa.main(["--resume", "--out", str(out), "--gate", "strict"])
-
-
-def interrupted_at_save(monkeypatch, stop_at: int, args: list[str]) -> None:
-    """Run evolve_masa.py with `args` and stop it (as Ctrl-C would) right after its `stop_at`-th checkpoint."""
-    real_save, saves = evolve_masa.save_checkpoint, []
-
-    def interrupt(folder, state):
-        real_save(folder, state)
-        saves.append(1)
-        if len(saves) == stop_at:
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(evolve_masa, "save_checkpoint", interrupt)
-    assert evolve_masa.main(args) == 130
-    monkeypatch.setattr(evolve_masa, "save_checkpoint", real_save)
 
 
 @pytest.mark.parametrize("stop_at", [4, 8])   # saves: start, base, general 1..3, trees, roots and tree iterations

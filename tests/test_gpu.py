@@ -29,7 +29,7 @@ from minskill.sampling import generate  # noqa: E402
 from minskill.server import ModelBackend, ScriptedBackend, embedded_client, start_server  # noqa: E402
 from minskill.skillsets import SkillSet  # noqa: E402
 from minskill.weights import load_model  # noqa: E402
-from test_skill_r1 import keyword_task_model  # noqa: E402
+from test_skill_r1 import keyword_task_model, write_keyword_suite  # noqa: E402
 from test_train_grpo import common_flags, read_rows  # noqa: E402
 from tiny import make_tiny_model_dir  # noqa: E402
 
@@ -51,11 +51,7 @@ def tiny_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def suite_file(tmp_path_factory):
-    path = tmp_path_factory.mktemp("gpu-suite") / "keywords.jsonl"
-    path.write_text("".join(json.dumps({"id": f"{split}-{i}", "type": "keywords", "question": f"Item {i}: solve task "
-                                        f"{i % 4}", "answer": "yes", "verifier": "exact", "split": split}) + "\n"
-                            for split in ("train", "heldout") for i in range(8)))
-    return path
+    return write_keyword_suite(tmp_path_factory.mktemp("gpu-suite") / "keywords.jsonl")
 
 
 @pytest.fixture(scope="module")

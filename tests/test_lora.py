@@ -25,8 +25,9 @@ from minskill.lora import (ADAPTER_DIR, AdaptersOff, LoRALinear, adapters_disabl
 from minskill.model import Transformer  # noqa: E402
 from minskill.server import ScriptedBackend, start_server  # noqa: E402
 from minskill.weights import load_model  # noqa: E402
-from test_skill_r1 import assert_learning_raises_the_reward, keyword_task_model  # noqa: E402
-from test_train_grpo import ROW_FIELDS, TIMING_FIELDS, common_flags, read_rows  # noqa: E402
+from test_skill_r1 import (assert_learning_raises_the_reward, keyword_task_model,  # noqa: E402
+                          write_keyword_suite)
+from test_train_grpo import ROW_FIELDS, TIMING_FIELDS, common_flags, crash_after_checkpoint, read_rows  # noqa: E402
 from tiny import make_tiny_model_dir  # noqa: E402
 
 IDS = torch.tensor([[1, 5, 7, 9, 11, 40, 3, 77], [2, 8, 30, 31, 32, 6, 90, 4]])
@@ -218,11 +219,7 @@ def editor_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def suite_file(tmp_path_factory):
-    path = tmp_path_factory.mktemp("suite") / "keywords.jsonl"
-    path.write_text("".join(json.dumps({"id": f"{split}-{i}", "type": "keywords", "question": f"Item {i}: solve task "
-                                        f"{i % 4}", "answer": "yes", "verifier": "exact", "split": split}) + "\n"
-                            for split in ("train", "heldout") for i in range(8)))
-    return path
+    return write_keyword_suite(tmp_path_factory.mktemp("suite") / "keywords.jsonl")
 
 
 @pytest.fixture(scope="module")
@@ -270,17 +267,7 @@ def test_a_lora_run_resumed_equals_the_uninterrupted_one(lora_run, editor_dir, s
                                                          monkeypatch):
     out = tmp_path / "resumed"
     flags = lora_flags(editor_dir, suite_file, task_server, out)
-    save = train_grpo.save_checkpoint
-
-    def save_then_crash(folder, editor, tokenizer, state):
-        save(folder, editor, tokenizer, state)
-        if state["step"] == 2:
-            raise KeyboardInterrupt  # the process dies right after the step-2 checkpoint
-
-    monkeypatch.setattr(train_grpo, "save_checkpoint", save_then_crash)
-    with pytest.raises(KeyboardInterrupt):
-        train_grpo.main(flags)
-    monkeypatch.setattr(train_grpo, "save_checkpoint", save)
+    crash_after_checkpoint(monkeypatch, flags, step=2, error=KeyboardInterrupt)
     assert train_grpo.main(flags + ["--resume"]) == 0
     straight, resumed = read_rows(lora_run[0]), read_rows(out)
     assert len(resumed) == 3

@@ -26,7 +26,7 @@ from minskill import masa, provenance, report, ucb  # noqa: E402
 from minskill.server import ScriptedBackend, start_server  # noqa: E402
 from minskill.skillsets import SkillSet  # noqa: E402
 from test_evolve_masa import skill, target_fn, teacher_fn, write_suite  # noqa: E402
-from test_skill_r1 import KEYWORDS, keyword_task_model  # noqa: E402
+from test_skill_r1 import KEYWORDS, keyword_task_model, write_keyword_suite  # noqa: E402
 from tiny import make_tiny_model_dir  # noqa: E402
 
 XSS = "<script>alert(1)</script>"
@@ -59,10 +59,7 @@ def assert_self_contained_and_escaped(text: str) -> None:
 def skill_r1_env(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("skill_r1")
     editor = make_tiny_model_dir(tmp / "editor", family="llama", chat_format="chatml", max_position_embeddings=1024)
-    suite = tmp / "keywords.jsonl"
-    suite.write_text("".join(json.dumps({"id": f"{split}-{i}", "type": "keywords", "question": f"Item {i}: solve "
-                                         f"task {i % 4}", "answer": "yes", "verifier": "exact", "split": split}) + "\n"
-                             for split in ("train", "heldout") for i in range(8)))
+    suite = write_keyword_suite(tmp / "keywords.jsonl")
     seed = tmp / "seed.txt"
     seed.write_text(f"Say yes. {XSS} It is about th.\n")      # holds KEYWORDS "is" and "th": solves tasks 0 and 3
     with start_server(ScriptedBackend(keyword_task_model, name="keywords")) as server:

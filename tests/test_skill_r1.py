@@ -1,6 +1,7 @@
 """minskill.skill_r1: reply parsing, the editor's prompt and its token budget, the multi-generation loop
 (advantages per candidate, unparseable replies, best-skill carry, history), and a learning test: a tiny random
 editor trained with bi-level GRPO against a scripted frozen task model behind real HTTP raises its reward."""
+import json
 import math
 import sys
 from pathlib import Path
@@ -32,6 +33,15 @@ def keyword_task_model(messages, request):
     system = messages[0]["content"] if messages and messages[0]["role"] == "system" else ""
     k = int(messages[-1]["content"].rsplit(maxsplit=1)[-1])
     return "yes" if KEYWORDS[k] in system else "no"
+
+
+def write_keyword_suite(path: Path) -> Path:
+    """The keyword suite as a JSONL file for the scripts: 8 training and 8 held-out tasks "Item i: solve task
+    i % 4" (keyword_task_model reads the last number)."""
+    path.write_text("".join(json.dumps({"id": f"{split}-{i}", "type": "keywords", "question": f"Item {i}: solve task "
+                                        f"{i % 4}", "answer": "yes", "verifier": "exact", "split": split}) + "\n"
+                            for split in ("train", "heldout") for i in range(8)))
+    return path
 
 
 def keyword_tasks(prefix="kw"):

@@ -22,7 +22,7 @@ from minskill.server import ScriptedBackend, start_server  # noqa: E402
 from minskill.skill_r1 import EvolveConfig  # noqa: E402
 from minskill.weights import load_model  # noqa: E402
 from minskill.skill_r1_eval import heldout_instances, kl_to_frozen, probe_instances, success  # noqa: E402
-from test_skill_r1 import KEYWORDS, keyword_task_model, keyword_tasks  # noqa: E402
+from test_skill_r1 import KEYWORDS, keyword_task_model, keyword_tasks, write_keyword_suite  # noqa: E402
 from tiny import make_tiny_model_dir  # noqa: E402
 
 ROW_FIELDS = ("step", "reward_per_generation", "carried_reward_per_generation", "reward_mean_candidates", "a_inter",
@@ -47,12 +47,7 @@ def editor_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def suite_file(tmp_path_factory):
     """The keyword suite of test_skill_r1 as a JSONL file: 8 training and 8 held-out tasks."""
-    path = tmp_path_factory.mktemp("suite") / "keywords.jsonl"
-    lines = [json.dumps({"id": f"{split}-{i}", "type": "keywords", "question": f"Item {i}: solve task {i % 4}",
-                         "answer": "yes", "verifier": "exact", "split": split})
-             for split in ("train", "heldout") for i in range(8)]
-    path.write_text("\n".join(lines) + "\n")
-    return path
+    return write_keyword_suite(tmp_path_factory.mktemp("suite") / "keywords.jsonl")
 
 
 @pytest.fixture(scope="module")
@@ -165,21 +160,27 @@ class Interrupted(Exception):
     pass
 
 
-def test_resume_equals_the_uninterrupted_run(straight_run, editor_dir, suite_file, task_url, tmp_path, monkeypatch,
-                                             capsys):
-    out = tmp_path / "resumed"
-    flags = common_flags(editor_dir, suite_file, task_url, out) + ["--steps", "4"]
+def crash_after_checkpoint(monkeypatch, flags: list[str], step: int, error: type = Interrupted) -> None:
+    """Run train_grpo.py with `flags` and let the process die (raise `error`) right after the step-`step`
+    checkpoint is written, as a killed run would; the real save_checkpoint is put back afterwards."""
     save = train_grpo.save_checkpoint
 
     def save_then_crash(folder, editor, tokenizer, state):
         save(folder, editor, tokenizer, state)
-        if state["step"] == 2:
-            raise Interrupted  # the process dies right after the step-2 checkpoint
+        if state["step"] == step:
+            raise error
 
     monkeypatch.setattr(train_grpo, "save_checkpoint", save_then_crash)
-    with pytest.raises(Interrupted):
+    with pytest.raises(error):
         train_grpo.main(flags)
     monkeypatch.setattr(train_grpo, "save_checkpoint", save)
+
+
+def test_resume_equals_the_uninterrupted_run(straight_run, editor_dir, suite_file, task_url, tmp_path, monkeypatch,
+                                             capsys):
+    out = tmp_path / "resumed"
+    flags = common_flags(editor_dir, suite_file, task_url, out) + ["--steps", "4"]
+    crash_after_checkpoint(monkeypatch, flags, step=2)
     assert [r["step"] for r in read_rows(out)] == [0, 1]
     with open(out / "lineage.jsonl", "a") as f:   # as if it had died after logging step 3, before its checkpoint
         f.write(json.dumps({"step": 2, "instance": "lost"}) + "\n")
