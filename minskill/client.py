@@ -323,15 +323,16 @@ class ChatClient:
         # max_workers bounds this client's requests in flight however many threads call it (callers stack pools)
         self._slots = threading.BoundedSemaphore(max_workers)
         self._sessions = threading.local()  # requests.Session is not thread-safe: one per thread
-        self._stats = dict(calls=0, prompt_tokens=0, completion_tokens=0, retries=0, failures=0)
+        self._stats = dict(retries=0, failures=0)   # calls and tokens: counted once, by self._usage
         self._usage = Usage()
 
     # ---- bookkeeping -----------------------------------------------------------------------------
     @property
     def stats(self) -> dict:
         """A snapshot of the counters (a copy: safe to read while other threads are calling)."""
+        usage = self._usage.snapshot()
         with self._lock:
-            return dict(self._stats)
+            return {**{k: usage[k] for k in ("calls", "prompt_tokens", "completion_tokens")}, **self._stats}
 
     @property
     def usage(self) -> dict:
@@ -465,9 +466,8 @@ class ChatClient:
                 payload["seed"] = seed
             result = self._parse(self._request("POST", self.endpoint, payload, deadline), n)
         except ChatError:
-            self._count(failures=1)
+            self._count(failures=1)   # a ChatError; `usage` also counts a call that raised anything else
             raise
-        self._count(calls=1, prompt_tokens=result.prompt_tokens, completion_tokens=result.completion_tokens)
         return result
 
     def _parse(self, body, n: int) -> ChatResult:
