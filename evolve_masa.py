@@ -41,19 +41,18 @@ from minskill import gates, masa, masa_data
 from minskill.caching import BudgetExhausted, CachingClient, CallBudget
 from minskill.client import ChatError
 from minskill.masa import MasaConfig, MasaSearch
-from minskill.model_card import ModelCard, model_card_from_config
+from minskill.model_card import ModelCard, target_model_card
 from minskill.plot import write_svg_plot
 from minskill.quantize import QUANTIZE_CHOICES
 from minskill.retrieval import (RetrievalError, add_retrieval_args, check_retrieval_args, retriever_from_args,
                                 with_retrieval)
 from minskill.rollout import load_skills, summarize
-from minskill.runs import (check_run_folder, open_run_folder, read_json, write_json_atomic, write_jsonl_atomic,
+from minskill.runs import (ShapeError, check_run_folder, check_shape, open_run_folder, read_json, write_json_atomic, write_jsonl_atomic,
                            write_text_atomic)
 from minskill.server import embedded_client
 from minskill.skillsets import SkillSet
 from minskill.tasks import load_suite
 from minskill.tasks.base import interleave
-from minskill.weights import DEFAULT_MODEL, resolve_model
 
 # What a run saved before --gate ran with: the strict rule; given on --resume, these must equal the saved run's
 GATE_DEFAULTS = {"gate": "strict", "gate_alpha": 0.1, "gate_tasks": 24}
@@ -165,6 +164,7 @@ class Run:
     usage_before: dict = field(default_factory=dict)   # state.json's usage when this session began
     gate_tasks: list = field(default_factory=list)     # --gate fresh: its gate tasks (load_gate_tasks)
     roles: dict = field(default_factory=dict)   # "target", "teacher": their CachingClients, once connected
+    card: ModelCard | None = None   # the target's card before the teacher's summary (initial_card), if known yet
 
 
 def run_usage(run: Run) -> dict:
@@ -178,14 +178,56 @@ def run_usage(run: Run) -> dict:
             "sessions": saved.get("sessions", 0) + 1}
 
 
+# What --resume reads of state.json (minskill.runs.check_shape; check_state): every field MasaSearch.restore,
+# the budget and the usage counters take, as to_json wrote them (a candidate field with a default may be absent)
+USAGE_SHAPE = {f"{k}?": (None, float) for k in ("calls", "failures", "prompt_tokens", "completion_tokens",
+                                                 "request_seconds", "busy_seconds")}
+CANDIDATE_SHAPE = {"id": int, "phase": str, "skills": dict, "task_type?": (None, str), "parent?": (None, int),
+                   "iteration?": int, "node?": (None, str), "reward?": (None, float), "metrics?": (None, dict),
+                   "attribution?": object, "accepted?": (None, bool), "failures?": [dict], "gate?": (None, dict)}
+NODE_SHAPE = {"payload": int, "visits": int, "value_sum": float, "reward": (None, float), "info": dict,
+              "children": [dict]}
+STATE_SHAPE = {"args": dict, "calls_spent": int, "events": [dict], "card": (None, dict), "gate_tasks?": [str],
+               "usage?": (None, {"target?": USAGE_SHAPE, "teacher?": USAGE_SHAPE, "wall_seconds?": float,
+                                 "sessions?": int}),
+               "search": (None, {"phase": str, "candidates": [CANDIDATE_SHAPE], "events": [dict],
+                                 "general": (None, {"best": int, "best_reward": float, "iteration": int, "stale": int}),
+                                 "trees": {str: {"root": NODE_SHAPE, "iterations": int}}})}
+
+
+def check_state(state, where: str) -> dict:
+    """`state` (a parsed state.json) when --resume can continue it: STATE_SHAPE, candidate ids counting from 0
+    with no field the search does not know, and the climb's and every tree node's candidate among them (the
+    trees walked in a loop); else ShapeError naming `where` and the field."""
+    check_shape(state, STATE_SHAPE, where)
+    search = state["search"] or {"candidates": [], "general": None, "trees": {}}
+    n = len(search["candidates"])
+    for i, candidate in enumerate(search["candidates"]):
+        unknown = sorted(set(candidate) - {k.rstrip("?") for k in CANDIDATE_SHAPE})
+        if candidate["id"] != i or unknown:
+            raise ShapeError(f"{where}: field search.candidates[{i}]: " + (f"id {candidate['id']}, expected {i} "
+                             f"(ids count the candidates)" if not unknown else f"unknown field {unknown[0][:40]!r}"))
+    if search["general"] is not None and not 0 <= search["general"]["best"] < n:
+        raise ShapeError(f"{where}: field search.general.best: {search['general']['best']} is no candidate's id")
+    for task_type, tree in search["trees"].items():
+        stack = [(tree["root"], f"search.trees[{task_type[:40]!r}].root")]
+        while stack:
+            node, at = stack.pop()
+            check_shape(node, NODE_SHAPE, f"{where}: {at}")
+            if not 0 <= node["payload"] < n:
+                raise ShapeError(f"{where}: field {at}.payload: {node['payload']} is no candidate's id")
+            stack.extend((child, f"{at}.children[{i}]") for i, child in enumerate(node["children"]))
+    return state
+
+
 def resume_args(parser: argparse.ArgumentParser, args: argparse.Namespace, out: Path):
     """--resume: (the saved run's arguments with the flags in RESUMABLE_OVERRIDES given now, saved state)."""
     state_path = out / "state.json"
     if not state_path.is_file():
         parser.error(f"--resume: no saved run in {out} (state.json is missing)")
     try:
-        saved = read_json(state_path, f"--resume: {state_path}")
-    except ValueError as e:   # a state.json cut or edited by hand: say so, no traceback
+        saved = check_state(read_json(state_path, f"--resume: {state_path}"), f"--resume: {state_path}")
+    except ValueError as e:   # a state.json cut, edited by hand or nested too deeply: say so, no traceback
         parser.error(str(e))
     explicit = {k: v for k, v in vars(args).items() if k in RESUMABLE_OVERRIDES and v != parser.get_default(k)}
     saved_args = {**GATE_DEFAULTS, **saved["args"]}
@@ -210,6 +252,7 @@ def set_up(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Run:
     saved = None
     if args.resume:
         args, saved = resume_args(parser, args, out)
+    check_search_args(parser, args)
     check_run_folder(out, args.resume, args.overwrite, "evolve_masa.py")
     try:
         check_retrieval_args(args)
@@ -238,12 +281,28 @@ def set_up(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Run:
         gate_tasks = load_gate_tasks(args, prelim + tasks + heldout)
     except (ValueError, FileNotFoundError) as e:   # a bad suite file, too few gate tasks: before any model call
         parser.error(str(e))
+    if not tasks:   # MasaSearch would refuse it, but only after the preliminary calls and the run folder
+        n = len(prelim)
+        parser.error(f"--suite {args.suite}: no search tasks: its train split gives {n} task{'s' * (n != 1)}, and "
+                     f"the first --n-prelim {args.n_prelim} are the preliminary ones; lower --n-prelim or give a "
+                     f"suite with more train tasks")
     gate_ids = [t.id for t in gate_tasks]
     if saved is not None and saved.get("gate_tasks", gate_ids) != gate_ids:
         differ = sorted(set(gate_ids) ^ set(saved["gate_tasks"]))
         parser.error(f"--resume: the suite now gives other gate tasks than the saved run's ({len(gate_ids)} vs "
                      f"{len(saved['gate_tasks'])}; differing ids: {', '.join(differ[:3])})")
-    base_skills = load_base_skills(args)
+    try:
+        base_skills = load_base_skills(args)
+    except ValueError as e:   # SkillFormatError: a bad --base-skills folder or .json, named
+        parser.error(f"--base-skills {args.base_skills}: {e}")
+    card = None
+    if saved is None or saved.get("card") is None:
+        try:   # a bad --model-card or checkpoint: refused before any model call or file
+            card = initial_card(args)
+        except (OSError, ValueError, RuntimeError) as e:
+            flag = "--model-card" if args.model_card else ("--target-checkpoint" if args.target_checkpoint
+                                                           else "--model-spec")
+            parser.error(f"{flag}: {e}")
     out = open_run_folder(out, args.resume, args.overwrite, "evolve_masa.py", keep=("target_cache.jsonl",))
     state = saved or {"version": 1, "args": {k: v for k, v in vars(args).items()
                                              if k not in ("resume", "overwrite", "merge")},
@@ -252,8 +311,20 @@ def set_up(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Run:
     return Run(args, out, state, config, prelim, tasks, heldout, base_skills,
                CallBudget(args.max_calls, spent=saved["calls_spent"] if saved else 0),
                None if args.no_cache else Path(args.cache or out / "target_cache.jsonl"),
-               masa.suite_description(tasks, Path(args.suite).stem),
-               usage_before=dict(state.get("usage") or {}), gate_tasks=gate_tasks)   # usage: continued
+               masa_data.suite_description(tasks, Path(args.suite).stem),
+               usage_before=dict(state.get("usage") or {}), gate_tasks=gate_tasks, card=card)   # usage: continued
+
+
+def check_search_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Counts that leave the search nothing to do, or that it cannot run with, refused before any model call or
+    file (MasaSearch, hill_climb and ucb.search refuse them only after the preliminary calls and the run folder)."""
+    least = {"n_train": 1, "n_prelim": 0, "n_heldout": 0, "episodes": 1, "iterations": 0, "patience": 1,
+             "tree_iterations": 0, "max_children": 1, "sft_copies": 0, "concurrency": 1}
+    why = {"n_train": " (the search tasks)", "episodes": " (the episodes a tree node is scored on)"}
+    for name, low in least.items():
+        value = getattr(args, name, None)   # (a run saved before a flag existed lacks it)
+        if isinstance(value, int) and value < low:
+            parser.error(f"--{name.replace('_', '-')} must be at least {low}{why.get(name, '')}, got {value}")
 
 
 def load_tasks(args):
@@ -325,7 +396,11 @@ def connect(run: Run):
             teacher_raw = stack.enter_context(embedded_client(url=args.teacher_url, model=args.teacher_model,
                                                               api_key=args.teacher_api_key, **kw))
         saved = getattr(run, "usage_before", {})   # --resume: the counts continue
-        target = CachingClient(target_raw, run.cache_path, run.budget, usage=saved.get("target"))
+        try:
+            target = CachingClient(target_raw, run.cache_path, run.budget, usage=saved.get("target"))
+        except ValueError as e:   # a damaged target_cache.jsonl line, named (FILE:LINE)
+            sys.exit(f"evolve_masa.py: the target-call cache: {e}; delete that line (or the file: its calls are "
+                     f"then paid again, or pass --no-cache)")
         teacher = CachingClient(teacher_raw, None, run.budget, usage=saved.get("teacher"))
         getattr(run, "roles", {}).update(target=target, teacher=teacher)   # for run_usage
         c = run.config
@@ -361,26 +436,23 @@ def teacher_skipped(run: Run, event: dict) -> None:
 # ----------------------------------------------------------------------------------------------------------
 # The phases
 
-def initial_card(args, target) -> ModelCard:
+def initial_card(args, target=None) -> ModelCard | None:
+    """The target's card before the teacher's summary: --model-card, else built from --target-checkpoint or the
+    embedded model's spec (model_card.target_model_card, the builder rewrite.py apply and transfer use too), else
+    (a URL target) just its name, once `target` is connected (None before)."""
     if args.model_card:
         return ModelCard.load(args.model_card)
     if args.target_checkpoint:
-        return model_card_from_config(args.target_checkpoint, name=args.target_model or
-                                      Path(args.target_checkpoint).name)
+        return target_model_card(args.target_checkpoint, name=args.target_model)
     if args.target_url is None:  # the embedded model: its (converted) checkpoint has a config.json
-        # what SmolLM2-135M-Instruct's own model card says (huggingface.co/HuggingFaceTB/SmolLM2-135M-Instruct:
-        # "trained on 2 trillion tokens", "SFT ... then DPO using UltraFeedback", English), which no config.json holds
-        known = (dict(family="SmolLM2", variant="135M-Instruct", base_or_instruct="instruct",
-                      alignment_method="SFT + DPO", training_data_size="2T tokens", multilingual=False)
-                 if args.model_spec == DEFAULT_MODEL else {})
-        return model_card_from_config(resolve_model(args.model_spec), name=args.model_spec, **known)
-    return ModelCard(name=target.model)
+        return target_model_card(args.model_spec)
+    return None if target is None else ModelCard(name=target.model)
 
 
 def model_card(run: Run, target, teacher) -> ModelCard:
     """1. The target's card; its strengths and weaknesses summarised from the preliminary rollouts, once."""
     if run.state["card"] is None:
-        card = initial_card(run.args, target)
+        card = getattr(run, "card", None) or initial_card(run.args, target)
         if run.prelim and not card.weaknesses:
             log(f"[card] summarising the target from {len(run.prelim)} preliminary rollouts")
             card = masa.summarize_model(teacher, card, target, run.prelim, run.config,

@@ -15,6 +15,11 @@ Commands:
         --task "Short questions: counts, lookups, arithmetic, unit conversion" --out runs/adapted-skills
     python rewrite.py apply ... --compare --suite qa --n-tasks 100      # input vs rewritten vs teacher one-shot
 
+`apply --model-card RUN --task SUITE` (RUN an evolve_masa.py run folder, SUITE its --suite) gives the rewriter
+the card and the task description its SFT records hold, strengths and weaknesses included; a model spec or
+checkpoint as --model-card gets the card evolve_masa.py builds for it before the teacher's summary
+(minskill.model_card.target_model_card), and free text as --task is used as it is.
+
 `train --lora-rank R` trains rank-R LoRA adapters (minskill.lora) on a frozen base instead of every weight;
 checkpoints and final/ then hold the merged rewriter in HF layout (what `apply` and any HF tool load) and
 adapter/ in PEFT's layout.
@@ -39,6 +44,7 @@ from minskill import sft
 from minskill.client import ChatClient, usage_delta
 from minskill.lora import BASE_DTYPES, add_lora_arguments, apply_lora, lora_settings
 from minskill.masa import one_shot_rewrite
+from minskill.masa_data import task_description
 from minskill.quantize import QUANTIZE_CHOICES
 from minskill.retrieval import add_retrieval_args, check_retrieval_args, retriever_from_args, with_retrieval
 from minskill.rewriter import (load_model_card, parse_rewriter_output, resolve_rewriter,  # noqa: F401 (rewrite.X)
@@ -46,7 +52,7 @@ from minskill.rewriter import (load_model_card, parse_rewriter_output, resolve_r
 from minskill.rollout import load_skills, run_rollouts, summarize
 from minskill.runs import check_run_folder, open_run_folder, write_text_atomic
 from minskill.server import embedded_client
-from minskill.skillsets import SkillSet
+from minskill.skillsets import SkillSet, check_replaceable
 from minskill.tasks import load_suite
 from minskill.weights import load_model, resolve_model
 
@@ -95,6 +101,9 @@ def cmd_train(args) -> int:
                         log_every=args.log_every, seed=args.seed, max_steps=args.max_steps)
     lora = lora_settings(args)      # before anything is read: a bad --lora-* flag is a ValueError naming it
     check_run_folder(args.out, bool(args.resume), args.overwrite, "rewrite.py train")
+    resume = False if not args.resume else (True if args.resume == "latest" else args.resume)
+    if resume:
+        sft.resume_candidates(args.out, resume)   # nothing to resume: refused before anything loads or is written
     warn = lambda message: print(message, file=sys.stderr, flush=True)   # noqa: E731
     records, problems = sft.read_records(args.data, warn=warn)
     if args.val_file:
@@ -129,7 +138,6 @@ def cmd_train(args) -> int:
                                                 "lora_base_dtype")},
          "data_counts": {"records": len(records), "malformed_lines": len(problems), "too_long_skipped": too_long,
                          "truncated": truncated, "train": len(train), "validation": len(val)}}, indent=2) + "\n")
-    resume = False if not args.resume else (True if args.resume == "latest" else args.resume)
     summary = sft.train_sft(model, tokenizer, train, out, cfg, val_examples=val, resume=resume,
                             log=lambda line: print(line, flush=True))
     return 0 if summary["step"] > 0 or summary["finished"] else 1
@@ -155,13 +163,26 @@ def _table(rows: list[tuple[str, dict | None, str]]) -> str:
     return "\n".join(lines)
 
 
+def compare_folder(args) -> Path:
+    """Where --compare writes (a run folder: refused when it holds anything, unless --overwrite)."""
+    return Path(args.compare_out or f"{args.out}-compare")
+
+
 def cmd_apply(args) -> int:
     check_retrieval_args(args)   # bad --retrieve flags: refused before the rewriter runs
+    if args.compare:             # an earlier comparison is not replaced without --overwrite (minskill.runs)
+        check_run_folder(compare_folder(args), False, args.overwrite, "rewrite.py apply --compare")
     out = Path(args.out)
     if out.exists() and any(out.iterdir()) and not args.overwrite:
         print(f"rewrite.py apply: --out {out} exists and is not empty (pass --overwrite)", file=sys.stderr)
         return 1
+    check_replaceable(out)       # --overwrite replaces only a skill set (SkillSet.save's rule), checked before the model runs
     card = load_model_card(args.model_card)
+    if not card["strengths"] and not card["weaknesses"]:
+        print(f"rewrite.py apply: note: the card of {args.model_card} has no strengths or weaknesses; the SFT records "
+              f"of evolve_masa.py hold the teacher's (give its run folder or model_card.json as --model-card for "
+              f"the card the rewriter was trained with)", file=sys.stderr)
+    args.task = task_description(args.task, args.task_seed)   # a suite's name: its SFT records' description
     skills = load_input_skills(args.skills, args.suite)
     dtype = torch.bfloat16 if args.dtype == "bfloat16" else torch.float32
     rewriter_path = resolve_rewriter(args.rewriter)
@@ -203,8 +224,7 @@ def compare(args, card: dict, skills, rewritten, rewriter_cost: dict | None = No
         print("rewrite.py apply --compare needs --suite", file=sys.stderr)
         return 1
     tasks = load_suite(args.suite, split=args.split, seed=args.task_seed, n=args.n_tasks)   # name or .jsonl
-    report_dir = Path(args.compare_out or f"{args.out}-compare")
-    report_dir.mkdir(parents=True, exist_ok=True)
+    report_dir = open_run_folder(compare_folder(args), False, args.overwrite, "rewrite.py apply --compare")
     log = lambda message: print(message, file=sys.stderr, flush=True)   # noqa: E731
 
     with embedded_client(url=args.task_url, model=args.task_model, api_key=args.api_key, model_spec=args.model_spec,
@@ -297,7 +317,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--seed", type=int, default=d.seed, help="data order and validation split")
     t.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda when available)")
     t.add_argument("--resume", nargs="?", const="latest", default=None, metavar="CHECKPOINT",
-                   help="continue from the latest checkpoint in --out (or the given checkpoint folder)")
+                   help="continue from the latest checkpoint in --out (or the given checkpoint folder); a "
+                   "damaged one is reported and the one before it used; refused when --out holds none")
     t.add_argument("--overwrite", action="store_true", help="replace the run that a non-empty --out holds "
                    "(without --resume or --overwrite such an --out is refused)")
     t.set_defaults(func=cmd_train)
@@ -310,11 +331,16 @@ def build_parser() -> argparse.ArgumentParser:
                     "rewritten and a one-shot teacher rewrite (DS-Adapter) on --suite and print one table.")
     a.add_argument("--rewriter", required=True, help="rewriter: a `rewrite.py train` --out folder or an HF folder")
     a.add_argument("--model-card", required=True,
-                   help="target model card: JSON or YAML file, or a checkpoint folder / model spec to build one from")
+                   help="target model card: JSON or YAML file, an evolve_masa.py run folder (its model_card.json, "
+                   "the card its SFT records hold), or a checkpoint folder / model spec to build one from as "
+                   "evolve_masa.py does (without the teacher's strengths and weaknesses)")
     a.add_argument("--skills", required=True, help="input skills: Agent Skills folder, MASA .json, or 'base' (with --suite)")
-    a.add_argument("--task", required=True, help="task description given to the rewriter")
+    a.add_argument("--task", required=True, help="task description given to the rewriter, or a suite's name "
+                   "(qa, household, webwalk, PATH.jsonl) for the description evolve_masa.py's SFT records hold for "
+                   "it (with --task-seed; as its defaults --n-prelim 4 --n-train 24 draw the search tasks)")
     a.add_argument("--out", required=True, help="folder for the rewritten skills")
-    a.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
+    a.add_argument("--overwrite", action="store_true", help="replace a non-empty --out (and with --compare, the "
+                   "earlier comparison in OUT-compare)")
     a.add_argument("--max-new-tokens", type=int, default=1536, help="reply budget of the rewriter (default 1536)")
     a.add_argument("--temperature", type=float, default=0.0, help="rewriter temperature (default 0 = greedy)")
     a.add_argument("--seed", type=int, default=0)

@@ -6,6 +6,12 @@
     python train_grpo.py --task-url http://localhost:8000/v1 --task-model Qwen/Qwen3-8B --editor /path/Qwen3-4B
     python train_grpo.py --eval --grpo-editor runs/grpo/checkpoint --skillr1-editor runs/skill-r1/checkpoint
 
+What the defaults train: with --ppo-epochs 1 the ratio is exactly 1, so the PPO clip (--eps-low/--eps-high)
+never acts and the update is REINFORCE with group-relative advantages A = A_intra + λ·A_inter, unless
+--ppo-epochs > 1; the KL to the reference is off (no reference model) unless --beta > 0; A_intra is divided
+by the group's std as in standard GRPO (--no-scale-by-std: not); and G = --generations 2 (each generation
+costs ~0.7x the run again), while the paper analyses generations 1-5: use -G 3 to 5 for a real run.
+
 One training step (DESIGN.md §3, the loop in `train`):
   1. pick --instances-per-step task instances (tasks of one type each);
   2. evolve: on each, the G-generation loop of minskill.skill_r1 (K candidate skills per generation sampled
@@ -68,7 +74,7 @@ from minskill.plot import write_svg_plot
 from minskill.quantize import QUANTIZE_CHOICES
 from minskill.rollout import load_skills, skill_text
 from minskill.provenance import lineage_records
-from minskill.runs import (TRAINER_STATE, append_jsonl, check_run_folder, load_trainer_state, lr_factor,
+from minskill.runs import (TRAINER_STATE, append_jsonl, check_run_folder, check_shape, load_trainer_state, lr_factor,
                            open_run_folder, read_jsonl, recover_checkpoint, release_freed_memory, save_checkpoint,
                            set_rng_state, write_jsonl_atomic)
 from minskill.sampling import completion_logprobs
@@ -76,7 +82,7 @@ from minskill.server import embedded_client
 from minskill.shared_prefix import grouped_logprobs
 from minskill.skill_r1 import (EvolveConfig, Instance, all_zero_note, assign_advantages, autocast, device,
                                evolve_batch, load_tasks, make_instances, step_seed)
-from minskill.skill_r1_eval import evaluate, probe, probe_instances
+from minskill.skill_r1_eval import check_heldout, evaluate, probe, probe_instances
 from minskill.weights import load_model, resolve_model
 
 # flags that must equal the checkpoint's when resuming, or the continued run would not be the same run
@@ -86,6 +92,8 @@ RESUME_MUST_MATCH = ("suite", "seed_skills", "generations", "candidates", "rollo
                      "task_max_tokens", "task_temperature", "instances_per_step", "micro_batch", "lr",
                      "weight_decay", "warmup_ratio", "grad_clip", "bf16", "seed", "lora_rank", "lora_alpha",
                      "lora_dropout", "lora_targets", "lora_base_dtype", "carry_gate", "carry_gate_alpha")
+# what `setup` reads from trainer_state.pt
+TRAINER_STATE_KEYS = ("args", "editor_spec", "optimizer", "scheduler", "rng", "metrics", "step")
 # what a checkpoint written before the LoRA flags existed counts as: LoRA off
 LORA_OFF = {"lora_rank": 0, "lora_alpha": None, "lora_dropout": 0.0, "lora_targets": list(DEFAULT_TARGETS),
             "lora_base_dtype": "float32"}
@@ -337,14 +345,21 @@ def setup(args) -> Run:
     check_run_folder(out, args.resume, args.overwrite, "train_grpo.py")   # before any model is loaded
     ckpt, state = resume_state(out, args) if args.resume else (None, None)
     editor_spec = state["editor_spec"] if state else args.editor
-    editor, tokenizer, ref_model = build_editor(args, ckpt, editor_spec)
-    optimizer = torch.optim.AdamW(trainable_parameters(editor), lr=args.lr, weight_decay=args.weight_decay,
-                                  betas=(0.9, 0.99))
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, args.steps, args.warmup_ratio))
+    try:
+        editor, tokenizer, ref_model = build_editor(args, ckpt, editor_spec)
+        optimizer = torch.optim.AdamW(trainable_parameters(editor), lr=args.lr, weight_decay=args.weight_decay,
+                                      betas=(0.9, 0.99))
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer,
+                                                      lambda s: lr_factor(s, args.steps, args.warmup_ratio))
+        if state is not None:
+            optimizer.load_state_dict(state["optimizer"])
+            scheduler.load_state_dict(state["scheduler"])
+    except (FileNotFoundError, ValueError) as e:   # a damaged checkpoint: its files say what is wrong
+        if ckpt is None:
+            raise
+        sys.exit(f"--resume: {e}\n{damaged_checkpoint_hint(ckpt)}")
     rows, start_step = [], 0
     if state is not None:
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
         set_rng_state(state["rng"])
         rows, start_step = list(state["metrics"]), state["step"]
         print(f"resuming {ckpt} at step {start_step}", flush=True)
@@ -358,12 +373,25 @@ def setup(args) -> Run:
     run = Run(out, editor, tokenizer, ref_model, optimizer, scheduler, tasks, instances,
               load_skills(args.seed_skills, args.suite), editor_spec,
               probe_instances(args) if args.probe_every else [], rows, start_step)
+    lineage = out / "lineage.jsonl"
+    kept_lineage = lineage_before(lineage, start_step) if args.resume else []   # checked before anything is written
     open_run_folder(out, args.resume, args.overwrite, "train_grpo.py")
     write_jsonl_atomic(out / "metrics.jsonl", rows)  # exactly the steps the checkpoint holds
-    lineage = out / "lineage.jsonl"
-    write_jsonl_atomic(lineage, [r for _, r in read_jsonl(lineage) if r["step"] < start_step] if lineage.is_file() else [])
+    write_jsonl_atomic(lineage, kept_lineage)
     print_plan(run, args)
     return run
+
+
+def lineage_before(path: Path, step: int) -> list[dict]:
+    """--resume: lineage.jsonl's records of the steps before `step` (those the checkpoint holds); a line that is
+    not JSON, or a record without an integer "step", is an exit naming FILE:LINE."""
+    if not path.is_file():
+        return []
+    try:
+        records = [check_shape(r, {"step": int}, f"{path}:{n}") for n, r in read_jsonl(path)]
+    except ValueError as e:
+        sys.exit(f"--resume: {e}")
+    return [r for r in records if r["step"] < step]
 
 
 def build_editor(args, ckpt: Path | None, editor_spec: str):
@@ -397,7 +425,12 @@ def resume_state(out: Path, args) -> tuple[Path, dict]:
     ckpt = find_checkpoint(out)
     if ckpt is None:
         sys.exit(f"--resume: no checkpoint in {out} (nothing to resume; drop --resume to start a run)")
-    state = load_trainer_state(ckpt, restore_rng=False)
+    try:
+        state = load_trainer_state(ckpt, restore_rng=False, required=TRAINER_STATE_KEYS)
+        if not isinstance(state["args"], dict):
+            raise ValueError(f"{ckpt / TRAINER_STATE}: 'args' is a {type(state['args']).__name__}, not a dict")
+    except ValueError as e:
+        sys.exit(f"--resume: {e}\n{damaged_checkpoint_hint(ckpt)}")
     saved = {**LORA_OFF, **CARRY_STRICT, **state["args"]}
     changed = [f"--{k.replace('_', '-')} {saved.get(k)!r} -> {getattr(args, k)!r}"
                for k in RESUME_MUST_MATCH if saved.get(k) != getattr(args, k)]
@@ -407,6 +440,12 @@ def resume_state(out: Path, args) -> tuple[Path, dict]:
     if state["args"]["steps"] != args.steps:
         print(f"note: --steps {state['args']['steps']} -> {args.steps} changes the cosine schedule")
     return ckpt, state
+
+
+def damaged_checkpoint_hint(ckpt: Path) -> str:
+    """What to do about a checkpoint that cannot be loaded: a run keeps one checkpoint, so none is older."""
+    return (f"{ckpt} is damaged and the run keeps no earlier checkpoint to fall back to: restore it from a copy, "
+            f"or start the run again with --overwrite")
 
 
 def find_checkpoint(out: Path) -> Path | None:
@@ -485,7 +524,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     a.add_argument("-n", "--rollouts", type=int, default=1, help="task-model rollouts per skill and task "
                    "(default 1: enough with the greedy task model)")
     a.add_argument("--lam", type=float, default=0.5, help="λ, weight of A_inter (0 = vanilla GRPO; default 0.5)")
-    a.add_argument("--scale-by-std", action="store_true", help="divide A_intra by the group's std + 1e-4")
+    a.add_argument("--scale-by-std", action=argparse.BooleanOptionalAction, default=True,
+                   help="divide A_intra by the group's std + 1e-4, as standard GRPO does (on by default: measured "
+                        "on the learning test, docs/skill-r1.md; --no-scale-by-std: Dr. GRPO's unscaled A_intra)")
     a.add_argument("--eps-low", type=float, default=0.2, help="clip range below 1 (default 0.2)")
     a.add_argument("--eps-high", type=float, default=0.2, help="clip range above 1 (default 0.2)")
     a.add_argument("--beta", type=float, default=0.0, help="weight of the k3 KL to a frozen reference copy of "
@@ -583,6 +624,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     try:
         lora_settings(args)   # checks the --lora-* flags; fills in --lora-alpha (2·R) and the target list
     except ValueError as e:
+        p.error(str(e))
+    try:
+        check_heldout(args)   # exactly the instances asked for; the probe's tasks never among --eval's
+    except ValueError as e:   # skill_r1_eval.HeldoutSplitError, or a trainer_state.pt that cannot be read
         p.error(str(e))
     return args
 

@@ -26,7 +26,11 @@ import threading
 from pathlib import Path
 
 from minskill.client import ChatResult, Usage
-from minskill.runs import read_jsonl
+from minskill.runs import check_shape, read_jsonl
+
+# a cache line (what _store writes); a line of another shape is an error naming FILE:LINE, not a crash at its hit
+CACHE_LINE = {"key": str, "result": {"texts": [str], "finish_reasons": [(None, str)], "prompt_tokens": (None, int),
+                                     "completion_tokens": (None, int)}}
 
 
 class BudgetExhausted(RuntimeError):
@@ -86,9 +90,10 @@ class CachingClient:
         self._usage = Usage(**(usage or {}))
         self._hits_before = int((usage or {}).get("cache_hits") or 0)
         if self.cache_path is not None and self.cache_path.exists():
-            for _, record in read_jsonl(self.cache_path):
+            for lineno, record in read_jsonl(self.cache_path):
                 if isinstance(record, dict) and "key" in record and "result" in record:
-                    self._cache[record["key"]] = record["result"]
+                    result = check_shape(record, CACHE_LINE, f"{self.cache_path}:{lineno}")["result"]
+                    self._cache[record["key"]] = {k: result[k] for k in CACHE_LINE["result"]}
 
     @property
     def model(self) -> str:

@@ -41,6 +41,10 @@ Contract
 * Not retried: any other 4xx raises `ChatError` carrying the server's message, the status and the
   endpoint. A reply that is not the expected JSON (or has choices, finish reasons or usage counts of
   the wrong type) raises `ChatError` quoting the start of the body.
+* Text from a model is made Unicode text here, once, for everything downstream: every string of a reply body
+  (content, reasoning fields, error messages, model ids) has its lone surrogates (JSON's "\\ud800" escape,
+  which no UTF-8 file, JSON writer with ensure_ascii=False or tokenizer accepts) and the bytes that are not
+  UTF-8 replaced by U+FFFD, so no reply's content can crash the writer of a state file or the next request.
 * Every failure of a call raises `ChatError` (`status`: the HTTP status, None without a reply): of the
   connection, the server, the model list (`GET {base_url}/models`), or the reply. Only arguments that
   cannot be sent at all (messages not a list of dicts, values JSON cannot encode) raise TypeError or
@@ -63,6 +67,7 @@ import json
 import math
 import os
 import random
+import re
 import socket
 import threading
 import time
@@ -137,10 +142,62 @@ def _parse_retry_after(value: str | None) -> float:
     return min(seconds, MAX_RETRY_AFTER) if math.isfinite(seconds) and seconds >= 0 else 0.0
 
 
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # (the only str characters UTF-8 cannot encode)
+
+
+def unicode_text(text: str) -> str:
+    """`text` with each lone surrogate (JSON's "\\ud800" escape decodes to one) replaced by U+FFFD: what a
+    model wrote becomes text that UTF-8, JSON files and tokenizers all accept (they refuse a lone surrogate)."""
+    return _LONE_SURROGATE.sub("\ufffd", text)
+
+
+def lone_surrogate_at(value) -> str | None:
+    """Where a decoded JSON value has a string (or key) with a lone surrogate, e.g. "messages[0].content"
+    ("the body": the value itself); None when all its strings are Unicode text. (minskill.server refuses a
+    request with one; minskill.sft skips such a record.)"""
+    stack = [("", value)]
+    while stack:  # (a loop, not recursion: the value may be as deep as json.loads allows)
+        where, value = stack.pop()
+        if isinstance(value, str) and _LONE_SURROGATE.search(value):
+            return where or "the body"
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if _LONE_SURROGATE.search(key):
+                    return where or "the body"
+                stack.append((f"{where}.{key}" if where else key, item))
+        elif isinstance(value, list):
+            stack.extend((f"{where}[{i}]", item) for i, item in enumerate(value))
+    return None
+
+
+def _unicode_json(value):
+    """A decoded JSON value with unicode_text applied to every string in it, keys included (in place)."""
+    if isinstance(value, str):
+        return unicode_text(value)
+    stack = [value]
+    while stack:  # (a loop, not recursion: the body may be as deep as json.loads allows)
+        node = stack.pop()
+        if isinstance(node, dict):
+            items = list(node.items())
+            node.clear()
+            for key, item in items:
+                node[unicode_text(key)] = unicode_text(item) if isinstance(item, str) else item
+                if not isinstance(item, str):
+                    stack.append(item)
+        elif isinstance(node, list):
+            for i, item in enumerate(node):
+                if isinstance(item, str):
+                    node[i] = unicode_text(item)
+                else:
+                    stack.append(item)
+    return value
+
+
 def _decode_json(content: bytes):
-    """The JSON value of a reply body; ValueError if it is not JSON (also when nested too deeply to decode)."""
+    """The JSON value of a reply body, all its strings Unicode text (bytes that are not UTF-8 and lone
+    surrogates are U+FFFD: module docstring); ValueError if it is not JSON (also when nested too deeply)."""
     try:
-        return json.loads(content)
+        return _unicode_json(json.loads(content.decode("utf-8-sig", "replace")))  # (-sig: a BOM is no text)
     except RecursionError:
         raise ValueError("JSON nested too deeply") from None
 

@@ -20,6 +20,12 @@ So paired accepts a subset of what strict accepts: a higher mean that rests on o
 (m = 1, p = 1/2) is rejected; five gained and none lost (p = 1/32) passes at α = 0.1. With N tasks and no
 losses the smallest p is 2^-N: a paired gate at α = 0.1 needs at least 4 untied tasks, all gained.
 
+Why per task here, when `train_grpo.py --eval` tests per instance (minskill/paired.py): a gate compares two
+FIXED skill sets, each written once and scored on the same tasks, so conditional on the two sets the tasks
+are independent draws and each is its own unit; the question is "is S' better than S* on tasks like these",
+not "does the process that wrote S' tend to write better skills". --eval scores a skill evolved afresh on each
+instance, so the tasks of one instance share one sampled skill and only the instances are independent.
+
 Why: with N = 6 episodes per evaluation and greedy rollouts, R moves in steps of 1/6 and the strict rule
 accepts whatever the teacher's rewrite happened to fix on those tasks (the search reward climbed 0.25 →
 0.46 while the held-out result stayed 0.40 → 0.40, 3 tasks gained and 3 lost: issue 16).

@@ -47,6 +47,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from minskill.model import Transformer
@@ -285,25 +286,44 @@ def save_peft_adapter(model: Transformer, folder, base_model_name_or_path: str |
 @torch.no_grad()
 def load_peft_adapter(model: Transformer, folder) -> Transformer:
     """Copy the adapter of a PEFT folder into a model that apply_lora adapted with the same settings (its
-    rank, alpha and targets are checked against adapter_config.json); every tensor must be present."""
+    rank, alpha and targets are checked against adapter_config.json); every tensor must be present. A missing,
+    unreadable or mismatched file is an error naming it (FileNotFoundError, ValueError); the model is changed
+    only once everything has been checked."""
     folder = Path(folder)
-    if not (folder / ADAPTER_CONFIG).is_file() or not (folder / ADAPTER_WEIGHTS).is_file():
-        raise FileNotFoundError(f"{folder}: no LoRA adapter ({ADAPTER_CONFIG} and {ADAPTER_WEIGHTS})")
+    config_file, weights_file = folder / ADAPTER_CONFIG, folder / ADAPTER_WEIGHTS
+    absent = [path.name for path in (config_file, weights_file) if not path.is_file()]
+    if absent:
+        raise FileNotFoundError(f"{folder}: no LoRA adapter (missing {' and '.join(absent)})")
     if not has_lora(model):
         raise ValueError(f"{folder} holds a LoRA adapter but the model has none: adapt it first (--lora-rank)")
-    saved, cfg = json.loads((folder / ADAPTER_CONFIG).read_text(encoding="utf-8")), model.lora_config
+    try:
+        saved = json.loads(config_file.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise ValueError(f"{config_file}: damaged, not readable JSON ({type(e).__name__}: {str(e)[:200]})") from None
+    if not isinstance(saved, dict):
+        raise ValueError(f"{config_file}: not a PEFT adapter config (a JSON {type(saved).__name__}, not an object)")
+    cfg, alpha, targets = model.lora_config, saved.get("lora_alpha"), saved.get("target_modules")
     ours = {"r": cfg.rank, "lora_alpha": cfg.alpha, "target_modules": sorted(cfg.targets)}
-    theirs = {"r": saved.get("r"), "lora_alpha": float(saved.get("lora_alpha", 0)),
-              "target_modules": sorted(saved.get("target_modules") or [])}
+    theirs = {"r": saved.get("r"), "lora_alpha": float(alpha) if type(alpha) in (int, float) else alpha,
+              "target_modules": sorted(targets) if isinstance(targets, list) and all(
+                  isinstance(t, str) for t in targets) else targets}
     if ours != theirs:
-        raise ValueError(f"{folder}: the adapter was saved with {theirs}, this model is adapted with {ours}")
-    tensors = load_file(str(folder / ADAPTER_WEIGHTS))
+        raise ValueError(f"{config_file}: the adapter was saved with {theirs}, this model is adapted with {ours}")
+    try:
+        tensors = load_file(str(weights_file))
+    except (SafetensorError, OSError) as e:
+        raise ValueError(f"{weights_file}: damaged, not a readable safetensors file ({e})") from None
+    pairs = []
     for name, layer in lora_layers(model):
         for part in ("lora_A", "lora_B"):
             key, param = f"{PEFT_PREFIX}{name}.{part}.weight", getattr(layer, part).weight
             if key not in tensors or tensors[key].shape != param.shape:
-                raise ValueError(f"{folder}: tensor {key} is missing or has the wrong shape")
-            param.copy_(tensors[key])
+                raise ValueError(f"{weights_file}: tensor {key} is " + (
+                    "missing" if key not in tensors else f"of shape {tuple(tensors[key].shape)}, not "
+                                                         f"{tuple(param.shape)}"))
+            pairs.append((param, tensors[key]))
+    for param, tensor in pairs:
+        param.copy_(tensor)
     return model
 
 

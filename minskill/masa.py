@@ -42,8 +42,9 @@ A teacher reply is parsed robustly (JSON in a fence or inside prose, the skill f
 reply that does not parse is retried (at most `teacher_retries` times, telling the teacher what was
 wrong), then the step is skipped and the skip is logged (`ask_teacher`).
 
-Also here: the one-shot teacher adaptation (`one_shot_rewrite`, the "DS-Adapter" baseline). Elsewhere:
-the rewriter's SFT records (minskill/masa_data.py), the target-call cache and the call budget
+Also here: the one-shot teacher adaptation (`one_shot_rewrite`, the "DS-Adapter" baseline; its reply is the
+MASA JSON library that SkillSet.from_json reads). Elsewhere:
+the rewriter's SFT records and their task description (minskill/masa_data.py), the target-call cache and budget
 (minskill/caching.py).
 """
 from __future__ import annotations
@@ -183,12 +184,26 @@ def attribution_messages(card: ModelCard, skills: SkillSet, failures: list[dict]
     return [{"role": "system", "content": TEACHER_SYSTEM}, {"role": "user", "content": user}]
 
 
+# The skill a prompt shows as its example of the reply format (Markdown, or MASA JSON for the one-shot rewrite)
+_EXAMPLE_SKILL = Skill(name="answer-format", description="How to write the final answer; use for every task.",
+                       body="State the final answer on the last line as 'Answer: <answer>'.", metadata={})
+
+
 def _format_help() -> str:
-    example = SkillSet(general=[Skill(name="answer-format", description="How to write the final answer; use "
-                                      "for every task.", body="State the final answer on the last line as "
-                                      "'Answer: <answer>'.", metadata={})], task_specific={}, common_mistakes=[])
+    example = SkillSet(general=[_EXAMPLE_SKILL], task_specific={}, common_mistakes=[])
     return ("Reply with the skills only, in exactly this format (one block per skill; names are lower-case "
             "letters, digits and single hyphens):\n\n" + example.to_markdown())
+
+
+def _json_format_help() -> str:
+    """The MASA JSON library a reply is asked for, its skill written by SkillSet.to_json: the keys asked for are
+    the keys SkillSet.from_json reads (skill_id -> name, principle -> body, when_to_apply -> description)."""
+    entry = json.dumps(SkillSet(general=[_EXAMPLE_SKILL]).to_json()["general_skills"][0], ensure_ascii=False)
+    return ('Reply with JSON only, a skill library in this form (each skill: "skill_id", its name, lower-case '
+            'letters, digits and single hyphens; "title"; "principle", the text the target reads; '
+            '"when_to_apply", when to use it):\n'
+            f'{{"general_skills": [{entry}], "task_specific_skills": {{"<task type>": [{entry}]}}, '
+            '"common_mistakes": ["..."]}')
 
 
 def general_rewrite_messages(card: ModelCard, skills: SkillSet, reward: float, attribution: dict | None,
@@ -224,10 +239,7 @@ def oneshot_messages(card: ModelCard, skills: SkillSet, task_description: str) -
     user = (f"## Task: {ONESHOT_TASK}\n\n### Model card\n{card.to_prompt()}\n\n"
             f"### Tasks\n{_clip(task_description, 2000)}\n\n### Skill library\n{_skills_text(skills)}\n\n"
             "Rewrite the whole library (general skills and the skills of each task type) so that this target "
-            "model can use it well. Reply with JSON only: "
-            '{"general_skills": [{"name": "...", "description": "...", "body": "..."}], '
-            '"task_specific_skills": {"<task type>": [{"name": "...", "description": "...", "body": "..."}]}, '
-            '"common_mistakes": ["..."]}')
+            f"model can use it well. {_json_format_help()}")
     return [{"role": "system", "content": TEACHER_SYSTEM}, {"role": "user", "content": user}]
 
 
@@ -685,13 +697,3 @@ def summarize_model(teacher, card: ModelCard, target, tasks: list, config: MasaC
     return replace(card, strengths=result["strengths"] or card.strengths,
                    weaknesses=result["weaknesses"] or card.weaknesses)
 
-
-def suite_description(tasks: list, name: str) -> str:
-    """A short description of a task suite for prompts and SFT records: its types with one example each."""
-    types = sorted({t.type for t in tasks})
-    lines = [f"Suite '{name}': {'multi-turn' if any(t.multi_turn for t in tasks) else 'single-turn'} tasks of "
-             f"{len(types)} type(s): {', '.join(types)}."]
-    for task_type in types:
-        example = next(t for t in tasks if t.type == task_type)
-        lines.append(f"- {task_type}, e.g.: {_clip(example.question, 200)}")
-    return "\n".join(lines)

@@ -14,6 +14,10 @@ the record comes from (`source`, `target_model`, `reward_out`). The sources of S
     partial                 S*_F with round(0.6 · n) of its n skills kept
     verbose                 S*_F padded with filler sentences that carry no information
     other_backbone          another target's best set (`merge_sft_runs`, over runs on different targets)
+
+The task description d is `suite_description` of the search tasks; `sft_task_description(suite)` gives the one a
+run with evolve_masa.py's defaults writes, and `task_description(text)` reads rewrite.py apply's and transfer's
+--task: a suite's name stands for that description, other text is kept.
 """
 from __future__ import annotations
 
@@ -29,6 +33,7 @@ from minskill.runs import read_json, read_jsonl
 from minskill.sft import check_record
 from minskill.skills import Skill
 from minskill.skillsets import SkillSet
+from minskill.tasks import SUITES, load_suite
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -197,3 +202,40 @@ def merge_sft_runs(run_dirs: list) -> list[dict]:
                                       SkillSet.from_json(a["best_skills"]), "other_backbone", a["target_model"],
                                       a["reward_out"]))
     return records
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The task description d of a record
+
+def _short(text: str, limit: int) -> str:
+    text = (text or "").strip()
+    return text if len(text) <= limit else text[:limit] + " [...]"
+
+
+def suite_description(tasks: list, name: str) -> str:
+    """A short description of a task suite for prompts and SFT records: its types with one example each."""
+    types = sorted({t.type for t in tasks})
+    lines = [f"Suite '{name}': {'multi-turn' if any(t.multi_turn for t in tasks) else 'single-turn'} tasks of "
+             f"{len(types)} type(s): {', '.join(types)}."]
+    for task_type in types:
+        example = next(t for t in tasks if t.type == task_type)
+        lines.append(f"- {task_type}, e.g.: {_short(example.question, 200)}")
+    return "\n".join(lines)
+
+
+def sft_task_description(suite: str, task_seed: int = 0, n_prelim: int = 4, n_train: int = 24) -> str:
+    """The task description that evolve_masa.py writes into its SFT records for `suite` (a built-in name or a
+    .jsonl path) run with these --task-seed, --n-prelim and --n-train (its defaults): suite_description of its
+    search tasks, the train tasks after the preliminary ones. ValueError when the suite gives none there."""
+    tasks = load_suite(suite, split="train", seed=task_seed, n=n_train + n_prelim)[n_prelim:]
+    if not tasks:
+        raise ValueError(f"suite {suite}: no train tasks after the first {n_prelim}, so no search tasks to describe")
+    return suite_description(tasks, Path(suite).stem)
+
+
+def task_description(text: str, task_seed: int = 0) -> str:
+    """A rewriter's task description given as --task: a suite's name (qa, household, webwalk, or a .jsonl file)
+    stands for the description its SFT records hold (sft_task_description); any other text is used as is."""
+    if text in SUITES or (text.endswith(".jsonl") and Path(text).is_file()):
+        return sft_task_description(text, task_seed)
+    return text

@@ -5,7 +5,8 @@ something else; the JSON and the skills are pulled out by minskill/replies.py. E
 the asked-for value or raises `TeacherReplyError` saying what was wrong, quoting the reply;
 minskill.masa.ask_teacher shows that message to the teacher on a retry. A skill set is read from MASA
 JSON anywhere in the reply, else from the Markdown skill format of skillsets.py, and bounded
-(`MAX_SKILLS`, `MAX_SKILL_CHARS`): LLM output is untrusted.
+(`MAX_SKILLS`, `MAX_SKILL_CHARS`; JSON nested past replies.MAX_JSON_DEPTH is read as no JSON, so a reply of
+deep brackets is a TeacherReplyError too, never a RecursionError): LLM output is untrusted.
 """
 from __future__ import annotations
 
@@ -31,8 +32,8 @@ def _json_in(reply: str):
     decodes in the prose), or TeacherReplyError quoting the reply."""
     try:
         return extract_json(reply)
-    except ValueError:
-        raise TeacherReplyError(f"no JSON object in the reply {_quote(reply)}") from None
+    except ValueError as e:   # its reason ("no JSON object in the reply", and why: nested too deeply) + the reply
+        raise TeacherReplyError(f"{e} {_quote(reply)}") from None
 
 
 def _strings(value, limit: int = 20) -> list[str]:

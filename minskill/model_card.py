@@ -3,10 +3,12 @@
 Fields: family, variant, parameter_count, architecture, num_layers, hidden_size, num_attention_heads,
 num_kv_heads, context_window, vocab_size, base_or_instruct, alignment_method, training_data_size,
 multilingual, strengths, weaknesses. The architectural fields come from a checkpoint's config.json
-(`model_card_from_config`, which also estimates the parameter count); strengths and weaknesses are
-summarised by the teacher from preliminary rollouts (minskill.masa.summarize_model). A card is JSON on
-disk (`ModelCard.save` / `load`, strict: an unknown or mistyped field is an error naming it); other
-tools' looser cards are read with `as_model_card`.
+(`model_card_from_config`, which also estimates the parameter count), and what no config.json holds of a
+known model from `KNOWN_MODELS`: `target_model_card(spec)` builds the card of a spec or checkpoint folder
+from both, the one builder of every script; strengths and weaknesses are summarised by the teacher from
+preliminary rollouts (minskill.masa.summarize_model), so the card a run used, with them, is the run's
+model_card.json. A card is JSON on disk (`ModelCard.save` / `load`, strict: an unknown or mistyped field is
+an error naming it); other tools' looser cards are read with `as_model_card`.
 
 `load` (and `read_card_file`, which the scripts' --model-card use) also reads MASA's YAML cards: flat
 `key: value` lines, quoted or plain values, `#` comments, parsed by the SKILL.md front-matter reader
@@ -15,16 +17,19 @@ by its field: the integer fields take digits or a size such as "8B" / "1.7B" / "
 10^3..10^12 -- MASA writes parameter_count so), multilingual takes true/false/yes/no, null, ~ or nothing
 is null, and strengths / weaknesses take one string (MASA writes them as one comma-separated line; it is
 kept whole). A file ending in .yaml / .yml is YAML, .json is JSON, anything else is JSON when it starts
-with "{". A malformed card is a ValueError naming the file and the line.
+with "{". A malformed card is a ValueError naming the file and the line or field: text that is not UTF-8, an
+integer of more than `MAX_CARD_DIGITS` digits, a value nested deeper than a card's, a folder.
 """
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import asdict, dataclass, field, fields
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+from minskill.replies import nested_deeper_than
 from minskill.runs import read_json, write_json_atomic
 from minskill.skills import SkillFormatError, parse_front_matter
 
@@ -89,17 +94,17 @@ class ModelCard:
         return "\n".join(lines) or "(nothing known about the target model)"
 
 
-def as_model_card(card) -> ModelCard:
+def as_model_card(card, where: str = "model card") -> ModelCard:
     """A ModelCard from a ModelCard or a loosely filled dict (other tools' cards): unknown keys are dropped,
-    None / "unknown" values become the field's default, a value of the wrong type is an error."""
+    None / "unknown" values become the field's default, a value of the wrong type is an error naming `where`."""
     if isinstance(card, ModelCard):
         return card
     if not isinstance(card, dict):
-        raise ValueError(f"model card must be a ModelCard or a dict, got {type(card).__name__}")
+        raise ValueError(f"{where}: must be a ModelCard or a JSON object, got {type(card).__name__}")
     known = {f.name for f in fields(ModelCard)}
     default = ModelCard().to_json()
     cleaned = {k: v for k, v in card.items() if k in known and v is not None and v != "unknown"}
-    return ModelCard.from_json({**default, **cleaned}, where="model card")
+    return ModelCard.from_json({**default, **cleaned}, where=where)
 
 
 def read_card_file(path, strict: bool = True) -> tuple[dict, str]:
@@ -108,14 +113,57 @@ def read_card_file(path, strict: bool = True) -> tuple[dict, str]:
     error naming its line (strict) or dropped. ModelCard.from_json or as_model_card then check the dict."""
     path = Path(path)
     where = f"model card {path}"
+    if path.is_dir():
+        raise ValueError(f"{where}: is a folder; a model card is a JSON or YAML file")
     if not path.is_file():
         raise FileNotFoundError(f"{where}: no such file")
-    text = path.read_text(encoding="utf-8-sig")
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = raw[:e.start].count(b"\n") + 1
+        raise ValueError(f"{where}, line {line}: not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start})") \
+            from None
     is_yaml = path.suffix.lower() in (".yaml", ".yml") or (
         path.suffix.lower() != ".json" and not text.lstrip().startswith("{"))
     if not is_yaml:
-        return read_json(path, where), where
+        return _json_card(text, where), where
     return _yaml_card(text, where, strict), where
+
+
+# A card's integers have at most this many digits (no model has 10^18 layers or parameters), which also keeps
+# them far from Python's 4,300-digit limit on reading an integer from text, whose error names no field.
+MAX_CARD_DIGITS = 18
+MAX_FIELD_DEPTH = 3    # a field's value nests at most this deep (ModelCard's: a list of strings, 1; other tools' more)
+
+
+class _LongNumber:
+    """A JSON integer of more than MAX_CARD_DIGITS digits, kept as its length so that the field check names it."""
+
+    def __init__(self, digits: int):
+        self.digits = digits
+
+    def __repr__(self) -> str:
+        return f"a {self.digits}-digit number"
+
+
+def _card_int(text: str):
+    return int(text) if len(text.lstrip("-")) <= MAX_CARD_DIGITS else _LongNumber(len(text.lstrip("-")))
+
+
+def _json_card(text: str, where: str):
+    """A JSON card's value; errors name the file (and the field nested too deeply)."""
+    try:
+        data = json.loads(text, parse_int=_card_int)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{where}: not valid JSON ({e})") from None
+    except RecursionError:
+        raise ValueError(f"{where}: not a model card: JSON nested too deeply to read") from None
+    for key, value in (data.items() if isinstance(data, dict) else [("(the card)", data)]):
+        if nested_deeper_than(value, MAX_FIELD_DEPTH):   # (its message would overflow the stack printing it)
+            raise ValueError(f"{where}: field {str(key)[:100]!r} is nested more than {MAX_FIELD_DEPTH} levels "
+                             f"deep; a card's values are text, numbers, true/false or lists of text")
+    return data
 
 
 _TOP_KEY = re.compile(r"([A-Za-z0-9_][A-Za-z0-9_.-]*)\s*:")
@@ -158,10 +206,17 @@ def _yaml_value(key: str, value: str, spec, at: str):
     if key in _INT_FIELDS:
         if value in _NULL:
             return None
+        number = None
         if re.fullmatch(r"[0-9][0-9_]*", value):
-            return int(value.replace("_", ""))
-        if key == "parameter_count" and (size := _SIZE.fullmatch(value)):
-            return int(Decimal(size.group(1)) * _SIZE_FACTOR[size.group(2).upper()])
+            digits = value.replace("_", "")
+            number = int(digits) if len(digits) <= MAX_CARD_DIGITS else _LongNumber(len(digits))
+        elif key == "parameter_count" and (size := _SIZE.fullmatch(value)):
+            number = int(Decimal(size.group(1)) * _SIZE_FACTOR[size.group(2).upper()])
+        if number is not None:
+            if not isinstance(number, int) or number >= 10 ** MAX_CARD_DIGITS:
+                raise ValueError(f"{at}: field {key!r} must be a whole number of at most {MAX_CARD_DIGITS} digits, "
+                                 f"got {number if isinstance(number, _LongNumber) else repr(value)[:100]}")
+            return number
         shape = "a whole number or a size such as 8B or 135M" if key == "parameter_count" else "a whole number"
         raise ValueError(f"{at}: field {key!r} must be {shape}, got {value!r:.100}")
     if key == "multilingual":
@@ -181,8 +236,11 @@ _INT_FIELDS = {"parameter_count", "num_layers", "hidden_size", "num_attention_he
 
 def _check_card_value(key: str, value, where: str):
     if key in _INT_FIELDS:
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
-            raise ValueError(f"{where}: field {key!r} must be a non-negative integer or null, got {value!r}")
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0
+                                  or value >= 10 ** MAX_CARD_DIGITS):
+            shown = repr(value) if isinstance(value, _LongNumber) else f"{value!r:.100}"
+            raise ValueError(f"{where}: field {key!r} must be a non-negative integer of at most {MAX_CARD_DIGITS} "
+                             f"digits, or null, got {shown}")
     elif key in ("strengths", "weaknesses"):
         if isinstance(value, str):
             value = [value]
@@ -257,3 +315,21 @@ def model_card_from_config(path, **overrides) -> ModelCard:
         vocab_size=config.get("vocab_size"),
         base_or_instruct="instruct" if instruct else "unknown")
     return ModelCard.from_json({**card.to_json(), **overrides}, where=f"model card from {config_path}")
+
+
+# What a known model's own card says and no config.json holds, by model spec: SmolLM2-135M-Instruct, the embedded
+# default (huggingface.co/HuggingFaceTB/SmolLM2-135M-Instruct: "trained on 2 trillion tokens", "SFT ... then DPO
+# using UltraFeedback", English).
+KNOWN_MODELS = {"smollm2-135m": dict(family="SmolLM2", variant="135M-Instruct", base_or_instruct="instruct",
+                                     alignment_method="SFT + DPO", training_data_size="2T tokens", multilingual=False)}
+
+
+def target_model_card(spec, name: str | None = None) -> ModelCard:
+    """The card of a target given as a model spec (smollm2-135m) or a checkpoint folder, before the teacher adds
+    strengths and weaknesses: its config.json's fields (model_card_from_config) and what KNOWN_MODELS says of a
+    known spec; named `name`, else the spec's last path part. The one builder of evolve_masa.py's card
+    (--target-checkpoint, the embedded target), rewrite.py apply's --model-card SPEC and minskill.transfer's
+    embedded targets, so that the rewriter is given at apply the card its SFT records were built with."""
+    from minskill.weights import resolve_model   # (torch: imported only when a card is built from a checkpoint)
+    spec = str(spec)
+    return model_card_from_config(resolve_model(spec), name=name or Path(spec).name, **KNOWN_MODELS.get(spec, {}))

@@ -2,7 +2,10 @@
 (minskill/report.py), and the one record a Skill-R1 run needs to add for its lineage.
 
 The report never re-runs a model: it only reads what the runs wrote. `load_run(folder)` tells the kind of a
-run folder by the files it holds and reads them, with errors naming the file (and FILE:LINE for a JSONL line):
+run folder by the files it holds and reads them, with errors naming the file (and FILE:LINE for a JSONL line)
+and, for a value of the wrong shape, the field (the shapes below, checked with minskill.runs.check_shape, are
+what the report uses; fields a run did not record are optional). A file it would read that resolves outside
+the folder (a symbolic link out of it) is refused: the page shows the run's own files only.
 
     kind           written by                      files read
     skill-r1       train_grpo.py (training)        metrics.jsonl (one row per step, with `probes`);
@@ -65,13 +68,87 @@ from pathlib import Path
 
 from minskill import ucb
 from minskill.gates import per_task_means
-from minskill.runs import read_json, read_jsonl
+from minskill.runs import ShapeError, check_shape, inside, read_json, read_jsonl
 
 NOT_RECORDED = "not recorded by this run"
 
 
 class NotARun(ValueError):
-    """A folder the report cannot read as a run, or a run file that does not parse."""
+    """A folder the report cannot read as a run, or a run file that does not parse or has the wrong shape."""
+
+
+# ---------------------------------------------------------------------------------------------- shapes
+
+def _optional(*keys: str, shape=float) -> dict:
+    return {f"{k}?": shape for k in keys}
+
+
+USAGE = {**_optional("calls", "prompt_tokens", "completion_tokens", "request_seconds", "busy_seconds"),
+         "wall_seconds?": (None, float)}
+PROBE = {"after_steps": float, "reward_per_generation": [float, ...], **_optional("carried_reward", "beat_seed_share",
+         shape=(None, float)), "task_calls?": float, "seconds?": float,
+         "task_usage?": (None, {"prompt_tokens": float, "completion_tokens": float}),
+         "skills?": (None, [{"reward?": float, "seed_reward?": float, "skill?": (None, str)}])}
+SKILL_R1_ROW = {"step": int, "reward_per_generation": [float], "probes?": (None, [PROBE]), "best_skill?": (None, str),
+                **_optional("task_calls", "task_tokens", "task_prompt_tokens", "task_completion_tokens",
+                            "task_request_seconds", "task_seconds", "editor_sampled_tokens", "seconds_editor_sampling",
+                            "editor_sample_tokens_per_s", "seconds_sampling_and_rollouts", "train_tokens_per_s",
+                            "seconds_update")}
+LINEAGE_ROW = {"step": int, "carried": [str, ...], "task_ids?": (None, [str]), "questions?": (None, [str]),
+               "skills": [{"id": str, "generation?": int, "parent?": (None, str), "text?": (None, str),
+                           "reply?": (None, str), "reward?": float, "advantage?": (None, float),
+                           "task_scores?": (None, [float])}, ...],
+               "editor_prompts?": (None, [{"generation": int, "current": str, "history": [str]}])}
+CANDIDATE = {"id": int, "phase": str, "skills": object, "parent?": (None, int), "iteration": float,
+             "reward?": (None, float),
+             "metrics?": (None, {"success_rate?": (None, float), "nhr?": (None, float),
+                                 "task_rewards?": (None, {str: float})}),
+             "failures?": (None, [object]), "gate?": (None, {"p?": float})}
+NODE = {"id": str, "reward?": (None, float), "visits?": (None, int), "value_sum?": float, "children?": [dict]}
+MASA_STATE = {"args": {"c?": float}, "usage?": (None, {"target?": (None, USAGE), "teacher?": (None, USAGE),
+                                                      "wall_seconds?": float}),
+              "events?": (None, [dict]), "card?": (None, dict),
+              "search?": (None, {"candidates?": (None, [CANDIDATE]), "events?": (None, [dict]),
+                                 "trees?": (None, {str: {"root": NODE, "iterations?": int}})})}
+MASA_RUN = {"usage?": (None, {"target?": (None, USAGE), "teacher?": (None, USAGE), "wall_seconds?": float})}
+SUMMARY = {"n?": (None, int), "success_rate?": (None, float), "nhr?": (None, float), "per_type?": (None, {str: dict})}
+MASA_RESULTS = {"heldout?": (None, {"base": SUMMARY, "evolved": SUMMARY,
+                                    "gained_lost?": (None, {str: [int, int]})})}
+TRAJECTORY = {"task_id": str, "task_type": str, "reward?": float,
+              "messages": [{"role?": (None, str), "content?": (None, str)}]}
+COMPARE = {"results": {str: {"success_ci95?": (None, [float]), "per_type?": (None, {str: dict}), **_optional(
+               "success_rate", "nhr", "adjusted_reward", shape=(None, float))}},
+           "costs?": (None, {"task model?": (None, USAGE), "teacher (one-shot)?": (None, USAGE),
+                             "rewriter?": (None, {"completion_tokens": float, "wall_seconds": float})})}
+EVAL_SKILLS = {"generations?": (None, [{"g": object, "carried_reward?": float, "candidates?": (None, [
+    {"reward?": float, "skill?": (None, str)}])}])}
+EVAL = {"rows": [{"name": str, "success": (None, float), "scores": [[float]], "ci95?": (None, [float]),
+                  "per_generation?": (None, [(None, float)]), "skills?": (None, [EVAL_SKILLS]),
+                  "costs?": (None, {"editor?": (None, {"sampled_tokens": float, "seconds": float,
+                                                        "kl_seconds?": (None, float)})})}],
+        "version?": int, "flags?": (None, {"generations?": int}), "usage?": (None, USAGE), "wall_seconds?": float,
+        "paired?": (None, [{"row": object, "against": object, "difference": float, "ci95": [float, float],
+                            "p": float}]),
+        "instances?": (None, [{"id": object, "eval_tasks": [str], "eval_questions?": (None, [str]),
+                               "evolve_tasks?": (None, [str])}])}
+
+
+def _shape(value, shape, where: str):
+    """runs.check_shape, a wrong shape being NotARun (the report's one error)."""
+    try:
+        return check_shape(value, shape, where)
+    except ShapeError as e:
+        raise NotARun(str(e)) from None
+
+
+def own_file(folder: Path, path: Path) -> Path:
+    """`path` of the run folder; NotARun when it resolves outside `folder` (a link out of the run)."""
+    try:
+        inside(folder, path)
+    except ValueError:
+        raise NotARun(f"{path}: a link out of the run folder {folder} (to {path.resolve()}); the report reads only "
+                      f"the run's own files: not read") from None
+    return path
 
 
 # ---------------------------------------------------------------------------------------------- reading
@@ -99,11 +176,11 @@ def detect_kind(folder: Path) -> str:
                   f"apply --compare) or transfer.json (python -m minskill.transfer); it holds {shown}.")
 
 
-def read_rows(path: Path, required: tuple[str, ...]) -> list[dict]:
+def read_rows(path: Path, required: tuple[str, ...], shape: dict | None = None) -> list[dict]:
     """The rows of a JSONL log (runs.read_jsonl: a torn last line dropped), each a JSON object holding
-    `required`; anything else is NotARun naming FILE:LINE."""
+    `required` (and of `shape`); anything else is NotARun naming FILE:LINE (and the field)."""
     try:
-        lines = read_jsonl(path)
+        lines = read_jsonl(own_file(path.parent, path))
     except ValueError as e:
         raise NotARun(str(e)) from None
     rows = []
@@ -113,18 +190,19 @@ def read_rows(path: Path, required: tuple[str, ...]) -> list[dict]:
         missing = [k for k in required if k not in row]
         if missing:
             raise NotARun(f"{path}:{lineno}: lacks field(s) {', '.join(missing)}")
-        rows.append(row)
+        rows.append(_shape(row, shape, f"{path}:{lineno}") if shape else row)
     return rows
 
 
-def _json(path: Path, default=None):
-    """A JSON file of the run; absent: `default`; present but broken: NotARun naming it."""
-    if not path.is_file():
+def _json(path: Path, default=None, shape=None):
+    """A JSON file of the run; absent: `default`; present but broken (or not of `shape`): NotARun naming it."""
+    if not path.is_file() and not path.is_symlink():
         return default
     try:
-        return read_json(path)
+        data = read_json(own_file(path.parent, path))
     except ValueError as e:
         raise NotARun(str(e)) from None
+    return data if shape is None else _shape(data, shape, str(path))
 
 
 def load_run(folder: str | Path) -> dict:
@@ -145,6 +223,7 @@ def _trainer_flags(folder: Path) -> dict | None:
     path = folder / "checkpoint" / "trainer_state.pt"
     if not path.is_file():
         return None
+    own_file(folder, path)
     try:
         import torch
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
@@ -154,10 +233,10 @@ def _trainer_flags(folder: Path) -> dict | None:
 
 
 def _load_skill_r1(folder: Path) -> dict:
-    rows = read_rows(folder / "metrics.jsonl", ("step", "reward_per_generation"))
+    rows = read_rows(folder / "metrics.jsonl", ("step", "reward_per_generation"), SKILL_R1_ROW)
     lineage_path = folder / "lineage.jsonl"
-    lineage = (read_rows(lineage_path, ("step", "instance", "skills", "carried")) if lineage_path.is_file()
-               else None)
+    lineage = (read_rows(lineage_path, ("step", "instance", "skills", "carried"), LINEAGE_ROW)
+               if lineage_path.is_file() else None)
     files = ["metrics.jsonl"] + (["lineage.jsonl"] if lineage is not None else [])
     flags = _trainer_flags(folder)
     if flags is not None:
@@ -169,24 +248,38 @@ def _load_masa(folder: Path) -> dict:
     state = _json(folder / "state.json")
     if not isinstance(state, dict) or "args" not in state:
         raise NotARun(f"{folder / 'state.json'}: not an evolve_masa.py state (no 'args')")
+    _shape(state, MASA_STATE, str(folder / "state.json"))
+    for task_type, tree in ((state.get("search") or {}).get("trees") or {}).items():
+        _tree_shape(tree["root"], f"{folder / 'state.json'}: search.trees[{task_type[:40]!r}].root")
     names = ["state.json"] + [n for n in ("run.json", "results.json", "model_card.json") if (folder / n).is_file()]
     search = state.get("search") or {"candidates": [], "general": None, "trees": {}, "events": [], "phase": "start"}
-    return {"files": names, "state": state, "search": search, "run": _json(folder / "run.json"),
-            "results": _json(folder / "results.json"), "card": _json(folder / "model_card.json", state.get("card"))}
+    return {"files": names, "state": state, "search": search, "run": _json(folder / "run.json", shape=(None, MASA_RUN)),
+            "results": _json(folder / "results.json", shape=(None, MASA_RESULTS)),
+            "card": _json(folder / "model_card.json", state.get("card"), shape=(None, dict))}
+
+
+def _tree_shape(root: dict, where: str) -> None:
+    """Every node of a saved UCB1 tree has NODE's shape (a loop: a tree may be deeper than a recursion)."""
+    stack = [(root, "")]
+    while stack:
+        node, at = stack.pop()
+        _shape(node, NODE, f"{where}{at}")
+        stack.extend((child, f"{at}.children[{i}]") for i, child in enumerate(node.get("children") or []))
 
 
 def _load_compare(folder: Path) -> dict:
     compare = _json(folder / "compare.json")
     if not isinstance(compare, dict) or "results" not in compare:
         raise NotARun(f"{folder / 'compare.json'}: not a rewrite.py --compare result (no 'results')")
+    _shape(compare, COMPARE, str(folder / "compare.json"))
     files, trajectories = ["compare.json"], {}
     for path in sorted(folder.glob("trajectories-*.jsonl")):
         name = path.stem[len("trajectories-"):].replace("_", " ")
-        trajectories[name] = read_rows(path, ("task_id", "task_type", "messages"))
+        trajectories[name] = read_rows(path, ("task_id", "task_type", "messages"), TRAJECTORY)
         files.append(path.name)
     raw = folder / "teacher_oneshot.raw.txt"
     return {"files": files, "compare": compare, "trajectories": trajectories,
-            "teacher_raw": raw.read_text(encoding="utf-8", errors="replace") if raw.is_file() else None}
+            "teacher_raw": own_file(folder, raw).read_text(encoding="utf-8", errors="replace") if raw.is_file() else None}
 
 
 def _load_eval(folder: Path) -> dict:
@@ -195,12 +288,13 @@ def _load_eval(folder: Path) -> dict:
             not all(isinstance(r, dict) and {"name", "scores", "success"} <= set(r) for r in record["rows"]):
         raise NotARun(f"{folder / 'eval.json'}: not a train_grpo.py --eval record (no 'rows' with name, scores "
                       f"and success)")
-    return {"files": ["eval.json"], "eval": record}
+    return {"files": ["eval.json"], "eval": _shape(record, EVAL, str(folder / "eval.json"))}
 
 
 def _load_rewriter(folder: Path) -> dict:
-    return {"files": ["metrics.jsonl", "run_config.json"], "rows": read_rows(folder / "metrics.jsonl", ("step",)),
-            "config": _json(folder / "run_config.json", {})}
+    return {"files": ["metrics.jsonl", "run_config.json"],
+            "rows": read_rows(folder / "metrics.jsonl", ("step",), {"step": float, "target_tokens?": float}),
+            "config": _json(folder / "run_config.json", {}, shape=dict)}
 
 
 # ---------------------------------------------------------------------------------------------- derived

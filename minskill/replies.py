@@ -17,7 +17,8 @@ early. Three readers turn a reply into what the caller asked for, or raise an er
   JSON (the text from its first "{" to its last "}", which may hold several objects in a row).
 
 Both skill readers raise `skills.SkillParseError` (quoting the reply) when there is nothing usable; an
-LLM's text is untrusted, so names are validated or slugified and sizes bounded as in skills.py.
+LLM's text is untrusted, so names are validated or slugified, sizes bounded as in skills.py, and JSON nested
+deeper than `MAX_JSON_DEPTH` is not read (never a RecursionError: a reply's content never ends a run).
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from minskill.skills import (MAX_BODY_CHARS, MAX_COMPATIBILITY_CHARS, MAX_DESCRI
                              validate_name, validate_task_type)
 from minskill.skillsets import SkillSet, parse_mistakes
 
-__all__ = ["extract_json", "parse_skill", "parse_skillset", "SkillParseError"]
+__all__ = ["extract_json", "nested_deeper_than", "parse_skill", "parse_skillset", "SkillParseError"]
 
 # --------------------------------------------------------------------------- skills
 
@@ -219,8 +220,14 @@ def parse_skillset(reply: str) -> SkillSet:
 
 # --------------------------------------------------------------------------- JSON
 
+# A reply's JSON nested deeper than this is not read: what is asked for nests a few levels (a skill library: 5),
+# and a deeper value would overflow Python's stack wherever it is later copied or written (copy.deepcopy of a
+# checkpoint, json.dumps), killing the run at the same point on every --resume.
+MAX_JSON_DEPTH = 64
+
 def extract_json(reply: str, accept=None, strict: bool = False):
-    """The JSON in an LLM reply. Raises ValueError saying why there is none.
+    """The JSON in an LLM reply. Raises ValueError saying why there is none; a value nested more than
+    MAX_JSON_DEPTH levels deep (or past Python's stack) is none, in both modes.
 
     Lenient (default; a prompted LLM that may wrap its JSON in prose): the contents of each fenced block
     (``` or ~~~), then the whole reply; in each, the first "{" or "[" from which an object or an array
@@ -234,16 +241,26 @@ def extract_json(reply: str, accept=None, strict: bool = False):
     reply = reply if isinstance(reply, str) else ""
     if strict:
         return _json_objects(reply)
-    decoder = json.JSONDecoder()
+    decoder, too_deep = json.JSONDecoder(), False
     for text in _fenced_blocks(reply) + [reply]:
+        resume_at = 0
         for match in re.finditer(r"[\[{]", text):
+            if match.start() < resume_at:
+                continue
             try:
-                value, _ = decoder.raw_decode(text, match.start())
+                value, end = decoder.raw_decode(text, match.start())
             except json.JSONDecodeError:
+                continue
+            except RecursionError:   # brackets nested past Python's stack: nothing after this start decodes
+                too_deep = True      # either, and trying each one would cost the stack depth every time
+                break
+            if nested_deeper_than(value, MAX_JSON_DEPTH):
+                too_deep, resume_at = True, end   # JSON, but not what was asked for: look after it
                 continue
             if isinstance(value, (dict, list)) and (accept is None or accept(value)):
                 return value
-    raise ValueError("no JSON object in the reply")
+    raise ValueError("no JSON object in the reply" + (f" (JSON nested more than {MAX_JSON_DEPTH} levels deep is "
+                                                        "not read)" if too_deep else ""))
 
 
 def _json_objects(reply: str):
@@ -259,4 +276,20 @@ def _json_objects(reply: str):
             pos = len(body) - len(body[pos:].lstrip())
     except json.JSONDecodeError as e:
         raise ValueError(f"not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+    except RecursionError:
+        raise ValueError(f"not valid JSON (nested more than {MAX_JSON_DEPTH} levels deep)") from None
+    if any(nested_deeper_than(value, MAX_JSON_DEPTH) for value in objects):
+        raise ValueError(f"the JSON is nested more than {MAX_JSON_DEPTH} levels deep")
     return objects[0] if len(objects) == 1 else objects
+
+
+def nested_deeper_than(value, limit: int) -> bool:
+    """Whether objects and arrays in `value` nest more than `limit` levels deep (counted without recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, (dict, list)):
+            if depth > limit:
+                return True
+            stack.extend((child, depth + 1) for child in (node.values() if isinstance(node, dict) else node))
+    return False

@@ -1,6 +1,7 @@
 """The edit-provenance report: one self-contained HTML page for a run folder.
 
-    python -m minskill.report RUN_DIR [-o report.html]       (default: RUN_DIR/report.html)
+    python -m minskill.report RUN_DIR [-o report.html]       (default: RUN_DIR/report.html; -o FOLDER:
+                                                               FOLDER/report.html)
 
 RUN_DIR is a train_grpo.py training folder, a `train_grpo.py --eval` folder, an evolve_masa.py folder, a
 `rewrite.py apply --compare` folder, a `rewrite.py train` folder (minskill/provenance.py reads them) or a
@@ -19,7 +20,8 @@ The page is one file: inline CSS and inline SVG, no script, nothing fetched (a C
 default-src 'none' makes a browser refuse anything else and say so in its console, which the test reads).
 Every text that comes from a run (skills, model replies, task questions, teacher output) is untrusted and
 goes through html.escape: the helpers below take plain strings and escape them, and only their own markup is
-marked `Safe`. The page is written atomically (runs.write_text_atomic).
+marked `Safe`. The page is written atomically (runs.write_text_atomic). Only the run's own files are read: one
+that links out of RUN_DIR, a file of the wrong shape or one nested too deeply is an error naming it (exit 2).
 """
 from __future__ import annotations
 
@@ -306,9 +308,9 @@ def lineage_block(rec: dict, open_: bool) -> Safe:
         parts.append(join(tag("h3", f"generation {g}"), tag("div", shown, cls="muted small"),
                           Safe('<div class="grid">' + "".join(lineage_card(s, by_id, task_ids, questions, carried)
                                                              for s in skills) + "</div>")))
+    first, last = (by_id.get(rec["carried"][k], {}).get("reward") for k in (0, -1))   # (an id no skill has: –)
     title = (f"step {rec['step'] + 1} · instance {rec['instance']} ({rec.get('task_type', '?')}): carried "
-             f"{' → '.join(rec['carried'])}, reward {by_id[rec['carried'][0]].get('reward', 0):.2f} → "
-             f"{by_id[rec['carried'][-1]].get('reward', 0):.2f}")
+             f"{' → '.join(rec['carried'])}, reward {num(first, 2)} → {num(last, 2)}")
     return details(title, tag("div", "tasks: ", tasks_list(task_ids, questions), cls="small"), *parts, open_=open_)
 
 
@@ -375,8 +377,13 @@ def eval_tables(record: dict) -> Safe:
     table_rows = [[r["name"], num(r["success"]), "–".join(f"{x:.2f}" for x in r.get("ci95") or []),
                    *(num(x) for x in (r.get("per_generation") or [None] * g)), r.get("evolve_calls"),
                    r.get("eval_calls"), num(r.get("kl"), 4)] for r in rows]
-    paired = [[c["row"], c["against"], f"{c['difference']:+.3f} ({c['ci95'][0]:+.2f} to {c['ci95'][1]:+.2f})",
-               f"{c['gained']} / {c['lost']}", f"{c['p']:.3f}"] for c in record.get("paired") or []]
+    # eval.json version 2 tests by instance (skill_r1_eval.eval_record); a version-1 record's p is the per-task
+    # sign test and its interval a bootstrap over instances: shown as such
+    by_task = record.get("version", 1) < 2
+    paired = [[c["row"], c["against"], f"{c['difference']:+.3f} ({c['ci95'][0]:+.2f} to {c['ci95'][1]:+.2f})"
+               + (" bootstrap" if by_task else ""), f"{c['p']:.3f}" + (" per task" if by_task else ""),
+               f"{c.get('per_task_gained', c.get('gained'))} / {c.get('per_task_lost', c.get('lost'))}"]
+              for c in record.get("paired") or []]
     return join(tag("h2", "Results (as printed)"),
                 table(["method", "success", "95% CI", *(f"g={k + 1}" for k in range(g)), "task calls: evolve",
                        "task calls: evaluate", "KL to the frozen editor"], table_rows,
@@ -384,9 +391,18 @@ def eval_tables(record: dict) -> Safe:
                 tag("p", "success: share of evaluation tasks solved with the skill carried after the last generation; "
                     "g=k: after generation k; KL: nats per token of the skills the trained editor wrote.",
                     cls="muted small"),
-                tag("h2", "Paired on the same tasks (minskill/paired.py; the interval resamples instances)"),
-                table(["row", "against", "difference (95% CI)", "gained / lost", "sign test p"], paired,
-                      numeric=(4,)) if paired else not_recorded("the paired table (the evaluation did not finish)"))
+                tag("h2", "Paired on the same tasks, by instance (minskill/paired.py)"),
+                table(["row", "against", "difference (95% CI, by instance)", "p (sign-flip, by instance)",
+                       "per task: gained / lost"], paired, numeric=(3,))
+                if paired else not_recorded("the paired table (the evaluation did not finish)"),
+                tag("p", "by instance: each instance carries its own evolved skill, so the instances are the units: "
+                    "the mean per-instance difference, the two-sided sign-flip permutation test on the "
+                    "per-instance differences and the interval that inverts it. per task: tasks scored higher / "
+                    "lower, a description only (the tasks of an instance share one skill)." if not by_task else
+                    "This record is of eval.json version 1: its p is the per-task sign test, which treats the "
+                    "tasks of one instance as independent and overstates significance, and its interval a "
+                    "percentile bootstrap over instances; evaluate again for the test by instance.",
+                    cls="muted small") if paired else None)
 
 
 def eval_costs(record: dict) -> Safe:
@@ -413,7 +429,8 @@ def eval_instance(j: int, inst: dict, rows: list[dict]) -> Safe:
     for r in rows:
         if j >= len(r["scores"]):
             continue
-        scores, written = dict(zip(ids, r["scores"][j])), (r.get("skills") or [{}] * (j + 1))[j]
+        written = (r.get("skills") or [])[j] if j < len(r.get("skills") or []) else {}
+        scores = dict(zip(ids, r["scores"][j]))
         gens = [join(tag("div", f"generation {gen['g']}: carried reward {gen.get('carried_reward', 0):.2f} on the "
                          "instance's own tasks", cls="small"),
                      *(join(tag("span", f"reward {c.get('reward', 0):.2f}", cls="badge"),
@@ -466,7 +483,7 @@ def render_compare(run: dict) -> str:
              "–".join(f"{x:.2f}" for x in r.get("success_ci95") or []), num(r.get("nhr")), num(r.get("adjusted_reward")),
              *(num((r.get("per_type") or {}).get(t, {}).get("success_rate")) for t in types)] for name, r in results.items()]
     scores = {name: {t["task_id"]: float(t.get("reward", 0)) for t in ts} for name, ts in trajs.items()}
-    questions = {t["task_id"]: next((m.get("content", "") for m in t["messages"] if m.get("role") == "user"), "")
+    questions = {t["task_id"]: next((m.get("content") or "" for m in t["messages"] if m.get("role") == "user"), "")
                  for ts in trajs.values() for t in ts}
     base = "input" if "input" in scores else None
     pairs = [[f"{base} → {name}", gained_lost_html(gained_lost(scores[base], s), questions)]
@@ -546,8 +563,13 @@ def render(run: dict) -> str:
 
 
 def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
-    """Read `run_dir`, write its report (default RUN_DIR/report.html) atomically; returns the path."""
+    """Read `run_dir`, write its report (default RUN_DIR/report.html; `out` a folder: OUT/report.html)
+    atomically; returns the path."""
     out = Path(out) if out else Path(run_dir) / "report.html"
+    if out.is_dir():
+        out = out / "report.html"
+    if out.is_dir():
+        raise NotARun(f"-o {out}: is a folder (give the HTML file to write)")
     return write_text_atomic(out, render(load_run(run_dir)))
 
 
@@ -555,7 +577,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m minskill.report", description=__doc__.split("\n\n")[0])
     p.add_argument("run_dir", help="a run folder of train_grpo.py (training or --eval), evolve_masa.py, rewrite.py "
                    "apply --compare, rewrite.py train or python -m minskill.transfer")
-    p.add_argument("-o", "--out", default=None, help="the HTML file to write (default RUN_DIR/report.html)")
+    p.add_argument("-o", "--out", default=None, help="the HTML file to write (default RUN_DIR/report.html; a "
+                   "folder: FOLDER/report.html)")
     args = p.parse_args(argv)
     try:
         path = write_report(args.run_dir, args.out)

@@ -47,7 +47,8 @@ def _label(x: dict) -> str:
 def masa_curves(candidates: list[dict]) -> Safe:
     general = [x for x in candidates if x["phase"] in ("base", "general") and x.get("reward") is not None]
     # drawn in this order: the candidates' R last, on top of the best R and the success rate it often equals
-    series = {"general: SR": [(x["iteration"], x["metrics"]["success_rate"]) for x in general if x.get("metrics")]}
+    series = {"general: SR": [(x["iteration"], x["metrics"]["success_rate"]) for x in general
+                              if (x.get("metrics") or {}).get("success_rate") is not None]}
     best, curve = None, []
     for x in general:
         if x.get("accepted"):
@@ -230,7 +231,8 @@ def attribution_html(attribution) -> Safe:
     if not isinstance(cats, list) or not all(isinstance(c, dict) for c in cats):
         return pre(json.dumps(attribution, indent=1, ensure_ascii=False))
     rows = [[c.get("category"), c.get("count"),
-             Safe("<br>".join(esc(e) for e in c.get("evidence") or [] if isinstance(e, (str, int, float)))),
+             Safe("<br>".join(esc(e) for e in (c.get("evidence") if isinstance(c.get("evidence"), list) else [])
+                              if isinstance(e, (str, int, float)))),
              c.get("suggested_fix")] for c in cats]
     return join(tag("div", "summary: ", attribution.get("summary") or "–", cls="small"),
                 table(["category", "count", "evidence", "suggested fix"], rows, numeric=(1,)))
@@ -243,7 +245,7 @@ def episodes_html(failures: list[dict] | None, parent: dict | None) -> Safe:
         return tag("div", f"#{parent['id']} had no failed episode to show" if parent.get("metrics") else
                    f"#{parent['id']}'s episodes: " + NOT_RECORDED, cls="muted small")
     rows = [[f.get("task_id"), f.get("task_type"), pre(f.get("question"), 600), f.get("expected"),
-             pre((f.get("transcript") + "\n" if f.get("transcript") else "") + str(f.get("reply") or ""), 900),
+             pre((f"{f['transcript']}\n" if f.get("transcript") else "") + str(f.get("reply") or ""), 900),
              f.get("error") or ""] for f in failures if isinstance(f, dict)]
     return table(["task", "type", "question", "expected", "the target's reply", "error"], rows)
 
@@ -289,7 +291,7 @@ def heldout_section(results: dict | None) -> Safe:
     rows = []
     for name in names:
         b = base if name == "**all**" else base["per_type"].get(name, {})
-        e = evolved if name == "**all**" else evolved.get("per_type", {}).get(name, {})
+        e = evolved if name == "**all**" else (evolved.get("per_type") or {}).get(name, {})
         gained, lost = paired.get(name, (0, 0))
         rows.append([name.strip("*"), b.get("n"), num(b.get("success_rate")), num(e.get("success_rate")),
                      num(b.get("nhr")), num(e.get("nhr")), f"{gained} / {lost}"])
@@ -302,8 +304,8 @@ def events_section(events: list[dict]) -> Safe | None:
     if not events:
         return None
     rows = [[e.get("event"), e.get("phase", ""), e.get("what", e.get("message", "")), e.get("attempts", ""),
-             pre("\n".join(e.get("errors") or []) + ("\n--- last reply:\n" + e["last_reply"] if e.get("last_reply")
-                                                      else ""), 1500)] for e in events]
+             pre("\n".join(map(str, e.get("errors") if isinstance(e.get("errors"), list) else []))
+                 + (f"\n--- last reply:\n{e['last_reply']}" if e.get("last_reply") else ""), 1500)] for e in events]
     return join(tag("h2", "Events (skipped teacher replies, budget stop)"),
                 table(["event", "phase", "what", "attempts", "errors / last reply"], rows))
 

@@ -13,23 +13,29 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from minskill.provenance import NotARun
+from minskill.provenance import NotARun, own_file
 from minskill.report import Safe, details, esc, gained_lost_html, join, kv_table, missing_box, num, page, table, tag
-from minskill.runs import read_json
+from minskill.runs import ShapeError, read_json
+from minskill.transfer_record import check_matrix
 
 CELL_W, CELL_H, LABEL_W, HEAD_H, LEGEND_H = 170, 58, 170, 44, 46
 LOW, HIGH = (247, 251, 255), (8, 69, 148)       # the colours of success 0 and 1
 
 
 def load_transfer(folder) -> dict:
-    """{"kind": "transfer", "folder", "files", "transfer"}; NotARun for a missing or malformed transfer.json."""
+    """{"kind": "transfer", "folder", "files", "transfer"}; NotARun for a missing or malformed transfer.json
+    (minskill.transfer_record.check_matrix: the shapes the page uses, naming the field)."""
     folder = Path(folder)
     try:
-        data = read_json(folder / "transfer.json")
+        data = read_json(own_file(folder, folder / "transfer.json"))
     except (FileNotFoundError, ValueError) as e:
         raise NotARun(str(e)) from None
     if not isinstance(data, dict) or not all(isinstance(data.get(k), list) for k in ("libraries", "targets", "cells")):
         raise NotARun(f"{folder / 'transfer.json'}: not a transfer matrix (no libraries, targets and cells lists)")
+    try:
+        check_matrix(data, str(folder / "transfer.json"))
+    except ShapeError as e:
+        raise NotARun(str(e)) from None
     return {"kind": "transfer", "folder": str(folder), "files": ["transfer.json"], "transfer": data}
 
 

@@ -7,8 +7,10 @@ S*_F in one greedy pass (`rewrite_with_model`, the prompt of minskill/sft.py's r
 
 Its reply is untrusted text: `parse_rewriter_output` accepts only the MASA JSON it was trained to write
 (never free text re-read as Markdown), and `save_skills_validated` writes a skill folder only after a trial
-copy reads back identically. `load_model_card` reads --model-card (a card file, a checkpoint folder or a
-model spec); `resolve_rewriter` finds the weights of a `rewrite.py train` folder.
+copy reads back identically. `load_model_card` reads --model-card (a card file, an evolve_masa.py run folder,
+a checkpoint folder or a model spec: the card of a spec or checkpoint is built by the builder evolve_masa.py
+uses, so the rewriter sees the card it was trained with); `resolve_rewriter` finds the weights of a
+`rewrite.py train` folder.
 """
 from __future__ import annotations
 
@@ -17,22 +19,27 @@ import tempfile
 from pathlib import Path
 
 from minskill import sft
-from minskill.model_card import as_model_card, model_card_from_config, read_card_file
+from minskill.model_card import as_model_card, read_card_file, target_model_card
 from minskill.replies import extract_json
 from minskill.sampling import generate
 from minskill.skillsets import SkillSet
-from minskill.weights import resolve_model
 
 
 def load_model_card(spec: str) -> dict:
-    """--model-card: a JSON or YAML card file (read leniently: unknown keys dropped), or a checkpoint folder
-    or model spec whose config.json fills the architectural fields (minskill.model_card.model_card_from_config)."""
+    """--model-card: a JSON or YAML card file (read leniently: unknown keys dropped); an evolve_masa.py run folder
+    (its model_card.json: the card its SFT records were built with, the teacher's strengths and weaknesses
+    included); or a checkpoint folder or model spec, whose card is built as evolve_masa.py builds it for that
+    target before the teacher's summary (minskill.model_card.target_model_card)."""
     path = Path(spec)
+    if path.is_dir() and not (path / "config.json").is_file():
+        if not (path / "model_card.json").is_file():
+            raise FileNotFoundError(f"model card {spec}: the folder holds neither model_card.json (an evolve_masa.py "
+                                    f"run) nor config.json (a checkpoint)")
+        path = path / "model_card.json"     # a run folder
     if path.is_file():
-        return as_model_card(read_card_file(path, strict=False)[0]).to_json()
-    if not path.is_dir():
-        path = resolve_model(spec)          # e.g. "smollm2-135m" -> its converted HF folder
-    return model_card_from_config(path).to_json()
+        data, where = read_card_file(path, strict=False)
+        return as_model_card(data, where).to_json()
+    return target_model_card(spec).to_json()   # e.g. "smollm2-135m": its converted HF folder's config.json
 
 
 def resolve_rewriter(spec: str) -> str:

@@ -6,14 +6,21 @@ must not silently replace them, so every script that writes one follows one rule
     --out empty or absent          start a run there
     --out holds anything, --resume continue the run it holds (the script checks it is one)
     --out holds anything, --overwrite
-                                   delete what it holds (except `keep`), then start a run there
+                                   a run folder (below): delete what it holds (except `keep`), then start a
+                                   run there; anything else: refuse, deleting nothing
     --out holds anything, neither  refuse, naming the folder and both flags; nothing is written
 
 `check_run_folder` applies the rule without touching the disk, so a script can refuse before it loads
-a model; `open_run_folder` applies it again, then clears (with --overwrite) and creates the folder, then
-`clean_staging` undoes what a killed earlier run left half-written; a script calls it at the moment it
-writes its first file. Both raise `RunFolderError`, a `SystemExit` whose message is the refusal, so a
-script's `main` needs no handler of its own.
+a model; `open_run_folder` applies it again, then clears (with --overwrite) and creates the folder, writes
+its marker RUN_MARKER (`.minskill-run`) when it starts a run, then `clean_staging` undoes what a killed
+earlier run left half-written; a script calls it at the moment it writes its first file. Both raise
+`RunFolderError`, a `SystemExit` whose message is the refusal, so a script's `main` needs no handler of its own.
+
+--overwrite deletes, so it clears only what is certainly a run (`check_overwrite`): a folder holding the marker,
+given by its own name (not a symbolic link: the link's target is what would be emptied), that is not the home
+or root folder, the current folder or one above it, and holds no `.git` (a work tree). A folder written
+before runs had the marker is refused too; delete it by hand. A folder holding nothing but the marker counts
+as empty.
 
 What a run folder holds is written here too, once for both trainers and all three scripts:
 
@@ -28,9 +35,17 @@ What a run folder holds is written here too, once for both trainers and all thre
   back when the new one never arrived, and stale staging folders are removed. So at every moment one
   complete checkpoint exists under NAME or `.old-NAME`.
 * `read_json(path, where)`: a JSON file people write or edit (a byte order mark is fine); a missing file
-  or one that does not parse is an error naming `where`.
+  or one that does not parse (nested too deeply for Python's parser included) is an error naming `where`.
 * `append_jsonl` / `read_jsonl`: the logs that runs append to (metrics, trajectories, the call cache);
   the reader takes a byte order mark, drops a torn last line and names FILE:LINE for any other bad line.
+* `check_shape(value, shape, where)`: what a reader of a run file (--resume, the report) uses of it has the
+  shape it expects, else `ShapeError` (a ValueError) naming `where` (FILE or FILE:LINE) and the field. A
+  shape is a type (`float`: any number, `int`: an integer, never a bool; `object`: anything), None (null),
+  `[S]` a list of S (`[S, ...]`: at least one; `[S1, S2]`: exactly those two), `{"key": S, "key?": S}` an
+  object with those keys (`?`: may be absent; other keys are ignored), `{str: S}` an object of S values,
+  and a tuple `(S1, S2)` for either.
+* `inside(root, path, what)`: `path` with every symbolic link resolved, refused (ValueError) unless it lies
+  in `root` (resolved too): a file name made from a run file's or a model's text never escapes --out.
 * `rng_state()` / `set_rng_state(state)`: Python's and torch's generators (CUDA's too where present), so a
   resumed run draws the same numbers as an uninterrupted one.
 * `release_freed_memory()`: on glibc, large blocks go to mmap from then on, so memory a training step
@@ -60,9 +75,10 @@ from typing import Any
 import torch
 
 from minskill.lora import has_lora, save_lora_model
-from minskill.skillsets import recover_saves
+from minskill.skillsets import TOO_DEEP, recover_saves
 
 TRAINER_STATE = "trainer_state.pt"
+RUN_MARKER = ".minskill-run"     # written in every run folder a run starts in: what --overwrite may clear
 
 
 class RunFolderError(SystemExit):
@@ -70,7 +86,27 @@ class RunFolderError(SystemExit):
 
 
 def _entries(out: Path) -> list[str]:
-    return sorted(p.name for p in out.iterdir())
+    return sorted(p.name for p in out.iterdir() if p.name != RUN_MARKER)
+
+
+def check_overwrite(out: str | Path, script: str) -> None:
+    """Refuse (RunFolderError) to --overwrite `out` unless it is certainly a minskill run folder (module
+    docstring). Writes nothing."""
+    out = Path(out)
+    if out.is_symlink():
+        raise RunFolderError(f"{script}: --overwrite refuses to clear {out}: it is a symbolic link (to "
+                             f"{out.resolve()}); give the run folder itself as --out")
+    real, cwd = out.resolve(), Path.cwd().resolve()
+    if real in (Path.home().resolve(), Path(real.anchor)) or cwd.is_relative_to(real):
+        raise RunFolderError(f"{script}: --overwrite refuses to clear {real} (the home or root folder, or the "
+                             f"current folder or one above it); choose a run folder for --out")
+    if (real / ".git").exists():
+        raise RunFolderError(f"{script}: --overwrite refuses to clear {real}: it holds .git (a git work tree, "
+                             f"not a run); choose a run folder for --out")
+    if not (real / RUN_MARKER).is_file():
+        raise RunFolderError(f"{script}: --overwrite refuses to clear {real}: it is not a minskill run folder "
+                             f"(no {RUN_MARKER}, the file every run writes in the folder it starts in); delete "
+                             f"what it holds yourself, or choose another --out")
 
 
 def check_run_folder(out: str | Path, resume: bool, overwrite: bool, script: str) -> None:
@@ -87,11 +123,7 @@ def check_run_folder(out: str | Path, resume: bool, overwrite: bool, script: str
     if not held:
         return
     if overwrite:
-        # a mistyped --out must not wipe a home folder or a source tree
-        protected = {Path.home().resolve(), Path.cwd().resolve(), Path(out.resolve().anchor)}
-        if out.resolve() in protected:
-            raise RunFolderError(f"{script}: --overwrite refuses to clear {out.resolve()} (the current, home or "
-                                 f"root folder); choose a run folder for --out")
+        check_overwrite(out, script)   # a mistyped --out must not wipe a home folder, a source tree, a link's target
         return
     shown = ", ".join(held[:5]) + (f", ... ({len(held)} entries)" if len(held) > 5 else "")
     raise RunFolderError(f"{script}: --out {out} is not empty (it holds {shown}): pass --resume to continue "
@@ -101,14 +133,18 @@ def check_run_folder(out: str | Path, resume: bool, overwrite: bool, script: str
 def open_run_folder(out: str | Path, resume: bool, overwrite: bool, script: str,
                     keep: tuple[str, ...] = ()) -> Path:
     """check_run_folder, then (with --overwrite) delete every entry of `out` but those named in `keep`,
-    then create `out`. Returns it as a Path."""
+    then create `out` and (unless resuming: that run writes nothing before it is checked) its RUN_MARKER.
+    Returns it as a Path."""
     out = Path(out)
     check_run_folder(out, resume, overwrite, script)
     if overwrite and out.is_dir():
         for entry in out.iterdir():
-            if entry.name not in keep:
+            if entry.name not in (*keep, RUN_MARKER):
                 _remove(entry)
     out.mkdir(parents=True, exist_ok=True)
+    if not resume and not (out / RUN_MARKER).is_file():
+        write_text_atomic(out / RUN_MARKER, f"A minskill run folder (started by {script}). --overwrite clears "
+                                            f"only folders holding this file.\n")
     clean_staging(out)
     return out
 
@@ -190,6 +226,8 @@ def read_jsonl(path) -> list[tuple[int, Any]]:
             line = raw.decode("utf-8")
             if line.strip():
                 out.append((lineno, json.loads(line)))
+        except RecursionError:    # (a torn line cannot be this: it is an error wherever it is)
+            raise ValueError(f"{path}:{lineno}: {TOO_DEEP}") from None
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
             if lineno == len(lines):
                 break
@@ -209,6 +247,98 @@ def read_json(path: str | Path, where: str | None = None, missing: str | None = 
         return json.loads(path.read_text(encoding="utf-8-sig"))
     except json.JSONDecodeError as e:
         raise ValueError(f"{where}: not valid JSON ({e})") from None
+    except RecursionError:
+        raise ValueError(f"{where}: {TOO_DEEP}") from None
+
+
+class ShapeError(ValueError):
+    """A run file whose content lacks the shape its reader uses; the message names the file (line) and field."""
+
+
+def check_shape(value, shape, where: str):
+    """`value` when it has `shape` (module docstring), else ShapeError naming `where` and the field."""
+    problem = _shape_problem(value, shape, "")
+    if problem:
+        raise ShapeError(f"{where}: {problem}")
+    return value
+
+
+def _kind_fits(value, shape) -> bool:
+    if shape is None:
+        return value is None
+    if isinstance(shape, (dict, list)):
+        return isinstance(value, type(shape))
+    if isinstance(value, bool) and shape in (int, float):
+        return False
+    return isinstance(value, (int, float) if shape is float else shape)
+
+
+def _describe(shape) -> str:
+    if isinstance(shape, tuple):
+        return " or ".join(_describe(s) for s in shape)
+    return ("null" if shape is None else "an object" if isinstance(shape, dict) else "a list" if isinstance(shape, list)
+            else {int: "an integer", float: "a number", str: "a string", bool: "true or false", object: "a value"}
+            .get(shape, getattr(shape, "__name__", str(shape))))
+
+
+def _got(value) -> str:
+    if value is None or isinstance(value, bool):
+        return json.dumps(value)
+    if isinstance(value, str):
+        return f"the string {value[:40]!r}" + ("..." if len(value) > 40 else "")
+    if isinstance(value, (int, float)):
+        return f"the number {value!r}"[:60]
+    return f"a list of {len(value)}" if isinstance(value, list) else "an object"
+
+
+def _shape_problem(value, shape, field: str) -> str | None:
+    name = f"field {field}" if field else "the content"
+    if isinstance(shape, tuple):
+        fitting = [s for s in shape if _kind_fits(value, s)]
+        if not fitting:
+            return f"{name}: expected {_describe(shape)}, got {_got(value)}"
+        return _shape_problem(value, fitting[0], field)
+    if not _kind_fits(value, shape):
+        return f"{name}: expected {_describe(shape)}, got {_got(value)}"
+    if isinstance(shape, list):
+        if len(shape) == 2 and shape[1] is Ellipsis:
+            if not value:
+                return f"{name}: expected a list of at least one item, got an empty list"
+            items = [(v, shape[0]) for v in value]
+        elif len(shape) > 1:
+            if len(value) != len(shape):
+                return f"{name}: expected a list of {len(shape)} items, got {_got(value)}"
+            items = list(zip(value, shape))
+        else:
+            items = [(v, shape[0]) for v in value]
+        for i, (item, item_shape) in enumerate(items):
+            problem = _shape_problem(item, item_shape, f"{field}[{i}]")
+            if problem:
+                return problem
+    elif isinstance(shape, dict):
+        for key, item_shape in shape.items():
+            if key is str:     # {str: S}: every value
+                pairs = list(value.items())
+            elif key.rstrip("?") in value:
+                pairs = [(key.rstrip("?"), value[key.rstrip("?")])]
+            elif key.endswith("?"):
+                continue
+            else:
+                return f"{f'field {field} ' if field else ''}lacks the field {key!r}"
+            for k, item in pairs:
+                problem = _shape_problem(item, item_shape, f"{field}.{k}" if field and key is not str else
+                                         f"{field}[{k[:40]!r}]" if key is str else k)
+                if problem:
+                    return problem
+    return None
+
+
+def inside(root: str | Path, path: str | Path, what: str = "a path") -> Path:
+    """`path` with its symbolic links resolved; ValueError naming `what` unless it lies inside `root` (resolved)."""
+    real, base = Path(path).resolve(), Path(root).resolve()
+    if not real.is_relative_to(base):
+        raise ValueError(f"{what} {str(path)[:200]!r} is outside {root} (it resolves to {real})")
+    return real
 
 
 def write_json_atomic(path: str | Path, obj, indent: int | None = 1) -> Path:
@@ -278,14 +408,24 @@ def save_checkpoint(folder: str | Path, model, tokenizer, state: dict | None = N
     return folder
 
 
-def load_trainer_state(folder: str | Path, restore_rng: bool = True) -> dict:
-    """trainer_state.pt of a checkpoint (recovered first); restores the RNG states it holds unless told not."""
+def load_trainer_state(folder: str | Path, restore_rng: bool = True, required: tuple[str, ...] = ()) -> dict:
+    """trainer_state.pt of a checkpoint (recovered first); restores the RNG states it holds unless told not.
+    A file that cannot be read (truncated, say), or is not a dict holding the `required` keys, is a ValueError
+    naming it."""
     folder = Path(folder)
     recover_checkpoint(folder)
     path = folder / TRAINER_STATE
     if not path.is_file():
         raise FileNotFoundError(f"{folder} is not a training checkpoint (no {TRAINER_STATE})")
-    state = torch.load(path, map_location="cpu", weights_only=True)
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # torch raises RuntimeError, EOFError, UnpicklingError, ... for a damaged file
+        raise ValueError(f"{path}: damaged, cannot be read ({type(e).__name__}: "
+                         f"{str(e).split('. ')[0][:200] or 'the file ends early'})") from None
+    missing = [key for key in required if key not in state] if isinstance(state, dict) else None
+    if missing is None or missing:
+        raise ValueError(f"{path}: not a trainer state (" + (f"no {', '.join(map(repr, missing))}" if missing
+                         else f"a {type(state).__name__}, not a dict") + ")")
     if restore_rng and "rng" in state:
         set_rng_state(state["rng"])
     return state

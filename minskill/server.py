@@ -14,8 +14,9 @@ token as the model decodes them (minskill.sse). /v1/embeddings gives mean-pooled
 hidden states of the model (minskill.embeddings); it runs through the same queue as chat, alone in its batch.
 
 Bad input. Every request the server cannot serve gets a 4xx with OpenAI's error body
-{"error": {"message", "type", "param", "code"}}, never a 500: a body that is not JSON, is nested too
-deeply to decode, or holds a lone surrogate ("\\ud800" is valid JSON but no Unicode text); a field of the
+{"error": {"message", "type", "param", "code"}}, never a 500: a body shorter than its Content-Length (the
+client half-closed: never served as if complete), that is not JSON, is nested too deeply to decode, or
+holds a lone surrogate ("\\ud800" is valid JSON but no Unicode text); a field of the
 wrong type or range (400, `param` names it); a `model` other than the one served (404, code
 "model_not_found"; leaving `model` out is fine); http.server's own refusals (a malformed request line or
 header). A 500 means a bug or a failing backend; its body names the exception, the traceback goes to stderr.
@@ -91,7 +92,7 @@ import torch
 
 from minskill.backends import (Backend, BackendError, Choice, ClientGone, CompletionRequest,  # noqa: F401
                                ModelBackend, ScriptedBackend, _bad_request, parse_chat_request)
-from minskill.client import ChatClient
+from minskill.client import ChatClient, lone_surrogate_at
 from minskill.embeddings import EmbeddingRequest, embeddings_reply, parse_embeddings_request
 from minskill.quantize import QUANTIZE_CHOICES
 from minskill.sse import stream_chat
@@ -251,25 +252,6 @@ class BatchScheduler:
 # ---- HTTP layer -----------------------------------------------------------------------------------
 ROUTES = {"/health": ("GET",), "/v1/models": ("GET",), "/v1/chat/completions": ("POST",),
           "/v1/embeddings": ("POST",)}
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def _lone_surrogate_at(value) -> str | None:
-    """Where a decoded JSON value has a string with a lone surrogate (JSON's "\\ud800" escape decodes to
-    one; it is no Unicode text, and UTF-8 and every tokenizer refuse it), e.g. "messages[0].content"."""
-    stack = [("", value)]
-    while stack:  # (a loop, not recursion: the body may be as deep as json.loads allows)
-        where, value = stack.pop()
-        if isinstance(value, str) and _SURROGATE.search(value):
-            return where or "the body"
-        if isinstance(value, dict):
-            for key, item in value.items():
-                if _SURROGATE.search(key):
-                    return where or "the body"
-                stack.append((f"{where}.{key}" if where else key, item))
-        elif isinstance(value, list):
-            stack.extend((f"{where}[{i}]", item) for i, item in enumerate(value))
-    return None
 
 
 class _DeadlineReader(io.RawIOBase):
@@ -420,13 +402,16 @@ class _Handler(BaseHTTPRequestHandler):
                                "invalid_request_error", "request_timeout") from None
         except ConnectionError:
             raise ClientGone() from None
+        if len(raw) < int(length):  # the client half-closed early: what came is no request, even if it parses
+            raise _bad_request(f"the request body ended after {len(raw)} of the {int(length)} bytes its "
+                               "Content-Length announces")
         try:
             payload = json.loads(raw.decode("utf-8"))
         except (UnicodeDecodeError, ValueError) as error:
             raise _bad_request(f"the request body is not valid JSON: {error}") from None
         except RecursionError:
             raise _bad_request("the request body is nested too deeply to decode") from None
-        if (where := _lone_surrogate_at(payload)) is not None:
+        if (where := lone_surrogate_at(payload)) is not None:
             raise _bad_request(f"{where} has a lone surrogate (a \\ud800-\\udfff escape without its pair): "
                                f"strings must be Unicode text", where)
         return payload

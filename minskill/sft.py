@@ -65,10 +65,11 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from minskill.client import lone_surrogate_at
 from minskill.lora import ADAPTER_DIR, has_lora, load_peft_adapter, trainable_parameters
 from minskill.model import Transformer
 from minskill.plot import write_svg_plot
-from minskill.runs import (TRAINER_STATE, load_trainer_state, lr_factor, recover_checkpoint, save_checkpoint,
+from minskill.runs import (TOO_DEEP, TRAINER_STATE, load_trainer_state, lr_factor, recover_checkpoint, save_checkpoint,
                            read_jsonl, set_rng_state, write_jsonl_atomic)
 from minskill.tokenizer import Tokenizer
 
@@ -123,6 +124,8 @@ def check_record(record) -> str | None:
                    f"got {type(record[name]).__name__}"
     if not record["task_description"].strip():
         return "field 'task_description' is empty"
+    if (where := lone_surrogate_at(record)) is not None:   # (no tokenizer takes it: the run would die later)
+        return f"{where} is not Unicode text (a lone surrogate: a \\ud800-\\udfff escape without its pair)"
     return None
 
 
@@ -131,9 +134,9 @@ def read_records(paths: Iterable[str | os.PathLike], warn: Callable[[str], None]
     """Read SFT records from JSONL files. Returns (records, problems).
 
     Files are UTF-8 (a byte order mark is allowed); lines end at LF only (JSON text may hold U+2028).
-    Every malformed line (not UTF-8, bad JSON, not an object, missing or mistyped field) is reported
-    through `warn` as "path:line: skipped: reason" and skipped. Blank lines are ignored. A missing file is
-    an error."""
+    Every malformed line (not UTF-8, bad JSON, not an object, missing or mistyped field, a string with a lone
+    surrogate) is reported through `warn` as "path:line: skipped: reason" and skipped. Blank lines are ignored.
+    A missing file is an error."""
     records, problems = [], []
     for path in paths:
         path = Path(path)
@@ -150,6 +153,8 @@ def read_records(paths: Iterable[str | os.PathLike], warn: Callable[[str], None]
                 reason = f"not UTF-8 ({e.reason} at byte {e.start + 1} of the line)"
             except json.JSONDecodeError as e:
                 reason = f"invalid JSON ({e.msg} at column {e.colno})"
+            except RecursionError:
+                reason = TOO_DEEP
             else:
                 reason = check_record(record)
             if reason is not None:
@@ -327,17 +332,20 @@ def _fingerprint(examples: list[Example]) -> str:
     return digest.hexdigest()[:16]
 
 
-def latest_checkpoint(out_dir: str | os.PathLike) -> Path | None:
-    """The checkpoint-<step> folder with the highest step that has a trainer state, or None (after putting
-    back a checkpoint that a kill left aside between the renames of its save)."""
+def checkpoints(out_dir: str | os.PathLike) -> list[Path]:
+    """The checkpoint-<step> folders, newest (highest step) first, after putting back a checkpoint that a kill
+    left aside between the renames of its save. (A save is staged and renamed into place, so one of them that
+    lacks its trainer state is damaged, not half-written.)"""
     for aside in Path(out_dir).glob(".old-checkpoint-*"):
         recover_checkpoint(aside.with_name(aside.name[len(".old-"):]))
-    best, best_step = None, -1
-    for child in Path(out_dir).glob("checkpoint-*"):
-        suffix = child.name.split("-", 1)[1]
-        if suffix.isdigit() and (child / TRAINER_STATE).is_file() and int(suffix) > best_step:
-            best, best_step = child, int(suffix)
-    return best
+    found = [(int(child.name.split("-", 1)[1]), child) for child in Path(out_dir).glob("checkpoint-*")
+             if child.name.split("-", 1)[1].isdigit() and child.is_dir()]
+    return [child for _, child in sorted(found, reverse=True)]
+
+
+def latest_checkpoint(out_dir: str | os.PathLike) -> Path | None:
+    """The checkpoint-<step> folder with the highest step that has a trainer state, or None."""
+    return next((child for child in checkpoints(out_dir) if (child / TRAINER_STATE).is_file()), None)
 
 
 def _prune_checkpoints(out_dir: Path, keep: int) -> None:
@@ -411,28 +419,30 @@ def make_optimizer(model: Transformer, cfg: SFTConfig) -> torch.optim.AdamW:
 def _resume(model: Transformer, optimizer, out_dir: Path, resume, cfg: SFTConfig, fingerprint: str,
             total_steps: int, log: Callable[[str], None]) -> int:
     """Load the weights, optimizer and RNG states of the checkpoint to resume (see train_sft); returns its
-    step (0 when starting afresh). A run folder that holds checkpoints is never started over silently."""
+    step (0 when starting afresh). A run folder that holds checkpoints is never started over silently, nor is
+    one without a checkpoint resumed as a fresh run. resume=True takes the newest checkpoint that loads: one
+    that is damaged (a part missing or unreadable) is reported and the one before it tried, as a kill or a
+    full disk can leave the newest broken while an earlier one is whole."""
     if not resume:
         if latest_checkpoint(out_dir) is not None:
             raise ValueError(f"{out_dir} holds checkpoints of an earlier run: resume it or choose another "
                              "output folder")
         return 0
-    ckpt = latest_checkpoint(out_dir) if resume is True else Path(resume)
-    if ckpt is None:
-        log(f"resume: no checkpoint in {out_dir}; starting from scratch")
-        return 0
-    state = load_trainer_state(ckpt, restore_rng=False)   # restored below, after the weights load
-    adapter = Path(ckpt) / ADAPTER_DIR
-    if has_lora(model) != adapter.is_dir():
-        raise ValueError(f"{ckpt} was written {'with' if adapter.is_dir() else 'without'} LoRA adapters: resume "
-                         f"with the same --lora-* flags as the run that wrote it")
-    if has_lora(model):   # the base is the one the run started from; only the adapter trained
-        load_peft_adapter(model, adapter)
+    candidates = resume_candidates(out_dir, resume)
+    problems = []
+    for i, ckpt in enumerate(candidates):
+        if not has_lora(model) and (ckpt / ADAPTER_DIR).is_dir():
+            raise ValueError(f"{ckpt} was written with LoRA adapters: resume with the same --lora-* flags as the "
+                             f"run that wrote it")
+        try:
+            state = _load_checkpoint(model, optimizer, ckpt)
+            break
+        except (FileNotFoundError, ValueError) as e:
+            problems.append(f"{ckpt}: {e}" if str(ckpt) not in str(e) else str(e))
+            if i + 1 < len(candidates):
+                log(f"resume: warning: {problems[-1]}; falling back to the earlier {candidates[i + 1]}")
     else:
-        saved = Transformer.from_pretrained(ckpt, device=next(model.parameters()).device)
-        model.load_state_dict(saved.state_dict())
-        del saved
-    optimizer.load_state_dict(state["optimizer"])
+        raise ValueError(f"--resume: no checkpoint can be loaded: {'; '.join(problems)}")
     set_rng_state(state["rng"])
     if state.get("data_fingerprint") != fingerprint:
         log("resume: warning: the training data differ from the checkpoint's; batches will not replay")
@@ -443,6 +453,37 @@ def _resume(model: Transformer, optimizer, out_dir: Path, resume, cfg: SFTConfig
         log(f"resume: warning: config changed since the checkpoint: {sorted(changed)}")
     log(f"resume: continuing from {ckpt} at step {state['step']}/{total_steps}")
     return state["step"]
+
+
+def resume_candidates(out_dir: str | os.PathLike, resume: bool | str | os.PathLike) -> list[Path]:
+    """The checkpoints a resume may load, in the order tried: resume=True, out_dir's (newest first); a path,
+    that one. ValueError when out_dir holds none: there is nothing to resume (a script checks this before it
+    loads a model or writes a file)."""
+    if resume is not True:
+        return [Path(resume)]
+    candidates = checkpoints(out_dir)
+    if not candidates:
+        raise ValueError(f"--resume: nothing to resume in {out_dir} (no checkpoint-STEP folder); run without "
+                         f"--resume to start a run")
+    return candidates
+
+
+def _load_checkpoint(model: Transformer, optimizer, ckpt: Path) -> dict:
+    """Load `ckpt`'s weights and optimizer state into model and optimizer; returns its trainer state (RNG states
+    not yet restored). A part missing or damaged is a FileNotFoundError / ValueError naming its file."""
+    state = load_trainer_state(ckpt, restore_rng=False, required=("step", "optimizer", "rng"))
+    if has_lora(model):   # the base is the one the run started from; only the adapter trained
+        adapter = ckpt / ADAPTER_DIR
+        if not adapter.is_dir():
+            raise FileNotFoundError(f"{adapter} is missing (the checkpoint is damaged, or its run trained "
+                                    f"without LoRA: resume with the same --lora-* flags as the run that wrote it)")
+        load_peft_adapter(model, adapter)
+    else:
+        saved = Transformer.from_pretrained(ckpt, device=next(model.parameters()).device)
+        model.load_state_dict(saved.state_dict())
+        del saved
+    optimizer.load_state_dict(state["optimizer"])
+    return state
 
 
 def _optimizer_step(model: Transformer, optimizer, batch: list[Example], pad_id: int, device, cfg: SFTConfig,

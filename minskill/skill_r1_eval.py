@@ -13,11 +13,12 @@ given). Every row sees the same tasks and seeds. An editor row also reports the 
 carried after each generation g, and the task-model requests spent writing the skills (evolve) apart from
 those spent scoring them (evaluate); a trained editor's row prints its KL to the frozen editor on the skills
 it wrote (how far training moved it). A task's score is the mean over its n rollouts (n identical greedy
-replies count once). A second table compares the rows paired on the same tasks (minskill.paired): every
-row against no skill, and each Skill-R1 row against every other row: the difference with a 95% bootstrap
-interval that resamples instances (the tasks of one instance share one skill), gained/lost tasks and the
-exact sign-test p. A trained editor's λ is read from its checkpoint, so a row cannot silently show the
-wrong method.
+replies count once). A second table compares the rows paired on the same tasks (minskill.paired.compare):
+every row against no skill, and each Skill-R1 row against every other row. The unit is the instance (its
+scoring tasks share the one skill evolved on it, so they are not independent): the mean per-instance
+difference D̄ with the 95% interval by instance and the p of the exact sign-flip permutation test on the J
+per-instance differences; the tasks gained / lost are counted per task, as a description only (not a test).
+A trained editor's λ is read from its checkpoint, so a row cannot silently show the wrong method.
 
 `--eval` also writes a run folder (--out, default runs/skill-r1-eval-TIME; a non-empty one is refused without
 --overwrite): OUT/eval.json (`eval_record`) holds the flags, the instances and their tasks, per row the
@@ -26,17 +27,25 @@ rewards, the carried skill), the KL, the cost (the task model's calls, tokens, r
 from client.Usage; the editor's sampled tokens and seconds: the evolve phase's wall time minus the task
 model's busy seconds in it), and the paired table as printed. `python -m minskill.report OUT` draws it.
 
-The probe scores the editor during training on instances of the same held-out split, taken from the end
-of each type's tasks while --eval takes its instances from the front, so the two never share a task.
+The probe scores the editor during training on instances of the same held-out split (`heldout_split`):
+--eval takes exactly --eval-instances instances of --tasks-per-instance + --eval-tasks tasks from the front
+of each type's tasks (types in turn), and a training run with --probe-every takes --probe-instances instances
+of --tasks-per-instance tasks from the end of what is left, so with the same --suite, --seed, --n-tasks,
+--tasks-per-instance, --eval-instances, --eval-tasks and --probe-instances the two never share a task. A split
+that cannot hold both, or fewer instances than asked, is refused (HeldoutSplitError, naming the flags and
+how many instances fit), never shrunk. --eval also rebuilds the probe of every editor it evaluates from the
+flags in that editor's trainer_state.pt and refuses when the probe shares a task id with its instances (an
+editor trained with other --eval-* flags than the evaluation's).
 
 This lives beside skill_r1.py rather than in it: the loop module stays what a learner reads, and only this
 module needs the model loader, the embedded server and the interval arithmetic.
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import functools
 import math
-import sys
 import time
 from pathlib import Path
 
@@ -54,63 +63,194 @@ from minskill.tasks import load_suite
 from minskill.weights import load_model
 
 
-def trained_with_lambda(spec: str) -> float | None:
-    """λ of the run that wrote a checkpoint folder (from its trainer_state.pt), None when unknown."""
-    if not (Path(spec) / TRAINER_STATE).is_file():
+class HeldoutSplitError(ValueError):
+    """The held-out split cannot give what the --eval-* / --probe-* flags ask (or --eval's tasks would meet a
+    trained editor's probe); train_grpo.py reports it as a usage error."""
+
+
+def trained_args(spec: str) -> dict | None:
+    """The flags of the training run that wrote a checkpoint folder (its trainer_state.pt), None when it has
+    none (an untrained editor). Read once per version of the file (train_grpo.py checks them as it parses its
+    flags, evaluate again)."""
+    path = Path(spec) / TRAINER_STATE
+    if not path.is_file():
         return None
-    return float(load_trainer_state(spec, restore_rng=False)["args"]["lam"])
+    stat = path.stat()
+    return dict(_trained_args(str(path.resolve()), stat.st_mtime_ns, stat.st_size))
+
+
+@functools.lru_cache(maxsize=16)
+def _trained_args(path: str, mtime_ns: int, size: int) -> dict:
+    return load_trainer_state(Path(path).parent, restore_rng=False)["args"]
+
+
+FROZEN_ROW = "Skill-R1 inference-only (editor frozen)"
+
+
+def eval_editors(args) -> list[tuple[str, str | None]]:
+    """--eval's editor rows: (row name, editor spec or None when the row is skipped)."""
+    editors = [(FROZEN_ROW, args.editor if args.frozen_row else None), ("vanilla GRPO (λ = 0)", args.grpo_editor)]
+    return editors + [("Skill-R1 (λ > 0)", spec) for spec in args.skillr1_editor or [None]]
+
+
+def check_heldout(args) -> None:
+    """train_grpo.py's check of the held-out flags, before any model is loaded: --eval gets exactly the
+    instances it asks for, clear of the probe of every editor it evaluates (check_probes_of); a training run
+    with --probe-every gets exactly its probe instances, clear of --eval's. HeldoutSplitError otherwise."""
+    if args.eval:
+        evo, test, _ = heldout_split(args)
+        check_probes_of({spec: trained_args(spec) for _, spec in eval_editors(args) if spec}, evo, test, args)
+    elif args.probe_every:
+        heldout_split(args, probe=True)
 
 
 def heldout_by_type(args) -> dict[str, list]:
     """The suite's held-out tasks by type (types sorted, tasks in order). Without --n-tasks the split is drawn
-    large enough for --eval's instances and the probe's (qa: 80 tasks per type), where the suite holds that."""
+    large enough for --eval's instances and the probe's (qa at the defaults: 3 x 24 + 4 = 76 tasks per type),
+    or, where the suite holds fewer, as large as it holds (`_largest_draw`); heldout_split says when that is
+    too few."""
     tasks = load_tasks(args, "heldout")
     n_types = len({t.type for t in tasks}) or 1
     per_type = (math.ceil(args.eval_instances / n_types) * (args.tasks_per_instance + args.eval_tasks) +
                 math.ceil(args.probe_instances / n_types) * args.tasks_per_instance)
     if args.n_tasks is None and per_type * n_types > len(tasks):
-        try:
-            tasks = load_suite(args.suite, split="heldout", seed=args.seed, n=per_type * n_types)
-        except (ValueError, FileNotFoundError):
-            pass  # the suite holds fewer: use what it gives; the callers say when that is too few
+        tasks = _largest_draw(args, per_type * n_types, tasks)
     by_type: dict[str, list] = {}
     for t in tasks:
         by_type.setdefault(t.type, []).append(t)
     return dict(sorted(by_type.items()))
 
 
-def _types_in_turn(groups: dict[str, list], count: int) -> list:
-    """Up to `count` items, one of each type in turn: type 1's first, type 2's first, ..., type 1's second..."""
-    longest = max(map(len, groups.values()), default=0)
-    return [items[k] for k in range(longest) for items in groups.values() if k < len(items)][:count]
+def _largest_draw(args, want: int, drawn: list) -> list:
+    """The held-out split drawn with n = `want` tasks, or with the largest n below it that the suite can draw
+    (found by bisection: `drawn`, the default draw, succeeds, and a larger n fails once a type runs out of
+    distinct tasks, so success is monotone in n)."""
+    def draw(n: int) -> list | None:
+        try:
+            return load_suite(args.suite, split="heldout", seed=args.seed, n=n)
+        except (ValueError, FileNotFoundError):
+            return None
+
+    best = draw(want)
+    if best is not None:
+        return best
+    works, fails, best = len(drawn), want, drawn
+    while fails - works > 1:
+        mid = (works + fails) // 2
+        got = draw(mid)
+        works, fails, best = (mid, fails, got) if got is not None else (works, mid, best)
+    return best
+
+
+def _in_turn(room: dict[str, int], block: int, count: int) -> list[tuple[str, int]]:
+    """Up to `count` blocks of `block` tasks, one of each type in turn (type 1's first, type 2's first, ...,
+    type 1's second, ...; a type without room for another block drops out): (type, k) for that type's k-th
+    block. `room` (tasks left per type) is reduced by what is taken."""
+    picks, taken = [], dict.fromkeys(room, 0)
+    while len(picks) < count:
+        fitting = [t for t in room if room[t] >= block][:count - len(picks)]
+        if not fitting:
+            break
+        for t in fitting:
+            picks.append((t, taken[t]))
+            taken[t], room[t] = taken[t] + 1, room[t] - block
+    return picks
+
+
+def heldout_split(args, probe: bool = False) -> tuple[list[Instance], list[list], list[Instance]]:
+    """(instances to evolve on, their evaluation tasks, probe instances): exactly --eval-instances held-out
+    instances, types in turn, from the FRONT of each type's held-out tasks, each with m = --tasks-per-instance
+    tasks the editor evolves on and then --eval-tasks other tasks that score the carried skill; with `probe`
+    (a training run's --probe-every) also exactly --probe-instances probe instances of m tasks, types in turn,
+    from the END of what --eval's instances leave, so never one of their tasks (checked by task id). Refuses
+    (HeldoutSplitError) a split that holds fewer, saying how many instances fit; never gives fewer."""
+    m, s, n_eval = args.tasks_per_instance, args.eval_tasks, args.eval_instances
+    n_probe = args.probe_instances if probe else 0
+    by_type = heldout_by_type(args)
+
+    def fits(k_eval: int) -> tuple[list, list]:   # (eval blocks, probe blocks) beside k_eval eval instances
+        room = {t: len(ts) for t, ts in by_type.items()}
+        evals = _in_turn(room, m + s, k_eval)
+        return evals, _in_turn(room, m, n_probe)
+
+    evals, probes = fits(n_eval)
+    if len(evals) < n_eval or len(probes) < n_probe:
+        beside = max((k for k in range(n_eval) if [len(x) for x in fits(k)] == [k, n_probe]), default=0)
+        raise HeldoutSplitError(_split_too_small(args, by_type, probe, len(evals), len(probes), beside))
+    lists = dict(by_type)
+    evo = [Instance(f"heldout-{t}-{k}", t, lists[t][k * (m + s):k * (m + s) + m]) for t, k in evals]
+    test = [lists[t][k * (m + s) + m:(k + 1) * (m + s)] for t, k in evals]
+    probe_set = [Instance(f"probe-{t}-{k}", t, lists[t][len(lists[t]) - (k + 1) * m:len(lists[t]) - k * m])
+                 for t, k in probes]
+    shared = ({x.id for inst in evo for x in inst.tasks} | {x.id for ts in test for x in ts}) & \
+             {x.id for inst in probe_set for x in inst.tasks}
+    if shared:   # by construction only when the suite repeats a task id
+        raise HeldoutSplitError(f"--suite {args.suite}: the probe's and --eval's held-out instances share task ids "
+                                f"{sorted(shared)[:5]}: the suite repeats them")
+    return evo, test, probe_set
+
+
+def _split_too_small(args, by_type: dict[str, list], probe: bool, n_evals: int, n_probes: int,
+                     eval_fit: int) -> str:
+    """What heldout_split refuses: the split, what was asked, and how many instances fit (n_evals, n_probes:
+    what fits of each when --eval's are taken first; eval_fit: --eval instances that fit beside the probe)."""
+    m, s = args.tasks_per_instance, args.eval_tasks
+    split = (f"the held-out split of --suite {args.suite} ("
+             f"{f'--n-tasks {args.n_tasks}' if args.n_tasks is not None else 'as many as the suite holds'}: "
+             f"{', '.join(f'{len(ts)} {t}' for t, ts in by_type.items()) or 'no'} tasks)")
+    more = "raise --n-tasks" if args.n_tasks is not None else "use a suite with more held-out tasks"
+    probe_text = (f"the training probe's --probe-instances {args.probe_instances} instance(s) of "
+                  f"--tasks-per-instance {m} tasks (--probe-every), which never share a task with --eval's")
+    if n_evals < args.eval_instances:
+        fit = eval_fit if probe else n_evals
+        return (f"{split} has room for {fit} instance(s) of --tasks-per-instance {m} + --eval-tasks {s} tasks"
+                f"{f' beside {probe_text}' if probe else ''}, not --eval-instances {args.eval_instances}: ask for at "
+                f"most {fit}, lower --eval-tasks or --tasks-per-instance"
+                f"{', or --probe-instances' if probe else ''}, or {more}")
+    return (f"{split}, beside --eval's --eval-instances {args.eval_instances} instance(s) of --tasks-per-instance "
+            f"{m} + --eval-tasks {s} tasks (pass the --eval-* flags you will evaluate with), has room for "
+            f"{n_probes} of {probe_text}, not {args.probe_instances}: lower "
+            f"{''.join(f'{x} or ' for x, n in (('--probe-instances', n_probes), ('--eval-instances', eval_fit)) if n)}"
+            f"--eval-tasks (with these flags at most {n_probes} probe instance(s) fit, or "
+            f"{args.probe_instances} beside {eval_fit} --eval instance(s)), or {more}")
 
 
 def heldout_instances(args) -> tuple[list[Instance], list[list]]:
-    """(instances to evolve on, their evaluation tasks): --eval-instances held-out instances, spread over the
-    task types, taken from the FRONT of each type's held-out tasks. Each has m = --tasks-per-instance tasks
-    that the editor evolves on, then --eval-tasks other tasks that score the carried skill."""
-    m, s = args.tasks_per_instance, args.eval_tasks
-    groups = {t: [Instance(f"heldout-{t}-{k}", t, ts[k * (m + s):(k + 1) * (m + s)])
-                  for k in range(len(ts) // (m + s))] for t, ts in heldout_by_type(args).items()}
-    pairs = _types_in_turn(groups, args.eval_instances)
-    if not pairs:
-        sys.exit(f"suite {args.suite!r}: no task type has {m + s} held-out tasks "
-                 f"(--tasks-per-instance {m} + --eval-tasks {s})")
-    return [Instance(p.id, p.type, p.tasks[:m]) for p in pairs], [p.tasks[m:] for p in pairs]
+    """(instances to evolve on, their evaluation tasks) of --eval: heldout_split's first two."""
+    evo, test, _ = heldout_split(args)
+    return evo, test
 
 
 def probe_instances(args) -> list[Instance]:
-    """The training run's held-out probe (--probe-every): --probe-instances instances of m tasks, types in
-    turn, taken from the END of each type's held-out tasks, so they are never among --eval's instances while
-    both fit in the split (with the defaults on qa: --eval uses 3 x 24 tasks of each type's 80, the probe 4)."""
-    m = args.tasks_per_instance
-    groups = {t: [Instance(f"probe-{t}-{k}", t, ts[len(ts) - (k + 1) * m:len(ts) - k * m])
-                  for k in range(len(ts) // m)] for t, ts in heldout_by_type(args).items()}
-    picked = _types_in_turn(groups, args.probe_instances)
-    if len(picked) < args.probe_instances:
-        sys.exit(f"suite {args.suite!r}: the held-out split holds {len(picked)} probe instances of {m} tasks, "
-                 f"not --probe-instances {args.probe_instances}")
-    return picked
+    """The training run's held-out probe (--probe-every): heldout_split's probe instances, clear of the
+    instances --eval takes with the same flags (with the defaults on qa: --eval uses 3 x 24 tasks of each
+    type's 76, the probe the last 4)."""
+    return heldout_split(args, probe=True)[2]
+
+
+def check_probes_of(trained: dict[str, dict | None], evo: list[Instance], test: list[list], args) -> None:
+    """Refuse (HeldoutSplitError) when --eval's tasks meet the held-out probe of an editor it evaluates: the
+    probe is rebuilt from the flags in the editor's trainer_state.pt (`trained`: spec -> those flags, None for
+    an untrained editor), for runs that probed (--probe-every) on the same --suite."""
+    ours = {x.id for inst in evo for x in inst.tasks} | {x.id for ts in test for x in ts}
+    for spec, flags in trained.items():
+        if not flags or not flags.get("probe_every") or flags.get("suite") != args.suite:
+            continue
+        try:
+            theirs = {x.id for inst in probe_instances(argparse.Namespace(**{**vars(args), **flags}))
+                      for x in inst.tasks}
+        except HeldoutSplitError as e:   # a run of an earlier version, whose probe this rule cannot rebuild
+            print(f"warning: cannot rebuild the held-out probe of {spec} to check it against --eval's tasks: {e}")
+            continue
+        shared = sorted(ours & theirs)
+        if shared:
+            n_tasks = f" --n-tasks {flags['n_tasks']}" if flags.get("n_tasks") is not None else ""
+            raise HeldoutSplitError(
+                f"--eval's held-out tasks meet the probe of {spec} (trained with --probe-every "
+                f"{flags['probe_every']}) in {len(shared)} task(s), e.g. {', '.join(shared[:3])}: evaluate with the "
+                f"flags that run kept its probe clear of, --eval-instances {flags.get('eval_instances')} "
+                f"--eval-tasks {flags.get('eval_tasks')} --tasks-per-instance {flags.get('tasks_per_instance')}"
+                f"{n_tasks} (or fewer --eval-instances)")
 
 
 def probe(editor, tokenizer, client, instances: list[Instance], seed_skills: list[str], args) -> dict:
@@ -229,6 +369,9 @@ def evaluate(args) -> int:
     out = Path(args.out or f"runs/skill-r1-eval-{time.strftime('%Y%m%d-%H%M%S')}")
     check_run_folder(out, False, args.overwrite, "train_grpo.py --eval")    # before any model is loaded
     evo, test = heldout_instances(args)
+    editors = eval_editors(args)
+    trained = {spec: trained_args(spec) for _, spec in editors if spec}
+    check_probes_of(trained, evo, test, args)                              # before any model is loaded
     seed_skillset = load_skills(args.seed_skills, args.suite)
     seed_skills = [skill_text(seed_skillset, inst.type) for inst in evo]
     rows, record, started = [], eval_record(args, evo, test), time.time()
@@ -246,15 +389,12 @@ def evaluate(args) -> int:
         done("no skill", skill_row(client, "no skill", [""] * len(evo), evo, test, args))
         seed = "seed skill" + ("" if seed_skillset is not None else " (--seed-skills none: = no skill)")
         done("seed skill", skill_row(client, seed, seed_skills, evo, test, args))
-        frozen = "Skill-R1 inference-only (editor frozen)"
-        editors = [(frozen, args.editor if args.frozen_row else None), ("vanilla GRPO (λ = 0)", args.grpo_editor)]
-        editors += [("Skill-R1 (λ > 0)", spec) for spec in args.skillr1_editor or [None]]
         for name, spec in editors:
             if not spec:
-                print(f"skipped: {name} ({'--no-frozen-row' if name == frozen else 'no editor given'})", flush=True)
+                print(f"skipped: {name} ({'--no-frozen-row' if name == FROZEN_ROW else 'no editor given'})", flush=True)
                 continue
-            trained_lam = trained_with_lambda(spec)
-            if trained_lam is not None and name != frozen:
+            trained_lam = float(trained[spec]["lam"]) if trained[spec] else None   # λ of the run that wrote it
+            if trained_lam is not None and name != FROZEN_ROW:
                 if (trained_lam == 0) != name.startswith("vanilla"):
                     print(f"warning: {spec} was trained with λ = {trained_lam}, yet it fills the row '{name}'")
                 name = f"{name.split(' (')[0]} (λ = {trained_lam:g})"
@@ -272,18 +412,23 @@ EVAL_FILE = "eval.json"
 def eval_record(args, evo: list[Instance], test: list[list]) -> dict:
     """The head of OUT/eval.json (what `python -m minskill.report` reads as a "skill-r1-eval" folder):
 
-        {"kind": "skill-r1-eval", "version": 1, "flags": {the train_grpo.py flags}, "task_model",
+        {"kind": "skill-r1-eval", "version": 2, "flags": {the train_grpo.py flags}, "task_model",
          "instances": [{"id", "type", "evolve_tasks": [ids], "eval_tasks": [ids], "eval_questions": [...]}],
          "rows": [{"name", "spec", "lambda", "success", "ci95" (Wilson), "per_generation", "evolve_calls",
                    "eval_calls", "scores": [[score per evaluation task] per instance], "kl",
                    "skills": [per instance: seed skill, each generation's candidates and rewards, carried skill],
                    "costs": {"task_model" | "task_model_evolve" | "task_model_evaluate": client.Usage counts +
                              wall_seconds, "editor": {"sampled_tokens", "seconds", "kl_seconds"}}}],
-         "paired": [paired_rows], "usage": the task model's client.Usage counts, "wall_seconds", "finished"}
+         "paired": [paired_rows: {"row", "against", "difference" (D̄), "p" (sign-flip test by instance),
+                    "ci95" (its inverted interval, by instance), "test" ("exact" | "monte carlo"), "instances",
+                    "n" (tasks), "per_task_gained", "per_task_lost" (descriptive counts, not a test)}],
+         "usage": the task model's client.Usage counts, "wall_seconds", "finished"}
 
+    Version 2: the paired statistic is by instance (minskill.paired.compare). A version-1 record's "p" is the
+    per-task sign test and its "ci95" a bootstrap over instances, with "gained" / "lost" per task.
     Rewritten after each row (finished false until the paired table is in)."""
     flags = {k: v for k, v in vars(args).items() if isinstance(v, (str, int, float, bool, list, type(None)))}
-    return {"kind": "skill-r1-eval", "version": 1, "flags": flags, "finished": False,
+    return {"kind": "skill-r1-eval", "version": 2, "flags": flags, "finished": False,
             "task_model": args.task_model or args.task_url or
             f"embedded default (smollm2-135m, --task-quantize {args.task_quantize}, greedy)",
             "instances": [{"id": x.id, "type": x.type, "evolve_tasks": [t.id for t in x.tasks],
@@ -324,7 +469,8 @@ def success_interval(row: dict) -> list[float]:
 
 def paired_rows(rows: list[dict], seed: int) -> list[dict]:
     """Every row against no skill, and each Skill-R1 row against every other row (each pair once), compared
-    on the same tasks (minskill.paired.compare: the interval resamples instances)."""
+    on the same tasks by instance (minskill.paired.compare: the sign-flip test on the per-instance differences
+    and its interval; the per-task counts only describe)."""
     by_name = {r["name"]: r["scores"] for r in rows}
     pairs = [(r["name"], rows[0]["name"]) for r in rows[1:]]
     skill_r1 = [r["name"] for r in rows if r["name"].startswith("Skill-R1 (")]
@@ -334,10 +480,17 @@ def paired_rows(rows: list[dict], seed: int) -> list[dict]:
 
 
 def print_paired(rows: list[dict], args) -> None:
-    """The paired table (paired_rows) as Markdown."""
-    print("\n| row | against | paired difference (95% CI, by instance) | gained / lost | sign test p |\n"
-          "|---|---|---|---|---|")
-    for c in paired_rows(rows, args.seed):
+    """The paired table (paired_rows) as Markdown: by instance first, the per-task counts last."""
+    pairs = paired_rows(rows, args.seed)
+    print("\n| row | against | paired difference (95% CI, by instance) | p (sign-flip, by instance) | "
+          "per task: gained / lost |\n|---|---|---|---|---|")
+    for c in pairs:
         lo, hi = c["ci95"]
-        print(f"| {c['row']} | {c['against']} | {c['difference']:+.3f} ({lo:+.2f} to {hi:+.2f}) | {c['gained']} / "
-              f"{c['lost']} | {c['p']:.3f} |")
+        print(f"| {c['row']} | {c['against']} | {c['difference']:+.3f} ({lo:+.2f} to {hi:+.2f}) | {c['p']:.3f} | "
+              f"{c['per_task_gained']} / {c['per_task_lost']} |")
+    if pairs:
+        print(f"\nby instance: the unit is the instance (its evaluation tasks share one evolved skill): difference "
+              f"= mean over the {pairs[0]['instances']} instances of the per-instance mean difference; p: two-sided "
+              f"sign-flip permutation test on those differences ({pairs[0]['test']}); the interval inverts it "
+              f"(minskill/paired.py; with fewer than 6 instances it is the whole range). per task: tasks scored "
+              f"higher / lower, a description only, not a test.")

@@ -64,6 +64,7 @@ from minskill.skills import (MAX_DESCRIPTION_CHARS, MAX_FILE_BYTES, MAX_NAME_CHA
 __all__ = ["SkillSet", "Mistake", "parse_mistakes", "recover_save", "recover_saves"]
 
 MAX_JSON_BYTES = 32 * 1024 * 1024    # a MASA .json library larger than this is refused
+TOO_DEEP = "not readable JSON: nested too deeply (Python's parser gives up at about 1,000 levels)"  # RecursionError
 MAX_SKILLS = 1000                    # per skill set
 MAX_SET_RESOURCE_BYTES = 100 * 1024 * 1024   # all skills' resource files together (each skill: skills.py)
 MASA_DEFAULT_FIELDS = ("skill_id", "title", "principle", "when_to_apply")
@@ -152,7 +153,7 @@ def parse_mistakes(lines: list[str]) -> list[str]:
         if comment is not None:
             try:
                 decoded = json.loads(comment)
-            except json.JSONDecodeError:
+            except (json.JSONDecodeError, RecursionError):   # the visible text is the mistake then
                 decoded = None
             candidate = Mistake(decoded) if isinstance(decoded, dict) else decoded
             # the comment wins only while the visible text still says the same thing (else it was edited)
@@ -353,6 +354,8 @@ class SkillSet:
                     data = json.loads(text)
                 except json.JSONDecodeError as error:
                     raise SkillFormatError(f"{path}, line {error.lineno}: not valid JSON ({error.msg})") from None
+                except RecursionError:
+                    raise SkillFormatError(f"{path}: {TOO_DEEP}") from None
                 return cls.from_json(data, str(path))
             if path.name == "SKILL.md":
                 return cls(general=[Skill.load(path.parent)])
@@ -399,13 +402,7 @@ class SkillSet:
         path = Path(path)
         self.validate()
         recover_save(path)
-        if path.exists():
-            if not path.is_dir() or path.is_symlink():
-                raise SkillFormatError(f"{path}: exists and is not a folder")
-            foreign = [p.name for p in path.iterdir() if p.name not in (SKILLSET_FILE, GENERAL_DIR, TASK_DIR)]
-            if foreign:
-                raise SkillFormatError(f"{path}: refusing to replace a folder that is not a skill set "
-                                       f"(it holds {sorted(foreign)[:5]})")
+        check_replaceable(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
         try:
@@ -581,9 +578,24 @@ def _read_index(path: Path) -> _Index:
             index.extra = json.loads("\n".join(json_lines))
         except json.JSONDecodeError as error:
             raise SkillFormatError(f"{path}: 'Other fields' is not valid JSON ({error.msg})") from None
+        except RecursionError:
+            raise SkillFormatError(f"{path}: 'Other fields' is {TOO_DEEP}") from None
         if not isinstance(index.extra, dict):
             raise SkillFormatError(f"{path}: 'Other fields' must be a JSON object")
     return index
+
+
+def check_replaceable(path: str | Path) -> None:
+    """SkillFormatError unless SkillSet.save may replace `path`: absent, or a folder (not a link to one) holding
+    nothing but a skill set (SKILLSET.md, general/, task-specific/). So a mistyped destination is never wiped."""
+    path = Path(path)
+    if path.exists() or path.is_symlink():
+        if not path.is_dir() or path.is_symlink():
+            raise SkillFormatError(f"{path}: exists and is not a folder")
+        foreign = [p.name for p in path.iterdir() if p.name not in (SKILLSET_FILE, GENERAL_DIR, TASK_DIR)]
+        if foreign:
+            raise SkillFormatError(f"{path}: refusing to replace a folder that is not a skill set "
+                                   f"(it holds {sorted(foreign)[:5]})")
 
 
 def _load_group(folder: Path, order: list[str]) -> list[Skill]:

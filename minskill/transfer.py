@@ -17,7 +17,7 @@ with r(t) ∈ [0, 1] the verifier's reward and success(t) = [r(t) ≥ 1]:
 
 Labels tie libraries to targets: the *reference* of column F is the library with F's label ("F's own
 library", e.g. the one evolved for F); when no library has that label, the first library (the table header
-says which). Against it, paired on the same tasks (minskill.paired.compare, each task its own group),
+says which). Against it, paired on the same tasks (minskill.paired.compare_tasks, the task the unit),
 with d(t) = r_L(t) − r_ref(t):
 
     difference     Δ = mean_t d(t)
@@ -35,9 +35,10 @@ server lists), or a model spec for the embedded server (smollm2-135m or an HF fo
 label is 1-64 characters of letters, digits and `._+-` (it names files).
 
 `--rewriter CKPT` (a `rewrite.py train` output or HF folder) adds, for every library L and target F, a row "L+rw":
-the rewriter's one-pass rewrite of L for F's model card (`--model-card LABEL=PATH`: a card file, a checkpoint folder
-or a model spec; an embedded target's default is the card of its spec; a URL target needs one), and the task
-description `--task` (default: masa.suite_description of the suite's train tasks, as evolve_masa.py writes it into
+the rewriter's one-pass rewrite of L for F's model card (`--model-card LABEL=PATH`: a card file, an evolve_masa.py run
+folder (its model_card.json), a checkpoint folder or a model spec; an embedded target's default is the card
+evolve_masa.py builds for its spec, model_card.target_model_card; a URL target needs one), and the task description
+`--task` (text, or a suite's name; default: masa_data.sft_task_description of --suite, as evolve_masa.py writes it into
 the SFT records). The reference of a rewritten cell is its input library L on the same target, so Δ is the
 rewriter's own effect. A rewrite that does not parse leaves its cell unscored, its raw text in
 OUT/rewritten/F/L.raw.txt.
@@ -82,17 +83,16 @@ from minskill.quantize import QUANTIZE_CHOICES
 from minskill.retrieval import (RetrievalError, add_retrieval_args, check_retrieval_args, retriever_from_args,
                                 with_retrieval)
 from minskill.rollout import load_skills, run_rollouts, summarize
-from minskill.runs import (check_run_folder, open_run_folder, read_json, write_json_atomic, write_jsonl_atomic,
+from minskill.runs import (check_run_folder, inside, open_run_folder, read_json, write_json_atomic, write_jsonl_atomic,
                            write_text_atomic)
 from minskill.server import embedded_client
 from minskill.skills import SkillFormatError
 from minskill.skillsets import SkillSet
 from minskill.tasks import load_suite
+from minskill.transfer_record import LABEL, REWRITTEN, check_matrix
 from minskill.weights import DEFAULT_MODEL
 
 PROG = "python -m minskill.transfer"
-LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,63}")
-REWRITTEN = "+rw"        # suffix of a rewritten row's label: "base+rw" is the rewriter's rewrite of "base"
 RUN_SETTINGS = ("api_key", "concurrency", "timeout", "startup_timeout", "device", "embed_url")  # --resume may change
 NOT_SAVED = ("resume", "overwrite", "out", "api_key")      # the flags transfer.json's "args" leaves out
 
@@ -161,6 +161,15 @@ def label_map(items: list[str] | None, flag: str, labels: list[str]) -> dict[str
                                 f"({', '.join(labels)})")
         out[label] = value
     return out
+
+
+def in_out(out: Path, *parts: str) -> Path:
+    """OUT/parts...: a TransferError unless it resolves inside OUT (no link inside OUT leads a write elsewhere)."""
+    try:
+        inside(out, Path(out, *parts), "the output path")
+    except ValueError as e:
+        raise TransferError(str(e)) from None
+    return Path(out, *parts)
 
 
 def unique(labels: list[str], flag: str) -> None:
@@ -262,13 +271,15 @@ def load_tasks(args) -> list:
 
 
 def task_description(args) -> str:
-    """--task, else what evolve_masa.py writes into its SFT records with its defaults: the suite described
-    from the train tasks after the 4 preliminary ones (--n-prelim 4, --n-train 24)."""
+    """--task (a suite's name stands for its description), else the description evolve_masa.py's SFT records hold
+    for --suite with its defaults, else (no train tasks) its held-out tasks described (minskill.masa_data)."""
+    from minskill import masa_data   # only the rewriter needs it
     if args.task:
-        return args.task
-    from minskill.masa import suite_description   # only the rewriter needs it
-    train = load_suite(args.suite, split="train", seed=args.task_seed, n=28)[4:]
-    return suite_description(train or load_tasks(args), suite_name(args.suite))
+        return masa_data.task_description(args.task, args.task_seed)
+    try:
+        return masa_data.sft_task_description(args.suite, args.task_seed)
+    except ValueError:
+        return masa_data.suite_description(load_tasks(args), suite_name(args.suite))
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -289,7 +300,7 @@ def rewritten_rows(args, libraries: list[Library], targets: list[Target], out: P
             started = time.time()
             text, finish = rewriter.rewrite_with_model(model, tokenizer, target.card, library.skills, task,
                                                   args.rewriter_max_tokens, 0.0, args.seed)
-            where = out / "rewritten" / target.label / library.label
+            where = in_out(out, "rewritten", target.label, library.label)
             try:
                 skills = rewriter.parse_rewriter_output(text, finish).carry_resources(library.skills)
                 row.skills_for[target.label] = rewriter.save_skills_validated(skills, where)
@@ -357,8 +368,8 @@ def score_cell(client, tasks: list, skills, args, retriever) -> tuple[list, dict
 
 
 def paired_to(rewards: list[float], reference: list[float]) -> dict:
-    """The paired difference of a cell to its reference cell (minskill.paired, one group per task)."""
-    result = paired.compare([[r] for r in reference], [[r] for r in rewards], draws=2000, seed=0)
+    """The paired difference of a cell to its reference cell (paired.compare_tasks: the task is the unit)."""
+    result = paired.compare_tasks(reference, rewards, draws=2000, seed=0)
     return {"diff": result["difference"], "gained": result["gained"], "lost": result["lost"], "p": result["p"],
             "ci95": list(result["ci95"])}
 
@@ -388,7 +399,8 @@ def score_matrix(run: dict, rows: list[Row], targets: list[Target], tasks: list,
     order = [(row, target) for target in targets for row in column_order(rows, target)]
     position = {(row.label, target.label): i for i, (row, target) in enumerate(order)}
     kept = {(c["library"], c["target"]): c for c in run["cells"] if (c["library"], c["target"]) in position
-            and (c["trajectories"] is None or (out / c["trajectories"]).is_file())}
+            and (c["trajectories"] is None or (c["trajectories"] == f"trajectories/{c['target']}/{c['library']}.jsonl"
+                                               and (out / c["trajectories"]).is_file()))}
     run["cells"] = list(kept.values())
     if args.resume:
         log(f"resuming {out}: {len(kept)} of {len(order)} cells kept, {len(order) - len(kept)} to score")
@@ -404,7 +416,7 @@ def score_matrix(run: dict, rows: list[Row], targets: list[Target], tasks: list,
                 retrievers[target.label] = retriever_from_args(args, client, args.api_key)
             trajectories, summary, rewards[key] = score_cell(client, tasks, row.skills_for[target.label], args,
                                                              retrievers[target.label])
-            write_jsonl_atomic(out / "trajectories" / target.label / f"{row.label}.jsonl",
+            write_jsonl_atomic(in_out(out, "trajectories", target.label, f"{row.label}.jsonl"),
                                [t.to_json() for t in trajectories])
         cell = cell_record(row, target, reference, summary, rewards.get(key), rewards.get((reference, target.label)))
         run["cells"].append(cell)
@@ -478,14 +490,15 @@ def resume_args(argv: list[str], args) -> tuple[argparse.Namespace, dict]:
         raise TransferError("--resume needs --out OUT, the folder of the run to continue" if not args.out else
                             "--resume and --overwrite contradict each other (continue the run, or replace it)")
     path = Path(args.out) / "transfer.json"
-    try:
+    try:   # (a file edited by hand or damaged: ShapeError, naming the field)
         run = read_json(path, f"--resume: {path}", missing=f"--resume: no transfer matrix to continue in "
                         f"{args.out} (no transfer.json: a run writes it once its targets answer; else: --overwrite)")
+        if not (isinstance(run, dict) and run.get("kind") == "transfer" and isinstance(run.get("args"), dict)
+                and isinstance(run.get("targets"), list) and isinstance(run.get("cells"), list)):
+            raise TransferError(f"--resume: {path} is not a transfer matrix that can be continued (no saved arguments)")
+        check_matrix(run, f"--resume: {path}", resume=True)
     except (FileNotFoundError, ValueError) as e:
         raise TransferError(str(e)) from None
-    if not (isinstance(run, dict) and run.get("kind") == "transfer" and isinstance(run.get("args"), dict)
-            and isinstance(run.get("targets"), list) and isinstance(run.get("cells"), list)):
-        raise TransferError(f"--resume: {path} is not a transfer matrix that can be continued (no saved arguments)")
     quiet = build_parser()           # parses only what the command line gives: no defaults
     for action in quiet._actions:
         action.default = argparse.SUPPRESS
@@ -528,7 +541,7 @@ def saved_rows(run: dict, libraries: list[Library], targets: list[Target], out: 
     for r in run["libraries"]:
         row = Row(r["label"], rewritten_from=r["rewritten_from"], unparsed=dict(r.get("unparsed") or {}))
         for target in (t for t in targets if t.label not in row.unparsed):
-            where = out / "rewritten" / target.label / str(row.rewritten_from)
+            where = in_out(out, "rewritten", target.label, str(row.rewritten_from))
             try:
                 row.skills_for[target.label] = SkillSet.load(where) if row.rewritten_from else skills[row.label]
             except (SkillFormatError, ValueError, OSError) as e:
@@ -579,7 +592,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--rewriter", default=None, metavar="CKPT", help="a rewrite.py train --out folder or HF folder")
     g.add_argument("--model-card", nargs="+", default=None, metavar="LABEL=PATH", help="a target's model card: a "
                    "JSON/YAML file, checkpoint folder or model spec (an embedded target's default: its spec's card)")
-    g.add_argument("--task", default=None, help="task description given to the rewriter (default: the suite's)")
+    g.add_argument("--task", default=None, help="task description given to the rewriter, or a suite's name for the "
+                   "description evolve_masa.py's SFT records hold for it (default: --suite's)")
     g.add_argument("--rewriter-max-tokens", type=int, default=1536, help="reply budget of the rewriter")
     g.add_argument("--device", default=None, help="the rewriter's device (default cuda when available)")
     g = p.add_argument_group("run")

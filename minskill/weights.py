@@ -60,7 +60,7 @@ import gguf
 import numpy as np
 import torch
 from gguf.quants import dequantize
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 from safetensors.torch import save_file as save_torch_file
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
@@ -194,7 +194,13 @@ def load_pretrained(path, dtype=None, device=None) -> Transformer:
     config_file = path / "config.json"
     if not config_file.is_file():
         raise FileNotFoundError(f"{config_file} not found (expected a Hugging Face model folder)")
-    config = config_from_hf(json.loads(config_file.read_text()))
+    try:
+        hf_config = json.loads(config_file.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise ValueError(f"{config_file}: damaged, not readable JSON ({type(e).__name__}: {str(e)[:200]})") from None
+    if not isinstance(hf_config, dict):
+        raise ValueError(f"{config_file}: not a model config (a JSON {type(hf_config).__name__}, not an object)")
+    config = config_from_hf(hf_config)
     dtype, device = dtype or torch.float32, torch.device(device or "cpu")
     files = _safetensors_files(path)
     with torch.device("meta"):
@@ -204,21 +210,24 @@ def load_pretrained(path, dtype=None, device=None) -> Transformer:
         expected.pop("lm_head.weight")
 
     state, unexpected = {}, []
-    for file, keys in files.items():
-        with safe_open(str(path / file), framework="pt", device=str(device)) as f:
-            for key in f.keys():
-                if keys is not None and key not in keys:
-                    continue
-                if key == "lm_head.weight" and config.tie_word_embeddings:
-                    continue  # some tied checkpoints also store the shared matrix; HF ignores it too
-                if key not in expected:
-                    unexpected.append(key)
-                    continue
-                shape = tuple(f.get_slice(key).get_shape())
-                if shape != tuple(expected[key]):
-                    raise ValueError(f"{path}: tensor {key} has shape {shape}, config.json implies "
-                                     f"{tuple(expected[key])}")
-                state[key] = f.get_tensor(key).to(dtype=dtype)
+    try:
+        for file, keys in files.items():
+            with safe_open(str(path / file), framework="pt", device=str(device)) as f:
+                for key in f.keys():
+                    if keys is not None and key not in keys:
+                        continue
+                    if key == "lm_head.weight" and config.tie_word_embeddings:
+                        continue  # some tied checkpoints also store the shared matrix; HF ignores it too
+                    if key not in expected:
+                        unexpected.append(key)
+                        continue
+                    shape = tuple(f.get_slice(key).get_shape())
+                    if shape != tuple(expected[key]):
+                        raise ValueError(f"{path}: tensor {key} has shape {shape}, config.json implies "
+                                         f"{tuple(expected[key])}")
+                    state[key] = f.get_tensor(key).to(dtype=dtype)
+    except SafetensorError as e:   # truncated, or not a safetensors file at all
+        raise ValueError(f"{path / file}: damaged, not a readable safetensors file ({e})") from None
     missing = sorted(set(expected) - set(state))
     if missing or unexpected:
         raise ValueError(f"{path}: checkpoint does not match config.json ({config.model_type}): "

@@ -31,8 +31,9 @@ def ok_body(texts=("42",), prompt_tokens=5, completion_tokens=1):
 class ScriptServer:
     """A loopback HTTP server that answers request i with actions[i] (the last action repeats).
 
-    Actions: ("json", status, body, headers) | ("raw", status, text) | "reset" (drop the connection
-    without a reply) | ("slow", seconds) then a normal reply. Every request is recorded.
+    Actions: ("json", status, body, headers) | ("raw", status, text) | ("bytes", body): status 200 and the
+    bytes as they are | "reset" (drop the connection without a reply) | ("slow", seconds) then a normal
+    reply. Every request is recorded.
     """
 
     def __init__(self, actions):
@@ -66,6 +67,9 @@ class ScriptServer:
                 if action[0] == "json":
                     _, status, payload, headers = action
                     data = json.dumps(payload).encode()
+                elif action[0] == "bytes":
+                    _, data = action
+                    status, headers = 200, {}
                 else:
                     _, status, text = action
                     data, headers = text.encode(), {}
@@ -234,6 +238,28 @@ def test_too_few_choices_is_an_error(script_server):
     server = script_server(("json", 200, ok_body(["one"]), {}))
     with pytest.raises(ChatError, match="1 choices where n=2"):
         fast_client(server.url).chat(MESSAGES, n=2)
+
+
+# ---- text from a model is Unicode text (issue 22, point 8) ------------------------------------------
+def test_lone_surrogates_and_bad_bytes_in_a_reply_become_replacement_characters(script_server):
+    # "\ud800" is a valid JSON escape that decodes to no Unicode text; \xff is no UTF-8 at all
+    body = ('{"choices": [{"index": 0, "message": {"role": "assistant", "content": "a\\ud800b\\udc00"},'
+            ' "finish_reason": "stop"}, {"index": 1, "message": {"content": "\\ud83d\\ude00 \xff ok"},'
+            ' "finish_reason": "stop"}], "usage": {"prompt_tokens": 1}}')
+    server = script_server(("bytes", body.encode("latin-1")),
+                           ("raw", 400, '{"error": {"message": "no \\ud800 here"}}'))
+    client = fast_client(server.url)
+    result = client.chat(MESSAGES, n=2)
+    assert result.texts == ["a\ufffdb\ufffd", "\U0001F600 \ufffd ok"]   # a real pair stays one character
+    with pytest.raises(ChatError) as caught:       # error messages from the server are text too
+        client.chat(MESSAGES)
+    assert "no \ufffd here" in str(caught.value)
+
+
+def test_a_scripted_model_that_writes_a_lone_surrogate_reaches_callers_as_text():
+    with start_server(ScriptedBackend(lambda messages, request: "The answer is 3.\ud800")) as server:
+        text = server.client().chat(MESSAGES).text
+    assert text == "The answer is 3.\ufffd"
 
 
 # ---- request content, URL and environment ----------------------------------------------------------

@@ -8,6 +8,7 @@ into the `secret` skills (tree search: that type 0 -> 1), so a working stage 1 m
 """
 import json
 import re
+import shutil
 import sys
 from pathlib import Path
 
@@ -75,8 +76,8 @@ def teacher_fn(messages, request):
         return SkillSet(general=[], task_specific={task_type: [skill(f"{task_type.replace('_', '-')}-tip", body)]},
                         common_mistakes=[]).to_markdown()
     if masa.ONESHOT_TASK in task:
-        return json.dumps({"general_skills": [{"name": "oneshot", "description": "one-shot skill",
-                                               "body": "Be careful."}],
+        return json.dumps({"general_skills": [{"skill_id": "oneshot", "title": "One shot", "principle": "Be careful.",
+                                               "when_to_apply": "one-shot skill"}],   # the keys the prompt asks for
                            "task_specific_skills": {}, "common_mistakes": []})
     return "?"
 
@@ -173,8 +174,8 @@ def test_sft_records_well_formed(full_run):
         masa_data.check_sft_record(r, f"sft.jsonl:{i + 1}")
         assert r["skills_out"] == library and r["target_model"] == "target-a" and r["reward_out"] == 1.0
         assert "secret" in r["task_description"] and r["model_card"]["weaknesses"] == ["knows no keys"]
-    oneshot = next(r for r in records if r["source"] == "teacher_oneshot")
-    assert oneshot["skills_in"]["general_skills"][0]["body"] == "Be careful."
+    oneshot = SkillSet.from_json(next(r for r in records if r["source"] == "teacher_oneshot")["skills_in"])
+    assert [(s.name, s.body, s.description) for s in oneshot.general] == [("oneshot", "Be careful.", "one-shot skill")]
 
 
 def test_cache_second_run_makes_no_target_calls(env, full_run):
@@ -295,3 +296,136 @@ def test_resume_of_a_broken_state_json_is_a_usage_error(tmp_path, capsys):
     with pytest.raises(SystemExit):
         evolve_masa.main(["--resume", "--out", str(tmp_path)])
     assert f"--resume: {tmp_path / 'state.json'}: not valid JSON" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("edit, names", [
+    (lambda state: state["search"]["candidates"].__setitem__(1, None),
+     "field search.candidates[1]: expected an object, got null"),
+    (lambda state: state.update(search="x"), "field search: expected null or an object, got the string 'x'"),
+    (lambda state: state.pop("args"), "lacks the field 'args'"),
+    (lambda state: state["search"]["candidates"][0].update(reward="high"),
+     "field search.candidates[0].reward: expected null or a number, got the string 'high'"),
+    (lambda state: state["search"]["candidates"][2].update(id=7), "search.candidates[2]: id 7, expected 2"),
+    (lambda state: next(iter(state["search"]["trees"].values()))["root"].update(payload=99),
+     "root.payload: 99 is no candidate's id"),
+    (lambda state: state.update(usage={"target": {"calls": "many"}}),
+     "field usage.target.calls: expected null or a number"),
+])
+def test_resume_of_a_wrong_shaped_state_json_names_the_field_and_writes_nothing(full_run, tmp_path, capsys, edit,
+                                                                               names):
+    """A state.json edited by hand or damaged: --resume is a usage error naming the file and field, before any
+    model call (each used to be a TypeError or KeyError traceback)."""
+    out = tmp_path / "run"
+    shutil.copytree(full_run, out)
+    state = read(out, "state.json")
+    edit(state)
+    (out / "state.json").write_text(json.dumps(state))
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    with pytest.raises(SystemExit):
+        evolve_masa.main(["--resume", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert f"--resume: {out / 'state.json'}: " in err and names in err, err
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+
+
+def test_replies_with_lone_surrogates_do_not_break_the_run(env, tmp_path):
+    """Issue 22, point 8: "\\ud800" in every reply (valid JSON, no Unicode text) once killed the run writing
+    state.json, and the teacher's unparsed reply, sent back in its retry, made the teacher answer 400."""
+    servers = [start_server(ScriptedBackend(lambda m, r: target_fn(m, r) + "\ud800", name="target-a")),
+               start_server(ScriptedBackend(lambda m, r: teacher_fn(m, r) + "\ud800", name="teacher",
+                                            max_context=100000))]
+    try:
+        out = tmp_path / "run"
+        args = argv({**env, "a": servers[0].url, "teacher": servers[1].url}, out, "--iterations", "1",
+                    "--tree-iterations", "1")
+        assert evolve_masa.main(args) == 0
+    finally:
+        for server in servers:
+            server.close()
+    assert "\ufffd" in SkillSet.load(out / "library.json").to_markdown()   # the teacher's reply, made text
+    results = read(out, "results.json")
+    assert results["reward_out"] == 1.0 and results["heldout"]["evolved"]["success_rate"] == 1.0
+
+
+def test_a_teacher_replying_with_deep_brackets_is_skipped_and_the_run_finishes(env, tmp_path):
+    """Issue 22, point 7: a teacher reply of 1,000+ unclosed '[' (or a 500-deep array that decodes) raised
+    RecursionError out of the reply readers; ask_teacher caught only TeacherReplyError, so the run died, and
+    --resume died again at the same point. Now each such reply is a reply error: retried, then skipped."""
+    deep = ["[" * 5000, "```json\n" + "[" * 500 + "]" * 500 + "\n```"]
+
+    def teacher(messages, request):
+        return deep[len(messages) % 2] if "## Task:" in messages[1]["content"] else teacher_fn(messages, request)
+
+    server = start_server(ScriptedBackend(teacher, name="teacher", max_context=100000))
+    try:
+        out = tmp_path / "run"
+        args = argv({**env, "teacher": server.url}, out, "--iterations", "1", "--tree-iterations", "1",
+                    "--teacher-retries", "1")
+        assert evolve_masa.main(args) == 0
+    finally:
+        server.close()
+    state = read(out, "state.json")
+    skips = [e for e in state["events"] + state["search"]["events"] if e["event"] == "teacher_skip"]
+    assert {e["what"] for e in skips} >= {"model summary", "attribution", "general rewrite", "one-shot rewrite"}
+    assert all(e["attempts"] == 2 and len(e["errors"]) == 2 for e in skips)      # retried once, then skipped
+    assert all("nested more than 64 levels" in " ".join(e["errors"]) for e in skips if e["what"] == "attribution")
+    library, base = SkillSet.load(out / "library.json"), SkillSet.load(env["base"])   # nothing parsed: the base
+    assert [(s.name, s.body) for s in library.skills()] == [(s.name, s.body) for s in base.skills()]
+    assert read(out, "results.json")["stopped"] is None
+
+
+NOTHING_TO_SEARCH = {"n-train 0": (["--n-train", "0"], "--n-train must be at least 1"),
+                     "episodes 0": (["--episodes", "0"], "--episodes must be at least 1"),
+                     "patience 0": (["--patience", "0"], "--patience must be at least 1"),
+                     "one-task suite": (["--suite", "ONE"], "ONE: no search tasks: its train split gives 1 task"),
+                     "card a folder": (["--model-card", "DIR"], "--model-card: model card DIR: is a folder")}
+
+
+@pytest.mark.parametrize("extra, message", list(NOTHING_TO_SEARCH.values()), ids=list(NOTHING_TO_SEARCH))
+def test_nothing_to_search_is_refused_before_any_call_or_file(env, tmp_path, capsys, extra, message):
+    """Issue 22, point 14: --n-train 0 or a one-task suite raised ValueError after the preliminary target calls and
+    after the run folder was made (so the corrected rerun was refused); --episodes 0 ran, every node scored
+    "R = 0.000 on 0 episodes"; a folder as --model-card (point 18) failed after the run folder was made. Each is
+    now a usage error naming the flag or suite, with no call and no file."""
+    calls = []
+    servers = [start_server(ScriptedBackend(lambda m, r: calls.append(m) or "Answer: 1", name=name))
+               for name in ("target-a", "teacher")]
+    one = tmp_path / "one.jsonl"
+    one.write_text(json.dumps({"id": "t", "type": "sum", "question": "What is 1 plus 1?", "answer": "2",
+                               "split": "train"}) + "\n")
+    out = tmp_path / "out"
+    args = [{"ONE": str(one), "DIR": str(tmp_path)}.get(a, a) for a in extra]
+    try:
+        with pytest.raises(SystemExit):
+            evolve_masa.main(argv({**env, "a": servers[0].url, "teacher": servers[1].url}, out, *args))
+    finally:
+        for server in servers:
+            server.close()
+    assert message.replace("ONE", str(one)).replace("DIR", str(tmp_path)) in capsys.readouterr().err
+    assert calls == [] and not out.exists()
+
+
+def test_a_run_folder_as_model_card_gives_apply_the_card_of_its_sft_records(full_run):
+    """Issue 22, point 3: `rewrite.py apply --model-card RUN` (and transfer's --model-card F=RUN) reads the run's
+    model_card.json: the card every SFT record holds, field by field, the teacher's strengths and weaknesses too."""
+    from minskill.rewriter import load_model_card
+    records = [json.loads(line) for line in (full_run / "sft.jsonl").read_text().splitlines()]
+    applied = load_model_card(str(full_run))
+    assert applied["weaknesses"] == ["knows no keys"] and applied["strengths"] == ["follows instructions"]
+    for record in records:
+        assert [(k, applied[k]) for k in record["model_card"]] == list(record["model_card"].items())
+    assert load_model_card(str(full_run / "model_card.json")) == applied
+
+
+def test_a_suite_name_as_task_is_the_description_of_the_sft_records(env, tmp_path):
+    """masa_data.task_description (rewrite.py apply --task, transfer --task): a suite's name (a .jsonl file here) stands
+    for what evolve_masa.py writes into its records with its defaults; other text is kept as it is."""
+    import inspect
+    parser = evolve_masa.build_parser()
+    defaults = inspect.signature(masa_data.sft_task_description).parameters
+    assert (defaults["n_prelim"].default, defaults["n_train"].default) == (parser.get_default("n_prelim"),
+                                                                          parser.get_default("n_train"))
+    run = evolve_masa.set_up(parser, parser.parse_args(["--suite", str(env["suite"]), "--out", str(tmp_path / "r")]))
+    assert masa_data.task_description(str(env["suite"])) == run.task_description
+    assert "sum" in run.task_description and "secret" in run.task_description
+    assert masa_data.task_description("Sums of small numbers.") == "Sums of small numbers."

@@ -247,7 +247,7 @@ def test_train_grpo_carry_gate_flags_and_resume(monkeypatch, tmp_path):
         train_grpo.parse_args(["--carry-gate-alpha", "0"])
     old = {k: v for k, v in vars(args).items() if k not in ("carry_gate", "carry_gate_alpha")}
     monkeypatch.setattr(train_grpo, "find_checkpoint", lambda out: tmp_path)
-    monkeypatch.setattr(train_grpo, "load_trainer_state", lambda ckpt, restore_rng: {"args": old})
+    monkeypatch.setattr(train_grpo, "load_trainer_state", lambda ckpt, restore_rng, required=(): {"args": old})
     assert train_grpo.resume_state(tmp_path, args)[0] == tmp_path      # an old checkpoint counts as strict
     with pytest.raises(SystemExit, match="--carry-gate 'strict' -> 'paired'"):
         train_grpo.resume_state(tmp_path, train_grpo.parse_args(["--carry-gate", "paired"]))
@@ -256,7 +256,7 @@ def test_train_grpo_carry_gate_flags_and_resume(monkeypatch, tmp_path):
 def test_evolve_masa_gate_on_resume(tmp_path):
     parser = evolve_masa.build_parser()
     saved_args = {k: v for k, v in vars(parser.parse_args([])).items() if k not in ("gate", "gate_alpha", "gate_tasks")}
-    (tmp_path / "state.json").write_text(json.dumps({"args": saved_args, "calls_spent": 0, "search": None}))
+    (tmp_path / "state.json").write_text(json.dumps({"args": saved_args, "calls_spent": 0, "events": [], "card": None, "search": None}))
     args, _ = evolve_masa.resume_args(parser, parser.parse_args(["--resume"]), tmp_path)
     assert (args.gate, args.gate_alpha, args.gate_tasks) == ("strict", 0.1, 24)   # saved before --gate: strict
     with pytest.raises(SystemExit):

@@ -54,6 +54,21 @@ def test_the_call_cache_refuses_invalid_utf8_but_drops_a_torn_last_line(tmp_path
     assert CachingClient(Inner(), path).stats["cached_entries"] == 2
 
 
+def test_a_cache_line_of_the_wrong_shape_is_an_error_naming_it(tmp_path):
+    """A line that is JSON but not a cached call (edited, or another file): refused naming FILE:LINE and the
+    field when the cache opens (it used to be a TypeError at the call it answered, mid-run)."""
+    lines = _cache_lines(tmp_path)
+    path = tmp_path / "cache.jsonl"
+    record = json.loads(lines[1])
+    record["result"]["texts"] = "abc"
+    path.write_bytes(lines[0] + json.dumps(record).encode() + b"\n" + lines[2])
+    with pytest.raises(ValueError, match=r"cache.jsonl:2: field result.texts: expected a list, got the string 'abc'"):
+        CachingClient(Inner(), path)
+    record["result"] = {**json.loads(lines[1])["result"], "extra": 1}    # a field more: kept out of the result
+    path.write_bytes(lines[0] + json.dumps(record).encode() + b"\n" + lines[2])
+    assert CachingClient(Inner(), path).chat([{"role": "user", "content": "q1"}]).texts == ["caf\u00e9 \u2028 2"]
+
+
 def test_every_reader_reads_the_same_bom_crlf_file_alike(tmp_path):
     rows = [{"model_card": {"name": "m"}, "skills_in": {}, "task_description": "Sums \u2028 of numbers.",
              "skills_out": {}, "question": f"What is {i} + 1?", "answer": str(i + 1), "id": f"t{i}",

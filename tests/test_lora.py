@@ -6,6 +6,8 @@ import contextlib
 import importlib.util
 import io
 import json
+import re
+import shutil
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -13,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # train_grpo.py lives at the repo root
@@ -208,6 +210,56 @@ def test_bad_settings_are_clear_errors(model_dirs, capsys):
                                                              "up_proj", "down_proj"]
 
 
+def truncated(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[:len(path.read_bytes()) // 2])
+
+
+def with_config(folder: Path, **changes) -> None:
+    config = json.loads((folder / "adapter_config.json").read_text())
+    (folder / "adapter_config.json").write_text(json.dumps({**config, **changes}))
+
+
+ADAPTER_DAMAGE = [   # (what is done to adapter/, what the error says)
+    (lambda folder: shutil.rmtree(folder), "no LoRA adapter (missing adapter_config.json and adapter_model.safetensors)"),
+    (lambda folder: (folder / "adapter_model.safetensors").unlink(), "no LoRA adapter (missing adapter_model.safetensors)"),
+    (lambda folder: truncated(folder / "adapter_model.safetensors"),
+     "adapter_model.safetensors: damaged, not a readable safetensors file"),
+    (lambda folder: (folder / "adapter_config.json").write_text("{"), "adapter_config.json: damaged, not readable JSON"),
+    (lambda folder: (folder / "adapter_config.json").write_text("[4]"), "adapter_config.json: not a PEFT adapter config"),
+    (lambda folder: with_config(folder, r=8), "adapter_config.json: the adapter was saved with {'r': 8"),
+    (lambda folder: with_config(folder, lora_alpha="x"), "adapter_config.json: the adapter was saved with"),
+]
+
+
+@pytest.mark.parametrize("damage, message", ADAPTER_DAMAGE)
+def test_a_damaged_adapter_is_an_error_naming_the_file_and_leaves_the_model_alone(model_dirs, tmp_path, damage,
+                                                                                 message):
+    """Issue 22, point 13: each was a traceback (or an error that named no file)."""
+    model = adapted(model_dirs["llama"])
+    train_steps(model)
+    folder = save_peft_adapter(model, tmp_path / "adapter")
+    damage(folder)
+    target = adapted(model_dirs["llama"], seed=3)
+    before = {k: v.clone() for k, v in target.state_dict().items()}
+    with pytest.raises((FileNotFoundError, ValueError), match=re.escape(message)):
+        load_peft_adapter(target, folder)
+    assert all(torch.equal(before[k], v) for k, v in target.state_dict().items())
+
+
+def test_an_adapter_missing_one_tensor_is_refused_before_any_is_copied(model_dirs, tmp_path):
+    model = adapted(model_dirs["llama"])
+    train_steps(model)
+    folder = save_peft_adapter(model, tmp_path / "adapter")
+    tensors = load_file(str(folder / "adapter_model.safetensors"))
+    last = sorted(tensors)[-1]
+    save_file({k: v for k, v in tensors.items() if k != last}, str(folder / "adapter_model.safetensors"))
+    target = adapted(model_dirs["llama"], seed=3)
+    before = {k: v.clone() for k, v in target.state_dict().items()}
+    with pytest.raises(ValueError, match=re.escape(f"adapter_model.safetensors: tensor {last} is missing")):
+        load_peft_adapter(target, folder)
+    assert all(torch.equal(before[k], v) for k, v in target.state_dict().items())
+
+
 # ------------------------------------------------------------------------------------------ train_grpo.py
 
 
@@ -280,6 +332,20 @@ def test_a_lora_run_resumed_equals_the_uninterrupted_one(lora_run, editor_dir, s
         assert w_straight.keys() == w_resumed.keys() and all(torch.equal(w_straight[k], w_resumed[k]) for k in w_straight)
     with pytest.raises(SystemExit, match="--lora-rank 4 -> 8"):
         train_grpo.main(flags[:-6] + ["--lora-rank", "8", "--lr", "3e-2", "--steps", "3", "--resume"])
+
+
+@pytest.mark.parametrize("damage, message", [ADAPTER_DAMAGE[0], ADAPTER_DAMAGE[2], ADAPTER_DAMAGE[5]])
+def test_train_grpo_resume_of_a_damaged_adapter_names_the_file(lora_run, editor_dir, suite_file, task_server,
+                                                              tmp_path, damage, message):
+    """Issue 22, point 13: a missing or corrupt adapter, or one saved with another r, was a traceback."""
+    out = tmp_path / "run"
+    shutil.copytree(lora_run[0], out)
+    damage(out / "checkpoint" / ADAPTER_DIR)
+    with pytest.raises(SystemExit) as caught:
+        train_grpo.main(lora_flags(editor_dir, suite_file, task_server, out) + ["--resume"])
+    text = str(caught.value.code)
+    assert text.startswith(f"--resume: {out / 'checkpoint' / ADAPTER_DIR}") and message in text
+    assert "no earlier checkpoint" in text
 
 
 def test_beta_with_lora_uses_the_editor_with_adapters_off_as_reference(editor_dir, suite_file, task_server, tmp_path,
@@ -401,3 +467,14 @@ def test_rewrite_train_with_lora_writes_merged_and_adapter_and_resumes_exactly(s
 def test_rewrite_train_refuses_bad_lora_flags(sft_files, tmp_path):
     code, _, stderr = train_rewriter(sft_files, tmp_path / "bad", "--lora-targets", "q_proj,attn")
     assert code == 1 and "unknown LoRA target module 'attn'" in stderr and not (tmp_path / "bad").exists()
+
+
+def test_rewrite_train_resume_falls_back_past_a_checkpoint_whose_adapter_is_damaged(sft_files, tmp_path):
+    """Issue 22, point 13: the newest checkpoint's adapter missing (or corrupt) was a dead end."""
+    out = tmp_path / "cut"
+    assert train_rewriter(sft_files, out, "--max-steps", "4")[0] == 0        # checkpoint-2 and checkpoint-4
+    truncated(out / "checkpoint-4" / ADAPTER_DIR / "adapter_model.safetensors")
+    code, stdout, stderr = train_rewriter(sft_files, out, "--resume")
+    assert code == 0, stderr
+    assert f"{out / 'checkpoint-4' / ADAPTER_DIR / 'adapter_model.safetensors'}: damaged" in stdout
+    assert f"continuing from {out / 'checkpoint-2'} at step 2/6" in stdout and "step 6/6" in stdout

@@ -165,6 +165,25 @@ def test_ask_teacher_skips_after_bounded_retries():
     assert skips[0]["last_reply"] == "nope"
 
 
+DEEP_REPLIES = ["[" * 1000, '{"failure_categories": ' + "[" * 5000, "[" * 500 + "]" * 500,
+                '{"general_skills": [{"skill_id": "a", "principle": "b", "when_to_apply": "c"}], "junk": '
+                + "[" * 500 + "]" * 500 + "}"]
+
+
+@pytest.mark.parametrize("reply", DEEP_REPLIES, ids=["unclosed", "unclosed-in-object", "closed", "in-a-library"])
+def test_deeply_nested_teacher_replies_are_reply_errors(reply):
+    """Every teacher-reply reader refuses JSON nested past 64 levels with TeacherReplyError (the error ask_teacher
+    retries and skips on), never RecursionError; a deep value that decodes is not kept either (it overflowed the
+    stack when the search checkpointed)."""
+    for parse in (masa_replies.parse_attribution, masa_replies.parse_strengths, masa_replies.parse_skillset_reply):
+        with pytest.raises(TeacherReplyError):
+            parse(reply)
+    teacher = FakeTeacher([reply, '{"strengths": ["facts"], "weaknesses": []}'])
+    out = masa.ask_teacher(teacher, [{"role": "user", "content": "q"}], masa_replies.parse_strengths, what="x",
+                           retries=1)
+    assert out == {"strengths": ["facts"], "weaknesses": []} and len(teacher.sent) == 2   # retried, not crashed
+
+
 def test_prompts_carry_their_inputs():
     card = ModelCard(name="tiny", weaknesses=["adds badly"])
     s = skillset(general=("Always end with Answer: N.",), typed={"math": ["Carry the one."]})
@@ -336,3 +355,29 @@ def test_one_shot_rewrite_accepts_dict_card_and_keeps_missing_types():
     prompt = teacher.sent[0][0][1]["content"]
     assert masa.ONESHOT_TASK in prompt and "num_layers: 30" in prompt and "old facts." in prompt
     assert masa.one_shot_rewrite(FakeTeacher(["no", "no", "no"]), card, base, "qa") is None
+
+
+def test_one_shot_reply_written_as_the_prompt_asks_keeps_its_skills():
+    """The one-shot prompt asks for the keys SkillSet.from_json reads: a reply written exactly in the asked-for form
+    gives the teacher's skills (names, bodies, descriptions), not skills named "skill" with an empty body."""
+    base = skillset(general=("old general.",), typed={"math": ["old math."]})
+    prompt = masa.oneshot_messages(ModelCard(name="t"), base, "qa tasks")[1]["content"]
+    asked = extract_json(prompt[prompt.index("Reply with JSON"):])        # the form the prompt shows
+    keys = list(asked["general_skills"][0])
+    assert keys == ["skill_id", "title", "principle", "when_to_apply"]
+
+    def entry(name, body, when):        # one skill, the prompt's keys in the prompt's order
+        return dict(zip(keys, (name, name.replace("-", " ").capitalize(), body, when)))
+    reply = json.dumps({"general_skills": [entry("short-answers", "Answer in one line.", "Every task.")],
+                        "task_specific_skills": {"math": [entry("carry-the-one", "Carry the one.", "Sums.")]},
+                        "common_mistakes": ["long answers"]})
+    out = masa.one_shot_rewrite(FakeTeacher([reply]), ModelCard(name="t"), base, "qa tasks")
+    assert [(s.name, s.body, s.description) for s in out.general] == [("short-answers", "Answer in one line.",
+                                                                         "Every task.")]
+    assert [(s.name, s.body) for s in out.task_specific["math"]] == [("carry-the-one", "Carry the one.")]
+    assert out.common_mistakes == ["long answers"]
+    # the prompt's own example reads back as the skill it shows
+    shown = SkillSet.from_json({**asked, "task_specific_skills": {}}).general[0]
+    example = asked["general_skills"][0]
+    assert (shown.name, shown.body, shown.description) == (example["skill_id"], example["principle"],
+                                                           example["when_to_apply"]) and shown.body

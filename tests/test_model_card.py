@@ -113,3 +113,41 @@ def test_json_cards_stay_strict_and_missing_files_are_named(tmp_path):
         ModelCard.load(tmp_path / "card.json")      # JSON has types: a string is no count there
     with pytest.raises(FileNotFoundError, match=r"model card .*nope\.yaml: no such file"):
         ModelCard.load(tmp_path / "nope.yaml")
+
+
+BIG = "9" * 5000
+UNREADABLE_CARDS = {  # file name, content, what the error must say (besides the file's name)
+    "not UTF-8, YAML": ("card.yaml", b"family: Qwen3\nvariant: 8B\xff\n", r"line 2: not UTF-8 text \(byte 0xff"),
+    "not UTF-8, JSON": ("card.json", b'{"family": "Qw\xc3"}', r"line 1: not UTF-8 text \(byte 0xc3"),
+    "5000 digits, YAML": ("card.yaml", f"family: Qwen3\nnum_layers: {BIG}\n".encode(),
+                          r"line 2: field 'num_layers' must be a whole number of at most 18 digits, got a 5000-digit"),
+    "5000 digits, JSON": ("card.json", f'{{"num_layers": {BIG}}}'.encode(),
+                          r"field 'num_layers' must be a non-negative integer of at most 18 digits.*5000-digit"),
+    "huge size, YAML": ("card.yaml", f"parameter_count: {BIG}B\n".encode(),
+                        r"line 1: field 'parameter_count' must be a whole number of at most 18 digits"),
+    "nested, JSON": ("card.json", ('{"strengths": ' + "[" * 900 + "]" * 900 + "}").encode(),
+                     r"field 'strengths' is nested more than 3 levels deep"),
+    "unclosed, JSON": ("card.json", ('{"strengths": ' + "[" * 5000).encode(), r"JSON nested too deeply to read"),
+}
+
+
+@pytest.mark.parametrize("name, content, message", list(UNREADABLE_CARDS.values()), ids=list(UNREADABLE_CARDS))
+def test_an_unreadable_card_names_the_file_and_the_line_or_field(tmp_path, name, content, message):
+    """Issue 22, point 18: invalid UTF-8 was a bare UnicodeDecodeError, a 5,000-digit num_layers Python's
+    integer-limit message; both readers (strict and lenient) now say which file, line or field."""
+    import rewrite
+    path = tmp_path / name
+    path.write_bytes(content)
+    for read in (ModelCard.load, lambda p: rewrite.load_model_card(str(p))):   # strict; lenient (read_card_file)
+        with pytest.raises(ValueError, match=message) as error:
+            read(path)
+        assert f"model card {path}" in str(error.value)
+
+
+def test_a_folder_as_card_says_it_is_a_folder(tmp_path):
+    """A folder given as the card said "no such file"; rewrite.py's reader names what the folder lacks."""
+    import rewrite
+    with pytest.raises(ValueError, match=rf"model card {tmp_path}: is a folder; a model card is a JSON or YAML file"):
+        ModelCard.load(tmp_path)
+    with pytest.raises(FileNotFoundError, match="holds neither model_card.json .* nor config.json"):
+        rewrite.load_model_card(str(tmp_path))

@@ -111,3 +111,31 @@ def test_extract_json_strict_reads_only_the_object_text():
 def test_parse_skillset_finds_the_library_after_other_json():
     reply = 'Scores were [0.2, 0.4]. New set:\n{"general_skills": [], "common_mistakes": ["Guessing."]}'
     assert parse_skillset(reply).common_mistakes == ["Guessing."]
+
+
+# Replies an LLM may write that nest past what anything asks for: unclosed brackets past Python's stack, and
+# closed ones that decode but would overflow the stack later (copy.deepcopy of a checkpoint, json.dumps).
+DEEP = {"unclosed [": "[" * 1000, "unclosed {": '{"a": ' * 1000, "long unclosed [": "[" * 100_000,
+        "closed, 500 deep": "[" * 500 + "]" * 500,
+        "library, 500 deep inside": '{"general_skills": [], "common_mistakes": ["x"], "junk": '
+                                    + "[" * 500 + "]" * 500 + "}"}
+
+
+@pytest.mark.parametrize("reply", list(DEEP.values()), ids=list(DEEP))
+def test_deeply_nested_json_is_no_json_never_a_recursion_error(reply):
+    """extract_json (both modes) says there is no JSON; parse_skillset reads such a reply as text or refuses it
+    with SkillParseError; neither lets a RecursionError out (it ended the run, and --resume again)."""
+    for strict in (False, True):
+        with pytest.raises(ValueError, match="no JSON object|nested more than 64 levels"):
+            extract_json(reply, strict=strict)
+    try:
+        skills = parse_skillset(reply)
+    except SkillParseError:
+        return
+    assert not any(s.metadata for s in skills.skills()) and skills.extra == {}   # nothing deep was kept
+
+
+def test_json_after_deep_prose_is_still_found():
+    assert extract_json("[" * 200 + "]" * 200 + ' then {"a": 1}') == {"a": 1}       # deep, closed: skipped
+    assert extract_json("[" * 2000 + '\n```json\n{"a": 1}\n```') == {"a": 1}       # a fenced block is read first
+    assert json.dumps(extract_json("[" * 64 + "]" * 64)) == "[" * 64 + "]" * 64    # 64 levels: still read

@@ -59,7 +59,7 @@ def assert_self_contained_and_escaped(text: str) -> None:
 def skill_r1_env(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("skill_r1")
     editor = make_tiny_model_dir(tmp / "editor", family="llama", chat_format="chatml", max_position_embeddings=1024)
-    suite = write_keyword_suite(tmp / "keywords.jsonl")
+    suite = write_keyword_suite(tmp / "keywords.jsonl", heldout=10)   # --eval's 1 x (4 + 2) and the probe's 4
     seed = tmp / "seed.txt"
     seed.write_text(f"Say yes. {XSS} It is about th.\n")      # holds KEYWORDS "is" and "th": solves tasks 0 and 3
     with start_server(ScriptedBackend(keyword_task_model, name="keywords")) as server:
@@ -67,7 +67,8 @@ def skill_r1_env(tmp_path_factory):
                                      "--seed-skills", str(seed), "-G", "2", "-K", "3", "--tasks-per-instance", "4",
                                      "--instances-per-step", "1", "--max-skill-tokens", "12", "--task-max-tokens",
                                      "4", "--steps", "2", "--save-every", "2", "--probe-every", "1",
-                                     "--probe-instances", "1", "--probe-candidates", "2"]}
+                                     "--probe-instances", "1", "--probe-candidates", "2", "--eval-instances", "1",
+                                     "--eval-tasks", "2"]}
 
 
 @pytest.fixture(scope="module")
@@ -334,9 +335,10 @@ def test_eval_report(eval_run, tmp_path):
     for row in record["rows"]:
         assert f"<td>{report.esc(row['name'])}</td><td class=\"num\">{row['success']:.3f}</td>" in text
     for c in record["paired"]:
-        assert f"<td>{c['gained']} / {c['lost']}</td><td class=\"num\">{c['p']:.3f}</td>" in text
+        assert f"<td class=\"num\">{c['p']:.3f}</td><td>{c['per_task_gained']} / {c['per_task_lost']}</td>" in text
+    assert "p (sign-flip, by instance)" in text and "per task: gained / lost" in text
     assert len(record["paired"]) == 3 + 2
-    assert text.count("instance heldout-") == len(record["instances"]) == 1        # 8 held-out tasks: one instance
+    assert text.count("instance heldout-") == len(record["instances"]) == 1        # --eval-instances 1
     assert text.count("the baseline of gained / lost") == 1 and text.count("of 2 tasks scored on both") == 3
     assert "what the editor wrote (2 generations)" in text
     u = record["usage"]
@@ -380,6 +382,86 @@ def test_not_a_run_and_malformed_lines_are_clear_errors(tmp_path, capsys):
     assert report.main([str(bad)]) == 2 and f"{bad / 'metrics.jsonl'}:2: expected a JSON object" in capsys.readouterr().err
     (bad / "metrics.jsonl").write_text('{"step": 0}\n')
     assert report.main([str(bad)]) == 2 and "lacks field(s) reward_per_generation" in capsys.readouterr().err
+
+
+def _edit_json(path: Path, edit) -> None:
+    data = json.loads(path.read_text())
+    edit(data)
+    path.write_text(json.dumps(data))
+
+
+def _edit_first_line(path: Path, edit) -> None:
+    lines = path.read_text().splitlines()
+    row = json.loads(lines[0])
+    edit(row)
+    path.write_text("\n".join([json.dumps(row), *lines[1:]]) + "\n")
+
+
+@pytest.mark.parametrize("run, file, edit, names", [
+    ("skill-r1", "metrics.jsonl:1", lambda row: row.update(reward_per_generation="abc"),
+     "field reward_per_generation: expected a list, got the string 'abc'"),
+    ("skill-r1", "metrics.jsonl:1", lambda row: row["probes"][0].update(reward_per_generation=[]),
+     "field probes[0].reward_per_generation: expected a list of at least one item"),
+    ("skill-r1", "lineage.jsonl:1", lambda row: row.update(skills="abc"), "field skills: expected a list"),
+    ("skill-r1", "lineage.jsonl:1", lambda row: row["skills"][1].update(reward=None),
+     "field skills[1].reward: expected a number, got null"),
+    ("masa", "state.json", lambda state: state["search"]["candidates"].__setitem__(0, None),
+     "field search.candidates[0]: expected an object, got null"),
+    ("masa", "state.json", lambda state: state.update(search="x"),
+     "field search: expected null or an object, got the string 'x'"),
+    ("masa", "state.json", lambda state: state.pop("args"), "not an evolve_masa.py state (no 'args')"),
+    ("masa", "state.json", lambda state: next(iter(state["search"]["trees"].values()))["root"]["children"][0]
+     .update(visits="many"), "root.children[0]: field visits: expected null or an integer, got the string 'many'"),
+    ("masa", "results.json", lambda results: results.update(heldout=5),
+     "field heldout: expected null or an object, got the number 5"),
+    ("compare", "compare.json", lambda compare: compare["results"].update(input=[]),
+     "field results['input']: expected an object, got a list of 0"),
+])
+def test_a_run_file_of_the_wrong_shape_is_an_error_naming_file_and_field(skill_r1_lineage_run, masa_run, compare_run,
+                                                                       tmp_path, capsys, run, file, edit, names):
+    """A hand-edited or damaged run file: exit 2 and a message naming FILE (:LINE) and the field, no traceback,
+    no page (each used to be a TypeError or AttributeError deep in the renderer)."""
+    folder = tmp_path / "run"
+    shutil.copytree({"skill-r1": skill_r1_lineage_run[0], "masa": masa_run, "compare": compare_run}[run], folder)
+    name, _, line = file.partition(":")
+    (_edit_first_line if line else _edit_json)(folder / name, edit)
+    assert report.main([str(folder), "-o", str(tmp_path / "r.html")]) == 2
+    err = capsys.readouterr().err
+    assert f"{folder / file}: " in err and names in err, err
+    assert not (tmp_path / "r.html").exists()
+
+
+def test_the_report_reads_no_file_linked_from_outside_the_run(skill_r1_run, tmp_path, capsys):
+    """metrics.jsonl a symbolic link to a file outside the run folder: refused naming it, nothing of it on a page
+    (it used to be embedded). A link inside the folder is fine."""
+    folder, outside = tmp_path / "run", tmp_path / "outside.jsonl"
+    shutil.copytree(skill_r1_run, folder)
+    (folder / "lineage.jsonl").unlink(missing_ok=True)   # (the page then shows each row's best_skill)
+    rows = (folder / "metrics.jsonl").read_text().splitlines()
+    outside.write_text("".join(json.dumps({**json.loads(r), "best_skill": "SECRET-OUTSIDE"}) + "\n" for r in rows))
+    (folder / "metrics.jsonl").unlink()
+    (folder / "metrics.jsonl").symlink_to(outside)
+    assert report.main([str(folder)]) == 2
+    err = capsys.readouterr().err
+    assert f"{folder / 'metrics.jsonl'}: a link out of the run folder" in err and "not read" in err, err
+    assert not (folder / "report.html").exists()
+    (folder / "kept.jsonl").write_text(outside.read_text())
+    (folder / "metrics.jsonl").unlink()
+    (folder / "metrics.jsonl").symlink_to("kept.jsonl")
+    assert report.main([str(folder)]) == 0 and "SECRET-OUTSIDE" in (folder / "report.html").read_text()
+
+
+def test_report_into_a_folder_writes_report_html_there(skill_r1_run, tmp_path, capsys):
+    """-o FOLDER (an existing folder) writes FOLDER/report.html; it used to be an IsADirectoryError traceback."""
+    folder = tmp_path / "pages"
+    folder.mkdir()
+    assert report.main([str(skill_r1_run), "-o", str(folder)]) == 0
+    assert (folder / "report.html").read_text().startswith("<!DOCTYPE html>")
+    assert f"wrote {folder / 'report.html'}" in capsys.readouterr().out
+    (folder / "report.html").unlink()
+    (folder / "report.html").mkdir()                # FOLDER/report.html a folder too: a clear error
+    assert report.main([str(skill_r1_run), "-o", str(folder)]) == 2
+    assert "is a folder" in capsys.readouterr().err
 
 
 def test_report_is_written_atomically_where_asked(skill_r1_run, tmp_path, capsys):

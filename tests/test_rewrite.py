@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from minskill.model_card import ModelCard
 from minskill.server import ScriptedBackend, start_server
@@ -79,6 +80,68 @@ def test_train_reports_bad_lines_and_writes_a_resumable_hf_run(trained, files):
     assert config["data_counts"]["malformed_lines"] == 1 and config["config"]["lr"] == 2e-2
 
 
+def train_briefly(files, out, *extra):
+    """6 optimizer steps, a checkpoint every 2 (the last 2 kept)."""
+    return run(["train", str(files["data"]), "--base-model", str(files["base"]), "--out", str(out), "--lr", "1e-2",
+                "--epochs", "6", "--batch-size", "2", "--micro-batch-size", "2", "--val-fraction", "0",
+                "--save-every", "2", "--device", "cpu", *extra])
+
+
+@pytest.fixture(scope="module")
+def brief(files):
+    out = files["root"] / "brief"
+    code, _, stderr = train_briefly(files, out)
+    assert code == 0, stderr
+    return out
+
+
+def truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[:len(path.read_bytes()) // 2])
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda ckpt: truncate(ckpt / "trainer_state.pt"), "trainer_state.pt: damaged, cannot be read"),
+    (lambda ckpt: (ckpt / "model.safetensors").unlink(), "neither model.safetensors"),
+    (lambda ckpt: truncate(ckpt / "model.safetensors"), "model.safetensors: damaged, not a readable safetensors"),
+])
+def test_train_resume_falls_back_past_a_damaged_newest_checkpoint(files, brief, tmp_path, damage, message):
+    """Issue 22, point 13: a damaged newest checkpoint was a traceback although an intact one came before it."""
+    out = tmp_path / "cut"
+    assert train_briefly(files, out, "--max-steps", "4")[0] == 0      # checkpoint-2 and checkpoint-4
+    damage(out / "checkpoint-4")
+    code, stdout, stderr = train_briefly(files, out, "--resume")
+    assert code == 0, stderr
+    assert f"{out / 'checkpoint-4'}" in stdout and message in stdout
+    assert f"falling back to the earlier {out / 'checkpoint-2'}" in stdout
+    assert f"continuing from {out / 'checkpoint-2'} at step 2/6" in stdout
+    a, b = (load_file(str(run_dir / "final" / "model.safetensors")) for run_dir in (brief, out))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)   # as if never interrupted
+
+
+def test_train_resume_with_every_checkpoint_damaged_names_each(files, tmp_path):
+    out = tmp_path / "cut"
+    assert train_briefly(files, out, "--max-steps", "4")[0] == 0
+    truncate(out / "checkpoint-4" / "trainer_state.pt")
+    (out / "checkpoint-2" / "config.json").write_text("{")
+    code, stdout, stderr = train_briefly(files, out, "--resume")
+    assert code == 1 and "--resume: no checkpoint can be loaded" in stderr
+    assert f"{out / 'checkpoint-4' / 'trainer_state.pt'}: damaged" in stderr
+    assert f"{out / 'checkpoint-2' / 'config.json'}: damaged, not readable JSON" in stderr
+
+
+def test_train_resume_without_a_checkpoint_is_refused_and_writes_nothing(files, tmp_path):
+    """Issue 22, point 15: it used to start a fresh run silently."""
+    for out in (tmp_path / "absent", tmp_path / "half"):
+        if out.name == "half":
+            out.mkdir()
+            (out / "metrics.jsonl").write_text("")
+        before = sorted(out.rglob("*")) if out.exists() else None
+        code, stdout, stderr = train_briefly(files, out, "--resume")
+        assert code == 1 and stdout == ""
+        assert f"--resume: nothing to resume in {out}" in stderr and "run without --resume to start" in stderr
+        assert (sorted(out.rglob("*")) if out.exists() else None) == before
+
+
 def test_apply_writes_the_rewritten_skills_as_a_validated_folder(trained, files):
     out = files["root"] / "adapted"
     code, stdout, stderr = run(["apply", "--rewriter", str(trained[0]), "--model-card", str(files["card"]),
@@ -92,6 +155,22 @@ def test_apply_writes_the_rewritten_skills_as_a_validated_folder(trained, files)
     code, _, stderr = run(["apply", "--rewriter", str(trained[0]), "--model-card", str(files["card"]),
                            "--skills", str(files["skills"]), "--task", TASK, "--out", str(out), "--device", "cpu"])
     assert code == 1 and "--overwrite" in stderr
+
+
+def test_apply_overwrite_replaces_only_a_skill_set_and_refuses_before_the_rewriter_runs(files, tmp_path,
+                                                                                         monkeypatch):
+    """--overwrite onto a folder that is not a skill set (a work tree, a link to one): refused naming it before
+    any model loads, nothing deleted (SkillSet.save refused it only after the rewrite, as "does not parse")."""
+    (tmp_path / "repo" / ".git").mkdir(parents=True)
+    (tmp_path / "repo" / "general").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "repo", target_is_directory=True)
+    monkeypatch.setattr(rewrite, "load_model", lambda *a, **k: pytest.fail("the rewriter was loaded"))
+    for out, why in ((tmp_path / "repo", "not a skill set (it holds ['.git'])"),
+                     (tmp_path / "link", "exists and is not a folder")):
+        code, _, stderr = run(["apply", "--rewriter", str(files["base"]), "--model-card", str(files["card"]),
+                               "--skills", str(files["skills"]), "--task", TASK, "--out", str(out), "--overwrite"])
+        assert code == 1 and str(out) in stderr and why in stderr, stderr
+    assert (tmp_path / "repo" / ".git").is_dir() and (tmp_path / "link").is_symlink()
 
 
 def test_apply_saves_an_unparseable_output_raw_and_writes_no_skill(files):
@@ -119,6 +198,15 @@ def test_parse_rewriter_output():
         rewrite.parse_rewriter_output('{"answer": 3}')
     with pytest.raises(ValueError, match="not a valid MASA skill library"):
         rewrite.parse_rewriter_output('{"general_skills": "oops"}')
+
+
+@pytest.mark.parametrize("text", ['{"general_skills": ' + "[" * 1000, "{" + '"a": {' * 2000,
+                                  '{"general_skills": [], "common_mistakes": ["x"], "junk": ' + "[" * 500 + "]" * 500
+                                  + "}"], ids=["unclosed", "unclosed-objects", "closed-500-deep"])
+def test_parse_rewriter_output_refuses_deep_nesting_with_its_value_error(text):
+    """A rewriter reply nested past 64 levels is the ordinary ValueError (apply saves it raw), never RecursionError."""
+    with pytest.raises(ValueError, match="nested more than 64 levels"):
+        rewrite.parse_rewriter_output(text)
 
 
 def test_parse_rewriter_output_merges_a_skill_set_split_over_objects():
@@ -178,3 +266,60 @@ def test_apply_compare_prints_one_table_of_input_rewritten_and_teacher(trained, 
                for k in ("request_seconds", "busy_seconds", "wall_seconds"))
     rewriter = costs["rewriter"]
     assert rewriter["calls"] == 1 and 0 < rewriter["completion_tokens"] <= 40 and rewriter["wall_seconds"] > 0
+    # a second comparison into the same OUT-compare is refused before anything runs (the run-folder rule)
+    compared = files["root"] / "compared-compare"
+    again = ["apply", "--compare", "--rewriter", str(trained[0]), "--model-card", str(files["card"]), "--skills",
+             str(files["skills"]), "--task", TASK, "--out", str(files["root"] / "other"), "--compare-out",
+             str(compared), "--suite", str(tasks), "--task-url", "http://127.0.0.1:9/v1"]
+    for extra, refusal in (([], f"--out {compared} is not empty .*--overwrite"),
+                           (["--overwrite"], "not a minskill run folder")):
+        if extra:
+            (compared / ".minskill-run").unlink()       # a folder no run started in: --overwrite refuses too
+        before = {p: p.read_bytes() for p in compared.rglob("*") if p.is_file()}
+        with pytest.raises(SystemExit, match=refusal):
+            run(again + extra)
+        assert {p: p.read_bytes() for p in compared.rglob("*") if p.is_file()} == before
+    assert not (files["root"] / "other").exists()
+
+
+def test_apply_gives_the_rewriter_the_card_and_task_its_sft_records_hold(trained, files, tmp_path, monkeypatch):
+    """Issue 22, point 3: `apply --model-card smollm2-135m` (and transfer's embedded targets) built a thinner card
+    than evolve_masa.py's (six fields differed), and --task was free text where the records hold the suite's
+    description. Now both build the card with evolve_masa.py's builder and --task qa stands for the records'
+    description. (The embedded default's folder is faked in a temporary MINSKILL_CACHE: only config.json is read.)"""
+    import sys
+    sys.path.insert(0, str(ROOT))
+    import evolve_masa
+    from minskill.weights import CONVERTED_FILES, DEFAULT_MODEL
+    folder = tmp_path / "cache" / DEFAULT_MODEL
+    folder.mkdir(parents=True)
+    for name in CONVERTED_FILES:
+        (folder / name).write_text("")
+    (folder / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 49152, "hidden_size": 576,
+        "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
+        "max_position_embeddings": 8192, "tie_word_embeddings": True}))
+    monkeypatch.setenv("MINSKILL_CACHE", str(tmp_path / "cache"))
+    parser = evolve_masa.build_parser()
+    train_args = parser.parse_args(["--suite", "qa", "--out", str(tmp_path / "masa")])   # the embedded target
+    run_setup = evolve_masa.set_up(parser, train_args)          # no model call: the card and the tasks
+    record_card = evolve_masa.initial_card(run_setup.args, None).to_json()   # before the teacher's summary
+    seen = {}
+
+    def spy(model, tokenizer, card, skills, task, *rest):
+        seen.update(card=card, task=task)
+        return '{"common_mistakes": ["x"]}', "stop"
+    monkeypatch.setattr(rewrite, "rewrite_with_model", spy)
+    code, _, stderr = run(["apply", "--rewriter", str(trained[0]), "--model-card", DEFAULT_MODEL, "--skills",
+                           str(files["skills"]), "--task", "qa", "--out", str(tmp_path / "out"), "--device", "cpu"])
+    assert code == 0, stderr
+    assert record_card["family"] == "SmolLM2" and record_card["training_data_size"] == "2T tokens"
+    for field, value in record_card.items():
+        assert (field, seen["card"][field]) == (field, value)
+    assert seen["card"] == record_card
+    assert seen["task"] == run_setup.task_description and seen["task"].startswith("Suite 'qa'")
+    assert "has no strengths or weaknesses" in stderr       # said: only a run folder's card has the teacher's
+    from minskill import transfer                           # transfer's embedded target: the same builder
+    (target,) = transfer.load_targets(transfer.build_parser().parse_args(
+        ["--libraries", "builtin", "--targets", f"f={DEFAULT_MODEL}", "--rewriter", str(trained[0])]))
+    assert target.card == record_card

@@ -428,6 +428,16 @@ def test_evaluation_command(serve, tmp_path, capsys):
     assert json.loads((out / "summary.json").read_text())["success_rate"] == 0.25
 
 
+def test_evaluation_command_with_replies_holding_lone_surrogates(serve, tmp_path):
+    """Issue 22, point 8: "\\ud800" in a reply (valid JSON, no Unicode text) killed writing trajectories.jsonl."""
+    client = serve(lambda messages, request: "The answer is 1.\ud800")
+    out = tmp_path / "run"
+    assert rollout.main(["--suite", "qa", "--split", "heldout", "--n-tasks", "3", "--task-url", client.base_url,
+                         "--task-model", client.model, "--out", str(out)]) == 0
+    replies = [t.messages[-1]["content"] for t in load_trajectories(out / "trajectories.jsonl")]
+    assert replies == ["The answer is 1.\ufffd"] * 3
+
+
 def test_evaluation_command_help_and_bad_input(capsys, tmp_path):
     with pytest.raises(SystemExit) as exit_info:
         rollout.main(["--help"])

@@ -14,7 +14,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the scripts l
 import evolve_masa  # noqa: E402
 import rewrite  # noqa: E402
 import train_grpo  # noqa: E402
-from minskill.runs import RunFolderError, check_run_folder, lr_factor, open_run_folder  # noqa: E402
+from minskill import transfer  # noqa: E402
+from minskill.runs import RUN_MARKER, RunFolderError, check_run_folder, lr_factor, open_run_folder  # noqa: E402
 
 
 def snapshot(folder: Path) -> dict:
@@ -29,6 +30,7 @@ def earlier_run(tmp_path):
     (out / "metrics.jsonl").write_text('{"step": 0}\n{"step": 1}\n')
     (out / "run_config.json").write_text('{"earlier": true}\n')
     (out / "state.json").write_text('{"version": 1}\n')
+    (out / RUN_MARKER).write_text("a run folder\n")          # what every run writes where it starts
     return out
 
 
@@ -69,7 +71,69 @@ def test_empty_or_absent_out_and_resume_are_allowed(tmp_path, earlier_run):
 def test_overwrite_clears_the_folder_but_what_it_keeps(earlier_run):
     (earlier_run / "target_cache.jsonl").write_text('{"cached": 1}\n')
     open_run_folder(earlier_run, resume=False, overwrite=True, script="x", keep=("target_cache.jsonl",))
-    assert sorted(p.name for p in earlier_run.iterdir()) == ["target_cache.jsonl"]
+    assert sorted(p.name for p in earlier_run.iterdir()) == [RUN_MARKER, "target_cache.jsonl"]
+
+
+def test_a_new_run_marks_its_folder_and_a_folder_holding_only_the_mark_is_empty(tmp_path):
+    out = open_run_folder(tmp_path / "new", resume=False, overwrite=False, script="x")
+    assert [p.name for p in out.iterdir()] == [RUN_MARKER]
+    check_run_folder(out, resume=False, overwrite=False, script="x")      # killed right after: start again
+    (out / "metrics.jsonl").write_text("{}\n")
+    open_run_folder(out, resume=False, overwrite=True, script="x")       # marked: --overwrite replaces it
+    assert [p.name for p in out.iterdir()] == [RUN_MARKER]
+
+
+def _not_runs(tmp_path: Path, monkeypatch) -> dict[str, str]:
+    """Folders --overwrite must not clear, each holding a file and the run marker (but the last): the parent
+    of the current folder (itself a run folder), a git work tree, a symbolic link to a run folder, a folder
+    that no run started in."""
+    for name in ("parent", "parent/cwd", "repo", "real", "plain"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "precious.txt").write_text(name)
+        if name != "plain":
+            (tmp_path / name / RUN_MARKER).write_text("a run folder\n")
+    (tmp_path / "repo" / ".git").mkdir()
+    (tmp_path / "repo" / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    (tmp_path / "link").symlink_to(tmp_path / "real", target_is_directory=True)
+    monkeypatch.chdir(tmp_path / "parent" / "cwd")
+    return {"..": "the current folder or one above it", str(tmp_path / "repo"): "holds .git",
+            str(tmp_path / "link"): "it is a symbolic link", str(tmp_path / "plain"): "not a minskill run folder"}
+
+
+def test_overwrite_refuses_what_is_not_a_run_folder_and_deletes_nothing(tmp_path, monkeypatch):
+    not_runs = _not_runs(tmp_path, monkeypatch)
+    before = snapshot(tmp_path)
+    for out, why in not_runs.items():
+        with pytest.raises(RunFolderError, match=f"refuses to clear .*{why}"):
+            open_run_folder(out, resume=False, overwrite=True, script="x")
+    assert snapshot(tmp_path) == before and (tmp_path / "link").is_symlink()
+
+
+def _transfer(out):
+    try:
+        return transfer.main(["--suite", "qa", "--n-heldout", "1", "--libraries", "none", "--targets",
+                              "a=http://127.0.0.1:9/v1", "--out", out, "--overwrite"])
+    except SystemExit as e:
+        raise SystemExit(str(e.code)) from None
+
+
+@pytest.mark.parametrize("script, argv", [
+    ("train_grpo.py", lambda out: train_grpo.main(["--out", out, "--overwrite", "--task-url", "http://127.0.0.1:9/v1"])),
+    ("rewrite.py train", lambda out: rewrite.main(["train", "x.jsonl", "--out", out, "--overwrite"])),
+    ("evolve_masa.py", lambda out: evolve_masa.main(["--out", out, "--overwrite", "--target-url",
+                                                     "http://127.0.0.1:9/v1"])),
+    ("evolve_masa.py --merge", lambda out: evolve_masa.main(["--merge", "x", "--out", out, "--overwrite"])),
+    ("minskill.transfer", _transfer),
+])
+def test_every_script_refuses_to_overwrite_what_is_not_a_run(tmp_path, monkeypatch, capsys, script, argv):
+    not_runs = _not_runs(tmp_path, monkeypatch)
+    before = snapshot(tmp_path)
+    for out, why in not_runs.items():
+        with pytest.raises(SystemExit) as refused:
+            argv(out)
+        message = str(refused.value.code) + capsys.readouterr().err
+        assert "refuses to clear" in message and why in message, message
+    assert snapshot(tmp_path) == before
 
 
 def test_resume_and_overwrite_together_and_a_file_as_out_are_refused(tmp_path, earlier_run):
@@ -138,6 +202,25 @@ def test_checkpoint_holds_the_state_and_the_rng_and_leaves_no_staging(tmp_path):
     state = load_trainer_state(tmp_path / "checkpoint")            # restores the RNG states it holds
     assert state["step"] == 3 and (random.random(), float(torch.rand(()))) == expected
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint"]
+
+
+def test_a_damaged_trainer_state_is_an_error_naming_the_file(tmp_path):
+    """Issue 22, point 13: a truncated trainer_state.pt was torch's traceback."""
+    import torch
+    from minskill.runs import TRAINER_STATE, load_trainer_state, save_checkpoint
+    save_checkpoint(tmp_path / "checkpoint", Saves("a"), Saves("a"), {"step": 3})
+    path = tmp_path / "checkpoint" / TRAINER_STATE
+    assert load_trainer_state(tmp_path / "checkpoint", required=("step", "rng"))["step"] == 3
+    with pytest.raises(ValueError, match=f"{path}: not a trainer state \\(no 'optimizer'\\)"):
+        load_trainer_state(tmp_path / "checkpoint", required=("step", "optimizer"))
+    whole = path.read_bytes()
+    for data, why in ((whole[:len(whole) // 2], ""), (b"", "the file ends early")):
+        path.write_bytes(data)
+        with pytest.raises(ValueError, match=f"{path}: damaged, cannot be read .*{why}"):
+            load_trainer_state(tmp_path / "checkpoint")
+    torch.save([1, 2], path)
+    with pytest.raises(ValueError, match=f"{path}: not a trainer state \\(a list, not a dict\\)"):
+        load_trainer_state(tmp_path / "checkpoint")
 
 
 def test_a_save_killed_between_its_renames_leaves_the_old_checkpoint(tmp_path, monkeypatch):

@@ -640,6 +640,25 @@ def test_special_token_text_in_content_is_plain_text(tiny_server, tiny_backend):
     assert tiny_server.client().chat(injected, max_tokens=1).prompt_tokens == len(injected_ids)
 
 
+def test_a_body_shorter_than_its_content_length_is_a_400_not_served():
+    """Issue 22, point 17: a client that half-closes after part of the body (here a prefix that is complete
+    JSON) got the prefix served as the whole request."""
+    calls = []
+    with start_server(ScriptedBackend(lambda messages, request: calls.append(messages) or "echo")) as server:
+        body = json.dumps({"messages": USER}).encode()
+        with socket.create_connection((server.host, server.port), timeout=30) as connection:
+            connection.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s"
+                               % (len(body) + 40, body))
+            connection.shutdown(socket.SHUT_WR)          # half-close: the rest never comes
+            reply = b""
+            while chunk := connection.recv(65536):
+                reply += chunk
+        head, _, payload = reply.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 400") and calls == []
+        assert f"ended after {len(body)} of the {len(body) + 40} bytes" in json.loads(payload)["error"]["message"]
+        assert server.client(max_retries=0).chat(USER).text == "echo"   # still serving
+
+
 # ---- stalled clients ------------------------------------------------------------------------------
 def closed_by_server(connection, within: float) -> bool:
     """True if the server closes `connection` within `within` seconds (what it sent first is ignored)."""

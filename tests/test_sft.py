@@ -71,6 +71,18 @@ def test_invalid_utf8_is_reported_with_file_and_line_not_replaced(tmp_path):
     assert problems[0].startswith(f"{path}:2: skipped: not UTF-8")
 
 
+def test_a_record_with_a_lone_surrogate_is_reported_with_file_and_line_and_skipped(tmp_path):
+    """Issue 22, point 8: "\\ud800" is valid JSON but no text; the tokenizer raised on it (a traceback)."""
+    good = json.dumps(record("alpha", "Carry the one."))
+    path = tmp_path / "data.jsonl"
+    path.write_text(good + "\n" + good.replace("Carry", "C\\ud800rry") + "\n" + good + "\n")
+    warnings = []
+    records, problems = sft.read_records([path], warn=warnings.append)
+    assert records == [record("alpha", "Carry the one.")] * 2
+    assert problems == warnings == [f"{path}:2: skipped: skills_out.common_mistakes[0] is not Unicode text "
+                                    "(a lone surrogate: a \\ud800-\\udfff escape without its pair)"]
+
+
 @pytest.mark.parametrize("chat_format", ["chatml", "llama3"])
 def test_loss_mask_covers_exactly_the_target_tokens(tmp_path, chat_format):
     tok = Tokenizer.from_pretrained(make_tiny_tokenizer_dir(tmp_path / chat_format, chat_format))

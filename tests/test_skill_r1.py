@@ -35,12 +35,12 @@ def keyword_task_model(messages, request):
     return "yes" if KEYWORDS[k] in system else "no"
 
 
-def write_keyword_suite(path: Path) -> Path:
-    """The keyword suite as a JSONL file for the scripts: 8 training and 8 held-out tasks "Item i: solve task
-    i % 4" (keyword_task_model reads the last number)."""
+def write_keyword_suite(path: Path, heldout: int = 8) -> Path:
+    """The keyword suite as a JSONL file for the scripts: 8 training and `heldout` held-out tasks "Item i: solve
+    task i % 4" (keyword_task_model reads the last number)."""
     path.write_text("".join(json.dumps({"id": f"{split}-{i}", "type": "keywords", "question": f"Item {i}: solve task "
                                         f"{i % 4}", "answer": "yes", "verifier": "exact", "split": split}) + "\n"
-                            for split in ("train", "heldout") for i in range(8)))
+                            for split, n in (("train", 8), ("heldout", heldout)) for i in range(n)))
     return path
 
 
@@ -220,18 +220,21 @@ def test_make_instances_groups_by_type():
 # ------------------------------------------------------------------------------------------ learning
 
 
-def test_bilevel_grpo_raises_the_reward_of_a_tiny_editor(editor_dir, task_server):
-    """15 steps of bi-level GRPO (λ = 0.5, K = 4, G = 2, 2 instances a step, 32-token skills, AdamW lr 1e-2).
-    Measured with exactly this loop (mean candidate reward of the first 3 steps -> last 3 steps), tiny editors
-    made with seeds 0-4: 0.31 -> 0.90, 0.28 -> 0.77, 0.34 -> 0.83, 0.26 -> 0.72, 0.26 -> 0.93 (smallest gain
-    +0.47; with λ = 0 the gains were +0.59 to +0.69). The threshold +0.25 leaves a wide margin. About 20-30 s
-    on one busy core."""
+@pytest.mark.parametrize("scale_by_std", [True, False], ids=["scale-by-std", "no-scale-by-std"])
+def test_bilevel_grpo_raises_the_reward_of_a_tiny_editor(editor_dir, task_server, scale_by_std):
+    """15 steps of bi-level GRPO (λ = 0.5, K = 4, G = 2, 2 instances a step, 32-token skills, AdamW lr 1e-2),
+    with A_intra divided by the group's std (train_grpo's default) and without. Measured with exactly this loop
+    (mean candidate reward of the first 3 steps -> last 3 steps), tiny editors made with seeds 0-4:
+    scaled +0.52, +0.65, +0.65, +0.69, +0.65 (mean +0.63); unscaled +0.58, +0.49, +0.50, +0.47, +0.67 (mean
+    +0.54). The threshold +0.25 leaves a wide margin. About 20-30 s each on one busy core."""
     torch.manual_seed(0)
     editor, tok = load_model(str(editor_dir))
-    assert_learning_raises_the_reward(editor, tok, task_server.client(), editor.parameters(), lr=1e-2, steps=15)
+    assert_learning_raises_the_reward(editor, tok, task_server.client(), editor.parameters(), lr=1e-2, steps=15,
+                                      scale_by_std=scale_by_std)
 
 
-def assert_learning_raises_the_reward(editor, tok, client, params, lr: float, steps: int) -> None:
+def assert_learning_raises_the_reward(editor, tok, client, params, lr: float, steps: int,
+                                      scale_by_std: bool = True) -> None:
     """The learning tests' loop (this file's and test_lora's): `steps` of bi-level GRPO (λ = 0.5, K = 4, G = 2,
     2 instances a step, 32-token skills, AdamW at `lr` over `params`); the mean candidate reward of the last 3
     steps must be at least 0.25 above that of the first 3."""
@@ -243,7 +246,7 @@ def assert_learning_raises_the_reward(editor, tok, client, params, lr: float, st
     for step in range(steps):
         editor.eval()
         evolutions = evolve_batch(editor, tok, client, instances, cfg, seeds=[step * 10 + j for j in range(2)])
-        candidates = assign_advantages(evolutions, lam=0.5)
+        candidates = assign_advantages(evolutions, lam=0.5, scale_by_std=scale_by_std)
         editor.train()
         stats = train_grpo.policy_update(editor, None, optimizer, candidates, args)
         assert stats["ratio_mean"] == pytest.approx(1.0) and stats["logp_mismatch"] < 1e-4

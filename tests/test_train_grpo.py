@@ -3,6 +3,8 @@
 the --eval table, and the plain message when a multi-turn suite gives no reward at all."""
 import io
 import json
+import re
+import shutil
 import sys
 from contextlib import redirect_stdout
 from pathlib import Path
@@ -100,7 +102,7 @@ def test_smoke_run_writes_checkpoint_metrics_and_picture(straight_run):
     assert logits.shape[-1] == editor.config.vocab_size and torch.isfinite(logits).all()
     state = torch.load(out / "checkpoint" / "trainer_state.pt", weights_only=False)
     assert state["step"] == 4 and len(state["metrics"]) == 4 and "optimizer" in state and "rng" in state
-    assert [p.name for p in out.iterdir() if p.name.startswith(".")] == []   # no staging folder left
+    assert [p.name for p in out.iterdir() if p.name.startswith(".")] == [".minskill-run"]   # no staging left
 
 
 class GradRecorder:
@@ -176,6 +178,23 @@ def crash_after_checkpoint(monkeypatch, flags: list[str], step: int, error: type
     monkeypatch.setattr(train_grpo, "save_checkpoint", save)
 
 
+def test_resume_refuses_a_lineage_line_without_a_step_naming_it(editor_dir, suite_file, task_url, tmp_path,
+                                                                 monkeypatch):
+    """A lineage.jsonl record without an integer "step" (edited, or another file): --resume exits naming
+    FILE:LINE and the field before it writes anything (it used to be a KeyError traceback)."""
+    out = tmp_path / "resumed"
+    flags = common_flags(editor_dir, suite_file, task_url, out) + ["--steps", "2", "--save-every", "1"]
+    crash_after_checkpoint(monkeypatch, flags, step=1)
+    with open(out / "lineage.jsonl", "a") as f:
+        f.write(json.dumps({"instance": "no step"}) + "\n")
+    n = len((out / "lineage.jsonl").read_text().splitlines())
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    with pytest.raises(SystemExit, match=rf"--resume: {re.escape(str(out / 'lineage.jsonl'))}:{n}: lacks the "
+                                         rf"field 'step'"):
+        train_grpo.main(flags + ["--resume"])
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+
+
 def test_resume_equals_the_uninterrupted_run(straight_run, editor_dir, suite_file, task_url, tmp_path, monkeypatch,
                                              capsys):
     out = tmp_path / "resumed"
@@ -229,6 +248,32 @@ def test_resume_without_checkpoint_says_so(tmp_path, editor_dir, suite_file, tas
         train_grpo.main(common_flags(editor_dir, suite_file, task_url, tmp_path) + ["--resume"])
 
 
+def truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[:len(path.read_bytes()) // 2])
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda ckpt: truncate(ckpt / "trainer_state.pt"), "trainer_state.pt: damaged, cannot be read"),
+    (lambda ckpt: (ckpt / "trainer_state.pt").write_bytes(b""), "trainer_state.pt: damaged, cannot be read"),
+    (lambda ckpt: (ckpt / "model.safetensors").unlink(), "neither model.safetensors"),
+    (lambda ckpt: truncate(ckpt / "model.safetensors"), "model.safetensors: damaged, not a readable safetensors"),
+    (lambda ckpt: (ckpt / "config.json").write_text('{"model_type": '), "config.json: damaged, not readable JSON"),
+])
+def test_resume_of_a_damaged_checkpoint_names_the_file_and_writes_nothing(straight_run, editor_dir, suite_file,
+                                                                          task_url, tmp_path, damage, message):
+    """Issue 22, point 13: each was a traceback; the run keeps one checkpoint, so there is nothing older to use."""
+    out = tmp_path / "run"
+    shutil.copytree(straight_run[0], out)
+    damage(out / "checkpoint")
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    with pytest.raises(SystemExit) as caught:
+        train_grpo.main(common_flags(editor_dir, suite_file, task_url, out) + ["--steps", "4", "--resume"])
+    text = str(caught.value.code)
+    assert text.startswith("--resume: ") and message in text and str(out / "checkpoint") in text
+    assert "no earlier checkpoint" in text and "--overwrite" in text
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+
+
 def test_beta_keeps_a_reference_and_reports_kl_with_bf16_and_checkpointing(editor_dir, suite_file, task_url, tmp_path, capsys):
     out = tmp_path / "beta"
     flags = common_flags(editor_dir, suite_file, task_url, out) + ["--steps", "1", "--beta", "0.1", "--ppo-epochs",
@@ -277,7 +322,7 @@ def test_eval_prints_the_papers_rows(straight_run, editor_dir, suite_file, task_
     assert paired[0].startswith("| row | against | paired difference") and len(paired) == 2 + 4 + 3
     success = {line.split("|")[1].strip().split(":")[0]: float(line.split("|")[2].split()[0]) for line in table[2:]}
     for line in paired[2:]:
-        row, against, diff, counts, p = [c.strip() for c in line.split("|")[1:-1]]
+        row, against, diff, p, counts = [c.strip() for c in line.split("|")[1:-1]]
         gained, lost = (int(x) for x in counts.split(" / "))
         assert 0.0 <= float(p) <= 1.0 and gained + lost <= 4
         assert float(diff.split()[0]) == pytest.approx(success[row.split(":")[0]] - success[against.split(":")[0]],
@@ -312,8 +357,9 @@ def check_eval_folder(out, printed):
             assert (row["kl"] is None) == (row["spec"] == record["flags"]["editor"])
     printed_paired = [[c.strip() for c in line.split("|")[1:-1]] for line in lines[lines.index(
         next(line for line in lines if line.startswith("| row |"))) + 1:]]
-    assert [[p["row"], p["against"], f"{p['gained']} / {p['lost']}", f"{p['p']:.3f}"] for p in record["paired"]] == \
-           [[c[0], c[1], c[3], c[4]] for c in printed_paired]
+    assert [[p["row"], p["against"], f"{p['p']:.3f}", f"{p['per_task_gained']} / {p['per_task_lost']}"]
+            for p in record["paired"]] == [[c[0], c[1], c[3], c[4]] for c in printed_paired]
+    assert all(p["instances"] == len(record["instances"]) and p["test"] == "exact" for p in record["paired"])
     assert record["usage"]["calls"] == sum(r["eval_calls"] + r["evolve_calls"] for r in record["rows"])
     return record
 
@@ -336,7 +382,8 @@ def test_held_out_probe_every_m_steps_on_instances_eval_never_uses(editor_dir, s
     held-out instances with the same seeds (the seed skill's probe reward never moves), records each probe in
     its step's metrics row, draws it in reward_curve.svg, and takes instances that --eval does not use."""
     flags = common_flags(editor_dir, suite_file, task_url, tmp_path) + ["--steps", "3", "--probe-every", "2",
-                                                                         "--probe-instances", "1"]
+                                                                         "--probe-instances", "1",
+                                                                         "--eval-instances", "1", "--eval-tasks", "2"]
     assert train_grpo.main(flags) == 0
     printed = capsys.readouterr().out
     rows = read_rows(tmp_path)
@@ -348,7 +395,7 @@ def test_held_out_probe_every_m_steps_on_instances_eval_never_uses(editor_dir, s
     assert len({pr["reward_per_generation"][0] for _, pr in probes}) == 1
     assert "held-out probe after 0 steps" in printed and "held-out probe after 3 steps" in printed
     assert "probe: candidates" in (tmp_path / "reward_curve.svg").read_text()
-    args = train_grpo.parse_args(flags + ["--eval-instances", "1", "--eval-tasks", "2"])
+    args = train_grpo.parse_args(flags)
     probe_ids = {t.id for x in probe_instances(args) for t in x.tasks}
     evo, test = heldout_instances(args)
     eval_ids = {t.id for x in evo for t in x.tasks} | {t.id for ts in test for t in ts}

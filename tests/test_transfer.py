@@ -24,6 +24,7 @@ sys.path.insert(0, str(ROOT))
 
 from minskill import transfer  # noqa: E402
 from minskill.report_transfer import load_transfer, render_transfer  # noqa: E402
+from minskill.runs import RUN_MARKER  # noqa: E402
 from minskill.server import ScriptedBackend, start_server  # noqa: E402
 from minskill.skillsets import SkillSet  # noqa: E402
 from test_evolve_masa import skill  # noqa: E402
@@ -230,6 +231,9 @@ def test_a_non_empty_out_is_refused_without_overwrite(env, tmp_path):
             "--targets", f"a={env['urls']['alpha-model']}", "--out", tmp_path]
     code, _, stderr = run_main(argv)
     assert code == 2 and "--overwrite" in stderr and (tmp_path / "keep.txt").exists()
+    code, _, stderr = run_main(argv + ["--overwrite"])     # no run started there: not cleared
+    assert code == 2 and "not a minskill run folder" in stderr and (tmp_path / "keep.txt").exists()
+    (tmp_path / RUN_MARKER).write_text("")                 # as if a run had started there
     code, _, stderr = run_main(argv + ["--overwrite"])
     assert code == 0, stderr
     assert not (tmp_path / "keep.txt").exists() and cells_of(tmp_path)[("none", "a")]["success"] == 0.5  # tasks 0, 1: solves 0
@@ -429,6 +433,62 @@ def test_resume_without_a_readable_transfer_json_is_refused(tmp_path, content, n
     assert code == 2 and "--resume needs --out" in stderr
     code, _, stderr = run_main(["--out", out])
     assert code == 2 and "--libraries and --targets are required" in stderr
+
+
+def files_outside(root: Path, out: Path) -> list:
+    return sorted(p for p in root.rglob("*") if p.is_file() and not p.is_relative_to(out))
+
+
+@pytest.mark.parametrize("label", ["ABSOLUTE", "../../escaped+rw", "alpha/../../../x+rw", "alpha+rw/../../y"])
+def test_resume_refuses_a_saved_row_whose_label_is_a_path_and_writes_nothing_outside(partial, tmp_path, label):
+    """A rewritten row's label names its trajectories file: one that is a path (absolute, or with '..') used to
+    be written there (plus .jsonl) on --resume; now the saved run is refused, naming the field."""
+    label = str(tmp_path / "outside" / "evil+rw") if label == "ABSOLUTE" else label
+    for target in ("alpha", "beta", "other"):      # the rewrites the row would read back
+        SkillSet(general=[skill("tip", "ALPHA-TIP: answer.")]).save(partial / "rewritten" / target / "alpha")
+    run = json.loads((partial / "transfer.json").read_text())
+    run["libraries"].append({"label": label, "rewritten_from": "alpha", "unparsed": {}, "spec": "x on alpha"})
+    (partial / "transfer.json").write_text(json.dumps(run))
+    before = files_outside(tmp_path, partial)
+    CALLS.clear()
+    code, _, stderr = run_main(["--resume", "--out", partial])
+    assert code == 2 and "transfer.json: field libraries[3].label" in stderr and "not a library label" in stderr, stderr
+    assert files_outside(tmp_path, partial) == before and CALLS == []
+
+
+def test_resume_does_not_write_through_a_link_out_of_the_run_folder(partial, tmp_path):
+    """A folder of OUT that is a symbolic link to elsewhere: the cell that would be written there is refused."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    shutil.rmtree(partial / "trajectories" / "beta")
+    (partial / "trajectories" / "beta").symlink_to(elsewhere, target_is_directory=True)
+    code, _, stderr = run_main(["--resume", "--out", partial])
+    assert code == 2 and "is outside" in stderr and "trajectories/beta" in stderr, stderr
+    assert list(elsewhere.iterdir()) == []
+    assert len(json.loads((partial / "transfer.json").read_text())["cells"]) == 3   # the column before: kept
+
+
+@pytest.mark.parametrize("edit, names", [
+    (lambda run: run["cells"][0].update(success="abc"), "field cells[0].success: expected null or a number, got the string 'abc'"),
+    (lambda run: run["cells"].__setitem__(1, None), "field cells[1]: expected an object, got null"),
+    (lambda run: (run.update(complete=True), run["cells"][0].update(ci95=None)), "cells[0] (scored): field ci95: expected a list, got null"),
+    (lambda run: run["cells"][2].update(rewards=[1.0]), "field cells[2].rewards: 1 rewards for 10 tasks"),
+    (lambda run: run["targets"][0].pop("model"), "field targets[0] lacks the field 'model'"),
+    (lambda run: run.update(task_ids="abc"), "field task_ids: expected a list"),
+])
+def test_resume_and_the_report_refuse_a_wrong_shaped_transfer_json_naming_the_field(partial, tmp_path, edit, names):
+    run = json.loads((partial / "transfer.json").read_text())
+    edit(run)
+    (partial / "transfer.json").write_text(json.dumps(run))
+    before = (partial / "transfer.json").read_bytes()
+    code, _, stderr = run_main(["--resume", "--out", partial])
+    assert code == 2 and f"{partial / 'transfer.json'}" in stderr and names in stderr, stderr
+    assert (partial / "transfer.json").read_bytes() == before
+    from minskill import report
+    stderr = io.StringIO()
+    with redirect_stderr(stderr):
+        assert report.main([str(partial), "-o", str(tmp_path / "page.html")]) == 2
+    assert "transfer.json" in stderr.getvalue() and names in stderr.getvalue(), stderr.getvalue()
 
 
 def test_a_resumed_rewriter_matrix_reads_its_rewrites_back(env, trained, files, tmp_path, monkeypatch):

@@ -196,6 +196,9 @@ def load_jsonl(path: str | Path, split: str = "all", seed: int = 0, n: int | Non
             record = json.loads(line)
         except json.JSONDecodeError as error:
             raise ValueError(f"{where}: not valid JSON ({error.msg} at column {error.colno})") from None
+        except RecursionError:   # (a RuntimeError: callers that stop on bad input catch ValueError)
+            raise ValueError(f"{where}: not readable JSON: nested too deeply (Python's parser gives up at "
+                             f"about 1,000 levels)") from None
         task = _task_from_record(record, where)
         check_task_type(task.type, where)  # now, not after a whole search when its skills are saved
         if task.id in seen_ids:

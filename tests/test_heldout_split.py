@@ -1,0 +1,106 @@
+"""The held-out split of train_grpo.py --eval and of the training probe (skill_r1_eval.heldout_split): exactly
+the instances asked for or a clear refusal saying how many fit, never a silent shrink; the probe never
+shares a task with --eval's instances (checked by task id), within one command and against the probe of a
+trained editor that --eval evaluates."""
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # train_grpo.py lives at the repo root
+
+import train_grpo  # noqa: E402
+from minskill import skill_r1_eval  # noqa: E402
+from minskill.runs import TRAINER_STATE  # noqa: E402
+from minskill.skill_r1_eval import HeldoutSplitError, check_probes_of, heldout_split  # noqa: E402
+
+
+def flags(*argv):
+    """train_grpo.py's flags without --eval or --probe-every, so parse_args itself checks no split."""
+    return train_grpo.parse_args(list(argv))
+
+
+def task_ids(instances, tests=()):
+    return {t.id for x in instances for t in x.tasks} | {t.id for ts in tests for t in ts}
+
+
+def test_household_with_five_eval_tasks_is_exact_or_refused():
+    """household holds about 10 held-out tasks per type: 6 instances of 4 + 5 tasks fit, not the default 12
+    (before: 6 silently, and the probe shared 12 tasks with them)."""
+    with pytest.raises(HeldoutSplitError, match=r"room for 6 instance\(s\) of --tasks-per-instance 4 \+ "
+                                                r"--eval-tasks 5 tasks, not --eval-instances 12: ask for at most 6"):
+        heldout_split(flags("--suite", "household", "--eval-tasks", "5"))
+    evo, test, probe = heldout_split(flags("--suite", "household", "--eval-tasks", "5", "--eval-instances", "6"))
+    assert len(evo) == 6 and [len(x.tasks) for x in evo] == [4] * 6 and [len(ts) for ts in test] == [5] * 6
+    assert probe == [] and len(task_ids(evo, test)) == 6 * 9
+    with pytest.raises(HeldoutSplitError, match="room for 0 of the training probe's --probe-instances 4"):
+        heldout_split(flags("--suite", "household", "--eval-tasks", "5", "--eval-instances", "6"), probe=True)
+    evo, test, probe = heldout_split(flags("--suite", "household", "--eval-tasks", "5", "--eval-instances", "4"),
+                                     probe=True)
+    assert len(evo) == 4 and len(probe) == 4 and not task_ids(evo, test) & task_ids(probe)
+
+
+def test_qa_with_200_tasks_and_8_instances_keeps_the_probe_apart_or_refuses():
+    """--n-tasks 200 (50 per type): --eval's 8 instances of 24 take 48 of each type's 50, so the probe's 4
+    instances of 4 cannot stay clear of them (before: they shared 8 tasks)."""
+    evo, test, _ = heldout_split(flags("--n-tasks", "200", "--eval-instances", "8"))
+    assert len(evo) == 8 and all(len(ts) == 20 for ts in test)
+    with pytest.raises(HeldoutSplitError) as refused:
+        heldout_split(flags("--n-tasks", "200", "--eval-instances", "8"), probe=True)
+    assert "--probe-instances 4" in str(refused.value) and "--eval-instances 8" in str(refused.value)
+    assert "4 beside 7 --eval instance(s)" in str(refused.value) and "raise --n-tasks" in str(refused.value)
+    evo, test, probe = heldout_split(flags("--n-tasks", "200", "--eval-instances", "7"), probe=True)
+    assert len(evo) == 7 and len(probe) == 4 and not task_ids(evo, test) & task_ids(probe)
+
+
+@pytest.mark.parametrize("argv, fit, tasks", [(["--eval-instances", "16"], 12, 20),
+                                              (["--eval-tasks", "30"], 8, 30)])
+def test_more_instances_than_the_split_holds_is_refused_not_shrunk(argv, fit, tasks):
+    """qa draws at most about 81 held-out tasks per type: 12 instances of 4 + 20 fit (not 16), 8 of 4 + 30
+    (not the default 12); before, --eval evaluated 8 and 4 instances without a word. Asking for what fits
+    gives exactly that (and the probe beside it), and train_grpo.py refuses the rest as a usage error."""
+    with pytest.raises(HeldoutSplitError, match=rf"room for {fit} instance\(s\) .* ask for at most {fit}"):
+        heldout_split(flags(*argv))
+    evo, test, probe = heldout_split(flags(*argv, "--eval-instances", str(fit)), probe=True)
+    assert len(evo) == fit and [len(ts) for ts in test] == [tasks] * fit and len(probe) == 4
+    assert not task_ids(evo, test) & task_ids(probe)
+    with pytest.raises(SystemExit) as usage:
+        train_grpo.parse_args(["--eval", *argv])
+    assert usage.value.code == 2
+
+
+def test_a_training_probe_that_cannot_stay_clear_of_eval_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as usage:
+        train_grpo.parse_args(["--suite", "household", "--eval-tasks", "5", "--probe-every", "1"])
+    assert usage.value.code == 2
+    assert "--probe-instances 4" in capsys.readouterr().err
+    assert train_grpo.parse_args(["--probe-every", "1"]).probe_every == 1     # qa's defaults fit
+
+
+def test_eval_refuses_an_editor_whose_probe_meets_its_tasks(tmp_path, capsys):
+    """An editor trained with --probe-every and --eval-instances 4 kept its probe clear of 4 instances on a
+    smaller draw; --eval with the default 12 instances would score on some of its probe tasks: refused, by
+    task id, naming the flags that run used, as train_grpo.py parses its flags (and by skill_r1_eval.evaluate
+    itself, before any model is loaded and before --out is written). With the run's own --eval-instances 4 the
+    tasks are apart and the check passes."""
+    trained_flags = vars(flags("--eval-instances", "4", "--probe-every", "1"))
+    ckpt = tmp_path / "checkpoint"
+    ckpt.mkdir()
+    torch.save({"args": trained_flags}, ckpt / TRAINER_STATE)
+    out = tmp_path / "eval"
+    with pytest.raises(SystemExit) as usage:
+        train_grpo.main(["--eval", "--skillr1-editor", str(ckpt), "--out", str(out)])
+    err = capsys.readouterr().err
+    assert usage.value.code == 2 and f"error: --eval's held-out tasks meet the probe of {ckpt}" in err
+    assert "--eval-instances 4 --eval-tasks 20 --tasks-per-instance 4" in err and not out.exists()
+    library = flags("--out", str(out))
+    library.eval, library.skillr1_editor = True, [str(ckpt)]
+    with pytest.raises(HeldoutSplitError, match="meet the probe of"):
+        skill_r1_eval.evaluate(library)
+    assert not out.exists()
+    args = flags("--eval-instances", "4")
+    evo, test, _ = heldout_split(args)
+    check_probes_of({str(ckpt): trained_flags}, evo, test, args)                      # no error
+    check_probes_of({str(ckpt): {**trained_flags, "probe_every": 0}}, *heldout_split(flags())[:2], flags())
+    assert train_grpo.parse_args(["--eval", "--eval-instances", "4", "--skillr1-editor", str(ckpt)]).eval
