@@ -5,7 +5,7 @@
         --teacher-url https://api.example.com/v1 --teacher-model big-model \\
         --iterations 10 --patience 3 --tree-iterations 10 --episodes 16 --out runs/masa-qwen3-8b
 
-Steps (the algorithm and its equations are in minskill/masa.py):
+Steps (the algorithm and its equations are in minskill/masa/search.py):
 
 1. model card: --model-card JSON or YAML, else built from --target-checkpoint's config.json (or the embedded
    default's); strengths/weaknesses summarised by the teacher from --n-prelim preliminary rollouts on
@@ -37,19 +37,20 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from minskill import gates, masa, masa_data
-from minskill.caching import BudgetExhausted, CachingClient, CallBudget
-from minskill.client import ChatError
-from minskill.masa import MasaConfig, MasaSearch
-from minskill.model_card import ModelCard, target_model_card
+from minskill import gates
+from minskill.files import ShapeError, check_shape, read_json, write_json_atomic, write_jsonl_atomic, write_text_atomic
+from minskill.masa import data as masa_data, search as masa
+from minskill.masa.model_card import ModelCard, target_model_card
+from minskill.masa.search import MasaConfig, MasaSearch
+from minskill.nn.quantize import QUANTIZE_CHOICES
 from minskill.plot import write_svg_plot
-from minskill.quantize import QUANTIZE_CHOICES
 from minskill.retrieval import (RetrievalError, add_retrieval_args, check_retrieval_args, retriever_from_args,
                                 with_retrieval)
 from minskill.rollout import load_skills, summarize
-from minskill.runs import (ShapeError, check_run_folder, check_shape, open_run_folder, read_json, write_json_atomic, write_jsonl_atomic,
-                           write_text_atomic)
-from minskill.server import embedded_client
+from minskill.runs import check_run_folder, open_run_folder
+from minskill.serve.caching import BudgetExhausted, CachingClient, CallBudget
+from minskill.serve.client import ChatError
+from minskill.serve.server import embedded_client
 from minskill.skillsets import SkillSet
 from minskill.tasks import load_suite
 from minskill.tasks.base import interleave
@@ -82,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_retrieval_args(p.add_argument_group("retrieval in the held-out evaluation (minskill.retrieval)"))
     g = p.add_argument_group("target model and teacher")
     g.add_argument("--model-card", default=None, help="model card of the target: JSON, or YAML as MASA's "
-                   "model_cards/*.yaml (minskill.model_card)")
+                   "model_cards/*.yaml (minskill.masa.model_card)")
     g.add_argument("--target-checkpoint", default=None, help="HF folder whose config.json fills the card")
     g.add_argument("--target-url", default=None, help="OpenAI-compatible base URL of the target")
     g.add_argument("--target-model", default=None, help="model name at --target-url")
@@ -178,7 +179,7 @@ def run_usage(run: Run) -> dict:
             "sessions": saved.get("sessions", 0) + 1}
 
 
-# What --resume reads of state.json (minskill.runs.check_shape; check_state): every field MasaSearch.restore,
+# What --resume reads of state.json (minskill.files.check_shape; check_state): every field MasaSearch.restore,
 # the budget and the usage counters take, as to_json wrote them (a candidate field with a default may be absent)
 USAGE_SHAPE = {f"{k}?": (None, float) for k in ("calls", "failures", "prompt_tokens", "completion_tokens",
                                                  "request_seconds", "busy_seconds")}

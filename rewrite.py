@@ -4,7 +4,7 @@
 The rewriter is a small minskill LM. It reads (model card of the target model, input skill set S_in, task
 description d) and writes the skill set S*_F aligned with that target — what the stage-1 search
 (evolve_masa.py) found by many rollouts, produced here without any rollout. Training minimises the
-target-token cross-entropy of minskill/sft.py,
+target-token cross-entropy of minskill/masa/sft.py,
 
     L(θ) = −(1/|T|) Σ_{t∈T} log p_θ(y_t | y_<t, x),     x = chat(card, S_in, d),  y = S*_F as MASA JSON
 
@@ -18,9 +18,9 @@ Commands:
 `apply --model-card RUN --task SUITE` (RUN an evolve_masa.py run folder, SUITE its --suite) gives the rewriter
 the card and the task description its SFT records hold, strengths and weaknesses included; a model spec or
 checkpoint as --model-card gets the card evolve_masa.py builds for it before the teacher's summary
-(minskill.model_card.target_model_card), and free text as --task is used as it is.
+(minskill.masa.model_card.target_model_card), and free text as --task is used as it is.
 
-`train --lora-rank R` trains rank-R LoRA adapters (minskill.lora) on a frozen base instead of every weight;
+`train --lora-rank R` trains rank-R LoRA adapters (minskill.nn.lora) on a frozen base instead of every weight;
 checkpoints and final/ then hold the merged rewriter in HF layout (what `apply` and any HF tool load) and
 adapter/ in PEFT's layout.
 
@@ -40,21 +40,22 @@ from pathlib import Path
 
 import torch
 
-from minskill import sft
-from minskill.client import ChatClient, usage_delta
-from minskill.lora import BASE_DTYPES, add_lora_arguments, apply_lora, lora_settings
-from minskill.masa import one_shot_rewrite
-from minskill.masa_data import task_description
-from minskill.quantize import QUANTIZE_CHOICES
+from minskill.files import write_text_atomic
+from minskill.masa import sft
+from minskill.masa.data import task_description
+from minskill.masa.rewriter import (load_model_card, parse_rewriter_output, resolve_rewriter,  # noqa: F401 (rewrite.X)
+                                    rewrite_with_model, save_skills_validated)
+from minskill.masa.search import one_shot_rewrite
+from minskill.nn.lora import BASE_DTYPES, add_lora_arguments, apply_lora, lora_settings
+from minskill.nn.quantize import QUANTIZE_CHOICES
+from minskill.nn.weights import load_model, resolve_model
 from minskill.retrieval import add_retrieval_args, check_retrieval_args, retriever_from_args, with_retrieval
-from minskill.rewriter import (load_model_card, parse_rewriter_output, resolve_rewriter,  # noqa: F401 (rewrite.X)
-                               rewrite_with_model, save_skills_validated)
 from minskill.rollout import load_skills, run_rollouts, summarize
-from minskill.runs import check_run_folder, open_run_folder, write_text_atomic
-from minskill.server import embedded_client
+from minskill.runs import check_run_folder, open_run_folder
+from minskill.serve.client import ChatClient, usage_delta
+from minskill.serve.server import embedded_client
 from minskill.skillsets import SkillSet, check_replaceable
 from minskill.tasks import load_suite
-from minskill.weights import load_model, resolve_model
 
 # ----------------------------------------------------------------------------------------------- helpers
 
@@ -82,7 +83,7 @@ def load_input_skills(spec: str, suite: str | None):
 def teacher_oneshot_rewrite(client, card: dict, skills, task: str, attempts: int = 3, max_tokens: int = 1536,
                             seed: int = 0):
     """The DS-Adapter baseline: the teacher adapts S_in to the target once, from the same card, skills and
-    task, without search (minskill.masa.one_shot_rewrite). Returns (SkillSet or None, last raw reply)."""
+    task, without search (minskill.masa.search.one_shot_rewrite). Returns (SkillSet or None, last raw reply)."""
     skipped = {}
     result = one_shot_rewrite(client, card, skills, task, retries=max(0, attempts - 1), max_tokens=max_tokens,
                               seed=seed, on_skip=skipped.update)

@@ -16,15 +16,15 @@ One training step (DESIGN.md §3, the loop in `train`):
   1. pick --instances-per-step task instances (tasks of one type each);
   2. evolve: on each, the G-generation loop of minskill.skill_r1 (K candidate skills per generation sampled
      from one shared prompt, each scored by n task-model rollouts per task);
-  3. advantages: every candidate gets A = A_intra + λ·A_inter (minskill.grpo.bilevel_advantages);
+  3. advantages: every candidate gets A = A_intra + λ·A_inter (minskill.skill_r1.grpo.bilevel_advantages);
   4. policy update: per --ppo-epochs one optimizer step on the clipped policy loss of
-     minskill.grpo.policy_loss over all candidates' tokens, with gradient accumulation over micro-batches;
+     minskill.skill_r1.grpo.policy_loss over all candidates' tokens, with gradient accumulation over micro-batches;
   5. log: a line on stdout, a row of metrics.jsonl, reward_curve.svg redrawn;
   6. checkpoint every --save-every steps and at the end.
 Set-up and resume (`setup`), the end-of-run summary (`summarize`) and the --eval table
-(minskill.skill_r1_eval) are off that path.
+(minskill.skill_r1.evaluate) are off that path.
 
-LoRA (--lora-rank R; minskill.lora, set up in `build_editor`): only rank-R adapters on the attention and MLP
+LoRA (--lora-rank R; minskill.nn.lora, set up in `build_editor`): only rank-R adapters on the attention and MLP
 projections train, in float32 with their AdamW state, on a frozen base (bfloat16 with --lora-base-dtype); with
 β > 0 the reference policy is the same model with its adapters switched off. checkpoint/ then holds the merged
 editor in HF layout (what --eval and any HF tool load) and checkpoint/adapter/ in PEFT's layout; --resume
@@ -46,7 +46,7 @@ Candidates with A = 0 (and β = 0) have no gradient and are skipped, but still c
 Shared prefix (a speed trick, off the reading path). The K candidates of a generation share one editor
 prompt; micro-batches never mix two prompts (which bounds the update's memory to one prompt's activations),
 and with --shared-prefix (the default) each computes its prompt once for all its rows
-(minskill.shared_prefix.grouped_logprobs), with the same log-probs and gradient as
+(minskill.nn.shared_prefix.grouped_logprobs), with the same log-probs and gradient as
 sampling.completion_logprobs, which the loop reads as. --no-shared-prefix uses the latter.
 
 The loss value sits near zero by construction (advantages are centred); watch the reward instead:
@@ -66,24 +66,24 @@ from pathlib import Path
 
 import torch
 
+from minskill.files import append_jsonl, check_shape, read_jsonl, write_jsonl_atomic
 from minskill.gates import GATES
-from minskill.grpo import policy_loss
-from minskill.lora import (ADAPTER_DIR, BASE_DTYPES, DEFAULT_TARGETS, AdaptersOff, add_lora_arguments, apply_lora,
-                           load_peft_adapter, lora_settings, trainable_parameters)
+from minskill.nn.lora import (ADAPTER_DIR, BASE_DTYPES, DEFAULT_TARGETS, AdaptersOff, add_lora_arguments, apply_lora,
+                              load_peft_adapter, lora_settings, trainable_parameters)
+from minskill.nn.optim import lr_factor, release_freed_memory
+from minskill.nn.quantize import QUANTIZE_CHOICES
+from minskill.nn.sampling import completion_logprobs
+from minskill.nn.shared_prefix import grouped_logprobs
+from minskill.nn.weights import load_model, resolve_model
 from minskill.plot import write_svg_plot
-from minskill.quantize import QUANTIZE_CHOICES
 from minskill.rollout import load_skills, skill_text
-from minskill.provenance import lineage_records
-from minskill.runs import (TRAINER_STATE, append_jsonl, check_run_folder, check_shape, load_trainer_state, lr_factor,
-                           open_run_folder, read_jsonl, recover_checkpoint, release_freed_memory, save_checkpoint,
-                           set_rng_state, write_jsonl_atomic)
-from minskill.sampling import completion_logprobs
-from minskill.server import embedded_client
-from minskill.shared_prefix import grouped_logprobs
-from minskill.skill_r1 import (EvolveConfig, Instance, all_zero_note, assign_advantages, autocast, device,
-                               evolve_batch, load_tasks, make_instances, step_seed)
-from minskill.skill_r1_eval import check_heldout, evaluate, probe, probe_instances
-from minskill.weights import load_model, resolve_model
+from minskill.runs import (TRAINER_STATE, check_run_folder, load_trainer_state, open_run_folder, recover_checkpoint,
+                           save_checkpoint, set_rng_state)
+from minskill.serve.server import embedded_client
+from minskill.skill_r1.evaluate import check_heldout, evaluate, probe, probe_instances
+from minskill.skill_r1.grpo import policy_loss
+from minskill.skill_r1.loop import (EvolveConfig, Instance, all_zero_note, assign_advantages, autocast, device,
+                                    evolve_batch, lineage_records, load_tasks, make_instances, step_seed)
 
 # flags that must equal the checkpoint's when resuming, or the continued run would not be the same run
 RESUME_MUST_MATCH = ("suite", "seed_skills", "generations", "candidates", "rollouts", "lam", "scale_by_std",
@@ -166,7 +166,7 @@ def train(args) -> int:
 
 
 def held_out_probe(run: Run, client, args, after_steps: int) -> dict:
-    """The current editor scored on the fixed held-out probe instances (skill_r1_eval.probe); printed."""
+    """The current editor scored on the fixed held-out probe instances (skill_r1.evaluate.probe); printed."""
     run.editor.eval()
     result = {"after_steps": after_steps, **probe(run.editor, run.tokenizer, client, run.probe_instances,
                                                   [skill_text(run.seed_skills, x.type) for x in run.probe_instances],
@@ -398,7 +398,7 @@ def build_editor(args, ckpt: Path | None, editor_spec: str):
     """(editor, tokenizer, reference model or None). Full fine-tune: the editor (the checkpoint's on --resume) in
     float32, and with β > 0 a frozen copy of the editor before any training. LoRA (--lora-rank R): the base
     editor, frozen (in --lora-base-dtype), with float32 adapters (the checkpoint's adapter/ on --resume); with
-    β > 0 the reference is the same model with its adapters off (minskill.lora.AdaptersOff): no second copy."""
+    β > 0 the reference is the same model with its adapters off (minskill.nn.lora.AdaptersOff): no second copy."""
     lora = lora_settings(args)
     if lora is not None:
         base = resolve_model(editor_spec)
@@ -620,14 +620,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.eval and args.resume:
         p.error("--eval writes a new folder and has no --resume (--overwrite replaces one)")
     if args.out is None and not args.eval:
-        args.out = "runs/skill-r1"   # --eval names its folder by the time (skill_r1_eval.evaluate)
+        args.out = "runs/skill-r1"   # --eval names its folder by the time (skill_r1.evaluate.evaluate)
     try:
         lora_settings(args)   # checks the --lora-* flags; fills in --lora-alpha (2·R) and the target list
     except ValueError as e:
         p.error(str(e))
     try:
         check_heldout(args)   # exactly the instances asked for; the probe's tasks never among --eval's
-    except ValueError as e:   # skill_r1_eval.HeldoutSplitError, or a trainer_state.pt that cannot be read
+    except ValueError as e:   # skill_r1.evaluate.HeldoutSplitError, or a trainer_state.pt that cannot be read
         p.error(str(e))
     return args
 

@@ -30,7 +30,7 @@ Figures (all on the same weights, same inputs, same thread count):
                            clip, AdamW step) over K candidates of --skill-tokens after a --context-tokens
                            prompt, bf16 autocast; "full": float32 weights + AdamW on all of them (≈ 16 bytes
                            per parameter); "LoRA": bf16 base, r = 16, α = 32 adapters on the 7 projections
-    SFT                  = tokens/s of full SFT steps (minskill.sft.sft_throughput) on one --sft-length
+    SFT                  = tokens/s of full SFT steps (minskill.masa.sft.sft_throughput) on one --sft-length
                            sequence (default 4096), bf16 autocast, gradient checkpointing; full and LoRA
     peak memory          = torch.cuda.max_memory_allocated during the workload (the CPU smoke test: RSS)
 
@@ -54,20 +54,20 @@ from pathlib import Path
 
 import torch
 
-from minskill.grpo import bilevel_advantages, policy_loss
-from minskill.lora import apply_lora, trainable_parameters
-from minskill.model import Transformer
-from minskill.quantize import QUANTIZE_CHOICES, quantize_int8
+from minskill.masa.sft import sft_throughput
+from minskill.nn.lora import apply_lora, trainable_parameters
+from minskill.nn.model import Transformer
+from minskill.nn.quantize import QUANTIZE_CHOICES, quantize_int8
+from minskill.nn.sampling import completion_logprobs, generate
+from minskill.nn.shared_prefix import grouped_logprobs
+from minskill.nn.tokenizer import Tokenizer
+from minskill.nn.weights import (DEFAULT_MODEL, config_from_hf, default_gguf_path, load_model, load_pretrained,
+                                 resolve_model)
 from minskill.rollout import run_rollouts
-from minskill.sampling import completion_logprobs, generate
-from minskill.server import embedded_client
-from minskill.sft import sft_throughput
-from minskill.shared_prefix import grouped_logprobs
-from minskill.skill_r1 import HistoryEntry, Instance, Outcome, editor_messages
+from minskill.serve.server import embedded_client
+from minskill.skill_r1.grpo import bilevel_advantages, policy_loss
+from minskill.skill_r1.loop import HistoryEntry, Instance, Outcome, editor_messages
 from minskill.tasks import load_suite
-from minskill.tokenizer import Tokenizer
-from minskill.weights import (DEFAULT_MODEL, config_from_hf, default_gguf_path, load_model, load_pretrained,
-                              resolve_model)
 
 
 def _rss_kb(field: str = "VmRSS") -> int:
@@ -192,7 +192,7 @@ def llama_cpp_decode(gguf_path, batch: int, tokens: int, threads: int, repeats: 
 
 def bench_decode_vs_llama_cpp(args, folder: str, tokenizer, decode: dict, hf_decode: dict) -> None:
     """Decode of minskill in float32 and bfloat16 (`decode`, measured by bench_model) and int8
-    (minskill.quantize, measured here) against llama.cpp and HF."""
+    (minskill.nn.quantize, measured here) against llama.cpp and HF."""
     N, rows = args.decode_tokens, dict(decode)
     model = quantize_int8(load_pretrained(folder, dtype=torch.float32).eval())
     for batch in (1, 8):

@@ -180,7 +180,7 @@ def per_task_means(outcomes: list, n_tasks: int) -> list[float] | None:
 
 def carried(ev) -> tuple[str, list]:
     """(id, outcomes) of the skill an Evolution carries now: "g0" (the seed skill) or "g<g>.<i>" (a candidate;
-    the ids of provenance.lineage_records). A generation without a decision record counts as accepting
+    the ids of skill_r1.loop.lineage_records). A generation without a decision record counts as accepting
     exactly when its carried reward changed (the strict rule only takes a strictly better skill)."""
     cid, outcomes, reward = "g0", ev.seed_outcomes, ev.seed_reward
     for gen in ev.generations:

@@ -40,7 +40,7 @@ tasks T_j, so the d(t) of one instance share one sampled skill and are not indep
         per_task_gained = #{t : d(t) > 0},   per_task_lost = #{t : d(t) < 0}      (ties drop out)
 
 By task (`compare_tasks`, `sign_test_p`, `sign_test_p_greater`): where the tasks are independent draws scored
-under one fixed skill set (the gates of minskill/gates.py, the transfer matrix of minskill/transfer.py), the
+under one fixed skill set (the gates of minskill/gates.py, the transfer matrix of minskill/masa/transfer.py), the
 task is the unit:
     gained = #{t : d(t) > 0},   lost = #{t : d(t) < 0},   m = gained + lost
     sign test   p = min(1, 2 · Σ_{i ≤ min(gained, lost)} C(m, i) / 2^m)

@@ -3,14 +3,14 @@ as plain SVG text: no plotting library.
 
 A plot is a list of named series, each a list of (x, y) points. Axes are scaled linearly to the data's
 bounding box, with the y range padded by 5% so flat curves stay visible. The file is written atomically
-(runs.write_text_atomic).
+(files.write_text_atomic).
 """
 from __future__ import annotations
 
 import html
 import os
 
-from minskill.runs import write_text_atomic
+from minskill.files import write_text_atomic
 
 COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"]
 

@@ -43,7 +43,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 
-from minskill.client import ChatClient, ChatError
+from minskill.serve.client import ChatClient, ChatError
 from minskill.skills import Skill
 from minskill.skillsets import SkillSet
 

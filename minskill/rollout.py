@@ -30,7 +30,7 @@ What happens for one task:
 * **Failures never crash a run.** A garbage reply is simply a failed task (reward 0). An HTTP failure, an
   exception in a verifier or an environment ends that task as failed with `.error` set.
 * **Trajectories** are appended to `out_path` as JSONL the moment they finish (append + flush per line),
-  so an interrupted run keeps what it did; `load_trajectories` reads them back (with `runs.read_jsonl`);
+  so an interrupted run keeps what it did; `load_trajectories` reads them back (with `files.read_jsonl`);
   `runs.clean_staging` clears what killed writes left in a run folder.
 
 Rewards (per trajectory i; `summarize` averages them over trajectories, overall and per task type):
@@ -67,13 +67,14 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Callable, Iterable, Protocol, runtime_checkable
 
-from minskill.quantize import QUANTIZE_CHOICES
+from minskill.files import append_jsonl, read_jsonl, write_json_atomic, write_jsonl_atomic
+from minskill.nn.quantize import QUANTIZE_CHOICES
 from minskill.retrieval import (RetrievalError, add_retrieval_args, check_retrieval_args, retriever_from_args,
                                 with_retrieval)
-from minskill.runs import append_jsonl, clean_staging, read_jsonl, write_json_atomic, write_jsonl_atomic
-from minskill.server import embedded_client
+from minskill.runs import clean_staging
+from minskill.serve.server import embedded_client
 from minskill.skillsets import SkillSet
-from minskill.tasks import BASE_SKILLS_DIR, load_suite
+from minskill.tasks import BASE_SKILLS_DIR, load_suite, make_env
 from minskill.tasks.base import NOTHING_HAPPENS
 
 
@@ -311,7 +312,7 @@ class _Episode:
         if max_steps is not None and dataclasses.is_dataclass(task):
             task = dataclasses.replace(task, max_steps=max_steps)  # the environment enforces the budget too
         self.task, self.sample = task, sample
-        self.env = task.make_env()
+        self.env = make_env(task)
         self.syntax = list(self.env.action_syntax)
         self.budget = int(max_steps if max_steps is not None else task.max_steps)
         obs = self.env.reset()

@@ -57,14 +57,14 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from minskill.files import TOO_DEEP
 from minskill.skills import (MAX_DESCRIPTION_CHARS, MAX_FILE_BYTES, MAX_NAME_CHARS, Skill, SkillFormatError,
-                             _atomic_write_text, _child, _cut_to_fit, _read_text, _render_skill, approx_tokens,
-                             slugify, validate_name, validate_task_type)
+                             _atomic_write_text, _child, _cut_to_fit, _read_text, _render_skill, approx_tokens, slugify,
+                             validate_name, validate_task_type)
 
 __all__ = ["SkillSet", "Mistake", "parse_mistakes", "recover_save", "recover_saves"]
 
 MAX_JSON_BYTES = 32 * 1024 * 1024    # a MASA .json library larger than this is refused
-TOO_DEEP = "not readable JSON: nested too deeply (Python's parser gives up at about 1,000 levels)"  # RecursionError
 MAX_SKILLS = 1000                    # per skill set
 MAX_SET_RESOURCE_BYTES = 100 * 1024 * 1024   # all skills' resource files together (each skill: skills.py)
 MASA_DEFAULT_FIELDS = ("skill_id", "title", "principle", "when_to_apply")

@@ -1,7 +1,7 @@
 """Measure a reading path: the code a learner reads to follow one step of an algorithm.
 
 A path is a list of "FILE:QUALNAME" entries in reading order (e.g. "train_grpo.py:train",
-"minskill/grpo.py:policy_loss", "minskill/skill_r1.py:Candidate"). Each entry counts the lines of that
+"minskill/skill_r1/grpo.py:policy_loss", "minskill/skill_r1/loop.py:Candidate"). Each entry counts the lines of that
 function or class as written, from its `def`/`class` line (decorators included) to its last line,
 docstring and comments included: what the reader has in front of them. Module docstrings and imports
 are not counted (they are read once, not per step).

@@ -3,13 +3,13 @@ import pytest
 import torch
 
 from minskill import bench
-from minskill.model import Transformer
+from minskill.nn.weights import load_pretrained
 from tiny import make_tiny_model_dir
 
 
 @pytest.mark.parametrize("tied", [True, False])
 def test_weight_bytes_per_token_counts_each_matrix_once(tmp_path, tied):
-    model = Transformer.from_pretrained(make_tiny_model_dir(tmp_path / "m", family="llama", tied=tied))
+    model = load_pretrained(make_tiny_model_dir(tmp_path / "m", family="llama", tied=tied))
     cfg = model.config
     H, I, L, V, d = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers, cfg.vocab_size, cfg.head_dim
     per_layer = (H * cfg.num_attention_heads * d * 2            # q_proj, o_proj
@@ -23,7 +23,7 @@ def test_weight_bytes_per_token_counts_each_matrix_once(tmp_path, tied):
 
 
 def test_matmul_only_ceiling_runs_every_decode_matrix(tmp_path, monkeypatch):
-    model = Transformer.from_pretrained(make_tiny_model_dir(tmp_path / "m", family="qwen2", tied=False))
+    model = load_pretrained(make_tiny_model_dir(tmp_path / "m", family="qwen2", tied=False))
     seen = []
     real_linear = torch.nn.functional.linear
     monkeypatch.setattr(torch.nn.functional, "linear",

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from minskill import bench
-from minskill.lora import apply_lora, trainable_parameters
+from minskill.nn.lora import apply_lora, trainable_parameters
 
 
 @pytest.mark.parametrize("name, params, adapter_params", [

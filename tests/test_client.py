@@ -13,9 +13,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from minskill import client as client_module
-from minskill.client import ChatClient, ChatError, ChatResult, Usage
-from minskill.server import ScriptedBackend, start_server
+from minskill.serve import client as client_module
+from minskill.serve.client import ChatClient, ChatError, ChatResult, Usage
+from minskill.serve.server import ScriptedBackend, start_server
 
 MESSAGES = [{"role": "user", "content": "what is six times seven"}]
 
@@ -525,7 +525,7 @@ def test_concurrent_request_seconds_exceed_the_busy_wall_seconds():
 
 
 def test_caching_client_counts_cache_hits_apart_at_no_cost_and_continues_saved_counts(tmp_path):
-    from minskill.caching import CachingClient
+    from minskill.serve.caching import CachingClient
 
     with start_server(ScriptedBackend(echo)) as server:
         inner = server.client()

@@ -4,9 +4,8 @@ transformers' GGUF tokenizer, and greedy decoding answers the capital question w
 import pytest
 import torch
 
-from minskill.model import Transformer
-from minskill.tokenizer import Tokenizer
-from minskill.weights import DEFAULT_MODEL, default_gguf_path, resolve_model
+from minskill.nn.tokenizer import Tokenizer
+from minskill.nn.weights import DEFAULT_MODEL, default_gguf_path, load_pretrained, resolve_model
 
 pytestmark = pytest.mark.slow
 
@@ -19,7 +18,7 @@ def converted(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def model(converted):
-    return Transformer.from_pretrained(converted).eval()
+    return load_pretrained(converted).eval()
 
 
 def greedy(model, prompt_ids, stop_ids, max_new_tokens=24):

@@ -21,13 +21,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the scripts l
 
 import rewrite  # noqa: E402
 import train_grpo  # noqa: E402
-from minskill import sft  # noqa: E402
-from minskill.grpo import policy_loss  # noqa: E402
-from minskill.sampling import completion_logprobs, generate  # noqa: E402
-from minskill.server import CompletionRequest, ModelBackend  # noqa: E402
+from minskill.masa import sft  # noqa: E402
+from minskill.nn.sampling import completion_logprobs, generate  # noqa: E402
+from minskill.nn.weights import load_model  # noqa: E402
+from minskill.serve.server import CompletionRequest, ModelBackend  # noqa: E402
+from minskill.skill_r1.grpo import policy_loss  # noqa: E402
 from minskill.skills import Skill  # noqa: E402
 from minskill.skillsets import SkillSet  # noqa: E402
-from minskill.weights import load_model  # noqa: E402
 from tiny import make_tiny_model_dir  # noqa: E402
 
 

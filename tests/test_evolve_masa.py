@@ -1,5 +1,5 @@
 """End-to-end tests of evolve_masa.py: a scripted target and a scripted teacher behind real HTTP servers
-(minskill.server.ScriptedBackend) on a synthetic suite where certain skill content helps.
+(minskill.serve.server.ScriptedBackend) on a synthetic suite where certain skill content helps.
 
 The suite has two task types. The scripted target answers a `sum` task right only when its system prompt
 holds KEY-GENERAL, and a `secret` task only when it holds KEY-SECRET. The base skills hold neither (R = 0).
@@ -18,9 +18,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import evolve_masa  # noqa: E402
-from minskill import masa, masa_data  # noqa: E402
-from minskill.model_card import ModelCard  # noqa: E402
-from minskill.server import ScriptedBackend, start_server  # noqa: E402
+from minskill.masa import data as masa_data, search as masa  # noqa: E402
+from minskill.masa.model_card import ModelCard  # noqa: E402
+from minskill.serve.server import ScriptedBackend, start_server  # noqa: E402
 from minskill.skills import Skill  # noqa: E402
 from minskill.skillsets import SkillSet  # noqa: E402
 
@@ -408,7 +408,7 @@ def test_nothing_to_search_is_refused_before_any_call_or_file(env, tmp_path, cap
 def test_a_run_folder_as_model_card_gives_apply_the_card_of_its_sft_records(full_run):
     """Issue 22, point 3: `rewrite.py apply --model-card RUN` (and transfer's --model-card F=RUN) reads the run's
     model_card.json: the card every SFT record holds, field by field, the teacher's strengths and weaknesses too."""
-    from minskill.rewriter import load_model_card
+    from minskill.masa.rewriter import load_model_card
     records = [json.loads(line) for line in (full_run / "sft.jsonl").read_text().splitlines()]
     applied = load_model_card(str(full_run))
     assert applied["weaknesses"] == ["knows no keys"] and applied["strengths"] == ["follows instructions"]

@@ -17,10 +17,12 @@ sys.path.insert(0, str(ROOT))
 
 import evolve_masa  # noqa: E402
 import train_grpo  # noqa: E402
-from minskill import gates, masa, skill_r1, ucb  # noqa: E402
-from minskill.model_card import ModelCard  # noqa: E402
+from minskill import gates  # noqa: E402
+from minskill.masa import search as masa, ucb  # noqa: E402
+from minskill.masa.model_card import ModelCard  # noqa: E402
 from minskill.paired import sign_test_p, sign_test_p_greater  # noqa: E402
-from minskill.provenance import lineage_records  # noqa: E402
+from minskill.skill_r1 import loop as skill_r1  # noqa: E402
+from minskill.skill_r1.loop import lineage_records  # noqa: E402
 from minskill.skillsets import SkillSet  # noqa: E402
 from minskill.tasks.base import Task  # noqa: E402
 
@@ -309,8 +311,8 @@ def test_evolve_masa_paired_resume_is_the_same_search(env, paired_run, monkeypat
 
 
 def test_the_masa_report_shows_the_gate_decisions(paired_run):
-    from minskill.provenance import load_run
-    from minskill.report_masa import render_masa
+    from minskill.report.masa import render_masa
+    from minskill.report.provenance import load_run
     html = render_masa(load_run(paired_run))
     assert "gate: vs, gained / lost, p" in html and "paired vs #0: 6 / 0 of 12, p = 0.0156 (α = 0.1)" in html
     assert "gate, best node against the root: paired vs #" in html
@@ -474,7 +476,7 @@ def overfit_target(messages, request):
 
 @pytest.fixture(scope="module")
 def fresh_env(env):
-    from minskill.server import ScriptedBackend, start_server
+    from minskill.serve.server import ScriptedBackend, start_server
     server = start_server(ScriptedBackend(overfit_target, name="overfit"))
     suite = write_fresh_suite(env["tmp"] / "fresh-suite.jsonl")
 
@@ -552,6 +554,6 @@ def test_evolve_masa_fresh_resume_refuses_other_gate_tasks(fresh_env, fresh_run,
 
 
 def test_the_masa_report_shows_fresh_decisions(fresh_run):
-    from minskill.provenance import load_run
-    from minskill.report_masa import render_masa
+    from minskill.report.masa import render_masa
+    from minskill.report.provenance import load_run
     assert "fresh vs #0: 0 / 0 of 8" in render_masa(load_run(fresh_run))

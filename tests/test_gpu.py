@@ -24,11 +24,11 @@ sys.path.insert(0, str(ROOT))  # the scripts live at the repo root
 import rewrite  # noqa: E402
 import train_grpo  # noqa: E402
 from minskill import bench  # noqa: E402
-from minskill.lora import ADAPTER_DIR  # noqa: E402
-from minskill.sampling import generate  # noqa: E402
-from minskill.server import ModelBackend, ScriptedBackend, embedded_client, start_server  # noqa: E402
+from minskill.nn.lora import ADAPTER_DIR  # noqa: E402
+from minskill.nn.sampling import generate  # noqa: E402
+from minskill.nn.weights import load_model  # noqa: E402
+from minskill.serve.server import ModelBackend, ScriptedBackend, embedded_client, start_server  # noqa: E402
 from minskill.skillsets import SkillSet  # noqa: E402
-from minskill.weights import load_model  # noqa: E402
 from test_skill_r1 import keyword_task_model, write_keyword_suite  # noqa: E402
 from test_train_grpo import common_flags, read_rows  # noqa: E402
 from tiny import make_tiny_model_dir  # noqa: E402

@@ -1,11 +1,10 @@
-"""Tests of minskill.grpo: bi-level advantages and the clipped GRPO loss, against hand computations."""
+"""Tests of minskill.skill_r1.grpo: bi-level advantages and the clipped GRPO loss, against hand computations."""
 import math
 
 import pytest
 import torch
 
-from minskill.grpo import (bilevel_advantages, inter_advantage, intra_advantages, policy_loss,
-                           summarize_group)
+from minskill.skill_r1.grpo import bilevel_advantages, inter_advantage, intra_advantages, policy_loss, summarize_group
 
 # A hand-made batch: 3 sequences of 4, 2 and 3 valid tokens (9 in all), right-padded to T = 4.
 MASK = torch.tensor([[1, 1, 1, 1],

@@ -11,9 +11,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # train_grpo.py lives at the repo root
 
 import train_grpo  # noqa: E402
-from minskill import skill_r1_eval  # noqa: E402
 from minskill.runs import TRAINER_STATE  # noqa: E402
-from minskill.skill_r1_eval import HeldoutSplitError, check_probes_of, heldout_split  # noqa: E402
+from minskill.skill_r1 import evaluate as skill_r1_eval  # noqa: E402
+from minskill.skill_r1.evaluate import HeldoutSplitError, check_probes_of, heldout_split  # noqa: E402
 
 
 def flags(*argv):

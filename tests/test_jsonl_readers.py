@@ -5,11 +5,12 @@ import json
 
 import pytest
 
-from minskill import rollout, sft
-from minskill.client import ChatResult
-from minskill.caching import CachingClient
+from minskill import rollout
+from minskill.files import read_jsonl
+from minskill.masa import sft
 from minskill.rollout import Trajectory
-from minskill.runs import read_jsonl
+from minskill.serve.caching import CachingClient
+from minskill.serve.client import ChatResult
 from minskill.tasks import load_suite
 
 BOM = b"\xef\xbb\xbf"

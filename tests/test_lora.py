@@ -1,4 +1,4 @@
-"""minskill/lora.py and the --lora-* flags of train_grpo.py and rewrite.py, on tiny random models: at init the
+"""minskill/nn/lora.py and the --lora-* flags of train_grpo.py and rewrite.py, on tiny random models: at init the
 adapted model is the base and only the adapters train; merged weights and PEFT (the reference, test-only) give
 the adapted logits; adapters_disabled is the base (the KL reference); train_grpo writes merged + adapter/ and
 resumes exactly; the learning test passes with LoRA; rewrite.py train trains and resumes a LoRA rewriter."""
@@ -21,12 +21,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # train_grpo.py lives at the repo root
 
 import train_grpo  # noqa: E402
-from minskill.lora import (ADAPTER_DIR, AdaptersOff, LoRALinear, adapters_disabled, apply_lora,  # noqa: E402
-                           load_peft_adapter, lora_layers, merge_lora, merged_model, save_lora_model,
-                           save_peft_adapter, trainable_parameters)
-from minskill.model import Transformer  # noqa: E402
-from minskill.server import ScriptedBackend, start_server  # noqa: E402
-from minskill.weights import load_model  # noqa: E402
+from minskill.nn.lora import (ADAPTER_DIR, AdaptersOff, LoRALinear, adapters_disabled, apply_lora,  # noqa: E402
+                              load_peft_adapter, lora_layers, merge_lora, merged_model, save_lora_model,
+                              save_peft_adapter, trainable_parameters)
+from minskill.nn.weights import load_model, load_pretrained  # noqa: E402
+from minskill.serve.server import ScriptedBackend, start_server  # noqa: E402
 from test_skill_r1 import (assert_learning_raises_the_reward, keyword_task_model,  # noqa: E402
                           write_keyword_suite)
 from test_train_grpo import ROW_FIELDS, TIMING_FIELDS, common_flags, crash_after_checkpoint, read_rows  # noqa: E402
@@ -43,7 +42,7 @@ def model_dirs(tmp_path_factory):
 
 
 def adapted(folder, rank=4, seed=0, **kwargs):
-    model = Transformer.from_pretrained(folder)
+    model = load_pretrained(folder)
     return apply_lora(model, rank, seed=seed, base_model_name_or_path=str(folder), **kwargs)
 
 
@@ -64,7 +63,7 @@ def train_steps(model, steps=3, lr=1e-2):
 
 
 def test_at_init_the_adapted_model_is_the_base_and_only_the_adapters_train(model_dirs):
-    base = Transformer.from_pretrained(model_dirs["qwen3"])
+    base = load_pretrained(model_dirs["qwen3"])
     with torch.no_grad():
         base_logits = base(IDS)
     before = {k: v.clone() for k, v in base.state_dict().items()}
@@ -103,7 +102,7 @@ def test_merged_weights_give_the_adapted_logits(model_dirs, family, tmp_path):
     base_keys = set(load_file(str(model_dirs[family] / "model.safetensors")))
     assert set(load_file(str(tmp_path / "ckpt" / "model.safetensors"))) == base_keys
     with torch.no_grad():
-        torch.testing.assert_close(Transformer.from_pretrained(tmp_path / "ckpt")(IDS), logits, rtol=0, atol=1e-5)
+        torch.testing.assert_close(load_pretrained(tmp_path / "ckpt")(IDS), logits, rtol=0, atol=1e-5)
         # the adapter folder alone, loaded onto a fresh base, is the same model
         again = load_peft_adapter(adapted(model_dirs[family], seed=7), tmp_path / "ckpt" / ADAPTER_DIR)
         assert torch.equal(again(IDS), logits)
@@ -135,7 +134,7 @@ def test_peft_loads_the_adapter_onto_the_transformers_base_with_the_same_logits(
 
 
 def test_adapters_disabled_is_the_base_the_kl_reference(model_dirs):
-    base = Transformer.from_pretrained(model_dirs["llama"])
+    base = load_pretrained(model_dirs["llama"])
     with torch.no_grad():
         base_logits, base_hidden = base(IDS), base.hidden_states(IDS)
     model = adapted(model_dirs["llama"])
@@ -156,7 +155,7 @@ def test_adapters_disabled_is_the_base_the_kl_reference(model_dirs):
 
 def test_a_bfloat16_base_keeps_float32_adapters_and_optimizer_state(model_dirs):
     model = adapted(model_dirs["qwen2"], base_dtype=torch.bfloat16)
-    bf16 = Transformer.from_pretrained(model_dirs["qwen2"], dtype=torch.bfloat16)
+    bf16 = load_pretrained(model_dirs["qwen2"], dtype=torch.bfloat16)
     with torch.no_grad():
         assert torch.equal(model(IDS), bf16(IDS))
     assert {p.dtype for n, p in model.named_parameters() if ".lora_" not in n} == {torch.bfloat16}
@@ -310,7 +309,7 @@ def test_a_lora_run_writes_the_merged_editor_and_its_peft_adapter(lora_run, edit
     rebuilt = load_peft_adapter(adapted(editor_dir), ckpt / ADAPTER_DIR)
     with torch.no_grad():
         torch.testing.assert_close(merged(IDS), rebuilt(IDS), rtol=0, atol=1e-5)
-        assert not torch.allclose(merged(IDS), Transformer.from_pretrained(editor_dir)(IDS))   # it trained
+        assert not torch.allclose(merged(IDS), load_pretrained(editor_dir)(IDS))   # it trained
     state = torch.load(ckpt / "trainer_state.pt", weights_only=True)
     assert state["args"]["lora_rank"] == 4 and len(state["optimizer"]["state"]) == 2 * 7 * 2   # adapters only
 
@@ -443,7 +442,7 @@ def test_rewrite_train_with_lora_writes_merged_and_adapter_and_resumes_exactly(s
     assert json.loads((tmp_path / "straight" / "run_config.json").read_text())["lora"]["lora_rank"] == 4
     with torch.no_grad():
         rebuilt = load_peft_adapter(adapted(base), final / ADAPTER_DIR)
-        torch.testing.assert_close(Transformer.from_pretrained(final)(IDS), rebuilt(IDS), rtol=0, atol=1e-5)
+        torch.testing.assert_close(load_pretrained(final)(IDS), rebuilt(IDS), rtol=0, atol=1e-5)
 
     # stopped after 3 steps, then resumed: the same final weights as the uninterrupted run
     assert train_rewriter(sft_files, tmp_path / "resumed", "--max-steps", "3")[0] == 0

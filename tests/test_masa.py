@@ -1,20 +1,20 @@
-"""Unit tests of MASA stage 1: the model card (minskill/model_card.py), the reward, reading teacher replies
-(minskill/masa_replies.py), teacher retries/skips, hill climbing (minskill/masa.py), the target-call cache
-and budget (minskill/caching.py), augmentations and SFT records (minskill/masa_data.py).
+"""Unit tests of MASA stage 1: the model card (minskill/masa/model_card.py), the reward, reading teacher replies
+(minskill/masa/teacher.py), teacher retries/skips, hill climbing (minskill/masa/search.py), the target-call cache
+and budget (minskill/serve/caching.py), augmentations and SFT records (minskill/masa/data.py).
 (UCB1 itself: tests/test_ucb.py.)"""
 import json
 import random
 
 import pytest
 
-from minskill import masa, masa_data, masa_replies, model_card
-from minskill.caching import BudgetExhausted, CachingClient, CallBudget
-from minskill.client import ChatResult
-from minskill.masa import HillClimbState, hill_climb
-from minskill.masa_replies import TeacherReplyError
-from minskill.model_card import ModelCard
+from minskill.masa import data as masa_data, model_card, search as masa, teacher as masa_replies
+from minskill.masa.model_card import ModelCard
+from minskill.masa.search import HillClimbState, hill_climb
+from minskill.masa.teacher import TeacherReplyError
 from minskill.replies import extract_json
 from minskill.rollout import Trajectory, summarize
+from minskill.serve.caching import BudgetExhausted, CachingClient, CallBudget
+from minskill.serve.client import ChatResult
 from minskill.skills import Skill
 from minskill.skillsets import SkillSet
 

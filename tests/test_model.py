@@ -1,14 +1,14 @@
-"""minskill.model against Hugging Face transformers on tiny random checkpoints of each family; loading and
-saving them (minskill.weights, through Transformer.from_pretrained / save_pretrained)."""
+"""minskill.nn.model against Hugging Face transformers on tiny random checkpoints of each family; loading and
+saving them (minskill.nn.weights: load_pretrained / save_pretrained)."""
 import json
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from minskill.model import KVCache, Transformer
-from minskill.sampling import generate
-from minskill.weights import config_from_hf, config_to_hf
+from minskill.nn.model import KVCache
+from minskill.nn.sampling import generate
+from minskill.nn.weights import config_from_hf, config_to_hf, load_pretrained, save_pretrained
 
 transformers = pytest.importorskip("transformers")
 torch.set_num_threads(1)
@@ -74,7 +74,7 @@ def test_logits_and_greedy_match_transformers(checkpoints, name):
     if name == "sharded":
         assert (folder / "model.safetensors.index.json").exists() and not (folder / "model.safetensors").exists()
         assert len({*json.loads((folder / "model.safetensors.index.json").read_text())["weight_map"].values()}) > 1
-    model = Transformer.from_pretrained(folder)
+    model = load_pretrained(folder)
     assert ("lm_head.weight" in load_file_keys(folder)) != model.config.tie_word_embeddings
     ids, mask = left_pad(PROMPTS)
     position_ids = (mask.cumsum(1) - 1).clamp(min=0)
@@ -105,7 +105,7 @@ def load_file_keys(folder):
 
 
 def test_kv_cache_decoding_equals_full_forward(checkpoints):
-    model = Transformer.from_pretrained(checkpoints["qwen3_tied_bias"][1])
+    model = load_pretrained(checkpoints["qwen3_tied_bias"][1])
     ids, mask = left_pad(PROMPTS)
     extra = torch.randint(0, 256, (3, 6))
     full_ids, full_mask = torch.cat([ids, extra], 1), torch.cat([mask, torch.ones_like(extra)], 1)
@@ -125,7 +125,7 @@ def test_kv_cache_decoding_equals_full_forward(checkpoints):
 
 
 def test_left_padded_batch_equals_one_by_one(checkpoints):
-    model = Transformer.from_pretrained(checkpoints["llama3_tied"][1])
+    model = load_pretrained(checkpoints["llama3_tied"][1])
     ids, mask = left_pad(PROMPTS)
     with torch.no_grad():
         batch = model(ids, attention_mask=mask)
@@ -139,7 +139,7 @@ def test_left_padded_batch_equals_one_by_one(checkpoints):
 
 
 def test_cache_repeat_and_select(checkpoints):
-    model = Transformer.from_pretrained(checkpoints["qwen2_tied"][1])
+    model = load_pretrained(checkpoints["qwen2_tied"][1])
     ids, mask = left_pad(PROMPTS[:2])
     with torch.no_grad():
         cache = model.new_cache(2, 30)
@@ -156,11 +156,11 @@ def test_cache_repeat_and_select(checkpoints):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_save_load_round_trip_is_bit_identical(checkpoints, tmp_path, dtype):
     name = "llama3_tied" if dtype == torch.float32 else "qwen3_untied"
-    model = Transformer.from_pretrained(checkpoints[name][1], dtype=dtype)
+    model = load_pretrained(checkpoints[name][1], dtype=dtype)
     assert all(p.dtype == dtype for p in model.parameters())
-    model.save_pretrained(tmp_path / "out")
+    save_pretrained(model, tmp_path / "out")
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["config.json", "model.safetensors"]
-    again = Transformer.from_pretrained(tmp_path / "out", dtype=dtype)
+    again = load_pretrained(tmp_path / "out", dtype=dtype)
     a, b = model.state_dict(), again.state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert ("lm_head.weight" in load_file(tmp_path / "out" / "model.safetensors")) != model.config.tie_word_embeddings
@@ -176,7 +176,7 @@ def test_save_load_round_trip_is_bit_identical(checkpoints, tmp_path, dtype):
 
 def test_saved_checkpoint_loads_in_transformers(checkpoints, tmp_path):
     hf, folder = checkpoints["llama3_tied"]
-    Transformer.from_pretrained(folder).save_pretrained(tmp_path)
+    save_pretrained(load_pretrained(folder), tmp_path)
     reloaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
     ids = torch.tensor([PROMPTS[0]])
     with torch.no_grad():
@@ -192,7 +192,7 @@ def test_old_style_config_keys(checkpoints, tmp_path):
     config["rope_scaling"] = {("type" if k == "rope_type" else k): v for k, v in rope.items()}
     (tmp_path / "config.json").write_text(json.dumps(config))
     (tmp_path / "model.safetensors").write_bytes((folder / "model.safetensors").read_bytes())
-    model = Transformer.from_pretrained(tmp_path)
+    model = load_pretrained(tmp_path)
     assert model.config.rope_theta == 500000.0 and model.config.rope_scaling["rope_type"] == "llama3"
     ids = torch.tensor([list(range(60))])
     with torch.no_grad():
@@ -208,7 +208,7 @@ def test_tied_checkpoint_that_also_stores_lm_head_loads(checkpoints, tmp_path):
     state["lm_head.weight"] = state["model.embed_tokens.weight"].clone()
     save_file(state, tmp_path / "model.safetensors")
     (tmp_path / "config.json").write_text((folder / "config.json").read_text())
-    model = Transformer.from_pretrained(tmp_path, dtype=torch.bfloat16)
+    model = load_pretrained(tmp_path, dtype=torch.bfloat16)
     assert model.lm_head.weight is model.model.embed_tokens.weight
     assert not any(t.is_meta for t in model.state_dict().values()) and model.rope_inv_freq.dtype == torch.float32
 
@@ -221,7 +221,7 @@ def test_missing_and_unexpected_tensors_are_named(checkpoints, tmp_path):
     save_file(state, tmp_path / "model.safetensors")
     (tmp_path / "config.json").write_text((folder / "config.json").read_text())
     with pytest.raises(ValueError) as err:
-        Transformer.from_pretrained(tmp_path)
+        load_pretrained(tmp_path)
     assert "model.layers.1.self_attn.k_proj.bias" in str(err.value)
     assert "model.layers.0.mlp.extra_proj.weight" in str(err.value)
 
@@ -229,7 +229,7 @@ def test_missing_and_unexpected_tensors_are_named(checkpoints, tmp_path):
     state["model.norm.weight"] = torch.ones(65)
     save_file(state, tmp_path / "model.safetensors")
     with pytest.raises(ValueError, match=r"model\.norm\.weight has shape \(65,\)"):
-        Transformer.from_pretrained(tmp_path)
+        load_pretrained(tmp_path)
 
 
 def test_bad_configs_raise_naming_the_problem(tmp_path):
@@ -242,15 +242,15 @@ def test_bad_configs_raise_naming_the_problem(tmp_path):
         config_from_hf({k: v for k, v in base.items() if k != "hidden_size"})
     (tmp_path / "config.json").write_text(json.dumps({**base, "model_type": "gpt2"}))
     with pytest.raises(ValueError, match="'gpt2'"):
-        Transformer.from_pretrained(tmp_path)
+        load_pretrained(tmp_path)
     with pytest.raises(FileNotFoundError, match="config.json"):
-        Transformer.from_pretrained(tmp_path / "nowhere")
+        load_pretrained(tmp_path / "nowhere")
 
 
 def test_gradient_checkpointing_gives_the_same_gradients(checkpoints):
     grads = []
     for flag in (False, True):
-        model = Transformer.from_pretrained(checkpoints["qwen3_untied"][1]).train()
+        model = load_pretrained(checkpoints["qwen3_untied"][1]).train()
         model.gradient_checkpointing = flag
         ids, mask = left_pad(PROMPTS)
         model(ids, attention_mask=mask)[mask.bool()].logsumexp(-1).sum().backward()
@@ -262,8 +262,8 @@ def test_bfloat16_forward_is_close_to_float32(checkpoints):
     folder = checkpoints["qwen2_tied"][1]
     ids, mask = left_pad(PROMPTS)
     with torch.no_grad():
-        f32 = Transformer.from_pretrained(folder)(ids, attention_mask=mask)
-        bf16 = Transformer.from_pretrained(folder, dtype=torch.bfloat16)(ids, attention_mask=mask)
+        f32 = load_pretrained(folder)(ids, attention_mask=mask)
+        bf16 = load_pretrained(folder, dtype=torch.bfloat16)(ids, attention_mask=mask)
     assert bf16.dtype == torch.bfloat16
     real = mask.bool()
     assert (bf16.float()[real] - f32[real]).abs().max().item() < 0.1 * f32.abs().max().item()

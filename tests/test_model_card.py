@@ -6,7 +6,7 @@ from dataclasses import fields
 
 import pytest
 
-from minskill.model_card import ModelCard, read_card_file
+from minskill.masa.model_card import ModelCard, read_card_file
 
 # One value per ModelCard field, in the style of MASA's released cards: quoted strings, a size string for
 # parameter_count, plain integers, `true`, one comma-separated line of strengths, comments and blank lines.

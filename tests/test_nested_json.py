@@ -15,8 +15,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import evolve_masa  # noqa: E402
 import rewrite  # noqa: E402
-from minskill import report, sft, transfer  # noqa: E402
-from minskill.caching import CachingClient  # noqa: E402
+from minskill.masa import sft, transfer  # noqa: E402
+from minskill.report import __main__ as report  # noqa: E402
+from minskill.serve.caching import CachingClient  # noqa: E402
 from minskill.skills import SkillFormatError  # noqa: E402
 from minskill.skillsets import SkillSet  # noqa: E402
 from minskill.tasks import load_suite  # noqa: E402

@@ -15,8 +15,9 @@ import pytest
 import requests
 import torch
 
-from minskill.backends import _TextStream
-from minskill.server import BackendError, ModelBackend, ScriptedBackend, start_server
+from minskill.serve.backends import _TextStream
+from minskill.serve.errors import BackendError
+from minskill.serve.server import ModelBackend, ScriptedBackend, start_server
 
 USER = [{"role": "user", "content": "what is six times seven"}]
 
@@ -191,11 +192,11 @@ def test_text_stream_deltas_are_a_prefix_of_the_final_text():
 @pytest.fixture(scope="module")
 def tiny_backend(tmp_path_factory):
     from tiny import make_tiny_model_dir
-    from minskill.model import Transformer
-    from minskill.tokenizer import Tokenizer
+    from minskill.nn.tokenizer import Tokenizer
+    from minskill.nn.weights import load_pretrained
     path = make_tiny_model_dir(tmp_path_factory.mktemp("tiny") / "tiny-llama", family="llama", chat_format="chatml",
                                init_std=0.2)
-    return ModelBackend(Transformer.from_pretrained(path).eval(), Tokenizer.from_pretrained(path), "tiny")
+    return ModelBackend(load_pretrained(path).eval(), Tokenizer.from_pretrained(path), "tiny")
 
 
 @pytest.fixture(scope="module")
@@ -235,7 +236,7 @@ def slowed(backend, seconds=0.02):
 def endless_backend(tmp_path):
     """A tiny model that never stops by itself (no stop tokens), ~20 ms per decoding step."""
     from tiny import make_tiny_model_dir
-    from minskill.weights import load_model
+    from minskill.nn.weights import load_model
     model, tokenizer = load_model(str(make_tiny_model_dir(tmp_path / "m", family="llama")))
     tokenizer.stop_token_ids = []
     backend = ModelBackend(model, tokenizer, name="tiny")

@@ -1,27 +1,33 @@
-"""int8 weight-only quantization (minskill.quantize): the codes and scales by hand, the layer against its
+"""int8 weight-only quantization (minskill.nn.quantize): the codes and scales by hand, the layer against its
 equation, the kernel path against the dequantized fallback, and a quantized tiny model that still decodes
 like its float original."""
 import pytest
 import torch
 from torch import nn
 
-from minskill.quantize import Int8Linear, apply_quantization, has_int8_kernel, quantize_int8, quantize_rows
-from minskill.sampling import generate
-from minskill.weights import load_model
+from minskill.nn.quantize import Int8Linear, apply_quantization, has_int8_kernel, quantize_int8, quantize_rows
+from minskill.nn.sampling import generate
+from minskill.nn.weights import load_model
 from tiny import make_tiny_model_dir
 
 
-def test_rows_are_scaled_by_their_largest_weight():
+def test_rows_are_scaled_by_their_largest_weight_rounded_up_to_bfloat16():
     w = torch.tensor([[0.5, -1.27, 0.0], [0.0, 0.0, 0.0], [2.54, 1.0, -2.54]])
     codes, scales = quantize_rows(w)
-    assert scales.tolist() == pytest.approx([0.01, 1.0, 0.02])   # max|W_o·| / 127; an all-zero row gets 1
+    exact = torch.tensor([0.01, 1.0, 0.02])                      # max|W_o·| / 127; an all-zero row gets 1
+    assert torch.equal(scales.bfloat16().float(), scales)        # bfloat16 numbers: what the kernel keeps
+    assert (scales >= exact).all() and (scales <= exact * (1 + 2 ** -7)).all()
     assert codes.dtype == torch.int8 and codes.tolist() == [[50, -127, 0], [0, 0, 0], [127, 50, -127]]
 
 
-def test_the_error_of_each_weight_is_at_most_half_a_step():
-    w = torch.randn(64, 48, generator=torch.Generator().manual_seed(0))
+def test_the_error_of_each_weight_used_is_at_most_half_a_step():
+    """The bound holds for the weights both paths use, s·Q with s the bfloat16 scale, not a rounding of it."""
+    w = torch.randn(64, 48, generator=torch.Generator().manual_seed(0)) * torch.logspace(-3, 2, 64)[:, None]
     codes, scales = quantize_rows(w)
-    assert ((codes.float() * scales[:, None] - w).abs() <= scales[:, None] / 2 + 1e-7).all()
+    assert ((codes.float() * scales[:, None] - w).abs() <= scales[:, None] / 2 * (1 + 1e-6)).all()
+    for use_kernel in (True, False):   # what each path stores is those same codes and scales, exactly
+        layer = Int8Linear(weight=w, use_kernel=use_kernel)
+        assert torch.equal(layer.codes, codes) and torch.equal(layer.scales.float(), scales)
 
 
 @pytest.mark.parametrize("use_kernel", [True, False])
@@ -77,7 +83,8 @@ def test_kernel_path_equals_the_dequantized_fallback_and_decodes(tiny_dir):
         ids = torch.tensor([tokenizer.encode("a b c d e f g")])
         with torch.no_grad():
             logits.append(model(ids).float())
-    # the same numbers up to bf16 rounding (the kernel rounds x·Q, the fallback rounds diag(s)·Q)
+    # the same weights s·Q; the outputs differ only by the rounding of the accumulations (kernel bf16,
+    # fallback float32 then bf16)
     assert torch.allclose(logits[0], logits[1], atol=2e-2 * logits[1].abs().max().item())
     prompt = tokenizer.apply_chat_template([{"role": "user", "content": "hello"}], add_generation_prompt=True)
     samples = generate(model, [prompt, prompt[:5]], max_new_tokens=6, tokenizer=tokenizer,
@@ -98,8 +105,8 @@ def test_apply_quantization_names_the_choices():
 
 
 def test_server_serves_a_quantized_model_over_http(tiny_dir):
-    from minskill.quantize import Int8Linear as Int8
-    from minskill.server import ModelBackend, start_server
+    from minskill.nn.quantize import Int8Linear as Int8
+    from minskill.serve.server import ModelBackend, start_server
     backend = ModelBackend.from_spec(str(tiny_dir), quantize="int8", name="tiny-int8")
     assert isinstance(backend.model.lm_head, Int8)
     with start_server(backend) as server:

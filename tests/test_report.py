@@ -1,4 +1,4 @@
-"""The edit-provenance report (minskill/report.py) on small scripted runs built here: a train_grpo.py run (tiny
+"""The edit-provenance report (minskill/report/__main__.py) on small scripted runs built here: a train_grpo.py run (tiny
 random editor, scripted task model over HTTP) with and without the lineage record, its --eval folder, an
 evolve_masa.py run (scripted target and teacher), a rewrite.py --compare folder and a rewriter SFT folder; the
 cost per role each records (and the "not recorded" lines of folders written before it was). Checks what each page
@@ -22,8 +22,9 @@ sys.path.insert(0, str(ROOT))
 
 import evolve_masa  # noqa: E402
 import train_grpo  # noqa: E402
-from minskill import masa, provenance, report, ucb  # noqa: E402
-from minskill.server import ScriptedBackend, start_server  # noqa: E402
+from minskill.masa import search as masa, ucb  # noqa: E402
+from minskill.report import __main__ as report, html as report_html, provenance  # noqa: E402
+from minskill.serve.server import ScriptedBackend, start_server  # noqa: E402
 from minskill.skillsets import SkillSet  # noqa: E402
 from test_evolve_masa import skill, target_fn, teacher_fn, write_suite  # noqa: E402
 from test_skill_r1 import KEYWORDS, keyword_task_model, write_keyword_suite  # noqa: E402
@@ -333,7 +334,7 @@ def test_eval_report(eval_run, tmp_path):
     names = [r["name"] for r in record["rows"]]
     assert names[0] == "no skill" and names[2].startswith("Skill-R1 inference-only") and len(names) == 4
     for row in record["rows"]:
-        assert f"<td>{report.esc(row['name'])}</td><td class=\"num\">{row['success']:.3f}</td>" in text
+        assert f"<td>{report_html.esc(row['name'])}</td><td class=\"num\">{row['success']:.3f}</td>" in text
     for c in record["paired"]:
         assert f"<td class=\"num\">{c['p']:.3f}</td><td>{c['per_task_gained']} / {c['per_task_lost']}</td>" in text
     assert "p (sign-flip, by instance)" in text and "per task: gained / lost" in text
@@ -491,7 +492,7 @@ def test_pages_load_in_chromium_without_console_errors(skill_r1_lineage_run, mas
                                                        tmp_path):
     # the check itself: a page with the report's policy and a script in it must be caught
     probe = tmp_path / "probe.html"
-    probe.write_text(report.page("probe", "", [report.Safe(f"{XSS}<img src='http://example.invalid/x.png'>")]))
+    probe.write_text(report_html.page("probe", "", [report_html.Safe(f"{XSS}<img src='http://example.invalid/x.png'>")]))
     assert len(browse(probe, tmp_path / "probe.png", tmp_path / "profile", 600)) >= 2
     keep = os.environ.get("MINSKILL_REPORT_SCREENSHOTS")
     for name, folder in (("skill_r1", skill_r1_lineage_run[0]), ("masa", masa_run), ("compare", compare_run),

@@ -7,10 +7,10 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 import pytest
 
 from minskill import rollout
-from minskill.client import ChatClient
-from minskill.retrieval import (RetrievalError, RetrievedSkills, Retriever, bm25_scores, retriever_from_args,
-                                tokens, with_retrieval)
-from minskill.server import ScriptedBackend, start_server
+from minskill.retrieval import (RetrievalError, RetrievedSkills, Retriever, bm25_scores, retriever_from_args, tokens,
+                                with_retrieval)
+from minskill.serve.client import ChatClient
+from minskill.serve.server import ScriptedBackend, start_server
 from minskill.skills import Skill
 from minskill.skillsets import SkillSet
 from minskill.tasks import Task

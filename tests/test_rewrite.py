@@ -11,8 +11,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from minskill.model_card import ModelCard
-from minskill.server import ScriptedBackend, start_server
+from minskill.masa.model_card import ModelCard
+from minskill.serve.server import ScriptedBackend, start_server
 from minskill.skillsets import SkillSet
 from tiny import make_tiny_model_dir
 
@@ -290,7 +290,7 @@ def test_apply_gives_the_rewriter_the_card_and_task_its_sft_records_hold(trained
     import sys
     sys.path.insert(0, str(ROOT))
     import evolve_masa
-    from minskill.weights import CONVERTED_FILES, DEFAULT_MODEL
+    from minskill.nn.weights import CONVERTED_FILES, DEFAULT_MODEL
     folder = tmp_path / "cache" / DEFAULT_MODEL
     folder.mkdir(parents=True)
     for name in CONVERTED_FILES:
@@ -319,7 +319,7 @@ def test_apply_gives_the_rewriter_the_card_and_task_its_sft_records_hold(trained
     assert seen["card"] == record_card
     assert seen["task"] == run_setup.task_description and seen["task"].startswith("Suite 'qa'")
     assert "has no strengths or weaknesses" in stderr       # said: only a run folder's card has the teacher's
-    from minskill import transfer                           # transfer's embedded target: the same builder
+    from minskill.masa import transfer  # transfer's embedded target: the same builder
     (target,) = transfer.load_targets(transfer.build_parser().parse_args(
         ["--libraries", "builtin", "--targets", f"f={DEFAULT_MODEL}", "--rewriter", str(trained[0])]))
     assert target.card == record_card

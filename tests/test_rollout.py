@@ -8,10 +8,11 @@ import threading
 import pytest
 
 from minskill import rollout
-from minskill.runs import append_jsonl, read_jsonl
-from minskill.rollout import (Trajectory, load_trajectories, parse_action, run_rollouts, skill_text,
-                              summarize, wilson_interval)
-from minskill.server import BackendError, ScriptedBackend, start_server
+from minskill.files import append_jsonl, read_jsonl
+from minskill.rollout import (Trajectory, load_trajectories, parse_action, run_rollouts, skill_text, summarize,
+                              wilson_interval)
+from minskill.serve.errors import BackendError
+from minskill.serve.server import ScriptedBackend, start_server
 from minskill.skills import Skill
 from minskill.skillsets import SkillSet
 from minskill.tasks import HouseholdEnv, WebWalkEnv, load_suite, oracle_actions

@@ -14,8 +14,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the scripts l
 import evolve_masa  # noqa: E402
 import rewrite  # noqa: E402
 import train_grpo  # noqa: E402
-from minskill import transfer  # noqa: E402
-from minskill.runs import RUN_MARKER, RunFolderError, check_run_folder, lr_factor, open_run_folder  # noqa: E402
+from minskill.masa import transfer  # noqa: E402
+from minskill.nn.optim import lr_factor  # noqa: E402
+from minskill.runs import RUN_MARKER, RunFolderError, check_run_folder, open_run_folder  # noqa: E402
 
 
 def snapshot(folder: Path) -> dict:
@@ -123,7 +124,7 @@ def _transfer(out):
     ("evolve_masa.py", lambda out: evolve_masa.main(["--out", out, "--overwrite", "--target-url",
                                                      "http://127.0.0.1:9/v1"])),
     ("evolve_masa.py --merge", lambda out: evolve_masa.main(["--merge", "x", "--out", out, "--overwrite"])),
-    ("minskill.transfer", _transfer),
+    ("minskill.masa.transfer", _transfer),
 ])
 def test_every_script_refuses_to_overwrite_what_is_not_a_run(tmp_path, monkeypatch, capsys, script, argv):
     not_runs = _not_runs(tmp_path, monkeypatch)
@@ -191,7 +192,14 @@ class Saves:
         (Path(folder) / "weights.txt").write_text(self.tag)
 
 
-def test_checkpoint_holds_the_state_and_the_rng_and_leaves_no_staging(tmp_path):
+@pytest.fixture
+def saves(monkeypatch):
+    """save_checkpoint writes the model with minskill.nn.weights.save_pretrained(model, folder): a Saves stands in."""
+    from minskill import runs
+    monkeypatch.setattr(runs, "save_pretrained", lambda model, folder: model.save_pretrained(folder))
+
+
+def test_checkpoint_holds_the_state_and_the_rng_and_leaves_no_staging(tmp_path, saves):
     import random
     import torch
     from minskill.runs import load_trainer_state, save_checkpoint
@@ -204,7 +212,7 @@ def test_checkpoint_holds_the_state_and_the_rng_and_leaves_no_staging(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint"]
 
 
-def test_a_damaged_trainer_state_is_an_error_naming_the_file(tmp_path):
+def test_a_damaged_trainer_state_is_an_error_naming_the_file(tmp_path, saves):
     """Issue 22, point 13: a truncated trainer_state.pt was torch's traceback."""
     import torch
     from minskill.runs import TRAINER_STATE, load_trainer_state, save_checkpoint
@@ -223,7 +231,7 @@ def test_a_damaged_trainer_state_is_an_error_naming_the_file(tmp_path):
         load_trainer_state(tmp_path / "checkpoint")
 
 
-def test_a_save_killed_between_its_renames_leaves_the_old_checkpoint(tmp_path, monkeypatch):
+def test_a_save_killed_between_its_renames_leaves_the_old_checkpoint(tmp_path, monkeypatch, saves):
     import os
     from minskill import runs
     folder = tmp_path / "checkpoint"
@@ -245,7 +253,7 @@ def test_a_save_killed_between_its_renames_leaves_the_old_checkpoint(tmp_path, m
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint"]
 
 
-def test_stale_staging_folders_are_cleaned_at_the_next_save(tmp_path):
+def test_stale_staging_folders_are_cleaned_at_the_next_save(tmp_path, saves):
     from minskill.runs import save_checkpoint
     (tmp_path / ".tmp-checkpoint-killed").mkdir()            # a save killed while writing
     (tmp_path / ".tmp-checkpoint-killed" / "weights.txt").write_text("half")

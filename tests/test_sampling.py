@@ -1,11 +1,11 @@
-"""minskill.sampling: sampling properties checked against the model's own logits, and completion log-probs."""
+"""minskill.nn.sampling: sampling properties checked against the model's own logits, and completion log-probs."""
 import pytest
 import torch
 
-from minskill import sampling
-from minskill.model import Transformer
-from minskill.sampling import Sample, completion_logprobs, generate
-from minskill.weights import config_from_hf
+from minskill.nn import sampling
+from minskill.nn.model import Transformer
+from minskill.nn.sampling import Sample, completion_logprobs, generate
+from minskill.nn.weights import config_from_hf, load_pretrained, save_pretrained
 
 torch.set_num_threads(1)
 
@@ -193,8 +193,8 @@ def test_completion_logprobs_gradient_flows(model):
 
 
 def test_bfloat16_generation_runs(model, tmp_path):
-    model.save_pretrained(tmp_path)
-    bf16 = Transformer.from_pretrained(tmp_path, dtype=torch.bfloat16)
+    save_pretrained(model, tmp_path)
+    bf16 = load_pretrained(tmp_path, dtype=torch.bfloat16)
     samples = generate(bf16, PROMPTS, n=2, max_new_tokens=5, temperature=1.0, top_k=10, seed=0)
     assert [len(s.token_ids) for s in samples] == [5] * 6
     assert all(-1e9 < lp <= 0 for s in samples for lp in s.logprobs)

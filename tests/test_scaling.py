@@ -29,12 +29,12 @@ sys.path.insert(0, str(ROOT))
 import evolve_masa  # noqa: E402
 import rewrite  # noqa: E402
 import train_grpo  # noqa: E402
-from minskill import skill_r1_eval  # noqa: E402
-from minskill.caching import CallBudget  # noqa: E402
-from minskill.client import ChatClient  # noqa: E402
-from minskill.masa import MasaConfig  # noqa: E402
+from minskill.masa.search import MasaConfig  # noqa: E402
 from minskill.rollout import run_rollouts  # noqa: E402
-from minskill.skill_r1 import EvolveConfig, Instance, score_skills  # noqa: E402
+from minskill.serve.caching import CallBudget  # noqa: E402
+from minskill.serve.client import ChatClient  # noqa: E402
+from minskill.skill_r1 import evaluate as skill_r1_eval  # noqa: E402
+from minskill.skill_r1.loop import EvolveConfig, Instance, score_skills  # noqa: E402
 from minskill.tasks.base import Task  # noqa: E402
 
 ENDPOINTS, BATCH = 3, 2     # E replicas, each serving B requests at once

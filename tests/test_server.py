@@ -1,4 +1,4 @@
-"""minskill.server over real loopback HTTP: reply shape, n, stop, validation (every bad request gets
+"""minskill.serve.server over real loopback HTTP: reply shape, n, stop, validation (every bad request gets
 its 4xx and the server keeps serving; fuzzed ones never a 500), unknown models, batching, backend errors,
 token accounting, stalled clients and the connection cap; with a tiny random model: seeds, batched ==
 sequential greedy, context limits, typed special tokens; the CLI and the embedded default."""
@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 import requests
 
-from minskill.client import ChatClient, ChatError
-from minskill.server import BackendError, ScriptedBackend, embedded_client, start_server
+from minskill.serve.client import ChatClient, ChatError
+from minskill.serve.errors import BackendError
+from minskill.serve.server import ScriptedBackend, embedded_client, start_server
 
 REPO = Path(__file__).resolve().parent.parent
 USER = [{"role": "user", "content": "what is six times seven"}]
@@ -216,7 +217,7 @@ def test_backend_errors_reach_the_client_and_server_survives():
 
 
 def test_retry_after_header_is_sent(monkeypatch):
-    from minskill import client as client_module
+    from minskill.serve import client as client_module
     slept = []
     monkeypatch.setattr(client_module, "sleep", slept.append)
     attempts = []
@@ -301,10 +302,10 @@ def tiny_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tiny_backend(tiny_dir):
-    from minskill.model import Transformer
-    from minskill.server import ModelBackend
-    from minskill.tokenizer import Tokenizer
-    return ModelBackend(Transformer.from_pretrained(tiny_dir).eval(), Tokenizer.from_pretrained(tiny_dir), "tiny")
+    from minskill.nn.tokenizer import Tokenizer
+    from minskill.nn.weights import load_pretrained
+    from minskill.serve.server import ModelBackend
+    return ModelBackend(load_pretrained(tiny_dir).eval(), Tokenizer.from_pretrained(tiny_dir), "tiny")
 
 
 @pytest.fixture(scope="module")
@@ -395,7 +396,7 @@ def test_batched_equals_sequential(tiny_backend):
 def test_cli_serves_logs_and_stops_on_sigint(tiny_dir, tmp_path):
     stderr_path = tmp_path / "stderr.txt"
     with open(stderr_path, "w") as stderr:
-        process = subprocess.Popen([sys.executable, "-m", "minskill.server", "--model", str(tiny_dir), "--port", "0",
+        process = subprocess.Popen([sys.executable, "-m", "minskill.serve", "--model", str(tiny_dir), "--port", "0",
                                     "--api-key", "k", "--max-batch", "4", "--log-requests", "--device", "cpu",
                                     "--threads", "1"],
                                    cwd=REPO, stdout=subprocess.PIPE, stderr=stderr, text=True)
@@ -442,7 +443,7 @@ def test_embedded_server_exits_when_its_parent_is_killed(tiny_dir, tmp_path):
     script = tmp_path / "parent.py"
     script.write_text(textwrap.dedent(f"""
         import sys, time
-        from minskill.server import embedded_client
+        from minskill.serve.server import embedded_client
         with embedded_client(model_spec={str(tiny_dir)!r}) as client:
             print(client.server_process.pid, flush=True)
             time.sleep(600)
@@ -527,8 +528,8 @@ def test_a_queued_request_whose_client_timed_out_is_never_run():
 
 
 def test_a_running_request_whose_client_has_gone_stops_generating(tmp_path):
-    from minskill.server import ModelBackend
-    from minskill.weights import load_model
+    from minskill.nn.weights import load_model
+    from minskill.serve.server import ModelBackend
     from tiny import make_tiny_model_dir
 
     model, tokenizer = load_model(str(make_tiny_model_dir(tmp_path / "m", family="llama")))

@@ -1,4 +1,4 @@
-"""minskill/sft.py: records -> chats -> masked tokens, the chunked target-token loss, the training loop
+"""minskill/masa/sft.py: records -> chats -> masked tokens, the chunked target-token loss, the training loop
 (memorisation, resume round trip), bad data handling."""
 import json
 import math
@@ -6,11 +6,11 @@ import math
 import pytest
 import torch
 
-from minskill import sft
-from minskill.model import Transformer
-from minskill.runs import lr_factor
-from minskill.sampling import generate
-from minskill.tokenizer import Tokenizer
+from minskill.masa import sft
+from minskill.nn.optim import lr_factor
+from minskill.nn.sampling import generate
+from minskill.nn.tokenizer import Tokenizer
+from minskill.nn.weights import load_pretrained
 from tiny import make_tiny_model_dir, make_tiny_tokenizer_dir
 
 
@@ -128,7 +128,7 @@ def test_too_long_records_are_skipped_or_truncated_and_counted(tiny_dir):
 # ----------------------------------------------------------------------------------------------- loss
 
 def test_target_nll_equals_full_logit_reference_and_ignores_padding(tiny_dir):
-    tok, model = Tokenizer.from_pretrained(tiny_dir), Transformer.from_pretrained(tiny_dir)
+    tok, model = Tokenizer.from_pretrained(tiny_dir), load_pretrained(tiny_dir)
     examples, _ = sft.encode_records(tok, [record("alpha", "Carry the one."),
                                            record("beta", "Check the units twice.", task="Unit conversion.")])
     assert len(examples[0].input_ids) != len(examples[1].input_ids)
@@ -152,7 +152,7 @@ def test_target_nll_equals_full_logit_reference_and_ignores_padding(tiny_dir):
 
 
 def test_learning_rate_schedule_warmup_then_cosine():
-    """SFT's schedule is minskill.runs.lr_factor times the peak lr (the one Skill-R1 uses too)."""
+    """SFT's schedule is minskill.nn.optim.lr_factor times the peak lr (the one Skill-R1 uses too)."""
     total, peak = 100, 1e-3
     lrs = [peak * lr_factor(s, total, warmup_ratio=0.1) for s in range(total)]
     assert lrs[0] == pytest.approx(peak / 10) and lrs[9] == pytest.approx(peak)       # 10 warmup steps
@@ -167,7 +167,7 @@ def test_learning_rate_schedule_warmup_then_cosine():
 # ----------------------------------------------------------------------------------------------- training
 
 def test_training_loss_falls_and_the_model_reproduces_memorised_targets(tiny_dir, tmp_path):
-    tok, model = Tokenizer.from_pretrained(tiny_dir), Transformer.from_pretrained(tiny_dir)
+    tok, model = Tokenizer.from_pretrained(tiny_dir), load_pretrained(tiny_dir)
     records = [record("alpha", "Carry the one."), record("beta", "Check units.")]
     examples, _ = sft.encode_records(tok, records)
     cfg = sft.SFTConfig(lr=2e-2, epochs=40, batch_size=2, micro_batch_size=2, eval_every=10, save_every=1000,
@@ -184,7 +184,7 @@ def test_training_loss_falls_and_the_model_reproduces_memorised_targets(tiny_dir
     assert any(line.startswith("step 10/40 | loss ") and "tok/s | ETA " in line for line in lines)
     assert (tmp_path / "run" / "loss.svg").read_text().startswith("<svg")
 
-    trained = Transformer.from_pretrained(tmp_path / "run" / "final")                  # the saved HF folder
+    trained = load_pretrained(tmp_path / "run" / "final")                  # the saved HF folder
     Tokenizer.from_pretrained(tmp_path / "run" / "final")
     for e, r in zip(examples, records):
         sample = generate(trained, [e.input_ids[:e.num_prompt_tokens]], max_new_tokens=40, temperature=0,
@@ -200,10 +200,10 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(tiny_dir, tmp_path):
     # 4 records, batch 2 (2 micro-batches of 1) -> 2 steps per epoch; 3 epochs = 6 steps; stop mid-epoch at 3
     cfg = dict(lr=1e-2, epochs=3, batch_size=2, micro_batch_size=1, save_every=100, log_every=100, seed=3)
 
-    full = Transformer.from_pretrained(tiny_dir)
+    full = load_pretrained(tiny_dir)
     sft.train_sft(full, tok, examples, tmp_path / "full", sft.SFTConfig(**cfg), log=lambda _: None)
 
-    first = Transformer.from_pretrained(tiny_dir)
+    first = load_pretrained(tiny_dir)
     summary = sft.train_sft(first, tok, examples, tmp_path / "cut", sft.SFTConfig(**cfg, max_steps=3),
                             log=lambda _: None)
     assert not summary["finished"] and sft.latest_checkpoint(tmp_path / "cut").name == "checkpoint-3"
@@ -212,7 +212,7 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(tiny_dir, tmp_path):
         f.write(json.dumps({"step": 4, "loss": 123.0}) + "\n")
     with pytest.raises(ValueError, match="checkpoints of an earlier run"):   # never mixed with a fresh run
         sft.train_sft(first, tok, examples, tmp_path / "cut", sft.SFTConfig(**cfg), log=lambda _: None)
-    resumed = Transformer.from_pretrained(tiny_dir)              # fresh base weights, replaced on resume
+    resumed = load_pretrained(tiny_dir)              # fresh base weights, replaced on resume
     lines = []
     summary = sft.train_sft(resumed, tok, examples, tmp_path / "cut", sft.SFTConfig(**cfg), resume=True,
                             log=lines.append)
@@ -223,7 +223,7 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(tiny_dir, tmp_path):
         assert torch.equal(tensor, expected[name]), name
     loss_of = lambda run: [json.loads(l)["loss"] for l in (tmp_path / run / "metrics.jsonl").read_text().splitlines()]
     assert loss_of("cut") == loss_of("full") and len(loss_of("full")) == 6
-    saved = Transformer.from_pretrained(tmp_path / "cut" / "final")
+    saved = load_pretrained(tmp_path / "cut" / "final")
     assert all(torch.equal(t, expected[n]) for n, t in saved.state_dict().items())
 
 
@@ -231,7 +231,7 @@ def test_svg_plot_and_throughput_hook(tiny_dir, tmp_path):
     sft.write_svg_plot(tmp_path / "p.svg", {"train": [(1, 3.0), (2, 2.0)], "val": [(2, 2.5)]}, "t", "x", "y")
     text = (tmp_path / "p.svg").read_text()
     assert text.startswith("<svg") and text.count("<polyline") == 2 and "val" in text
-    model = Transformer.from_pretrained(tiny_dir)
+    model = load_pretrained(tiny_dir)
     ids = torch.randint(3, model.config.vocab_size, (2, 32), generator=torch.Generator().manual_seed(0))
     result = sft.sft_throughput(model, ids, steps=2, warmup_steps=1)
     assert result["tokens_per_step"] == 64 and result["tokens_per_s"] > 0 and math.isfinite(result["loss"])

@@ -1,4 +1,4 @@
-"""The shared-prefix update (minskill.shared_prefix): one prompt pass for a whole GRPO group gives the same
+"""The shared-prefix update (minskill.nn.shared_prefix): one prompt pass for a whole GRPO group gives the same
 log-probs and the same gradient of every parameter as the unshared computation (the prompt repeated for each
 completion, sampling.completion_logprobs), within 1e-5 in float32, for the three aggregations and with β > 0."""
 import copy
@@ -6,10 +6,10 @@ import copy
 import pytest
 import torch
 
-from minskill.grpo import policy_loss
-from minskill.sampling import completion_logprobs
-from minskill.shared_prefix import grouped_logprobs, shared_prefix_logprobs
-from minskill.weights import load_model
+from minskill.nn.sampling import completion_logprobs
+from minskill.nn.shared_prefix import grouped_logprobs, shared_prefix_logprobs
+from minskill.nn.weights import load_model
+from minskill.skill_r1.grpo import policy_loss
 from tiny import make_tiny_model_dir
 
 

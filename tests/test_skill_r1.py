@@ -12,14 +12,14 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # train_grpo.py lives at the repo root
 
 import train_grpo  # noqa: E402
-from minskill import skill_r1  # noqa: E402
-from minskill.sampling import Sample  # noqa: E402
-from minskill.server import ScriptedBackend, start_server  # noqa: E402
-from minskill.skill_r1 import (EvolveConfig, HistoryEntry, Instance, Outcome, assign_advantages,  # noqa: E402
-                               editor_messages, evolve, evolve_batch, make_instances, parse_candidate)
+from minskill.nn.sampling import Sample  # noqa: E402
+from minskill.nn.tokenizer import Tokenizer  # noqa: E402
+from minskill.nn.weights import load_model  # noqa: E402
+from minskill.serve.server import ScriptedBackend, start_server  # noqa: E402
+from minskill.skill_r1 import loop as skill_r1  # noqa: E402
+from minskill.skill_r1.loop import (EvolveConfig, HistoryEntry, Instance, Outcome, assign_advantages,  # noqa: E402
+                                    editor_messages, evolve, evolve_batch, make_instances, parse_candidate)
 from minskill.tasks import Task  # noqa: E402
-from minskill.tokenizer import Tokenizer  # noqa: E402
-from minskill.weights import load_model  # noqa: E402
 from tiny import make_tiny_model_dir  # noqa: E402
 
 # The synthetic suite: task k is answered right only when the skill (the task model's system prompt) contains

@@ -5,11 +5,12 @@ import warnings
 
 import pytest
 
-from minskill import masa, skills as skills_module
-from minskill.model_card import ModelCard
+from minskill import skills as skills_module
+from minskill.masa import search as masa
+from minskill.masa.model_card import ModelCard
 from minskill.replies import parse_skillset
 from minskill.rollout import skill_text
-from minskill.skill_r1 import Instance, editor_messages
+from minskill.skill_r1.loop import Instance, editor_messages
 from minskill.skills import (MAX_FILE_BYTES, MAX_RESOURCE_BYTES, MAX_RESOURCE_FILES, Skill, SkillFormatError,
                              SkillWarning)
 from minskill.skillsets import SkillSet

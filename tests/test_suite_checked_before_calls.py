@@ -11,7 +11,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import evolve_masa  # noqa: E402
-from minskill.server import ScriptedBackend, start_server  # noqa: E402
+from minskill.serve.server import ScriptedBackend, start_server  # noqa: E402
 from minskill.skillsets import SkillSet  # noqa: E402
 
 

@@ -7,11 +7,10 @@ import re
 import pytest
 
 from minskill.skills import SkillFormatError, validate_task_type
-from minskill.tasks import NOTHING_HAPPENS, Task, load_suite, oracle_actions, task_types
+from minskill.tasks import NOTHING_HAPPENS, Task, load_suite, make_env, oracle_actions, task_types
 from minskill.tasks.base import check_task_type
 from minskill.tasks.household import TASK_TYPES as HOUSEHOLD_TYPES
-from minskill.tasks.qa import _CONVERSIONS
-from minskill.tasks.qa import TASK_TYPES as QA_TYPES
+from minskill.tasks.qa import TASK_TYPES as QA_TYPES, _CONVERSIONS
 from minskill.tasks.webwalk import LEVELS
 
 
@@ -94,7 +93,7 @@ def test_qa_tasks_score_their_own_answer():
     by_type = {t.type: t for t in tasks}
     assert "How many" in by_type["counting"].question
     with pytest.raises(ValueError, match="single-turn"):
-        tasks[0].make_env()
+        make_env(tasks[0])
 
 
 def test_qa_generated_answers_are_right():
@@ -228,7 +227,7 @@ def test_the_task_type_rule_is_the_skill_folder_rule():
 # --------------------------------------------------------------------------- environments
 
 def _run(task, actions):
-    env = task.make_env()
+    env = make_env(task)
     observation = env.reset()
     done = success = False
     for action in actions:
@@ -258,7 +257,7 @@ def _household(task_type="pick_heat_then_place", split="train"):
 
 def test_household_invalid_actions_say_nothing_happens_and_are_counted():
     task = _household()
-    env = task.make_env()
+    env = make_env(task)
     first = env.reset()
     assert "Your task is to: heat some" in first and task.question in first
     closed = next(r for r, s in env.receptacles.items() if s["openable"])
@@ -283,7 +282,7 @@ def test_household_invalid_actions_say_nothing_happens_and_are_counted():
 
 def test_household_mechanics():
     task = _household("pick_cool_then_place")
-    env = task.make_env()
+    env = make_env(task)
     env.reset()
     fridge = next(r for r, s in env.receptacles.items() if s["type"] == "fridge")
     assert env.step(f"go to {fridge}")[0] == f"You arrive at {fridge}. The {fridge} is closed."
@@ -307,7 +306,7 @@ def test_household_mechanics():
 
 def test_household_admissible_actions_all_do_something():
     for task in load_suite("household", "train", n=12):
-        env = task.make_env()
+        env = make_env(task)
         env.reset()
         for action in oracle_actions(task)[:-1]:
             for candidate in env.admissible_actions():
@@ -320,7 +319,7 @@ def test_household_admissible_actions_all_do_something():
 
 def test_step_budget_and_end_of_episode():
     task = _household()
-    env = task.make_env()
+    env = make_env(task)
     env.reset()
     for k in range(task.max_steps):
         observation, done, success = env.step("look")
@@ -336,7 +335,7 @@ def test_step_budget_and_end_of_episode():
 def test_action_normalisation():
     task = _household("pick_and_place")
     plan = oracle_actions(task)
-    env = task.make_env()
+    env = make_env(task)
     env.reset()
     for action in plan:
         observation, done, success = env.step(f"  `{action.upper()}.`  ")
@@ -346,7 +345,7 @@ def test_action_normalisation():
 
 def test_webwalk_navigation_and_answers():
     task = next(t for t in load_suite("webwalk", "train") if t.type == "hard" and t.metadata["sources"] == 2)
-    env = task.make_env()
+    env = make_env(task)
     first = env.reset()
     assert first.startswith(f"Question: {task.question}") and "Page: " in first and "Links: [About]" in first
     assert env.step("back")[0] == NOTHING_HAPPENS                    # nothing to go back to

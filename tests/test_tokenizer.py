@@ -1,4 +1,4 @@
-"""minskill.tokenizer against Hugging Face transformers: chat templates token for token (SmolLM2 ChatML with its
+"""minskill.nn.tokenizer against Hugging Face transformers: chat templates token for token (SmolLM2 ChatML with its
 default system prompt, Qwen2.5, Qwen3 with thinking off, Llama 3.0/3.1/3.2), encode/decode, stop ids, saving."""
 import json
 import time
@@ -6,7 +6,7 @@ import time
 import pytest
 from tiny import TEMPLATES, make_tiny_model_dir, make_tiny_tokenizer_dir
 
-from minskill.tokenizer import Tokenizer
+from minskill.nn.tokenizer import Tokenizer
 
 transformers = pytest.importorskip("transformers")
 

@@ -17,13 +17,13 @@ from safetensors.torch import load_file
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # train_grpo.py lives at the repo root
 
 import train_grpo  # noqa: E402
-from minskill.client import ChatClient  # noqa: E402
-from minskill.grpo import policy_loss  # noqa: E402
-from minskill.sampling import completion_logprobs  # noqa: E402
-from minskill.server import ScriptedBackend, start_server  # noqa: E402
-from minskill.skill_r1 import EvolveConfig  # noqa: E402
-from minskill.weights import load_model  # noqa: E402
-from minskill.skill_r1_eval import heldout_instances, kl_to_frozen, probe_instances, success  # noqa: E402
+from minskill.nn.sampling import completion_logprobs  # noqa: E402
+from minskill.nn.weights import load_model  # noqa: E402
+from minskill.serve.client import ChatClient  # noqa: E402
+from minskill.serve.server import ScriptedBackend, start_server  # noqa: E402
+from minskill.skill_r1.evaluate import heldout_instances, kl_to_frozen, probe_instances, success  # noqa: E402
+from minskill.skill_r1.grpo import policy_loss  # noqa: E402
+from minskill.skill_r1.loop import EvolveConfig  # noqa: E402
 from test_skill_r1 import KEYWORDS, keyword_task_model, keyword_tasks, write_keyword_suite  # noqa: E402
 from tiny import make_tiny_model_dir  # noqa: E402
 

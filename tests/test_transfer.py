@@ -1,5 +1,5 @@
-"""The transfer matrix (minskill/transfer.py) and its report page (minskill/report_transfer.py), with scripted
-targets behind the real HTTP server (minskill.server.ScriptedBackend on loopback).
+"""The transfer matrix (minskill/masa/transfer.py) and its report page (minskill/report/transfer.py), with scripted
+targets behind the real HTTP server (minskill.serve.server.ScriptedBackend on loopback).
 
 The scripted targets prefer different skills, the model-dependence effect of the MASA paper: target `alpha`
 solves held-out task i (of 10) under library alpha for i < 8, under library beta for i < 2, with no skill for
@@ -22,10 +22,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from minskill import transfer  # noqa: E402
-from minskill.report_transfer import load_transfer, render_transfer  # noqa: E402
+from minskill.masa import transfer  # noqa: E402
+from minskill.report.provenance import load_transfer  # noqa: E402
+from minskill.report.transfer import render_transfer  # noqa: E402
 from minskill.runs import RUN_MARKER  # noqa: E402
-from minskill.server import ScriptedBackend, start_server  # noqa: E402
+from minskill.serve.server import ScriptedBackend, start_server  # noqa: E402
 from minskill.skillsets import SkillSet  # noqa: E402
 from test_evolve_masa import skill  # noqa: E402
 from test_report import CHROMIUM, XSS, assert_self_contained_and_escaped, browse  # noqa: E402
@@ -157,7 +158,7 @@ def test_report_page_draws_the_heat_map_with_every_run_string_escaped(matrix, tm
     run = load_transfer(out)
     text = render_transfer(run)
     assert_self_contained_and_escaped(text)          # the XSS model name and task question: escaped
-    from minskill import report
+    from minskill.report import __main__ as report
     page = tmp_path / "page.html"
     assert report.main([str(out), "-o", str(page)]) == 0 and page.read_text(encoding="utf-8") == text  # the CLI
     svg = text[text.index("<svg"):text.index("</svg>")]
@@ -173,7 +174,7 @@ def test_report_page_draws_the_heat_map_with_every_run_string_escaped(matrix, tm
 
 
 def test_a_folder_without_transfer_json_is_not_a_run(tmp_path):
-    from minskill.provenance import NotARun
+    from minskill.report.provenance import NotARun
     with pytest.raises(NotARun, match="transfer.json"):
         load_transfer(tmp_path)
     (tmp_path / "transfer.json").write_text('{"libraries": []}')
@@ -484,7 +485,7 @@ def test_resume_and_the_report_refuse_a_wrong_shaped_transfer_json_naming_the_fi
     code, _, stderr = run_main(["--resume", "--out", partial])
     assert code == 2 and f"{partial / 'transfer.json'}" in stderr and names in stderr, stderr
     assert (partial / "transfer.json").read_bytes() == before
-    from minskill import report
+    from minskill.report import __main__ as report
     stderr = io.StringIO()
     with redirect_stderr(stderr):
         assert report.main([str(partial), "-o", str(tmp_path / "page.html")]) == 2

@@ -1,4 +1,4 @@
-"""Tests of minskill.ucb: UCB1 values, subtree statistics, selection, search on scripted bandit trees,
+"""Tests of minskill.masa.ucb: UCB1 values, subtree statistics, selection, search on scripted bandit trees,
 serialisation and resume."""
 import json
 import math
@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from minskill.ucb import (Node, backpropagate, best_node, evaluate, expand, from_dict, iter_nodes, search,
-                          select, to_dict, ucb1, ucb_score)
+from minskill.masa.ucb import (Node, backpropagate, best_node, evaluate, expand, from_dict, iter_nodes, search, select,
+                               to_dict, ucb1, ucb_score)
 
 
 def test_ucb1_matches_hand_computation():

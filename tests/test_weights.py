@@ -1,4 +1,4 @@
-"""minskill.weights: GGUF -> HF conversion on a tiny GGUF written here with the `gguf` package's writer (llama
+"""minskill.nn.weights: GGUF -> HF conversion on a tiny GGUF written here with the `gguf` package's writer (llama
 architecture, q/k permuted as llama.cpp's converter does, Q8_0 / Q4_1 / F16 / F32 tensors, a tokenizer in the
 metadata); atomic conversion into the cache; model specs and their errors."""
 import json
@@ -13,11 +13,11 @@ from gguf.quants import dequantize, quantize
 from safetensors.torch import load_file
 from tiny import make_tiny_model_dir
 
-import minskill.weights as weights
-from minskill.model import Transformer
-from minskill.tokenizer import Tokenizer
-from minskill.weights import (DEFAULT_MODEL, INSTALL_COMMAND, convert_gguf, load_model, permute_rows,
-                              resolve_model, unpermute_rows)
+import minskill.nn.weights as weights
+from minskill.nn.model import Transformer
+from minskill.nn.tokenizer import Tokenizer
+from minskill.nn.weights import (DEFAULT_MODEL, INSTALL_COMMAND, convert_gguf, load_model, load_pretrained,
+                                 permute_rows, resolve_model, unpermute_rows)
 
 N_HEADS, N_KV_HEADS = 4, 2   # the tiny llama of tests/tiny.py (head_dim 16)
 # How each HF tensor is stored in the tiny GGUF: q/k (the permuted ones) in 4 bits, most others in 8 bits.
@@ -181,7 +181,7 @@ def test_logits_match_reference(converted):
                      for name, w in reference.state_dict().items() if name in stored}
         reference.load_state_dict(quantized, strict=False)
         quantized_logits = reference(ids).logits
-        model = Transformer.from_pretrained(out).eval()
+        model = load_pretrained(out).eval()
         logits = model(ids)
     assert (logits - quantized_logits).abs().max().item() <= 1e-4
 
@@ -254,7 +254,7 @@ def test_interrupted_conversion_leaves_nothing_that_loads(tiny_default, monkeypa
     stale.mkdir()
     (stale / "config.json").write_text("{}")
     path = resolve_model(DEFAULT_MODEL, cache_dir=tiny_default)
-    assert path.name == DEFAULT_MODEL and Transformer.from_pretrained(path).config.num_hidden_layers == 2
+    assert path.name == DEFAULT_MODEL and load_pretrained(path).config.num_hidden_layers == 2
 
 
 def test_incomplete_cache_folder_is_refused(tiny_default):

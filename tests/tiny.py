@@ -22,7 +22,7 @@ make_tiny_model_dir(path, family="llama", tied=True, chat_format=None, seed=0, s
                     **config_overrides)
     Writes config.json, model.safetensors (or `shards` files + model.safetensors.index.json), the tokenizer
     files above and generation_config.json. Weights are random (torch.Generator seeded with `seed`), written
-    directly in Hugging Face names with torch + safetensors, so they do not depend on minskill.model:
+    directly in Hugging Face names with torch + safetensors, so they do not depend on minskill.nn.model:
         llama  hidden 64, 2 layers, 4 heads, 2 kv heads (head_dim 16), MLP 128; config overrides may add
                e.g. rope_scaling={"rope_type": "llama3", ...}
         qwen2  the same shape plus q/k/v biases

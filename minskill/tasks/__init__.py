@@ -8,6 +8,7 @@
 * `webwalk` — WebWalker-like navigation of a generated website, levels easy/medium/hard.
 
 Generated suites depend only on (split, seed, n); train and held-out are disjoint (see base.py).
+`make_env(task)` is a fresh environment of a multi-turn task (ENVIRONMENTS: its class by env_spec["kind"]).
 `oracle_actions(task)` returns a scripted solution of a multi-turn task (used by tests to prove that
 every generated task is solvable); it is never shown to a model.
 """
@@ -24,12 +25,15 @@ from .webwalk import WebWalkEnv, generate_webwalk
 from .webwalk import oracle_actions as webwalk_oracle
 
 __all__ = ["Task", "Environment", "HouseholdEnv", "WebWalkEnv", "NOTHING_HAPPENS", "SPLITS", "SUITES",
-           "BASE_SKILLS_DIR", "load_suite", "oracle_actions", "task_types", "gaia_match", "exact_match",
-           "numeric_match", "final_answer_match", "extract_final_number", "verify", "normalize_action", "split_of"]
+           "BASE_SKILLS_DIR", "ENVIRONMENTS", "load_suite", "make_env", "oracle_actions", "task_types", "gaia_match",
+           "exact_match", "numeric_match", "final_answer_match", "extract_final_number", "verify", "normalize_action",
+           "split_of"]
 
 # The hand-written base skills of each built-in suite: BASE_SKILLS_DIR/<suite>/ (Agent Skills skill sets).
 BASE_SKILLS_DIR = Path(__file__).parent / "base_skills"
 SUITES = {"qa": generate_qa, "household": generate_household, "webwalk": generate_webwalk}
+# The environment class of each kind of multi-turn task (Task.env_spec["kind"]).
+ENVIRONMENTS = {"household": HouseholdEnv, "webwalk": WebWalkEnv}
 
 
 def load_suite(name: str, split: str = "train", seed: int = 0, n: int | None = None,
@@ -51,6 +55,16 @@ def load_suite(name: str, split: str = "train", seed: int = 0, n: int | None = N
     if check_split(split) == "all":
         return SUITES[name](split="train", seed=seed, n=n) + SUITES[name](split="heldout", seed=seed, n=n)
     return SUITES[name](split=split, seed=seed, n=n)
+
+
+def make_env(task: Task) -> Environment:
+    """A fresh environment for a multi-turn task (call reset() on it first)."""
+    if not task.multi_turn:
+        raise ValueError(f"task {task.id} is single-turn: it has no environment")
+    kind = task.env_spec.get("kind")
+    if kind not in ENVIRONMENTS:
+        raise ValueError(f"task {task.id}: unknown environment kind {kind!r}")
+    return ENVIRONMENTS[kind](task.env_spec, max_steps=task.max_steps)
 
 
 def oracle_actions(task: Task) -> list[str]:

@@ -85,7 +85,7 @@ def rng_for(suite: str, split: str, seed: int, stream: str = "") -> random.Rando
 
 @dataclass
 class Task:
-    """One task. Single-turn: `question` + `answer` scored by `verifier`. Multi-turn: `make_env()`."""
+    """One task. Single-turn: `question` + `answer` scored by `verifier`. Multi-turn: minskill.tasks.make_env."""
     id: str
     type: str
     question: str                 # the prompt (single-turn) or the instruction (multi-turn)
@@ -93,7 +93,7 @@ class Task:
     verifier: str = "final"       # a key of verifiers.VERIFIERS
     multi_turn: bool = False
     max_steps: int = 1
-    env_spec: dict = field(default_factory=dict)   # JSON-able: everything make_env() needs; or choices
+    env_spec: dict = field(default_factory=dict)   # JSON-able: everything make_env needs; or choices
     metadata: dict = field(default_factory=dict)   # suite, split, level, source line, ...
 
     def score(self, reply: str) -> float:
@@ -103,20 +103,6 @@ class Task:
         if self.answer is None:
             raise ValueError(f"task {self.id} has no reference answer to score against")
         return 1.0 if verify(self.verifier, reply, self.answer, self.env_spec) else 0.0
-
-    def make_env(self) -> "Environment":
-        """A fresh environment for this multi-turn task (call reset() on it first)."""
-        if not self.multi_turn:
-            raise ValueError(f"task {self.id} is single-turn: it has no environment")
-        kind = self.env_spec.get("kind")
-        # household.py and webwalk.py import this module: importing them here, when called, breaks the cycle
-        if kind == "household":
-            from .household import HouseholdEnv
-            return HouseholdEnv(self.env_spec, max_steps=self.max_steps)
-        if kind == "webwalk":
-            from .webwalk import WebWalkEnv
-            return WebWalkEnv(self.env_spec, max_steps=self.max_steps)
-        raise ValueError(f"task {self.id}: unknown environment kind {kind!r}")
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -389,7 +389,7 @@ def generate_household(split: str = "train", seed: int = 0, n: int | None = None
 
 def oracle_actions(task: Task) -> list[str]:
     """A shortest-ish plan that solves the task, found by acting in a private copy of the environment."""
-    env = task.make_env()
+    env = HouseholdEnv(task.env_spec, max_steps=task.max_steps)
     env.reset()
     plan: list[str] = []
 

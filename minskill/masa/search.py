@@ -1,0 +1,700 @@
+"""MASA stage 1 (Model-Aware Skill Alignment): a teacher LLM evolves a skill library for one target model.
+
+The target F is a frozen model behind an OpenAI-compatible URL; it is described to the teacher by a
+*model card* (minskill/masa/model_card.py: family, size, architecture, context, strengths, weaknesses, ...).
+Strengths and weaknesses are summarised by the teacher from a few preliminary rollouts kept apart from
+the search and from evaluation (`summarize_model`).
+
+Reward of a skill set S on a list of tasks (computed once, by rollout.summarize, as `adjusted_reward`):
+
+    R(S) = SR − λ_nh · NHR          SR  = share of tasks solved
+                                    NHR = mean over episodes of (steps answered "Nothing happens.") / steps
+
+Every skill set the search makes is a `Candidate` (its skills, parent, reward, metrics, the teacher's
+attribution): the payload of the hill climb and of the tree nodes, and one record of the search log.
+
+Phase 1, general skills, hill climbing (`hill_climb`, driven by `MasaSearch.climb_general`):
+
+    S* = S_0 (base skills), R* = R(S_0) on the search tasks
+    for it = 1..I, while fewer than p consecutive iterations failed to improve:
+        failures of S*              -> teacher: structured failure attribution A (JSON)   `attribution_messages`
+        (S*, A, card, top-5 sets of the whole history by R) -> teacher: new general skills S'
+                                                                                   `general_rewrite_messages`
+        accept S' (S* <- S', R* <- R(S')) only if R(S') > R*   (strictly; equal or worse is rejected)
+        (--gate paired: only if it also wins a one-sided sign test on the per-task rewards; --gate fresh: on
+         gate tasks apart from the search tasks instead, never shown to the teacher; minskill/gates.py)
+
+Phase 2, task-specific skills, one UCB1 tree per task type t with the general skills of S* fixed
+(`MasaSearch.search_tree`, which runs `ucb.search`, the tree of minskill/masa/ucb.py):
+
+    root = S*'s skills for t; a node's reward = R over N episodes of type t
+    select by UCB1(n) = R̄(n) + C · sqrt(ln N(parent) / N(n))   (R̄: mean over n and its descendants)
+    expand = failures of the node -> teacher attribution -> teacher rewrite of t's skills -> child
+    J iterations; the tree's best node (highest own reward) gives t's skills in the evolved library
+    (--gate paired / fresh: the best node replaces the root only when it wins the sign test against the root,
+     fresh on the gate tasks of type t).
+    (A node gets up to `max_children` sibling rewrites before selection descends below it; see ucb.py.)
+
+Both phases stop early once the best R is 1, the maximum (nothing can be strictly better). The evolved
+library = the best general skills + each type's best node; its R on the search tasks is `reward_out`.
+
+A teacher reply is parsed robustly (JSON in a fence or inside prose, the skill format of skills.py); a
+reply that does not parse is retried (at most `teacher_retries` times, telling the teacher what was
+wrong), then the step is skipped and the skip is logged (`ask_teacher`).
+
+Also here: the one-shot teacher adaptation (`one_shot_rewrite`, the "DS-Adapter" baseline; its reply is the
+MASA JSON library that SkillSet.from_json reads). Elsewhere:
+the rewriter's SFT records and their task description (minskill/masa/data.py), the target-call cache and budget
+(minskill/serve/caching.py).
+"""
+from __future__ import annotations
+
+import copy
+import json
+import math
+import zlib
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Callable
+
+from minskill import gates
+from minskill.masa import ucb
+from minskill.masa.model_card import ModelCard, as_model_card
+from minskill.masa.teacher import TeacherReplyError, parse_attribution, parse_skillset_reply, parse_strengths
+from minskill.rollout import run_rollouts, summarize
+from minskill.serve.caching import BudgetExhausted, CallBudget
+from minskill.skills import Skill
+from minskill.skillsets import SkillSet
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Asking the teacher (its replies are read by minskill/masa/teacher.py)
+
+def ask_teacher(teacher, messages: list[dict], parse: Callable[[str], Any], *, what: str, retries: int = 2,
+                temperature: float = 0.7, max_tokens: int = 1024, seed: int | None = None,
+                on_skip: Callable[[dict], None] | None = None):
+    """Ask the teacher and parse its reply. A reply that does not parse is retried up to `retries` times
+    (the retry shows the teacher its reply and what was wrong with it); after that the step is skipped:
+    `on_skip` gets {"what", "attempts", "errors", "last_reply"} and None is returned."""
+    conversation, errors, reply = list(messages), [], ""
+    for attempt in range(retries + 1):
+        result = teacher.chat(conversation, temperature=temperature, max_tokens=max_tokens,
+                              seed=None if seed is None else seed + attempt)
+        reply = result.texts[0] if result.texts else ""
+        try:
+            return parse(reply)
+        except TeacherReplyError as e:
+            errors.append(str(e)[:500])
+            conversation = list(messages) + [
+                {"role": "assistant", "content": reply[:4000]},
+                {"role": "user", "content": f"That reply could not be read: {str(e)[:300]}\n"
+                                            "Answer again, exactly in the format asked for, and nothing else."}]
+    if on_skip is not None:
+        on_skip({"what": what, "attempts": retries + 1, "errors": errors, "last_reply": reply[:1000]})
+    return None
+
+
+def teacher_seed(seed: int, *parts) -> int:
+    """A deterministic per-step seed for teacher sampling (so that a rerun asks the same questions)."""
+    return zlib.crc32(":".join(str(p) for p in (seed, *parts)).encode()) & 0x7FFFFFFF
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Teacher prompts
+
+TEACHER_SYSTEM = ("You are a teacher who writes skills for a specific target language model. A skill is a short "
+                  "text (procedure, facts, worked example, answer format) that the target reads in its system "
+                  "prompt before it works on a task. Write for THIS target: its size, context window and "
+                  "weaknesses (see its model card).")
+
+ATTRIBUTION_TASK = "Failure attribution"
+GENERAL_REWRITE_TASK = "Rewrite the general skills"
+TASK_REWRITE_TASK = "Rewrite the task-specific skills"
+ONESHOT_TASK = "Adapt the skill library to the target model"
+STRENGTHS_TASK = "Summarise the target model"
+
+ATTRIBUTION_FORMAT = ('{"failure_categories": [{"category": "short name", "count": 2, '
+                      '"evidence": ["task id: what went wrong"], "suggested_fix": "what a skill should say"}], '
+                      '"summary": "one sentence"}')
+
+
+def _clip(text: str, limit: int) -> str:
+    text = (text or "").strip()
+    return text if len(text) <= limit else text[:limit] + " [...]"
+
+
+def _failure_text(failures: list[dict], limit: int = 600) -> str:
+    if not failures:
+        return "(no failed episodes)"
+    blocks = []
+    for f in failures:
+        block = [f"- task {f['task_id']} (type {f['task_type']}):", f"  task: {_clip(f['question'], limit)}",
+                 f"  expected answer: {_clip(str(f['expected']), 200)}" if f.get("expected") is not None else "",
+                 f"  episode: {_clip(f['transcript'], limit)}" if f.get("transcript") else "",
+                 f"  target's reply: {_clip(f['reply'], limit)}",
+                 f"  error: {_clip(f['error'], 200)}" if f.get("error") else ""]
+        blocks.append("\n".join(line for line in block if line))   # optional lines left out
+    return "\n".join(blocks)
+
+
+def _skills_text(skills: SkillSet, limit: int = 6000) -> str:
+    return (_clip(skills.to_markdown(), limit) or "(no skills)") + skills.resource_note()  # names only
+
+
+def _unique(skills: list[Skill]) -> list[Skill]:
+    """The skills with repeated names made distinct (name-2, name-3, ...): a group may not repeat a name."""
+    out, taken = [], set()
+    for skill in skills:
+        name, k = skill.name, 2
+        while name in taken:
+            name = f"{skill.name[:60].rstrip('-')}-{k}"
+            k += 1
+        taken.add(name)
+        out.append(skill if name == skill.name else replace(skill, name=name))
+    return out
+
+
+def _only_general(skills: SkillSet) -> SkillSet:
+    return SkillSet(general=list(skills.general), task_specific={}, common_mistakes=list(skills.common_mistakes))
+
+
+def _only_type(skills: SkillSet, task_type: str) -> SkillSet:
+    return SkillSet(general=[], task_specific={task_type: list(skills.task_specific.get(task_type, []))},
+                    common_mistakes=[])
+
+
+def strengths_messages(card: ModelCard, failures: list[dict], successes: list[dict], stats: str) -> list[dict]:
+    """Prompt: summarise the target's strengths and weaknesses from preliminary rollouts (JSON reply)."""
+    user = (f"## Task: {STRENGTHS_TASK}\n\n### Model card\n{card.to_prompt()}\n\n"
+            f"### Preliminary results\n{stats}\n\n### Solved episodes\n{_failure_text(successes, 300)}\n\n"
+            f"### Failed episodes\n{_failure_text(failures, 300)}\n\n"
+            "List the target model's strengths and weaknesses as seen in these episodes. Reply with JSON only:\n"
+            '{"strengths": ["..."], "weaknesses": ["..."]}')
+    return [{"role": "system", "content": TEACHER_SYSTEM}, {"role": "user", "content": user}]
+
+
+def attribution_messages(card: ModelCard, skills: SkillSet, failures: list[dict], reward: float,
+                         task_type: str | None = None) -> list[dict]:
+    """Prompt: a structured failure attribution (JSON) of the target's failed episodes under `skills`."""
+    scope = f"tasks of type '{task_type}'" if task_type else "the task suite"
+    shown = _only_type(skills, task_type) if task_type else skills
+    user = (f"## Task: {ATTRIBUTION_TASK}\n\n### Model card\n{card.to_prompt()}\n\n"
+            f"### Skills the target used (reward R = {reward:.3f} on {scope})\n{_skills_text(shown)}\n\n"
+            f"### Failed episodes\n{_failure_text(failures)}\n\n"
+            "Group the failures into categories, cite evidence from the episodes and suggest for each a fix "
+            f"that a skill could make. Reply with JSON only, in this form:\n{ATTRIBUTION_FORMAT}")
+    return [{"role": "system", "content": TEACHER_SYSTEM}, {"role": "user", "content": user}]
+
+
+# The skill a prompt shows as its example of the reply format (Markdown, or MASA JSON for the one-shot rewrite)
+_EXAMPLE_SKILL = Skill(name="answer-format", description="How to write the final answer; use for every task.",
+                       body="State the final answer on the last line as 'Answer: <answer>'.", metadata={})
+
+
+def _format_help() -> str:
+    example = SkillSet(general=[_EXAMPLE_SKILL], task_specific={}, common_mistakes=[])
+    return ("Reply with the skills only, in exactly this format (one block per skill; names are lower-case "
+            "letters, digits and single hyphens):\n\n" + example.to_markdown())
+
+
+def _json_format_help() -> str:
+    """The MASA JSON library a reply is asked for, its skill written by SkillSet.to_json: the keys asked for are
+    the keys SkillSet.from_json reads (skill_id -> name, principle -> body, when_to_apply -> description)."""
+    entry = json.dumps(SkillSet(general=[_EXAMPLE_SKILL]).to_json()["general_skills"][0], ensure_ascii=False)
+    return ('Reply with JSON only, a skill library in this form (each skill: "skill_id", its name, lower-case '
+            'letters, digits and single hyphens; "title"; "principle", the text the target reads; '
+            '"when_to_apply", when to use it):\n'
+            f'{{"general_skills": [{entry}], "task_specific_skills": {{"<task type>": [{entry}]}}, '
+            '"common_mistakes": ["..."]}')
+
+
+def general_rewrite_messages(card: ModelCard, skills: SkillSet, reward: float, attribution: dict | None,
+                             top_sets: list[tuple[SkillSet, float]]) -> list[dict]:
+    """Prompt: rewrite the general skills, given the current skills, the failure attribution, the model card
+    and the top skill sets (by reward) of the whole history."""
+    history = "\n\n".join(f"#### Set {i + 1}: R = {r:.3f}\n{_skills_text(_only_general(s), 2000)}"
+                          for i, (s, r) in enumerate(top_sets)) or "(none yet)"
+    user = (f"## Task: {GENERAL_REWRITE_TASK}\n\n### Model card\n{card.to_prompt()}\n\n"
+            f"### Current general skills (R = {reward:.3f})\n{_skills_text(_only_general(skills))}\n\n"
+            f"### Why the current skills failed (attribution)\n{json.dumps(attribution or {}, ensure_ascii=False)}\n\n"
+            f"### Best skill sets so far\n{history}\n\n"
+            "Write improved GENERAL skills (they apply to every task type) that fix these failures for this "
+            f"target model. Keep what worked in the best sets. {_format_help()}")
+    return [{"role": "system", "content": TEACHER_SYSTEM}, {"role": "user", "content": user}]
+
+
+def task_rewrite_messages(card: ModelCard, skills: SkillSet, task_type: str, reward: float,
+                          attribution: dict | None, examples: list[str]) -> list[dict]:
+    """Prompt: rewrite the task-specific skills of one task type (the general skills are shown, fixed)."""
+    shown_examples = "\n".join(f"- {_clip(e, 300)}" for e in examples) or "(none)"
+    user = (f"## Task: {TASK_REWRITE_TASK} of type '{task_type}'\n\n### Model card\n{card.to_prompt()}\n\n"
+            f"### General skills (fixed, shown for context)\n{_skills_text(_only_general(skills), 3000)}\n\n"
+            f"### Current skills for '{task_type}' (R = {reward:.3f})\n{_skills_text(_only_type(skills, task_type))}\n\n"
+            f"### Example tasks of this type\n{shown_examples}\n\n"
+            f"### Why the current skills failed (attribution)\n{json.dumps(attribution or {}, ensure_ascii=False)}\n\n"
+            f"Write improved skills for tasks of type '{task_type}' only, for this target model. {_format_help()}")
+    return [{"role": "system", "content": TEACHER_SYSTEM}, {"role": "user", "content": user}]
+
+
+def oneshot_messages(card: ModelCard, skills: SkillSet, task_description: str) -> list[dict]:
+    """Prompt: adapt a whole skill library to the target in one shot (no rollouts; the DS-Adapter baseline)."""
+    user = (f"## Task: {ONESHOT_TASK}\n\n### Model card\n{card.to_prompt()}\n\n"
+            f"### Tasks\n{_clip(task_description, 2000)}\n\n### Skill library\n{_skills_text(skills)}\n\n"
+            "Rewrite the whole library (general skills and the skills of each task type) so that this target "
+            f"model can use it well. {_json_format_help()}")
+    return [{"role": "system", "content": TEACHER_SYSTEM}, {"role": "user", "content": user}]
+
+
+def one_shot_rewrite(teacher, card: ModelCard, skills: SkillSet, task_description: str, *, retries: int = 2,
+                     temperature: float = 0.7, max_tokens: int = 1536, seed: int | None = 0,
+                     on_skip: Callable[[dict], None] | None = None) -> SkillSet | None:
+    """The teacher adapts `skills` to the target from the model card alone, in one call (no search). Task
+    types the reply leaves out keep their input skills. None when the reply never parsed. `card` may be a
+    ModelCard or a dict (read leniently)."""
+    card = as_model_card(card)
+    new = ask_teacher(teacher, oneshot_messages(card, skills, task_description), parse_skillset_reply,
+                      what="one-shot rewrite", retries=retries, temperature=temperature, max_tokens=max_tokens,
+                      seed=seed, on_skip=on_skip)
+    if new is None:
+        return None
+    task_specific = {t: list(v) for t, v in skills.task_specific.items()}
+    task_specific.update({t: list(v) for t, v in new.task_specific.items() if v})
+    return SkillSet(general=list(new.general) or list(skills.general), task_specific=task_specific,
+                    common_mistakes=list(new.common_mistakes) or list(skills.common_mistakes))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Hill climbing (generic: payloads are whatever propose/evaluate understand; MASA's are Candidates)
+
+@dataclass
+class HillClimbState:
+    """Progress of a hill climb. `stale` counts consecutive iterations without a strict improvement; the
+    climb stops when it reaches `patience`. JSON through payload converters, as ucb.to_dict / from_dict."""
+    best: Any = None
+    best_reward: float = -math.inf
+    iteration: int = 0
+    stale: int = 0
+
+    def to_json(self, payload_to_json: Callable[[Any], Any] | None = None) -> dict:
+        best = payload_to_json(self.best) if payload_to_json else self.best
+        return {"best": best, "best_reward": self.best_reward, "iteration": self.iteration, "stale": self.stale}
+
+    @classmethod
+    def from_json(cls, data: dict, payload_from_json: Callable[[Any], Any] | None = None) -> "HillClimbState":
+        return cls(**{**data, "best": payload_from_json(data["best"]) if payload_from_json else data["best"]})
+
+
+def hill_climb(state: HillClimbState, propose: Callable[[HillClimbState], Any], evaluate: Callable[[Any], float],
+               iterations: int, patience: int,
+               on_iteration: Callable[[HillClimbState, Any, float | None, bool], None] | None = None,
+               max_reward: float = math.inf,
+               accept: Callable[[HillClimbState, Any, float], bool] | None = None) -> HillClimbState:
+    """Run the climb from `state` (best already evaluated) until `iterations` are done, `patience`
+    consecutive iterations failed to improve, or best_reward reaches `max_reward` (nothing can beat it).
+
+    propose(state) -> a candidate, or None (the teacher's reply was skipped: a non-improving iteration).
+    A candidate is accepted only if evaluate(candidate) > state.best_reward (strictly), or, with `accept`,
+    when accept(state, candidate, reward) says so (MASA: the gate of minskill/gates.py).
+    on_iteration(state, candidate, reward, accepted) runs after each iteration (logs, checkpoints)."""
+    if iterations < 0 or patience < 1:
+        raise ValueError(f"hill_climb: need iterations >= 0 and patience >= 1, got {iterations}, {patience}")
+    while state.iteration < iterations and state.stale < patience and state.best_reward < max_reward:
+        candidate = propose(state)
+        reward = None if candidate is None else float(evaluate(candidate))
+        accepted = reward is not None and (accept(state, candidate, reward) if accept is not None
+                                           else reward > state.best_reward)
+        if accepted:
+            state.best, state.best_reward, state.stale = candidate, reward, 0
+        else:
+            state.stale += 1
+        state.iteration += 1
+        if on_iteration is not None:
+            on_iteration(state, candidate, reward, accepted)
+    return state
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The search
+
+@dataclass
+class MasaConfig:
+    lam_nh: float = 0.0            # λ of R = SR − λ·NHR
+    iterations: int = 10           # I: hill-climbing iterations on the general skills
+    patience: int = 3              # p: stop after this many iterations without a strict improvement
+    tree_iterations: int = 10      # J: UCB1 iterations per task type
+    episodes: int = 8              # N: episodes (tasks of the type) per tree-node evaluation
+    c: float = 1.4                 # UCB1 exploration constant
+    max_children: int = 3          # rewrites a tree node gets before the search descends (ucb.select)
+    seed: int = 0
+    teacher_retries: int = 2
+    teacher_temperature: float = 0.7
+    teacher_max_tokens: int = 1024
+    target_temperature: float = 0.0
+    target_max_tokens: int = 256
+    max_failures: int = 6          # failed episodes shown to the teacher per attribution
+    skill_max_tokens: int = 1024   # token budget of the rendered skills in the target's system prompt
+    gate: str = "strict"           # acceptance gate of the climb and of each tree's result (minskill/gates.py)
+    gate_alpha: float = 0.1        # α of the paired gate's sign test
+
+    @classmethod
+    def from_json(cls, data: dict) -> "MasaConfig":
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+@dataclass(eq=False)
+class Candidate:
+    """One skill set of the search: the payload of the hill climb and of the tree nodes, and one record
+    of the search log. `parent` is the id of the candidate it was rewritten from; `node` its tree node's
+    id (tree phase); once evaluated it holds its reward R, metrics and the failed episodes that the
+    teacher is shown when it is rewritten."""
+    id: int
+    phase: str                      # "base" | "general" | "tree"
+    skills: SkillSet
+    parent: int | None = None
+    iteration: int = 0
+    task_type: str | None = None
+    node: str | None = None
+    attribution: dict | None = None
+    reward: float | None = None
+    metrics: dict | None = None
+    accepted: bool | None = None
+    failures: list[dict] = field(default_factory=list)
+    gate: dict | None = None        # the gate's decision on it, when it challenged an incumbent (gates.py)
+
+    def to_json(self) -> dict:
+        return {"id": self.id, "phase": self.phase, "task_type": self.task_type, "parent": self.parent,
+                "iteration": self.iteration, "node": self.node, "skills": self.skills.to_json(),
+                "reward": self.reward, "metrics": self.metrics, "attribution": self.attribution,
+                "accepted": self.accepted, "failures": self.failures, "gate": self.gate}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Candidate":
+        return cls(**{**data, "skills": SkillSet.from_json(data["skills"])})
+
+
+@dataclass
+class Tree:
+    """One task type's UCB1 tree (node payloads: Candidates) and the iterations it has run."""
+    root: ucb.Node
+    iterations: int = 0
+
+
+def rollouts(target, tasks: list, skills: SkillSet | None, config: MasaConfig, budget: CallBudget | None = None):
+    """One greedy (by default) rollout per task under `skills`. Raises BudgetExhausted when the budget refused
+    any of the calls (a partly refused rollout is not a measurement); calls answered by the cache are free."""
+    refusals = budget.refusals if budget is not None else 0
+    trajectories = run_rollouts(target, tasks, skills, n=1, temperature=config.target_temperature,
+                                max_tokens=config.target_max_tokens, seed=config.seed,
+                                skill_max_tokens=config.skill_max_tokens)
+    if budget is not None and budget.refusals > refusals:
+        raise BudgetExhausted(f"call budget spent ({budget.spent} of {budget.max_calls} calls)")
+    return trajectories
+
+
+def failure_records(tasks, trajectories, limit: int) -> list[dict]:
+    """Up to `limit` failed trajectories as short records for the teacher, taken round-robin over task
+    types so that every type is represented."""
+    by_id = {t.id: t for t in tasks}
+    by_type: dict[str, list] = {}
+    for traj in trajectories:
+        if not traj.success:
+            by_type.setdefault(traj.task_type, []).append(traj)
+    chosen, queues = [], [list(v) for _, v in sorted(by_type.items())]
+    while len(chosen) < limit and any(queues):
+        for queue in queues:
+            if queue and len(chosen) < limit:
+                chosen.append(queue.pop(0))
+    return [episode_record(by_id.get(traj.task_id), traj) for traj in chosen]
+
+
+def episode_record(task, traj) -> dict:
+    transcript = ""
+    if traj.actions:
+        steps = [f"> {a} -> {o}" for a, o in zip(traj.actions, traj.observations[1:])]
+        transcript = _clip((traj.observations[0] if traj.observations else "") + "\n" + "\n".join(steps[-8:]), 1500)
+    return {"task_id": traj.task_id, "task_type": traj.task_type,
+            "question": _clip(getattr(task, "question", "") if task is not None else "", 1500),
+            "expected": getattr(task, "answer", None) if task is not None else None,
+            "reply": _clip(traj.reply, 800), "transcript": transcript, "error": traj.error,
+            "steps": traj.steps, "nothing_happens": traj.nothing_happens}
+
+
+def _metrics(summary: dict, trajectories=()) -> dict:
+    keep = ("n", "success_rate", "nhr", "adjusted_reward", "mean_steps", "errors")
+    return {**{k: summary[k] for k in keep}, "task_rewards": {t.task_id: t.reward for t in trajectories},
+            "per_type": {t: {k: s[k] for k in keep} for t, s in summary["per_type"].items()}}
+
+
+class MasaSearch:
+    """Stage 1 for one target: hill climbing on the general skills, then one UCB1 tree per task type.
+
+    The search holds `candidates` (every skill set it made, in order: the search log), `climb` (the hill
+    climb; its best is a Candidate), `trees` (per task type, nodes holding Candidates), `events` (skipped
+    teacher replies) and `phase`. `checkpoint(state)` is called after every iteration with `to_json()`,
+    and a search built with that state (`state=`, or `restore`) continues where it stopped. Model calls
+    go through the given clients (CachingClient for the budget and cache); BudgetExhausted propagates to
+    the caller, who can roll back to the last checkpoint (`last_checkpoint`)."""
+
+    def __init__(self, target, teacher, card: ModelCard, tasks: list, base_skills: SkillSet,
+                 config: MasaConfig, state: dict | None = None, log: Callable[[str], None] | None = None,
+                 checkpoint: Callable[[dict], None] | None = None, budget: CallBudget | None = None, gate_tasks=()):
+        if not tasks:
+            raise ValueError("MasaSearch: no search tasks")
+        self.target, self.teacher, self.card, self.tasks, self.config = target, teacher, card, tasks, config
+        self.base_skills, self.budget, self.gate_tasks = base_skills, budget, list(gate_tasks)  # --gate fresh
+        self.log = log or (lambda line: None)
+        self._checkpoint_fn = checkpoint
+        self.types = sorted({t.type for t in tasks})
+        self.candidates: list[Candidate] = []
+        self.climb: HillClimbState | None = None
+        self.trees: dict[str, Tree] = {}
+        self.events: list[dict] = []
+        self.phase = "general"
+        if state is not None:
+            self.restore(state)
+        self.last_checkpoint = copy.deepcopy(self.to_json())
+
+    def run(self) -> None:
+        """Both phases, from wherever the search stands. Raises BudgetExhausted when the budget runs out."""
+        if self.phase == "general":
+            self.climb_general()
+            self.phase = "trees"
+            self.checkpoint()
+        if self.phase == "trees":
+            for task_type in self.types:
+                self.search_tree(task_type)
+            self.phase = "done"
+            self.checkpoint()
+
+    # ---- phase 1: hill climbing on the general skills ------------------------------------------------------
+    def climb_general(self) -> None:
+        """Phase 1: hill_climb from the base skills, every candidate evaluated on all the search tasks."""
+        c = self.config
+        if self.climb is None:
+            base = self.add_candidate(self.base_skills, "base")
+            self.evaluate_candidate(base, self.tasks)
+            base.accepted = True
+            self.climb = HillClimbState(best=base, best_reward=base.reward)
+            self.log(f"[general] base skills: R = {base.reward:.3f} on {len(self.tasks)} tasks  calls {self.calls()}")
+            self.checkpoint()
+
+        def on_iteration(climb: HillClimbState, candidate: Candidate | None, reward, accepted: bool) -> None:
+            if candidate is not None:
+                candidate.accepted = accepted
+            verdict = "skipped" if candidate is None else f"R = {reward:.3f} {'accepted' if accepted else 'rejected'}"
+            self.log(f"[general] iteration {climb.iteration}/{c.iterations}: candidate {verdict}; "
+                     f"best R = {climb.best_reward:.3f}; calls {self.calls()}")
+            self.checkpoint()
+
+        hill_climb(self.climb, self.propose_general, lambda candidate: self.evaluate_candidate(candidate, self.tasks),
+                   c.iterations, c.patience, on_iteration, max_reward=1.0,
+                   accept=lambda climb, candidate, reward: self.gate(candidate, climb.best, "climb"))
+
+    def propose_general(self, climb: HillClimbState) -> Candidate | None:
+        """The teacher attributes the best set's failures, then rewrites its general skills, shown the top-5
+        sets of the whole history by R. None when a reply was skipped."""
+        best, it = climb.best, climb.iteration + 1
+        attribution = self.ask(attribution_messages(self.card, best.skills, best.failures, best.reward),
+                               parse_attribution, "attribution", it)
+        history = sorted((x for x in self.candidates if x.phase in ("base", "general") and x.reward is not None),
+                         key=lambda x: (-x.reward, x.id))[:5]
+        messages = general_rewrite_messages(self.card, best.skills, best.reward, attribution,
+                                            [(x.skills, x.reward) for x in history])
+        new = self.ask(messages, parse_skillset_reply, "general rewrite", it)
+        if new is None:
+            return None
+        general = _unique(new.general or [s for group in new.task_specific.values() for s in group])
+        skills = SkillSet(general=general, task_specific=dict(best.skills.task_specific),
+                          common_mistakes=new.common_mistakes or best.skills.common_mistakes)
+        return self.add_candidate(skills, "general", best, it, attribution=attribution)
+
+    # ---- phase 2: one UCB1 tree per task type ---------------------------------------------------------------
+    def search_tree(self, task_type: str) -> None:
+        """Phase 2 for one task type: ucb.search over rewrites of the type's skills, the general skills of
+        the climb's best set fixed; a node's reward is R on the type's first N search tasks."""
+        c = self.config
+        tasks = self.type_tasks(task_type)
+        tree = self.trees.get(task_type) or self.plant_tree(task_type, tasks)
+
+        def expand_fn(node: ucb.Node) -> Candidate | None:
+            return self.propose_task_skills(node.payload, task_type, tasks, tree.iterations + 1)
+
+        def on_iteration(i: int, selected: ucb.Node, child: ucb.Node | None, root: ucb.Node) -> None:
+            tree.iterations += 1
+            self.tree_result(tree)   # decided (and checkpointed) as the best node changes
+            verdict = "skipped" if child is None else f"R = {child.reward:.3f}"
+            self.log(f"[tree {task_type}] iteration {tree.iterations}/{c.tree_iterations}: expanded node "
+                     f"{selected.id}, child {verdict}; best R = {ucb.best_node(root).reward:.3f}; calls {self.calls()}")
+            self.checkpoint()
+
+        ucb.search(tree.root, expand_fn, lambda node: self.evaluate_node(node, tasks),
+                   max(0, c.tree_iterations - tree.iterations), c=c.c, max_children=c.max_children,
+                   on_iteration=on_iteration, max_reward=1.0)
+
+    def plant_tree(self, task_type: str, tasks: list) -> Tree:
+        """The root: the climb's best set, evaluated on the type's episodes (before iteration 1)."""
+        best = self.climb.best
+        root = ucb.Node(payload=self.add_candidate(best.skills, "tree", best, 0, task_type))
+        reward = ucb.evaluate(root, lambda node: self.evaluate_node(node, tasks))
+        tree = self.trees[task_type] = Tree(root)
+        self.log(f"[tree {task_type}] root: R = {reward:.3f} on {len(tasks)} episodes  calls {self.calls()}")
+        self.checkpoint()
+        return tree
+
+    def propose_task_skills(self, parent: Candidate, task_type: str, tasks: list, it: int) -> Candidate | None:
+        """Expansion: the teacher attributes the node's failures, then rewrites the skills of `task_type`.
+        None when a reply was skipped (the iteration makes no child)."""
+        attribution = self.ask(attribution_messages(self.card, parent.skills, parent.failures, parent.reward,
+                                                    task_type), parse_attribution, "attribution", task_type, it)
+        messages = task_rewrite_messages(self.card, parent.skills, task_type, parent.reward, attribution,
+                                         [t.question for t in tasks[:3]])
+        new = self.ask(messages, parse_skillset_reply, "task rewrite", task_type, it)
+        if new is None:
+            return None
+        rewritten = new.task_specific.get(task_type) or _unique(new.general + [
+            s for t, group in new.task_specific.items() if t != task_type for s in group])
+        skills = SkillSet(general=parent.skills.general, common_mistakes=parent.skills.common_mistakes,
+                          task_specific={**parent.skills.task_specific, task_type: rewritten})
+        return self.add_candidate(skills, "tree", parent, it, task_type, attribution)
+
+    def gate(self, candidate: Candidate, incumbent: Candidate, use: str) -> bool:
+        """Whether `candidate` may replace `incumbent` under --gate (minskill/gates.py; the decision is recorded
+        on the candidate). Paired re-evaluates the incumbent on the candidate's tasks it lacks; fresh rolls both
+        out on the gate tasks (in a tree: those of its type), which the teacher never sees."""
+        c, gate_tasks = self.config, [t for t in self.gate_tasks if candidate.task_type in (None, t.type)]
+        rewards = lambda skills, tasks: self.evaluate(skills, tasks)[0]["task_rewards"]  # noqa: E731
+        candidate.gate = gates.masa_decision(candidate, incumbent, c.gate, c.gate_alpha, use, rewards, self.tasks,
+                                             gate_tasks, self.candidates)
+        return candidate.gate["accepted"]
+
+    def tree_result(self, tree: Tree) -> Candidate:
+        """The tree's result: its best node's candidate (ucb.best_node), if the gate lets it replace the root's
+        (strict: always, its own reward being the highest); else the root's."""
+        best, root = ucb.best_node(tree.root).payload, tree.root.payload
+        if best is root:
+            return root
+        if (best.gate or {}).get("use") != "tree result" or best.gate.get("incumbent") != root.id:
+            self.gate(best, root, "tree result")
+        return best if best.gate["accepted"] else root
+
+    def evaluate_node(self, node: ucb.Node, tasks: list) -> float:
+        node.payload.node = node.id   # the tree's name for the candidate, for the search log
+        return self.evaluate_candidate(node.payload, tasks)
+
+    def type_tasks(self, task_type: str) -> list:
+        return [t for t in self.tasks if t.type == task_type][:self.config.episodes]
+
+    # ---- candidates and their evaluation --------------------------------------------------------------------
+    def add_candidate(self, skills: SkillSet, phase: str, parent: Candidate | None = None, iteration: int = 0,
+                      task_type: str | None = None, attribution: dict | None = None) -> Candidate:
+        # the candidate holds its skills as the log records them (a JSON round trip, which drops resource
+        # files; the base skills' come back by name), so a resumed search shows the same prompts
+        candidate = Candidate(len(self.candidates), phase, self.as_logged(skills.to_json()),
+                              None if parent is None else parent.id, iteration, task_type, attribution=attribution)
+        self.candidates.append(candidate)
+        return candidate
+
+    def as_logged(self, skills_json: dict) -> SkillSet:
+        """A candidate's skills from their MASA JSON, with the base skills' resource files (skills.py) by name."""
+        return SkillSet.from_json(skills_json).carry_resources(self.base_skills)
+
+    def evaluate(self, skills: SkillSet, tasks: list) -> tuple[dict, list[dict]]:
+        """Roll the target out on `tasks` under `skills`: (metrics, failure records). metrics holds R as
+        `adjusted_reward` (rollout.summarize: R = SR − λ·NHR) and each task's reward as `task_rewards`."""
+        trajectories = rollouts(self.target, tasks, skills, self.config, self.budget)
+        metrics = _metrics(summarize(trajectories, lam_nh=self.config.lam_nh), trajectories)
+        return metrics, failure_records(tasks, trajectories, self.config.max_failures)
+
+    def evaluate_candidate(self, candidate: Candidate, tasks: list) -> float:
+        candidate.metrics, candidate.failures = self.evaluate(candidate.skills, tasks)
+        candidate.reward = candidate.metrics["adjusted_reward"]
+        return candidate.reward
+
+    # ---- the teacher ----------------------------------------------------------------------------------------
+    def ask(self, messages, parse, what: str, *seed_parts):
+        c = self.config
+        return ask_teacher(self.teacher, messages, parse, what=what, retries=c.teacher_retries,
+                           temperature=c.teacher_temperature, max_tokens=c.teacher_max_tokens,
+                           seed=teacher_seed(c.seed, what, *seed_parts), on_skip=self._skip)
+
+    def _skip(self, event: dict) -> None:
+        event = {"event": "teacher_skip", "phase": self.phase, **event}
+        self.events.append(event)
+        self.log(f"  teacher reply skipped ({event['what']}): {event['attempts']} attempts did not parse; "
+                 f"last error: {event['errors'][-1][:160] if event['errors'] else '?'}")
+
+    # ---- checkpoints ----------------------------------------------------------------------------------------
+    def calls(self) -> int:
+        return self.budget.spent if self.budget is not None else 0
+
+    def checkpoint(self) -> None:
+        self.last_checkpoint = copy.deepcopy(self.to_json())
+        if self._checkpoint_fn is not None:
+            self._checkpoint_fn(self.last_checkpoint)
+
+    def to_json(self) -> dict:
+        """The search as plain JSON: the candidates, and the climb and trees with candidate ids as payloads."""
+        by_id = lambda candidate: candidate.id  # noqa: E731
+        return {"candidates": [x.to_json() for x in self.candidates],
+                "general": None if self.climb is None else self.climb.to_json(by_id),
+                "trees": {t: {"root": ucb.to_dict(tree.root, by_id), "iterations": tree.iterations}
+                          for t, tree in self.trees.items()},
+                "events": list(self.events), "phase": self.phase}
+
+    def restore(self, state: dict) -> None:
+        """Set the search to a state written by to_json (a checkpoint)."""
+        state = copy.deepcopy(state)   # the caller keeps its checkpoint as it was
+        self.candidates = [replace(c, skills=c.skills.carry_resources(self.base_skills))   # as_logged
+                           for c in map(Candidate.from_json, state["candidates"])]
+        by_id = self.candidates.__getitem__
+        self.climb = None if state["general"] is None else HillClimbState.from_json(state["general"], by_id)
+        self.trees = {t: Tree(ucb.from_dict(tree["root"], by_id), tree["iterations"])
+                      for t, tree in state["trees"].items()}
+        self.events, self.phase = state["events"], state["phase"]
+
+    # ---- results --------------------------------------------------------------------------------------------
+    def best_per_type(self) -> dict[str, Candidate]:
+        """Each task type's tree result (`tree_result`: its best node's candidate, or the root's when the gate
+        rejects that node; types without a tree are left out; a tree is kept only once its root is evaluated)."""
+        return {t: self.tree_result(tree) for t, tree in self.trees.items()}
+
+    def library(self) -> SkillSet:
+        """The evolved library: the best general skills, and each type's skills from its tree's best node."""
+        if self.climb is None:
+            return self.base_skills
+        best = self.climb.best.skills
+        task_specific = dict(best.task_specific)
+        for task_type, candidate in self.best_per_type().items():
+            task_specific[task_type] = candidate.skills.task_specific.get(task_type, [])
+        return SkillSet(general=best.general, task_specific=task_specific, common_mistakes=best.common_mistakes)
+
+
+def search_log(state: dict) -> list[dict]:
+    """The search log of a search's JSON state: every candidate (reward, parent, phase, tree node, teacher
+    attribution, accepted, metrics) in creation order, then the events (teacher skips, budget stop)."""
+    keys = ("id", "phase", "task_type", "parent", "iteration", "node", "reward", "accepted", "attribution", "metrics",
+            "skills")
+    return ([{"kind": "candidate", **{k: x[k] for k in keys}, "gate": x.get("gate")}
+             for x in state.get("candidates", [])] + [{"kind": "event", **e} for e in state.get("events", [])])
+
+
+def summarize_model(teacher, card: ModelCard, target, tasks: list, config: MasaConfig,
+                    on_skip: Callable[[dict], None] | None = None, skills: SkillSet | None = None,
+                    budget: CallBudget | None = None) -> ModelCard:
+    """Fill the card's strengths and weaknesses: roll the target out on `tasks` (preliminary tasks, kept
+    apart from search and evaluation) and let the teacher summarise what it saw. Unchanged if skipped."""
+    trajectories = rollouts(target, tasks, skills, config, budget)
+    summary = summarize(trajectories, lam_nh=config.lam_nh)
+    stats = "; ".join(f"{t}: {s['success_rate']:.2f} solved of {s['n']}" for t, s in summary["per_type"].items())
+    by_id = {t.id: t for t in tasks}
+    successes = [episode_record(by_id.get(tr.task_id), tr) for tr in trajectories if tr.success][:3]
+    failures = failure_records(tasks, trajectories, config.max_failures)
+    result = ask_teacher(teacher, strengths_messages(card, failures, successes, stats), parse_strengths,
+                         what="model summary", retries=config.teacher_retries, temperature=config.teacher_temperature,
+                         max_tokens=config.teacher_max_tokens, seed=teacher_seed(config.seed, "summary"),
+                         on_skip=on_skip)
+    if result is None:
+        return card
+    return replace(card, strengths=result["strengths"] or card.strengths,
+                   weaknesses=result["weaknesses"] or card.weaknesses)
+

@@ -1,0 +1,336 @@
+"""A decoder-only transformer (Llama, Qwen2/2.5, Qwen3): config, layers, KV cache and forward.
+
+One module covers the three families; the checkpoint's config.json says which switches are on. Module and
+parameter names equal Hugging Face's (model.embed_tokens, model.layers.i.self_attn.q_proj, ...), so a
+checkpoint loads with a strict load_state_dict and a saved model is read by any HF-compatible tool.
+Reading config.json and the safetensors files, and writing them back, is minskill.nn.weights' job
+(`load_pretrained` / `save_pretrained`); this module imports nothing else from minskill.
+
+Per layer, with x of shape (B, T, H), n_h query heads, n_kv key/value heads, head size d:
+
+    RMSNorm(x)   = w * x / sqrt(mean(x^2) + eps)                    (computed in float32)
+    h            = x + Attention(RMSNorm(x))
+    out          = h + MLP(RMSNorm(h)),   MLP(x) = W_down (silu(W_gate x) * W_up x)      (SwiGLU)
+
+Attention (grouped-query: query head j reads key/value head j // (n_h / n_kv)):
+
+    q = W_q x (+ b_q),  k = W_k x (+ b_k),  v = W_v x (+ b_v)       biases: qwen2 always, others if attention_bias
+    q, k = RMSNorm_head(q), RMSNorm_head(k)                          qwen3 only (q_norm, k_norm over d)
+    q, k = RoPE(q, p), RoPE(k, p)                                    p = position of the token
+    o    = softmax(q k^T / sqrt(d) + causal/padding mask) v,   out = W_o o
+
+RoPE, split-half convention (HF's, so the released weights need no permutation): with x = [x1, x2] halves,
+    inv_freq_i = theta^(-2i/d),  angle_i = p * inv_freq_i,  c = cos(angle), s = sin(angle)
+    RoPE(x, p) = [x1 * c - x2 * s,  x2 * c + x1 * s]
+Llama 3 rope scaling rescales inv_freq by wavelength lambda_i = 2 pi / inv_freq_i, with context L0
+(original_max_position_embeddings), factor f, low/high frequency factors a/b:
+    lambda_i < L0 / b : unchanged;   lambda_i > L0 / a : inv_freq_i / f;
+    otherwise smooth  = (L0 / lambda_i - a) / (b - a),  inv_freq_i = (1 - smooth) inv_freq_i / f + smooth inv_freq_i
+
+Logits = W_lm RMSNorm(h_last); with tied embeddings W_lm is the embedding matrix (no lm_head.weight on disk).
+
+Batches are LEFT padded: attention_mask (B, T) is 1 for tokens and 0 for padding, positions are
+p = cumsum(mask) - 1, padded keys are masked out, and every query also sees itself (a pad row that sees
+nothing would make softmax 0/0 = NaN). A preallocated KVCache makes decoding incremental.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+# ----------------------------------------------------------------------------------------------- config
+
+@dataclass
+class ModelConfig:
+    """The fields of a HF config.json that this model reads (weights.config_from_hf reads the file, in
+    all its historical layouts); `extra` keeps the whole original dict so that saving loses nothing."""
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    max_position_embeddings: int = 2048
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None       # None, or {"rope_type": "llama3", factor, low/high_freq_factor, ...}
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    mlp_bias: bool = False
+    extra: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def qkv_bias(self) -> bool:            # Qwen2 always has q/k/v biases, whatever attention_bias says
+        return self.model_type == "qwen2" or self.attention_bias
+
+    @property
+    def o_bias(self) -> bool:
+        return self.model_type != "qwen2" and self.attention_bias
+
+    @property
+    def qk_norm(self) -> bool:
+        return self.model_type == "qwen3"
+
+
+def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
+    """inv_freq_i = theta^(-2i/d), i < d/2, float32 on CPU; Llama 3 scaling applied when configured."""
+    d = config.head_dim
+    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64, device="cpu").float() / d))
+    if config.rope_scaling is None:
+        return inv_freq
+    s = config.rope_scaling
+    factor, low, high = s["factor"], s["low_freq_factor"], s["high_freq_factor"]
+    old_len = s["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+    smooth = (old_len / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    is_medium = ~(wavelen < old_len / high) & ~(wavelen > old_len / low)
+    return torch.where(is_medium, smoothed, scaled)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Split-half rotation. x (B, heads, T, d); cos, sin (B, 1, T, d/2)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+# ------------------------------------------------------------------------------------------------ cache
+
+class KVCache:
+    """Preallocated keys/values for all layers: k[i], v[i] have shape (B, n_kv_heads, max_len, head_dim).
+
+    All rows share one write offset `length` (batches are left padded); `key_mask` marks which cached slots
+    hold real tokens and `next_position` is each row's next RoPE position. Attention uses a cache through
+    `update(layer, k, v)` and those fields only, so another store of keys/values can stand in for it.
+    """
+
+    def __init__(self, config: ModelConfig, batch_size: int, max_len: int, dtype=torch.float32, device=None):
+        shape = (config.num_hidden_layers, batch_size, config.num_key_value_heads, max_len, config.head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.key_mask = torch.zeros(batch_size, max_len, dtype=torch.bool, device=device)
+        self.next_position = torch.zeros(batch_size, dtype=torch.long, device=device)
+        self.length, self.max_len = 0, max_len
+
+    @property
+    def batch_size(self) -> int:
+        return self.k.shape[1]
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write T new keys/values (B, n_kv, T, d) into slots length..length+T-1; return slots 0..length+T-1."""
+        end = self.length + k.shape[2]
+        self.k[layer, :, :, self.length:end] = k
+        self.v[layer, :, :, self.length:end] = v
+        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+
+    def _with_rows(self, pick) -> "KVCache":
+        new = KVCache.__new__(KVCache)
+        new.k, new.v = pick(self.k, 1), pick(self.v, 1)
+        new.key_mask, new.next_position = pick(self.key_mask, 0), pick(self.next_position, 0)
+        new.length, new.max_len = self.length, self.max_len
+        return new
+
+    def repeat_interleave(self, n: int) -> "KVCache":
+        """Row b becomes rows b*n .. b*n+n-1: n samples continue from one prefilled prompt."""
+        return self._with_rows(lambda t, dim: t.repeat_interleave(n, dim=dim))
+
+    def select(self, rows) -> "KVCache":
+        """A cache holding only the given rows (in that order): drops finished samples from a batch."""
+        index = torch.as_tensor(rows, dtype=torch.long, device=self.k.device)
+        return self._with_rows(lambda t, dim: t.index_select(dim, index))
+
+
+# ----------------------------------------------------------------------------------------------- layers
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x):
+        y = x.float()
+        return self.weight * (y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = (config.num_attention_heads, config.num_key_value_heads,
+                                                         config.head_dim)
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"config: num_attention_heads={self.n_heads} is not a multiple of "
+                             f"num_key_value_heads={self.n_kv_heads}")
+        self.group = self.n_heads // self.n_kv_heads
+        H, hd = config.hidden_size, self.head_dim
+        self.q_proj = nn.Linear(H, self.n_heads * hd, bias=config.qkv_bias)
+        self.k_proj = nn.Linear(H, self.n_kv_heads * hd, bias=config.qkv_bias)
+        self.v_proj = nn.Linear(H, self.n_kv_heads * hd, bias=config.qkv_bias)
+        self.o_proj = nn.Linear(self.n_heads * hd, H, bias=config.o_bias)
+        if config.qk_norm:
+            self.q_norm = RMSNorm(hd, config.rms_norm_eps)
+            self.k_norm = RMSNorm(hd, config.rms_norm_eps)
+
+    def forward(self, x, cos, sin, mask, is_causal, cache: KVCache | None, layer: int):
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim)
+        k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, n_kv, T, d)
+        if hasattr(self, "q_norm"):
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = apply_rope(q.transpose(1, 2), cos, sin)                                     # (B, n_h, T, d)
+        k = apply_rope(k.transpose(1, 2), cos, sin)                                     # (B, n_kv, T, d)
+        if cache is not None:  # the cache keeps this step's keys/values and returns all of them
+            k, v = cache.update(layer, k, v)                                            # (B, n_kv, S, d)
+        if T == 1 and self.group > 1:
+            # One new token: the `group` query heads sharing a kv head become `group` query rows of that
+            # head (same keys, same mask) -- one small matmul instead of a GQA kernel; fastest on CPU.
+            o = F.scaled_dot_product_attention(q.view(B, self.n_kv_heads, self.group, self.head_dim), k, v,
+                                               attn_mask=mask)
+            o = o.reshape(B, 1, self.n_heads * self.head_dim)
+        else:
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
+                                               enable_gqa=self.group > 1)              # (B, n_h, T, d)
+            o = o.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim)
+        return self.o_proj(o)
+
+
+class MLP(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        H, I, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
+        self.gate_proj = nn.Linear(H, I, bias=bias)
+        self.up_proj = nn.Linear(H, I, bias=bias)
+        self.down_proj = nn.Linear(I, H, bias=bias)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.self_attn = Attention(config)
+        self.mlp = MLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, x, cos, sin, mask, is_causal, cache=None, layer=0):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, is_causal, cache, layer)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Backbone(nn.Module):
+    """HF's `model.` prefix: embeddings, layers, final norm."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+def attention_mask_for(key_mask: torch.Tensor | None, T: int, offset: int):
+    """(mask, is_causal) for SDPA: T queries at slots offset..offset+T-1 over keys 0..offset+T-1.
+
+    key_mask (B, S) marks real keys (None = all real). Returns None masks where SDPA's fast paths apply.
+    """
+    device = key_mask.device if key_mask is not None else None
+    if key_mask is None or bool(key_mask.all()):
+        if T == 1:
+            return None, False          # a single new token may see every cached one
+        if offset == 0:
+            return None, True           # plain causal prefill
+        key_mask = None
+    S = offset + T
+    q_pos = torch.arange(offset, S, device=device)[:, None]
+    k_pos = torch.arange(S, device=device)[None, :]
+    allowed = k_pos <= q_pos                                                   # (T, S) causal
+    if key_mask is None:
+        return allowed, False
+    allowed = (allowed & key_mask[:, None, :]) | (k_pos == q_pos)             # (B, T, S); pads see themselves
+    return allowed[:, None], False                                             # (B, 1, T, S)
+
+
+# ------------------------------------------------------------------------------------------------ model
+
+class Transformer(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.model = Backbone(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.rope_inv_freq = rope_inv_freq(config)  # plain float32 tensor, not a buffer: .to(bf16) must not round it
+        self.gradient_checkpointing = False
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.embed_tokens.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.embed_tokens.weight.device
+
+    def new_cache(self, batch_size: int, max_len: int, dtype=None, device=None) -> KVCache:
+        return KVCache(self.config, batch_size, max_len, dtype or self.dtype, device or self.device)
+
+    def hidden_states(self, input_ids, attention_mask=None, cache: KVCache | None = None) -> torch.Tensor:
+        """(B, T) token ids -> (B, T, H) final-normed hidden states. See the module docstring for padding."""
+        if input_ids.dim() != 2:
+            raise ValueError(f"input_ids must be (batch, time), got shape {tuple(input_ids.shape)}")
+        B, T = input_ids.shape
+        if attention_mask is not None:
+            if attention_mask.shape != input_ids.shape:
+                raise ValueError(f"attention_mask shape {tuple(attention_mask.shape)} != input_ids shape "
+                                 f"{tuple(input_ids.shape)}")
+            attention_mask = attention_mask.to(device=input_ids.device, dtype=torch.bool)
+        offset = 0
+        if cache is not None:
+            offset = cache.length
+            if cache.batch_size != B:
+                raise ValueError(f"cache holds {cache.batch_size} rows but input_ids has {B}")
+            if offset + T > cache.max_len:
+                raise ValueError(f"cache overflow: {offset} cached + {T} new tokens > max_len {cache.max_len}")
+            cache.key_mask[:, offset:offset + T] = True if attention_mask is None else attention_mask
+            key_mask = cache.key_mask[:, :offset + T]
+        else:
+            key_mask = attention_mask
+
+        # positions p = (cache offset) + cumsum(mask) - 1; pads get a harmless clamp to >= 0
+        if attention_mask is None:
+            positions = torch.arange(T, device=input_ids.device).expand(B, T)
+        else:
+            positions = (attention_mask.long().cumsum(1) - 1).clamp(min=0)
+        if cache is not None:
+            positions = positions + cache.next_position[:, None]
+            cache.next_position += T if attention_mask is None else attention_mask.sum(1)
+
+        if self.rope_inv_freq.device != input_ids.device:
+            self.rope_inv_freq = self.rope_inv_freq.to(input_ids.device)
+        angles = positions[:, None, :, None].float() * self.rope_inv_freq        # (B, 1, T, d/2), once per call
+        x = self.model.embed_tokens(input_ids)                                   # (B, T, H)
+        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+        mask, is_causal = attention_mask_for(key_mask, T, offset)
+
+        for i, layer in enumerate(self.model.layers):
+            if self.gradient_checkpointing and self.training and torch.is_grad_enabled() and cache is None:
+                x = checkpoint(layer, x, cos, sin, mask, is_causal, use_reentrant=False)
+            else:
+                x = layer(x, cos, sin, mask, is_causal, cache, i)
+        if cache is not None:
+            cache.length += T
+        return self.model.norm(x)
+
+    def forward(self, input_ids, attention_mask=None, cache: KVCache | None = None) -> torch.Tensor:
+        """(B, T) token ids -> (B, T, V) logits in the model's dtype."""
+        return self.lm_head(self.hidden_states(input_ids, attention_mask, cache))

@@ -1,0 +1,362 @@
+"""Batched generation with a KV cache, and per-token log-probabilities of given completions.
+
+generate(): every prompt is prefilled once (a left-padded batch), its cache is repeated for its n samples,
+then all samples decode one token per step. At each step a sample with temperature T > 0 draws from
+
+    p(token) = softmax(logits / T),  restricted to the k most likely tokens (top_k > 0) and then to the
+               smallest set whose renormalised probability reaches top_p (top_p < 1), renormalised;
+
+T = 0 takes argmax(logits). The reported log-probability of the chosen token is always the unrestricted
+log_softmax(logits / T)[token] (T = 0 counts as 1): exactly what completion_logprobs() recomputes for training.
+A draw uses one uniform u from the sample's own torch.Generator (seeded from the request seed and the
+sample's index): token = first index whose cumulative probability exceeds u, so a seeded request gives the
+same tokens whatever else shares the batch.
+
+completion_logprobs(): log p(c_t | prompt, c_<t) / T for given completions, differentiable. Logits are
+computed only at completion positions, in chunks of `chunk_tokens`, each chunk recomputed in the backward
+pass, so the full (B, T, V) float32 logits never exist (Qwen vocabularies have 151,936 entries).
+
+Chat from the command line:  python -m minskill.nn.sampling --model smollm2-135m --prompt "What is 2+2?"
+"""
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from minskill.nn.weights import load_model
+
+_SEED_MIX = 0x9E3779B97F4A7C15  # odd 64-bit constant: sample j of seed s gets seed s * MIX + j (mod 2^63)
+
+
+@dataclass
+class Sample:
+    prompt_index: int
+    token_ids: list[int]         # generated tokens, including the stop token when one ended the sample
+    logprobs: list[float]        # log_softmax(logits / T) of each token in token_ids
+    text: str                    # decoded without the stop token, cut at the first stop string
+    finish_reason: str           # "stop" | "length" | "cancelled"
+
+
+def _per_prompt(value, n_prompts: int, name: str, is_scalar) -> list:
+    """A scalar applies to every prompt; a list/tuple gives one value per prompt."""
+    if is_scalar(value):
+        return [value] * n_prompts
+    values = list(value)
+    if len(values) != n_prompts:
+        raise ValueError(f"generate: {name} has {len(values)} values for {n_prompts} prompts")
+    bad = [v for v in values if not is_scalar(v)]
+    if bad:
+        raise ValueError(f"generate: {name} has an invalid entry {bad[0]!r}")
+    return values
+
+
+def _is_number(v):
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _is_stop_list(v):
+    return v is None or isinstance(v, str) or (isinstance(v, (list, tuple)) and all(isinstance(s, str) for s in v))
+
+
+def _stop_list(v) -> tuple[str, ...]:
+    return () if v is None else (v,) if isinstance(v, str) else tuple(v)
+
+
+def _cut_at_stop(text: str, stop_strings) -> str | None:
+    """text up to the first occurrence of any stop string, or None when none occurs."""
+    hits = [i for i in (text.find(s) for s in stop_strings if s) if i >= 0]
+    return text[:min(hits)] if hits else None
+
+
+def _left_pad(seqs: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(s) for s in seqs)
+    ids = [[pad_id] * (width - len(s)) + list(s) for s in seqs]
+    mask = [[0] * (width - len(s)) + [1] * len(s) for s in seqs]
+    return torch.tensor(ids, dtype=torch.long, device=device), torch.tensor(mask, dtype=torch.long, device=device)
+
+
+def _filtered_choice(probs, top_k, top_p, u, total):
+    """Inverse-CDF draw from the top-k / top-p restricted distribution, candidates in descending order.
+
+    Only the K most likely tokens are sorted (torch.topk), K growing until it covers every row's kept set:
+    a full sort of a 150k vocabulary costs as much as a decoding step.
+    """
+    V = probs.shape[1]
+    no_k = (top_k <= 0) | (top_k >= V)
+    k_eff = torch.where(no_k, V, top_k)
+    K = min(V, 64)
+    while True:
+        top, index = probs.topk(K, dim=-1)                                          # (R, K), descending
+        covered = (k_eff <= K) | (no_k & (top.sum(-1) >= top_p * total))
+        if K == V or bool(covered.all()):
+            break
+        K = min(V, 4 * K)
+    rank = torch.arange(K, device=probs.device)
+    top = top * (rank < k_eff[:, None])                                             # top-k
+    mass = torch.where(no_k, total, top.sum(-1))                                    # normaliser of the top-k set
+    top = top * ((top.cumsum(-1) - top) < (top_p * mass)[:, None])                  # top-p; the first always stays
+    cdf = top.cumsum(-1)
+    choice = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).clamp(max=K - 1)
+    return index.gather(1, choice).squeeze(1)
+
+
+def _sample_step(logits, temperature, top_k, top_p, generators):
+    """logits (R, V) float32 -> (tokens (R,), logprobs (R,)); per-row parameters are (R,) tensors.
+
+    Which path a row takes depends only on its own parameters, so its draw never depends on its companions.
+    """
+    greedy = temperature == 0
+    logprobs = torch.log_softmax(logits / torch.where(greedy, 1.0, temperature)[:, None], dim=-1)
+    tokens = logits.argmax(-1)
+    if not bool(greedy.all()):
+        probs = logprobs.exp()
+        cdf = probs.cumsum(-1)                                                      # vocabulary order
+        # the generators live on the CPU (the same draws on every device), so their numbers are drawn there
+        u = torch.cat([torch.rand(1, generator=g, device="cpu") for g in generators]).to(cdf.device)
+        choice = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).squeeze(1)
+        choice = choice.clamp(max=cdf.shape[1] - 1)
+        filtered = ~greedy & ((top_k > 0) | (top_p < 1))
+        if bool(filtered.any()):
+            rows = filtered.nonzero().squeeze(1)
+            choice[rows] = _filtered_choice(probs[rows], top_k[rows], top_p[rows], u[rows], cdf[rows, -1])
+        tokens = torch.where(greedy, tokens, choice)
+    return tokens, logprobs.gather(1, tokens[:, None]).squeeze(1)
+
+
+@dataclass
+class _Options:
+    """The per-prompt settings of one generate() call, checked."""
+    temperature: list[float]
+    top_k: list[int]
+    top_p: list[float]
+    max_new_tokens: list[int]
+    seed: list[int | None]
+    stop_strings: list[tuple[str, ...]]
+    stop_token_ids: set[int]
+    on_token: object = None          # on_token(row, token_id) as each token is chosen: a server streams replies
+
+
+def _options(prompts, n, max_new_tokens, temperature, top_k, top_p, seed, stop_token_ids, stop_strings,
+             tokenizer, on_token=None) -> _Options:
+    P = len(prompts)
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"generate: n must be a positive int, got {n!r}")
+    for i, p in enumerate(prompts):
+        if len(p) == 0:
+            raise ValueError(f"generate: prompt {i} is empty")
+    opts = _Options(
+        temperature=_per_prompt(temperature, P, "temperature", _is_number),
+        top_k=_per_prompt(top_k, P, "top_k", lambda v: isinstance(v, int) and not isinstance(v, bool)),
+        top_p=_per_prompt(top_p, P, "top_p", _is_number),
+        max_new_tokens=_per_prompt(max_new_tokens, P, "max_new_tokens", lambda v: isinstance(v, int) and v >= 0),
+        seed=_per_prompt(seed, P, "seed", lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool))),
+        stop_strings=[_stop_list(v) for v in _per_prompt(stop_strings, P, "stop_strings", _is_stop_list)],
+        stop_token_ids=set(int(t) for t in stop_token_ids), on_token=on_token)
+    for name, vals, ok in (("temperature", opts.temperature, lambda v: v >= 0),
+                           ("top_p", opts.top_p, lambda v: 0 < v <= 1)):
+        if not all(ok(v) for v in vals):
+            raise ValueError(f"generate: {name} out of range: {vals}")
+    if any(opts.stop_strings) and tokenizer is None:
+        raise ValueError("generate: stop_strings need a tokenizer")
+    return opts
+
+
+def _generators(seeds: list[int | None], n: int) -> list[torch.Generator]:
+    """One generator per row (rows = samples, prompt-major): sample j of seed s is seeded s * MIX + j."""
+    generators = []
+    for r in range(len(seeds) * n):
+        s = seeds[r // n]
+        g = torch.Generator()
+        base = int(torch.randint(0, 2**62, (1,), device="cpu")) if s is None else s  # unseeded: torch's CPU RNG
+        g.manual_seed((base * _SEED_MIX + r % n) % 2**63)
+        generators.append(g)
+    return generators
+
+
+def _prefill(model, prompts, n: int, pad_id: int, new_tokens: int):
+    """Prefill each prompt once, then give each of its n samples a copy of the cache: (cache, logits (R, V))."""
+    ids, mask = _left_pad(prompts, pad_id, model.device)
+    cache = model.new_cache(len(prompts), ids.shape[1] + new_tokens)
+    last_hidden = model.hidden_states(ids, mask, cache)[:, -1]                        # (P, H)
+    logits = model.lm_head(last_hidden).float().repeat_interleave(n, dim=0)            # (R, V)
+    return (cache.repeat_interleave(n) if n > 1 else cache), logits
+
+
+@dataclass
+class _Rows:
+    """What each row (one sample; prompt-major, row r is sample r % n of prompt r // n) has produced."""
+    prompt: list[int]
+    tokens: list[list[int]]
+    logprobs: list[list[float]]
+    finish: list[str]
+
+    @classmethod
+    def start(cls, n_prompts: int, n: int) -> "_Rows":
+        R = n_prompts * n
+        return cls([r // n for r in range(R)], [[] for _ in range(R)], [[] for _ in range(R)], ["length"] * R)
+
+    def append(self, active, tokens, logprobs, opts: _Options, tokenizer) -> list[int]:
+        """Add this step's token to each active row; returns the rows that go on decoding."""
+        still = []
+        for r, tok, lp in zip(active, tokens, logprobs):
+            self.tokens[r].append(tok)
+            self.logprobs[r].append(lp)
+            if opts.on_token is not None:
+                opts.on_token(r, tok)
+            stop_list = opts.stop_strings[self.prompt[r]]
+            if tok in opts.stop_token_ids or \
+                    (stop_list and _cut_at_stop(tokenizer.decode(self.tokens[r]), stop_list) is not None):
+                self.finish[r] = "stop"
+            elif len(self.tokens[r]) < opts.max_new_tokens[self.prompt[r]]:
+                still.append(r)
+        return still
+
+    def sample(self, r: int, opts: _Options, tokenizer) -> Sample:
+        """Row r as a Sample: its text decoded without the stop token, cut at the first stop string."""
+        tokens, text = self.tokens[r], ""
+        if tokenizer is not None:
+            ended_by_token = bool(tokens) and tokens[-1] in opts.stop_token_ids
+            text = tokenizer.decode(tokens[:-1] if ended_by_token else tokens)
+            cut = _cut_at_stop(text, opts.stop_strings[self.prompt[r]])
+            text = text if cut is None else cut
+        return Sample(prompt_index=self.prompt[r], token_ids=tokens, logprobs=self.logprobs[r], text=text,
+                      finish_reason=self.finish[r])
+
+
+def _decode_step(model, cache, cache_rows: list[int], next_tokens: dict[int, int], still: list[int], pad_id: int):
+    """Feed each row still decoding its last token: (cache, rows held in the cache, logits of `still`)."""
+    if len(still) <= len(cache_rows) // 2:
+        # half the cached rows are finished: drop them (one copy of the cache) so steps get cheaper
+        slot = {r: i for i, r in enumerate(cache_rows)}
+        cache = cache.select([slot[r] for r in still])
+        cache_rows = still
+    # finished rows still in the cache are fed a pad token; their outputs are ignored
+    step_ids = torch.tensor([[next_tokens.get(r, pad_id)] for r in cache_rows], device=model.device)
+    step_logits = model(step_ids, cache=cache)[:, -1].float()                         # (rows in cache, V)
+    slot = {r: i for i, r in enumerate(cache_rows)}
+    return cache, cache_rows, step_logits[torch.tensor([slot[r] for r in still], device=model.device)]
+
+
+@torch.no_grad()
+def generate(model, prompts: list[list[int]], *, n=1, max_new_tokens=128, temperature=1.0, top_k=0,
+             top_p=1.0, stop_token_ids=(), stop_strings=(), seed=None, tokenizer=None, pad_id=0,
+             should_stop=None, on_token=None) -> list[Sample]:
+    """len(prompts) * n samples, prompt-major. See the module docstring; parameters may be per-prompt lists.
+
+    should_stop(prompt_index) -> bool, asked before each decoding step, ends that prompt's samples early
+    (finish_reason "cancelled"): a server stops work whose client has gone; on_token(row, token_id) streams."""
+    if len(prompts) == 0:
+        return []
+    opts = _options(prompts, n, max_new_tokens, temperature, top_k, top_p, seed, stop_token_ids, stop_strings,
+                    tokenizer, on_token)
+    rows = _Rows.start(len(prompts), n)
+    generators = _generators(opts.seed, n)
+    cache, logits = _prefill(model, prompts, n, pad_id, max(max(opts.max_new_tokens), 1))
+
+    def row_tensor(values, dtype):
+        return torch.tensor([values[p] for p in rows.prompt], dtype=dtype, device=model.device)
+
+    temp_t, top_k_t = row_tensor(opts.temperature, torch.float32), row_tensor(opts.top_k, torch.long)
+    top_p_t = row_tensor(opts.top_p, torch.float32)
+    active = [r for r, p in enumerate(rows.prompt) if opts.max_new_tokens[p] > 0]   # rows still decoding
+    cache_rows = list(range(len(rows.prompt)))                                      # row held in each cache slot
+    logits = logits[active]                                                         # logits rows follow `active`
+    while active:
+        if should_stop is not None:
+            keep = [i for i, r in enumerate(active) if not should_stop(rows.prompt[r])]
+            for i in sorted(set(range(len(active))) - set(keep)):
+                rows.finish[active[i]] = "cancelled"
+            active, logits = [active[i] for i in keep], logits[keep]
+            if not active:
+                break
+        index = torch.tensor(active, device=model.device)
+        tokens, lps = _sample_step(logits, temp_t[index], top_k_t[index], top_p_t[index],
+                                   [generators[r] for r in active])
+        tokens = tokens.tolist()
+        still = rows.append(active, tokens, lps.tolist(), opts, tokenizer)
+        if not still:
+            break
+        cache, cache_rows, logits = _decode_step(model, cache, cache_rows, dict(zip(active, tokens)), still, pad_id)
+        active = still
+    return [rows.sample(r, opts, tokenizer) for r in range(len(rows.prompt))]
+
+
+def _chunk_logprobs(hidden, targets, weight, temperature):
+    """hidden (N, H), targets (N,) -> log_softmax(hidden W^T / T)[target], float32 (N,)."""
+    logits = F.linear(hidden, weight).float() / temperature                          # (N, V)
+    return logits.gather(1, targets[:, None]).squeeze(1) - logits.logsumexp(-1)
+
+
+def token_logprobs(hidden, targets, weight, temperature: float, chunk_tokens: int) -> torch.Tensor:
+    """(N,) float32 log-probs of `targets` from `hidden` (N, H) through the output matrix `weight`, chunk_tokens
+    rows of logits at a time; while training each chunk is checkpointed, so its (chunk, V) logits are freed
+    after the forward and recomputed in the backward."""
+    pieces = []
+    for start in range(0, hidden.shape[0], chunk_tokens):
+        args = (hidden[start:start + chunk_tokens], targets[start:start + chunk_tokens], weight, temperature)
+        if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
+            pieces.append(checkpoint(_chunk_logprobs, *args, use_reentrant=False))
+        else:
+            pieces.append(_chunk_logprobs(*args))
+    return torch.cat(pieces)
+
+
+def completion_logprobs(model, prompts: list[list[int]], completions: list[list[int]], *,
+                        temperature=1.0, chunk_tokens=2048) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, Tc) float32 log-probs of each completion token given prompt + earlier completion tokens, and the
+    (B, Tc) bool mask of real entries (Tc = longest completion). Differentiable through the model."""
+    if len(prompts) != len(completions):
+        raise ValueError(f"completion_logprobs: {len(prompts)} prompts but {len(completions)} completions")
+    if any(len(p) == 0 for p in prompts):
+        raise ValueError("completion_logprobs: every prompt needs at least one token")
+    if temperature < 0 or chunk_tokens < 1:
+        raise ValueError(f"completion_logprobs: bad temperature {temperature} or chunk_tokens {chunk_tokens}")
+    temperature = temperature or 1.0
+    device = model.device
+    B = len(prompts)
+    Tc = max((len(c) for c in completions), default=0)
+    lengths = torch.tensor([len(c) for c in completions], device=device)
+    mask = torch.arange(Tc, device=device)[None, :] < lengths[:, None]               # (B, Tc)
+    if Tc == 0:
+        return torch.zeros(B, 0, device=device), mask
+
+    ids, attn = _left_pad([list(p) + list(c) for p, c in zip(prompts, completions)], 0, device)
+    T = ids.shape[1]
+    hidden = model.hidden_states(ids, attn)                                          # (B, T, H)
+    # completion token j of row b sits at T - len_b + j (left padding); it is predicted one slot earlier
+    where = (T - lengths[:, None] + torch.arange(Tc, device=device)[None, :] - 1).clamp(0, T - 1)
+    targets = torch.tensor([list(c) + [0] * (Tc - len(c)) for c in completions], dtype=torch.long, device=device)
+    h = hidden.gather(1, where[..., None].expand(-1, -1, hidden.shape[-1]))[mask]    # (N, H)
+    t = targets[mask]                                                                # (N,)
+    values = token_logprobs(h, t, model.lm_head.weight, temperature, chunk_tokens)
+    return torch.zeros(B, Tc, device=device).masked_scatter(mask, values), mask
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m minskill.nn.sampling",
+                                     description="Chat once with a model: print its reply to one prompt.")
+    parser.add_argument("--model", default="smollm2-135m", help="HF folder or 'smollm2-135m' (offline default)")
+    parser.add_argument("--prompt", required=True, help="the user message")
+    parser.add_argument("--system", default=None, help="system prompt (default: the chat format's own)")
+    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    args = parser.parse_args(argv)
+    model, tokenizer = load_model(args.model, dtype=getattr(torch, args.dtype))
+    messages = ([{"role": "system", "content": args.system}] if args.system else []) + \
+        [{"role": "user", "content": args.prompt}]
+    prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    [sample] = generate(model, [prompt], max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                        top_p=args.top_p, seed=args.seed, stop_token_ids=tokenizer.stop_token_ids,
+                        tokenizer=tokenizer, pad_id=tokenizer.pad_token_id)
+    print(sample.text.strip())
+
+
+if __name__ == "__main__":
+    main()

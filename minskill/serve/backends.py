@@ -1,0 +1,350 @@
+"""What the HTTP server (minskill.serve.server) serves with: the backends, and the validation of a chat request.
+
+A backend is any object with `name`, `max_context`, `count_prompt_tokens(messages)` and
+`complete(requests) -> [[Choice, ...] per request]` (an entry may instead be an exception, which fails
+that request only); one that also has `embedding_tokens(text)` and `embed(request)` serves /v1/embeddings
+(minskill.serve.embeddings):
+
+  * ModelBackend    a minskill Transformer + Tokenizer, batched through sampling.generate (optionally
+                    with int8 weights: `from_spec(..., quantize="int8")`, see minskill.nn.quantize);
+                    embeddings: mean-pooled final hidden states;
+  * ScriptedBackend fn(messages, request) -> str; puts a scripted model behind real HTTP in tests
+                    (embeddings from an optional embed_fn(text) -> [float, ...]).
+
+`parse_chat_request(payload, backend)` turns a decoded /v1/chat/completions body into a
+CompletionRequest, or raises BackendError(400/404, ...) naming the field at fault.
+
+Content parts. A message's `content` is a string or, as OpenAI's API also allows, a list of
+{"type": "text", "text": ...} parts; the parts' texts are joined with "\n", as vLLM and TensorRT-LLM join
+them, so that a prompt reaches the model the same here and behind those engines (OpenAI does not document
+a separator). Any other part type (image_url, input_audio, file, refusal, ...) is a 400 naming
+messages[i].content[k] and its type: these models read text only.
+
+Streaming. A request with `on_text` set (the server sets it for "stream": true) gets its reply as it is
+generated: on_text(choice_index, delta) is called on the scheduler thread. ModelBackend calls it per
+decoded token (sampling.generate's on_token hook, through _TextStream); ScriptedBackend, which has no
+tokens to wait for, word by word once fn has answered. Deltas always add up to a prefix of the final text;
+what they held back (an incomplete UTF-8 character, the possible start of a stop string) the server sends
+from the final Choice.
+"""
+from __future__ import annotations
+
+import collections
+import re
+import threading
+from dataclasses import dataclass, field, replace
+from functools import partial
+from pathlib import Path
+from typing import Callable, Protocol
+
+import torch
+
+from minskill.nn.quantize import Int8Linear, apply_quantization
+from minskill.nn.sampling import generate
+from minskill.nn.weights import load_model
+from minskill.serve.embeddings import mean_pooled_embeddings
+from minskill.serve.errors import BackendError, bad_request, check_body_and_model
+
+MAX_N = 16                        # most choices one request may ask for
+MAX_STOP_STRINGS = 16
+ROLES = ("system", "user", "assistant")
+
+
+# ---- what backends see and return -----------------------------------------------------------------
+@dataclass
+class CompletionRequest:
+    """A validated chat request. max_tokens is already clamped to the room left in the context."""
+    messages: list[dict]
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int = 16
+    stop: list[str] = field(default_factory=list)
+    seed: int | None = None
+    prompt_tokens: int = 0
+    sample_index: int = 0         # ScriptedBackend sets it per call of fn (choice j of n)
+    # set when the client has gone (it timed out or was killed): its reply would be lost, so stop working on it
+    cancelled: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
+    stream: bool = False          # "stream": true: answered with server-sent events (minskill.serve.sse)
+    include_usage: bool = False   # stream_options.include_usage: a last chunk with the usage
+    on_text: Callable[[int, str], None] | None = field(default=None, repr=False, compare=False)
+
+
+@dataclass
+class Choice:
+    text: str
+    finish_reason: str            # "stop" | "length"
+    completion_tokens: int        # generated tokens, counting the stop token that ended the reply
+
+
+class Backend(Protocol):
+    name: str
+    max_context: int
+
+    def count_prompt_tokens(self, messages: list[dict]) -> int: ...
+
+    def complete(self, requests: list[CompletionRequest]) -> list[list[Choice]]: ...
+
+
+class ClientGone(Exception):
+    """The client closed its connection before its reply was ready (minskill.serve.server, minskill.serve.sse)."""
+
+
+class ScriptedBackend:
+    """A backend whose replies come from `fn(messages, request) -> str`, called once per choice.
+
+    Tokens are whitespace-separated words: prompt_tokens = words in all message contents,
+    completion_tokens = words in the reply. A reply is cut at the first stop string
+    (finish_reason "stop") and after max_tokens words (finish_reason "length").
+    `request.sample_index` tells fn which of the n choices it is producing.
+    With `embed_fn(text) -> [float, ...]` it serves /v1/embeddings too (vectors as fn gives them);
+    without, /v1/embeddings answers 400.
+    """
+
+    def __init__(self, fn: Callable[[list[dict], CompletionRequest], str], name: str = "scripted",
+                 max_context: int = 4096, embed_fn: Callable[[str], list[float]] | None = None):
+        self.fn, self.name, self.max_context, self.embed_fn = fn, name, max_context, embed_fn
+
+    def count_prompt_tokens(self, messages):
+        return sum(len(message["content"].split()) for message in messages)
+
+    def _choice(self, text, request) -> Choice:
+        if not isinstance(text, str):
+            raise TypeError(f"scripted fn returned {type(text).__name__}, expected str")
+        cuts = [text.find(stop) for stop in request.stop if stop in text]
+        if cuts:
+            text = text[:min(cuts)]
+        words = text.split()
+        if len(words) > request.max_tokens:
+            return Choice(" ".join(words[:request.max_tokens]), "length", request.max_tokens)
+        return Choice(text, "stop", len(words))
+
+    def complete(self, requests):
+        results = []
+        for request in requests:
+            try:
+                choices = [self._choice(self.fn(request.messages, replace(request, sample_index=j)), request)
+                           for j in range(request.n)]
+            except Exception as error:  # one failing script fails its own request, not the batch
+                results.append(error)
+                continue
+            for j, choice in enumerate(choices):
+                for piece in re.findall(r"\s*\S+|\s+$", choice.text) if request.on_text else ():
+                    request.on_text(j, piece)       # word by word: what a streaming client sees
+            results.append(choices)
+        return results
+
+    def embedding_tokens(self, text: str) -> list[str]:
+        if self.embed_fn is None:
+            raise BackendError(400, f"the model {self.name!r} serves no embeddings (a ScriptedBackend needs an "
+                                    f"embed_fn for /v1/embeddings)", "invalid_request_error",
+                               "embeddings_not_supported", "model")
+        return text.split()
+
+    def embed(self, request) -> list[list[float]]:
+        return [[float(x) for x in self.embed_fn(text)] for text in request.texts]
+
+
+class ModelBackend:
+    """A minskill Transformer + Tokenizer; a batch is served by sampling.generate (one call per n)."""
+
+    def __init__(self, model, tokenizer, name: str = "minskill"):
+        self.model, self.tokenizer, self.name = model, tokenizer, name
+        self.max_context = int(model.config.max_position_embeddings)
+
+    @classmethod
+    def from_spec(cls, spec: str, dtype=None, device=None, name: str | None = None,
+                  quantize: str | None = None) -> "ModelBackend":
+        """Load `spec`; quantize="int8" serves it with int8 weights (minskill.nn.quantize)."""
+        model, tokenizer = load_model(spec, dtype=dtype, device=device)
+        model.eval()
+        apply_quantization(model, quantize)
+        # a quantized model answers differently: its default name says so (clients, caches and reports see it)
+        suffix = "-int8" if any(isinstance(m, Int8Linear) for m in model.modules()) else ""
+        return cls(model, tokenizer, name or (Path(str(spec).rstrip("/")).name or str(spec)) + suffix)
+
+    def count_prompt_tokens(self, messages):
+        return len(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True))
+
+    def embedding_tokens(self, text: str) -> list[int]:
+        """The text's tokens as plain characters (no chat template, no BOS): what its embedding pools."""
+        return self.tokenizer.encode(text, special_tokens=False)
+
+    def embed(self, request) -> torch.Tensor:
+        with torch.inference_mode():
+            return mean_pooled_embeddings(self.model, request.tokens, pad_id=self.tokenizer.pad_token_id,
+                                          should_stop=request.cancelled.is_set)
+
+    def _streams(self, group: list[CompletionRequest], n: int):
+        """generate's on_token hook feeding each streaming request's _TextStreams (None: nobody streams)."""
+        if not any(r.on_text for r in group):
+            return None
+        streams = [[_TextStream(self.tokenizer, r.stop, partial(r.on_text, j)) if r.on_text else None
+                    for j in range(n)] for r in group]
+
+        def on_token(row: int, token: int):   # rows are prompt-major: row = k * n + j
+            stream = streams[row // n][row % n]
+            if stream is not None:
+                stream.push(token)
+        return on_token
+
+    def complete(self, requests):
+        results: list = [None] * len(requests)
+        by_n = collections.defaultdict(list)   # generate takes one n per call
+        for i, request in enumerate(requests):
+            by_n[request.n].append(i)
+        with torch.inference_mode():
+            for n, indices in by_n.items():
+                group = [requests[i] for i in indices]
+                samples = generate(
+                    self.model, [self.tokenizer.apply_chat_template(r.messages) for r in group], n=n,
+                    should_stop=lambda k, group=group: group[k].cancelled.is_set(),
+                    max_new_tokens=[r.max_tokens for r in group], temperature=[r.temperature for r in group],
+                    top_p=[r.top_p for r in group], stop_strings=[list(r.stop) for r in group],
+                    seed=[r.seed for r in group], stop_token_ids=self.tokenizer.stop_token_ids,
+                    tokenizer=self.tokenizer, pad_id=self.tokenizer.pad_token_id,
+                    on_token=self._streams(group, n))
+                for k, i in enumerate(indices):  # samples are prompt-major: prompt k owns k*n .. k*n+n-1
+                    results[i] = [Choice(s.text, s.finish_reason, len(s.token_ids)) for s in samples[k * n:(k + 1) * n]]
+        return results
+
+
+class _TextStream:
+    """One choice's reply as text deltas while it is generated. Each token re-decodes the reply so far
+    (pieces of a byte-level BPE are not text alone); a delta is sent only where it cannot change any more:
+    not an incomplete UTF-8 character at the end (decoded as U+FFFD), not an end that could be the start of
+    a stop string, nothing from a stop string or a stop token on. So the deltas add up to a prefix of the
+    final Choice.text, which the server completes."""
+
+    def __init__(self, tokenizer, stop: list[str], emit: Callable[[str], None]):
+        self.tokenizer, self.stop, self.emit = tokenizer, stop, emit
+        self.stop_ids = set(tokenizer.stop_token_ids)
+        self.tokens: list[int] = []
+        self.sent, self.closed = 0, False
+
+    def push(self, token: int):
+        if self.closed:
+            return
+        if token in self.stop_ids:
+            self.closed = True
+            return
+        self.tokens.append(token)
+        text = self.tokenizer.decode(self.tokens)
+        cuts = [i for i in (text.find(s) for s in self.stop) if i >= 0]
+        if cuts:
+            text, self.closed = text[:min(cuts)], True
+        else:
+            held = max((k for s in self.stop for k in range(1, min(len(s) - 1, len(text)) + 1)
+                        if s.startswith(text[-k:])), default=0)
+            text = text[:len(text) - held].rstrip("\ufffd")
+        if len(text) > self.sent:
+            self.emit(text[self.sent:])
+            self.sent = len(text)
+
+
+# ---- request validation ---------------------------------------------------------------------------
+def _number(payload, key, default, low, high, low_open=False):
+    value = payload.get(key, default)
+    if value is None:
+        value = default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+            (low < value if low_open else low <= value) and value <= high):
+        low_text = f"> {low}" if low_open else f">= {low}"
+        raise bad_request(f"'{key}' must be a number {low_text} and <= {high}, got {value!r}", key)
+    return float(value)
+
+
+def _integer(payload, key, default, low, high):
+    value = payload.get(key, default)
+    if value is None:
+        value = default
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise bad_request(f"'{key}' must be an integer from {low} to {high}, got {value!r}", key)
+    return value
+
+
+def _content_text(content, i: int) -> str:
+    """A message's content: a string, or a list of text parts joined with "\n" (see the module docstring)."""
+    where = f"messages[{i}].content"
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise bad_request(f"{where} must be a string or a list of text parts, got {type(content).__name__}", where)
+    if not content:
+        raise bad_request(f"{where} is an empty list: give a string or at least one text part", where)
+    texts = []
+    for k, part in enumerate(content):
+        if not isinstance(part, dict):
+            raise bad_request(f"{where}[{k}] must be an object {{'type': 'text', 'text': ...}}, got "
+                               f"{type(part).__name__}", f"{where}[{k}]")
+        if part.get("type") != "text":
+            raise bad_request(f"{where}[{k}] has type {part.get('type')!r}: this server reads text parts only "
+                               f"({{'type': 'text', 'text': ...}})", f"{where}[{k}]", "unsupported_content_type")
+        if not isinstance(part.get("text"), str):
+            raise bad_request(f"{where}[{k}].text must be a string, got {type(part.get('text')).__name__}",
+                               f"{where}[{k}].text")
+        texts.append(part["text"])
+    return "\n".join(texts)
+
+
+def _stream_options(payload) -> tuple[bool, bool]:
+    """(stream, include_usage) from "stream" and "stream_options", checked as OpenAI checks them."""
+    stream = payload.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise bad_request(f"'stream' must be true or false, got {stream!r:.100}", "stream")
+    options = payload.get("stream_options")
+    if options is None:
+        return bool(stream), False
+    if not stream:
+        raise bad_request("'stream_options' is only allowed when 'stream' is true", "stream_options")
+    if not isinstance(options, dict):
+        raise bad_request(f"'stream_options' must be an object, got {type(options).__name__}", "stream_options")
+    include_usage = options.get("include_usage")
+    if include_usage is not None and not isinstance(include_usage, bool):
+        raise bad_request(f"'stream_options.include_usage' must be true or false, got {include_usage!r:.100}",
+                           "stream_options.include_usage")
+    return True, bool(include_usage)
+
+
+def parse_chat_request(payload, backend: Backend) -> CompletionRequest:
+    """Validate a decoded /v1/chat/completions body; raise BackendError(400, ...) naming the problem."""
+    check_body_and_model(payload, backend)
+    messages = payload.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise bad_request("'messages' must be a non-empty list of {'role', 'content'} objects", "messages")
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise bad_request(f"messages[{i}] must be an object, got {type(message).__name__}", f"messages[{i}]")
+        if message.get("role") not in ROLES:
+            raise bad_request(f"messages[{i}].role must be one of {', '.join(ROLES)}, got {message.get('role')!r}",
+                               f"messages[{i}].role")
+        if "content" not in message:
+            raise bad_request(f"messages[{i}].content must be a string or a list of text parts, got nothing",
+                               f"messages[{i}].content")
+    messages = [{"role": m["role"], "content": _content_text(m["content"], i)} for i, m in enumerate(messages)]
+    stream, include_usage = _stream_options(payload)
+    temperature = _number(payload, "temperature", 1.0, 0.0, 2.0)
+    top_p = _number(payload, "top_p", 1.0, 0.0, 1.0, low_open=True)
+    n = _integer(payload, "n", 1, 1, MAX_N)
+    seed = _integer(payload, "seed", None, -2**63, 2**64 - 1) if payload.get("seed") is not None else None
+    key = "max_tokens" if payload.get("max_tokens") is not None else "max_completion_tokens"
+    context = backend.max_context
+    max_tokens = _integer(payload, key, None, 1, context) if payload.get(key) is not None else None
+
+    stop = payload.get("stop")
+    stop = [] if stop is None else [stop] if isinstance(stop, str) else stop
+    if (not isinstance(stop, list) or len(stop) > MAX_STOP_STRINGS
+            or not all(isinstance(s, str) and s for s in stop)):
+        raise bad_request(f"'stop' must be a non-empty string or a list of at most {MAX_STOP_STRINGS} "
+                           f"non-empty strings, got {payload.get('stop')!r:.200}", "stop")
+
+    try:
+        prompt_tokens = backend.count_prompt_tokens(messages)
+    except (ValueError, KeyError) as error:  # e.g. a chat template that refuses this message order
+        raise bad_request(f"cannot format these messages for the model: {error}", "messages")
+    if prompt_tokens >= context:
+        raise bad_request(f"the prompt has {prompt_tokens} tokens but the model's context is {context} tokens "
+                           f"(and the reply needs at least one)", "messages", "context_length_exceeded")
+    room = context - prompt_tokens
+    return CompletionRequest(messages, n, temperature, top_p, min(max_tokens or room, room), stop, seed,
+                             prompt_tokens, stream=stream, include_usage=include_usage)

@@ -1,0 +1,615 @@
+"""Client for OpenAI-compatible chat endpoints: `POST {base_url}/chat/completions`.
+
+This is how minskill reaches its frozen models (the task model, MASA's teacher): vLLM, SGLang,
+llama.cpp's server, Ollama, a hosted API, or minskill's own server (`python -m minskill.serve`).
+It imports nothing from the rest of minskill, so it can be copied alone into another project.
+
+Contract
+--------
+* `ChatClient(base_url, model, api_key)`; each may come from `OPENAI_BASE_URL`, `OPENAI_MODEL`,
+  `OPENAI_API_KEY`. `base_url` is the API root, e.g. `http://127.0.0.1:8000/v1` (a trailing "/" is
+  ignored; a bare `http://host:port` gets `/v1` appended). With no model name the client asks
+  `GET {base_url}/models` once and uses the first model listed.
+* `chat(messages, n, temperature, top_p, max_tokens, stop, seed) -> ChatResult` with the `n` reply
+  texts in choice order, their finish reasons and the token usage the server reported.
+* `chat_many(requests)` runs many `chat` calls on a bounded thread pool; results come back in order.
+* `embed(texts) -> list[list[float]]`: `POST {base_url}/embeddings`, one vector per text (retrieval).
+* `max_workers` bounds the client's requests in flight, client-wide: however many threads call `chat`
+  (callers stack thread pools), at most `max_workers` requests are out at once; the others wait for a
+  slot before their deadline starts (waiting for a slot is not the server's time). A retrying request
+  keeps its slot through its backoff, which adds no load while the server says it is overloaded.
+* `timeout` (seconds) bounds a whole `chat` call begun at t0: the model lookup, every attempt and every
+  backoff wait end by the deadline T = t0 + timeout. An attempt begun at t may take
+
+      limit = min(attempt_timeout, T - t)        (attempt_timeout None: T - t)
+
+  seconds: its connect and read timeouts are `limit`, and a watchdog shuts its connection down when
+  `limit` is over (a read timeout bounds each socket read only, so a server that sends a byte every
+  half second would hold the call as long as it likes). Not bounded: name resolution, and reads
+  through a SOCKS proxy (bounded per read only).
+* Retried (up to `max_retries` times): connection errors (refused, reset), attempts that timed out,
+  HTTP 429 and 5xx. Attempt a = 0, 1, ... that fails waits, before attempt a+1,
+
+      delay_a = max(retry_after, U(0, min(backoff_max, backoff_base * 2**a)))
+
+  i.e. exponential backoff with "full jitter" (a uniform draw below the exponential cap, which
+  spreads out clients that failed together), but never less than the server's `Retry-After`:
+  retry_after = min(Retry-After, MAX_RETRY_AFTER = 60 s), in delta-seconds or an HTTP date; absent,
+  unparseable, negative or non-finite ("inf", "nan") values count as 0. A retry whose wait would
+  reach T is not made. When the call gives up, `ChatError` says how many attempts were made, why no
+  more, and what the last failure was.
+* Not retried: any other 4xx raises `ChatError` carrying the server's message, the status and the
+  endpoint. A reply that is not the expected JSON (or has choices, finish reasons or usage counts of
+  the wrong type) raises `ChatError` quoting the start of the body.
+* Text from a model is made Unicode text here, once, for everything downstream: every string of a reply body
+  (content, reasoning fields, error messages, model ids) has its lone surrogates (JSON's "\\ud800" escape,
+  which no UTF-8 file, JSON writer with ensure_ascii=False or tokenizer accepts) and the bytes that are not
+  UTF-8 replaced by U+FFFD, so no reply's content can crash the writer of a state file or the next request.
+* Every failure of a call raises `ChatError` (`status`: the HTTP status, None without a reply): of the
+  connection, the server, the model list (`GET {base_url}/models`), or the reply. Only arguments that
+  cannot be sent at all (messages not a list of dicts, values JSON cannot encode) raise TypeError or
+  ValueError instead, without a chat request.
+* `stats` (thread-safe): calls (successful chat calls), prompt_tokens, completion_tokens,
+  retries (re-sent requests), failures (chat calls that raised ChatError).
+* `usage` (thread-safe, a `Usage` snapshot; what a run writes as its cost per role): calls, failures,
+  prompt_tokens, completion_tokens and two kinds of seconds of the chat calls:
+
+      request_seconds = Σ_calls (end − start)          start: the call holds its slot; end: it returns
+      busy_seconds    = |∪_calls [start, end]|           wall seconds with at least one call in flight
+
+  Concurrent calls overlap, so request_seconds exceeds the wall time they took (16 calls of 2 s in flight
+  together: 32 request seconds, 2 busy seconds); busy_seconds never does, and a phase's wall time minus
+  it is the time the caller spent on something else (e.g. a local editor sampling between rollouts).
+  `ChatResult.seconds` is one call's end − start (0 for an answer that was not sent, e.g. from a cache).
+"""
+
+import json
+import math
+import os
+import random
+import re
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from email.utils import parsedate_to_datetime
+from urllib.parse import urlsplit
+
+import requests
+import urllib3
+from requests.adapters import HTTPAdapter
+
+BODY_QUOTE_CHARS = 200  # how much of an unexpected reply body an error message quotes
+MAX_RETRY_AFTER = 60.0  # seconds: a longer Retry-After (a server asking for a day) is cut to this
+
+
+class ChatError(RuntimeError):
+    """A chat request failed for good. `status` is the HTTP status (None: no HTTP reply)."""
+
+    def __init__(self, message: str, status: int | None = None, endpoint: str = "", method: str = "POST"):
+        self.message = message
+        self.status = status
+        self.endpoint = endpoint
+        where = f"{method} {endpoint}" if endpoint else "chat request"
+        super().__init__(f"{where} failed" + (f" with HTTP {status}" if status else "") + f": {message}")
+
+
+@dataclass
+class ChatResult:
+    texts: list[str]            # one reply per choice, in choice-index order
+    finish_reasons: list[str]   # "stop" | "length" | whatever the server says
+    prompt_tokens: int
+    completion_tokens: int
+    seconds: float = 0.0        # this call's request seconds (0: not sent, e.g. answered from a cache)
+
+    @property
+    def text(self) -> str:
+        """The first (for n=1: the only) reply."""
+        return self.texts[0]
+
+
+class _Retryable(Exception):
+    """One attempt failed in a way worth retrying; `retry_after` is the server's wish in seconds."""
+
+    def __init__(self, reason: str, status: int | None = None, retry_after: float = 0.0):
+        super().__init__(reason)
+        self.reason, self.status, self.retry_after = reason, status, retry_after
+
+
+def sleep(seconds: float) -> None:
+    """Indirection so that tests can replace the backoff sleep without touching time.sleep."""
+    time.sleep(seconds)
+
+
+def _quote(text: str) -> str:
+    text = text.strip()
+    return repr(text[:BODY_QUOTE_CHARS] + ("..." if len(text) > BODY_QUOTE_CHARS else ""))
+
+
+def _parse_retry_after(value: str | None) -> float:
+    """Retry-After in seconds, at most MAX_RETRY_AFTER: delta-seconds or an HTTP date; unparseable,
+    negative and non-finite values ("inf", "nan", "1e999") count as absent."""
+    if not value:
+        return 0.0
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            seconds = parsedate_to_datetime(value).timestamp() - time.time()
+        except (TypeError, ValueError, IndexError, OverflowError):
+            return 0.0
+    return min(seconds, MAX_RETRY_AFTER) if math.isfinite(seconds) and seconds >= 0 else 0.0
+
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # (the only str characters UTF-8 cannot encode)
+
+
+def unicode_text(text: str) -> str:
+    """`text` with each lone surrogate (JSON's "\\ud800" escape decodes to one) replaced by U+FFFD: what a
+    model wrote becomes text that UTF-8, JSON files and tokenizers all accept (they refuse a lone surrogate)."""
+    return _LONE_SURROGATE.sub("\ufffd", text)
+
+
+def lone_surrogate_at(value) -> str | None:
+    """Where a decoded JSON value has a string (or key) with a lone surrogate, e.g. "messages[0].content"
+    ("the body": the value itself); None when all its strings are Unicode text. (minskill.serve.server refuses a
+    request with one; minskill.masa.sft skips such a record.)"""
+    stack = [("", value)]
+    while stack:  # (a loop, not recursion: the value may be as deep as json.loads allows)
+        where, value = stack.pop()
+        if isinstance(value, str) and _LONE_SURROGATE.search(value):
+            return where or "the body"
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if _LONE_SURROGATE.search(key):
+                    return where or "the body"
+                stack.append((f"{where}.{key}" if where else key, item))
+        elif isinstance(value, list):
+            stack.extend((f"{where}[{i}]", item) for i, item in enumerate(value))
+    return None
+
+
+def _unicode_json(value):
+    """A decoded JSON value with unicode_text applied to every string in it, keys included (in place)."""
+    if isinstance(value, str):
+        return unicode_text(value)
+    stack = [value]
+    while stack:  # (a loop, not recursion: the body may be as deep as json.loads allows)
+        node = stack.pop()
+        if isinstance(node, dict):
+            items = list(node.items())
+            node.clear()
+            for key, item in items:
+                node[unicode_text(key)] = unicode_text(item) if isinstance(item, str) else item
+                if not isinstance(item, str):
+                    stack.append(item)
+        elif isinstance(node, list):
+            for i, item in enumerate(node):
+                if isinstance(item, str):
+                    node[i] = unicode_text(item)
+                else:
+                    stack.append(item)
+    return value
+
+
+def _decode_json(content: bytes):
+    """The JSON value of a reply body, all its strings Unicode text (bytes that are not UTF-8 and lone
+    surrogates are U+FFFD: module docstring); ValueError if it is not JSON (also when nested too deeply)."""
+    try:
+        return _unicode_json(json.loads(content.decode("utf-8-sig", "replace")))  # (-sig: a BOM is no text)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
+
+
+def _server_message(response: requests.Response) -> str:
+    """The error message in an error reply: OpenAI's {"error": {"message"}}, or common variants."""
+    text = response.content.decode("utf-8", "replace")
+    try:
+        body = _decode_json(response.content)
+    except ValueError:
+        return _quote(text) if text.strip() else response.reason or "(empty body)"
+    if isinstance(body, dict):
+        error = body.get("error", body.get("detail", body.get("message")))
+        if isinstance(error, dict) and isinstance(error.get("message"), str):
+            return error["message"]
+        if isinstance(error, str):
+            return error
+    return _quote(text)
+
+
+def normalize_base_url(base_url: str) -> str:
+    """'http://h:p/v1/' -> 'http://h:p/v1'; 'http://h:p' -> 'http://h:p/v1'."""
+    base_url = base_url.strip().rstrip("/")
+    parts = urlsplit(base_url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ValueError(f"base_url must look like http://host:port/v1, got {base_url!r}")
+    return base_url if parts.path else base_url + "/v1"
+
+
+# ---- cost accounting -------------------------------------------------------------------------------
+class Usage:
+    """Thread-safe counters of one role's model calls (module docstring: `usage`). `t0 = start()` when a call (or
+    a batch of calls) goes out, `seconds = stop(t0)` when it is back, then `add(result, seconds)` per call
+    (result None: it failed); `snapshot()` is a dict of FIELDS; `Usage(**saved)` continues saved counts."""
+    FIELDS = ("calls", "failures", "prompt_tokens", "completion_tokens", "request_seconds", "busy_seconds")
+
+    def __init__(self, **start):
+        self._lock = threading.Lock()
+        self._counts = {k: (float if k.endswith("seconds") else int)(start.get(k) or 0) for k in self.FIELDS}
+        self._in_flight, self._busy_since = 0, 0.0
+
+    def start(self) -> float:
+        """Calls are in flight from now; returns the start time (time.monotonic())."""
+        now = time.monotonic()
+        with self._lock:
+            if self._in_flight == 0:
+                self._busy_since = now
+            self._in_flight += 1
+        return now
+
+    def stop(self, t0: float) -> float:
+        """What `start` began is over: busy_seconds grows when nothing is in flight any more; returns now − t0."""
+        now = time.monotonic()
+        with self._lock:
+            self._in_flight -= 1
+            if self._in_flight == 0:
+                self._counts["busy_seconds"] += now - self._busy_since
+        return now - t0
+
+    def add(self, result: "ChatResult | None", seconds: float) -> None:
+        """Count one call that took `seconds`: its tokens, or (result None) a failure."""
+        with self._lock:
+            self._counts["request_seconds"] += seconds
+            if result is None:
+                self._counts["failures"] += 1
+            else:
+                self._counts["calls"] += 1
+                self._counts["prompt_tokens"] += result.prompt_tokens
+                self._counts["completion_tokens"] += result.completion_tokens
+
+    def snapshot(self) -> dict:
+        """The counts now (busy_seconds includes the calls still in flight)."""
+        with self._lock:
+            out = dict(self._counts)
+            if self._in_flight:
+                out["busy_seconds"] += time.monotonic() - self._busy_since
+        return out
+
+
+def usage_delta(after: dict, before: dict) -> dict:
+    """What was spent between two `usage` snapshots (keys of `after`)."""
+    return {k: v - before.get(k, 0) for k, v in after.items()}
+
+
+# ---- the per-attempt deadline ----------------------------------------------------------------------
+_current = threading.local()  # .watchdog: the _Watchdog of the attempt this thread is making, if any
+
+
+class _Watchdog:
+    """Shuts down the connection of one attempt once `seconds` have passed, which ends a blocked read
+    at once: timeouts on the socket bound each read alone, and a trickling server never trips them."""
+
+    def __init__(self, seconds: float):
+        self.expired, self._connection, self._lock = False, None, threading.Lock()
+        self._timer = threading.Timer(seconds, self._expire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def watch(self, connection) -> None:
+        """`connection` (a urllib3 connection) is about to wait for the reply."""
+        with self._lock:
+            self._connection = connection
+            if self.expired:
+                self._cut()
+
+    def _expire(self) -> None:
+        with self._lock:
+            self.expired = True
+            self._cut()
+
+    def _cut(self) -> None:
+        sock = getattr(self._connection, "sock", None)
+        if sock is not None:
+            try:  # socket.socket's shutdown also for TLS: an SSLSocket's own would unwrap under the reader
+                socket.socket.shutdown(sock, socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def stop(self) -> None:
+        self._timer.cancel()
+        with self._lock:
+            self._connection = None  # back in the pool: no longer this attempt's to cut
+
+
+class _Watched:
+    """Mixed into urllib3's connection classes: shows the connection that waits for a reply to the watchdog."""
+
+    def getresponse(self, *args, **kwargs):
+        watchdog = getattr(_current, "watchdog", None)
+        if watchdog is not None:
+            watchdog.watch(self)
+        return super().getresponse(*args, **kwargs)
+
+
+class _HTTPPool(urllib3.HTTPConnectionPool):
+    ConnectionCls = type("WatchedHTTPConnection", (_Watched, urllib3.connection.HTTPConnection), {})
+
+
+class _HTTPSPool(urllib3.HTTPSConnectionPool):
+    ConnectionCls = type("WatchedHTTPSConnection", (_Watched, urllib3.connection.HTTPSConnection), {})
+
+
+class _WatchedAdapter(HTTPAdapter):
+    """requests' adapter, with connections (direct, or through an HTTP proxy) that the watchdog can cut."""
+    pools = {"http": _HTTPPool, "https": _HTTPSPool}
+
+    def init_poolmanager(self, *args, **kwargs):
+        super().init_poolmanager(*args, **kwargs)
+        self.poolmanager.pool_classes_by_scheme = self.pools
+
+    def proxy_manager_for(self, proxy, **proxy_kwargs):
+        manager = super().proxy_manager_for(proxy, **proxy_kwargs)
+        if not proxy.lower().startswith("socks"):  # SOCKS has pool classes of its own: left unwatched
+            manager.pool_classes_by_scheme = self.pools
+        return manager
+
+
+# ---- the client ------------------------------------------------------------------------------------
+class ChatClient:
+    def __init__(self, base_url=None, model=None, api_key=None, timeout=120.0, max_retries=5,
+                 max_workers=8, backoff_base=0.5, backoff_max=30.0, attempt_timeout=None):
+        base_url = base_url or os.environ.get("OPENAI_BASE_URL")
+        if not base_url:
+            raise ValueError("no endpoint: pass base_url (e.g. http://127.0.0.1:8000/v1) "
+                             "or set OPENAI_BASE_URL")
+        if (max_retries < 0 or max_workers < 1 or not timeout > 0 or backoff_base < 0 or backoff_max < 0
+                or (attempt_timeout is not None and not attempt_timeout > 0)):
+            raise ValueError(f"ChatClient: need max_retries >= 0, max_workers >= 1, timeout > 0, "
+                             f"attempt_timeout > 0 (or None) and backoff >= 0, got max_retries={max_retries}, "
+                             f"max_workers={max_workers}, timeout={timeout}, attempt_timeout={attempt_timeout}, "
+                             f"backoff_base={backoff_base}, backoff_max={backoff_max}")
+        self.base_url = normalize_base_url(base_url)
+        self.endpoint = self.base_url + "/chat/completions"
+        self.model = model or os.environ.get("OPENAI_MODEL") or None
+        self.api_key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
+        self.timeout, self.max_retries, self.max_workers = timeout, max_retries, max_workers
+        self.attempt_timeout = attempt_timeout  # None: an attempt may use all the time the call has left
+        self.backoff_base, self.backoff_max = backoff_base, backoff_max
+        self._lock = threading.Lock()
+        # max_workers bounds this client's requests in flight however many threads call it (callers stack pools)
+        self._slots = threading.BoundedSemaphore(max_workers)
+        self._sessions = threading.local()  # requests.Session is not thread-safe: one per thread
+        self._stats = dict(retries=0, failures=0)   # calls and tokens: counted once, by self._usage
+        self._usage = Usage()
+
+    # ---- bookkeeping -----------------------------------------------------------------------------
+    @property
+    def stats(self) -> dict:
+        """A snapshot of the counters (a copy: safe to read while other threads are calling)."""
+        usage = self._usage.snapshot()
+        with self._lock:
+            return {**{k: usage[k] for k in ("calls", "prompt_tokens", "completion_tokens")}, **self._stats}
+
+    @property
+    def usage(self) -> dict:
+        """Calls, tokens and seconds of this client's chat calls so far (module docstring; a snapshot)."""
+        return self._usage.snapshot()
+
+    def reset_stats(self) -> None:
+        with self._lock:
+            for key in self._stats:
+                self._stats[key] = 0
+        self._usage = Usage()
+
+    def _count(self, **deltas) -> None:
+        with self._lock:
+            for key, value in deltas.items():
+                self._stats[key] += value
+
+    def _session(self) -> requests.Session:
+        session = getattr(self._sessions, "session", None)
+        if session is None:
+            session = self._sessions.session = requests.Session()
+            for prefix in ("http://", "https://"):
+                session.mount(prefix, _WatchedAdapter())
+        return session
+
+    def _headers(self) -> dict:
+        headers = {"Content-Type": "application/json"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        return headers
+
+    def backoff_delay(self, attempt: int, retry_after: float = 0.0) -> float:
+        """Full-jitter exponential backoff after failed attempt `attempt` (0-based), >= Retry-After."""
+        cap = min(self.backoff_max, self.backoff_base * 2 ** attempt)
+        return max(retry_after, random.uniform(0.0, cap))
+
+    # ---- one HTTP exchange, with retries ---------------------------------------------------------
+    def _attempt(self, method: str, url: str, data: str | None, deadline: float):
+        """One request, over by `deadline` (a time.monotonic() time) or sooner with attempt_timeout.
+        Returns the decoded JSON; raises _Retryable or ChatError."""
+        left = deadline - time.monotonic()
+        limit = left if self.attempt_timeout is None else min(left, self.attempt_timeout)
+        timed_out = (f"no reply within {self.timeout} s (the call's timeout)" if limit == left
+                     else f"no reply within {self.attempt_timeout} s (attempt_timeout)")
+        if limit <= 0:
+            raise _Retryable(timed_out)
+        watchdog = _current.watchdog = _Watchdog(limit)
+        try:
+            response = self._session().request(method, url, headers=self._headers(), data=data,
+                                               timeout=(limit, limit))
+        except Exception as error:  # whatever the exchange raised, the caller gets a ChatError
+            if watchdog.expired or isinstance(error, requests.Timeout):
+                raise _Retryable(f"{timed_out} ({type(error).__name__})") from None
+            if isinstance(error, (requests.ConnectionError, requests.exceptions.ChunkedEncodingError)):
+                raise _Retryable(f"connection failed ({type(error).__name__}: {error})") from None
+            # e.g. an invalid URL, an API key that no HTTP header can carry: retrying cannot help
+            raise ChatError(f"{type(error).__name__}: {error}", None, url, method) from None
+        finally:
+            watchdog.stop()
+            _current.watchdog = None
+        status = response.status_code
+        if status == 429 or status >= 500:
+            raise _Retryable(_server_message(response), status,
+                             _parse_retry_after(response.headers.get("Retry-After")))
+        if status >= 400:
+            raise ChatError(_server_message(response), status, url, method)
+        try:
+            return _decode_json(response.content)
+        except ValueError as error:
+            raise ChatError(f"reply is not JSON ({error}); body starts "
+                            f"{_quote(response.content.decode('utf-8', 'replace'))}", status, url, method) from None
+
+    def _request(self, method: str, url: str, payload: dict | None, deadline: float):
+        data = None if payload is None else json.dumps(payload)  # TypeError here: the caller's values
+        for attempt in range(self.max_retries + 1):
+            try:
+                return self._attempt(method, url, data, deadline)
+            except _Retryable as failure:
+                delay = self.backoff_delay(attempt, failure.retry_after)
+                if attempt == self.max_retries:
+                    why = f"({self.max_retries} retries)"
+                elif time.monotonic() + delay >= deadline:
+                    why = (f"({attempt} retries): the next would start after the call's {self.timeout} s "
+                           f"deadline (wait {delay:.3g} s)")
+                else:
+                    self._count(retries=1)
+                    sleep(delay)
+                    continue
+                raise ChatError(f"gave up after {attempt + 1} attempts {why}; last failure: {failure.reason}",
+                                failure.status, url, method) from None
+
+    def resolve_model(self) -> str:
+        """The model to ask for; with none configured, the first one the server lists (asked once)."""
+        return self._resolve_model(time.monotonic() + self.timeout)
+
+    def _resolve_model(self, deadline: float) -> str:
+        if self.model is None:
+            url = self.base_url + "/models"
+            body = self._request("GET", url, None, deadline)
+            try:
+                model = body["data"][0]["id"]
+            except (KeyError, IndexError, TypeError):
+                model = None
+            if not isinstance(model, str) or not model:
+                raise ChatError(f"no model given and the model list has no 'data[0].id' string; body starts "
+                                f"{_quote(json.dumps(body))}", 200, url, "GET")
+            self.model = model
+        return self.model
+
+    # ---- public API ------------------------------------------------------------------------------
+    def chat(self, messages, n=1, temperature=0.0, top_p=1.0, max_tokens=256, stop=None, seed=None) -> ChatResult:
+        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+            raise TypeError(f"messages must be a list of {{'role', 'content'}} dicts, got {messages!r:.200}")
+        with self._slots:  # waiting for a slot is not the server's time: the deadline starts once it is ours
+            t0, result = self._usage.start(), None
+            try:
+                result = self._chat(messages, n, temperature, top_p, max_tokens, stop, seed)
+                result.seconds = time.monotonic() - t0
+                return result
+            finally:
+                self._usage.add(result, self._usage.stop(t0))
+
+    def _chat(self, messages, n, temperature, top_p, max_tokens, stop, seed) -> ChatResult:
+        deadline = time.monotonic() + self.timeout
+        try:
+            payload = {"model": self._resolve_model(deadline), "messages": messages, "n": n,
+                       "temperature": temperature, "top_p": top_p, "max_tokens": max_tokens}
+            if stop is not None:
+                payload["stop"] = [stop] if isinstance(stop, str) else list(stop)
+            if seed is not None:
+                payload["seed"] = seed
+            result = self._parse(self._request("POST", self.endpoint, payload, deadline), n)
+        except ChatError:
+            self._count(failures=1)   # a ChatError; `usage` also counts a call that raised anything else
+            raise
+        return result
+
+    def _parse(self, body, n: int) -> ChatResult:
+        def wrong_shape(problem: str) -> ChatError:
+            return ChatError(f"reply has {problem}; body starts {_quote(json.dumps(body))}", 200, self.endpoint)
+
+        choices = body.get("choices") if isinstance(body, dict) else None
+        if not isinstance(choices, list) or not choices:
+            raise wrong_shape("no 'choices' list")
+        if len(choices) != n:
+            raise wrong_shape(f"{len(choices)} choices where n={n} were asked for")
+        if not all(isinstance(choice, dict) for choice in choices):
+            raise wrong_shape("a choice that is not an object")
+        if not all(type(choice.get("index", 0)) is int for choice in choices):
+            raise wrong_shape("a choice 'index' that is not an integer")
+        texts, reasons = [], []
+        for choice in sorted(choices, key=lambda choice: choice.get("index", 0)):
+            message = choice.get("message")
+            if not isinstance(message, dict) or "content" not in message:
+                raise wrong_shape("a choice without 'message.content'")
+            text, reason = message["content"], choice.get("finish_reason")
+            if not isinstance(text, str | None):
+                raise wrong_shape("a non-string 'message.content'")
+            if not isinstance(reason, str | None):
+                raise wrong_shape("a non-string 'finish_reason'")
+            texts.append(text or "")      # null content -> ""
+            reasons.append(reason or "stop")
+        usage = body.get("usage") or {}
+        if not isinstance(usage, dict):
+            raise wrong_shape("a non-object 'usage'")
+        counts = [usage.get(key) or 0 for key in ("prompt_tokens", "completion_tokens")]  # absent/null: 0
+        if not all(type(count) is int and count >= 0 for count in counts):  # (type: not bool, float, NaN)
+            raise wrong_shape(f"'usage' token counts that are not non-negative integers: {counts}")
+        return ChatResult(texts, reasons, *counts)
+
+    def embed(self, texts: list[str]) -> list[list[float]]:
+        """`POST {base_url}/embeddings` with `input` = texts: one vector per text, in order. The same slots,
+        deadline, retries and ChatError as `chat`; a reply without one list of numbers per text (by `index`)
+        raises ChatError quoting it. Not counted in `stats` (those count chat calls)."""
+        if isinstance(texts, str) or not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+            raise TypeError(f"texts must be a list of strings, got {texts!r:.200}")
+        if not texts:
+            return []
+        url = self.base_url + "/embeddings"
+        with self._slots:
+            deadline = time.monotonic() + self.timeout
+            body = self._request("POST", url, {"model": self._resolve_model(deadline), "input": texts}, deadline)
+        data = body.get("data") if isinstance(body, dict) else None
+        items = sorted(data, key=lambda d: d.get("index", 0)) if isinstance(data, list) and all(
+            isinstance(d, dict) and type(d.get("index", 0)) is int for d in data) else None
+        vectors = [d.get("embedding") for d in items] if items is not None else None
+        if vectors is None or len(vectors) != len(texts) or not all(
+                isinstance(v, list) and v and all(type(x) in (int, float) for x in v) for v in vectors):
+            raise ChatError(f"embeddings reply has no list of {len(texts)} numeric 'data[].embedding' vectors; "
+                            f"body starts {_quote(json.dumps(body))}", 200, url)
+        return [[float(x) for x in v] for v in vectors]
+
+    def chat_many(self, requests: list[dict], return_exceptions=False) -> list:
+        """Run `chat(**request)` for each request concurrently (at most max_workers at once).
+
+        Results are in request order. With return_exceptions, a failed request's slot holds its
+        exception; otherwise the first failure (in request order) is raised once the pool stops.
+        """
+        if not requests:
+            return []
+        with ThreadPoolExecutor(max_workers=min(self.max_workers, len(requests))) as pool:
+            futures = [pool.submit(self.chat, **request) for request in requests]
+            results = []
+            for future in futures:
+                try:
+                    results.append(future.result())
+                except Exception as error:
+                    if not return_exceptions:
+                        for pending in futures:
+                            pending.cancel()
+                        raise
+                    results.append(error)
+        return results
+
+    def close(self) -> None:
+        """Close this thread's connection pool (other threads' sessions close when collected)."""
+        session = getattr(self._sessions, "session", None)
+        if session is not None:
+            session.close()
+            self._sessions.session = None
+
+    def __repr__(self):
+        return f"ChatClient({self.base_url!r}, model={self.model!r})"

@@ -1,0 +1,664 @@
+"""OpenAI-compatible HTTP server for a minskill model, and the embedded default endpoint.
+
+    python -m minskill.serve --model SPEC [--host 127.0.0.1] [--port 8000] [--api-key KEY]
+                              [--max-batch 16] [--dtype float32|bfloat16] [--quantize none|int8] [--threads N]
+                              [--log-requests]
+                              [--request-timeout 30] [--max-connections 256]
+
+Endpoints: `GET /health`, `GET /v1/models`, `POST /v1/chat/completions` (messages, n, temperature,
+top_p, max_tokens, stop, seed, stream, stream_options), `POST /v1/embeddings` (input, encoding_format).
+Replies have OpenAI's shape, so the official client, curl and minskill.serve.client.ChatClient all work against
+it. Standard library only for HTTP (http.server). A message's content may be a string or a list of text
+parts (joined with "\n"; minskill.serve.backends). `"stream": true` is answered with server-sent events, token by
+token as the model decodes them (minskill.serve.sse). /v1/embeddings gives mean-pooled, L2-normalised final
+hidden states of the model (minskill.serve.embeddings); it runs through the same queue as chat, alone in its batch.
+
+Bad input. Every request the server cannot serve gets a 4xx with OpenAI's error body
+{"error": {"message", "type", "param", "code"}}, never a 500: a body shorter than its Content-Length (the
+client half-closed: never served as if complete), that is not JSON, is nested too deeply to decode, or
+holds a lone surrogate ("\\ud800" is valid JSON but no Unicode text); a field of the
+wrong type or range (400, `param` names it); a `model` other than the one served (404, code
+"model_not_found"; leaving `model` out is fine); http.server's own refusals (a malformed request line or
+header). A 500 means a bug or a failing backend; its body names the exception, the traceback goes to stderr.
+Message contents are text: special-token text typed in them is encoded as plain characters, never as the
+chat format's control tokens (see minskill.nn.tokenizer), so a message cannot open a turn of its own.
+
+Stalled clients. A request's line, headers and body must all arrive within `request_timeout` seconds of
+the server starting to wait for it (on a new connection, or after the previous reply on a kept-alive
+one); else the connection is closed (a body cut short gets a 408 first). At most `max_connections`
+connections are open at once (each holds a thread); one beyond that is closed at once, and clients retry.
+
+Batching. Each HTTP request is handled on its own thread, validated there, then queued. One
+scheduler thread repeatedly takes the oldest pending requests, up to `max_batch` *samples*
+(a request with n=4 counts 4; a request bigger than max_batch runs alone), and serves them with one
+`backend.complete(batch)` call; for a model that is one `sampling.generate` call per distinct n,
+with per-prompt temperature / top_p / max_tokens / stop / seed. While a batch runs, new requests
+pile up and form the next batch, so throughput grows with concurrency. Prompts are left padded and
+masked, and each seeded prompt draws from its own generator, so a greedy (or seeded) reply does not
+depend on what else shared its batch.
+
+Cancellation. A handler thread waiting for its batch checks every 0.5 s whether its client closed the
+connection (a client that timed out does); then the request leaves the queue, or, if its batch is running,
+generation stops for it at the next token. A timed-out client that retries thus never doubles the work.
+A streaming client is watched the same way, and a write to it that fails counts as gone too.
+
+Limits. With context length C and a prompt of P tokens: P < C is required; max_tokens must lie in
+1..C and is then clamped to C - P (the reply is cut with finish_reason "length"); without
+max_tokens the reply may use all C - P remaining positions.
+
+Backends (minskill.serve.backends). The HTTP layer talks to any object with `name`, `max_context`,
+`count_prompt_tokens(messages)` and `complete(requests)`: ModelBackend (a minskill model, optionally with
+int8 weights, `--quantize int8`) or ScriptedBackend, which puts a scripted model behind real HTTP in tests:
+
+    with start_server(ScriptedBackend(lambda messages, request: "42")) as server:
+        client = server.client()      # a ChatClient for server.url
+        client.chat([{"role": "user", "content": "6*7?"}]).text   # -> "42"
+
+A scripted fn may raise BackendError(status, message, retry_after=...) to answer with that HTTP error
+(e.g. 503), which is how tests make a server flaky.
+
+`embedded_client()` is what the top-level scripts use when given no endpoint URL: it starts this
+server as a subprocess on a free loopback port with the default model, waits for /health, yields a
+ChatClient, and stops the server when the block exits.
+"""
+
+import argparse
+import collections
+import hmac
+import io
+import json
+import os
+import re
+import secrets
+import select
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+import uuid
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Callable
+from urllib.parse import urlsplit
+
+import requests
+import torch
+
+from minskill.nn.quantize import QUANTIZE_CHOICES
+from minskill.serve.backends import (Backend, Choice, ClientGone, CompletionRequest, ModelBackend,  # noqa: F401
+                                     ScriptedBackend, parse_chat_request)
+from minskill.serve.client import ChatClient, lone_surrogate_at
+from minskill.serve.embeddings import EmbeddingRequest, embeddings_reply, parse_embeddings_request
+from minskill.serve.errors import BackendError, bad_request
+from minskill.serve.sse import stream_chat
+
+DEFAULT_MAX_BODY_BYTES = 8 << 20  # 8 MiB of JSON is far more than any prompt a model here can read
+DEFAULT_REQUEST_TIMEOUT = 30.0    # seconds for a request's line, headers and body to arrive (also: keep-alive idle)
+DEFAULT_MAX_CONNECTIONS = 256     # open connections at once; each holds a handler thread
+API_KEY_ENV = "MINSKILL_API_KEY"  # lets a parent pass the key without putting it on the command line
+
+
+# ---- batching scheduler ---------------------------------------------------------------------------
+class _Job:
+    def __init__(self, request: CompletionRequest | EmbeddingRequest, events=None):
+        self.request, self.done = request, threading.Event()
+        self.result: list[Choice] | None = None       # (for an EmbeddingRequest: the vectors)
+        self.error: BaseException | None = None
+        self.events = events   # a streaming request's queue of deltas: None is put there when the job is done
+
+
+class BatchScheduler:
+    """Queue of pending requests; one thread serves them in batches of up to max_batch samples.
+
+    A request whose client has gone (submit's client_gone() turns true, checked every `poll` seconds) is
+    cancelled: dropped from the queue if it has not started, else its `cancelled` event tells the backend
+    to stop generating for it. A client that times out and retries would otherwise double the work.
+    """
+
+    def __init__(self, backend: Backend, max_batch: int = 16, log_requests: bool = False,
+                 batch_window: float = 0.02):
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        self.backend, self.max_batch, self.log_requests = backend, max_batch, log_requests
+        self.batch_window = batch_window  # seconds the first request of a batch waits for companions
+        self.pending: collections.deque[_Job] = collections.deque()
+        self.condition = threading.Condition()
+        self.stopping = False
+        self.batches_served = 0
+        self.cancelled_requests = 0
+        self.thread = threading.Thread(target=self._run, name="minskill-scheduler", daemon=True)
+        self.thread.start()
+
+    def submit(self, request: CompletionRequest | EmbeddingRequest, client_gone: Callable[[], bool] | None = None,
+               poll: float = 0.5):
+        """Queue a request and block until its batch is done; raise ClientGone once client_gone() is true."""
+        job = self.enqueue(request)
+        while not job.done.wait(None if client_gone is None else poll):
+            if client_gone():
+                self.cancel(job)
+                raise ClientGone()
+        if job.error is not None:
+            raise job.error
+        return job.result
+
+    def enqueue(self, request, events=None) -> _Job:
+        with self.condition:
+            if self.stopping:
+                raise BackendError(503, "the server is shutting down", code="shutting_down")
+            job = _Job(request, events)
+            self.pending.append(job)
+            self.condition.notify()
+        return job
+
+    def cancel(self, job: _Job) -> None:
+        """The job's client has gone: drop it from the queue, or tell the backend to stop working on it."""
+        if job.done.is_set():
+            return
+        job.request.cancelled.set()
+        with self.condition:
+            if job in self.pending:
+                self.pending.remove(job)
+            self.cancelled_requests += 1
+        if self.log_requests:
+            print("[minskill.serve] client gone: request cancelled", file=sys.stderr, flush=True)
+
+    def _next_batch(self) -> list[_Job] | None:
+        with self.condition:
+            while not self.pending and not self.stopping:
+                self.condition.wait()
+            if self.stopping:
+                return None
+            batch = [self.pending.popleft()]   # (cancelled jobs leave the queue themselves, under this lock)
+            if isinstance(batch[0].request, EmbeddingRequest):
+                return batch                   # an embedding request runs alone
+            samples = batch[0].request.n
+            # Wait a short window for companions: concurrent clients rarely arrive in the same millisecond,
+            # and a request that just misses a batch waits for the whole of it (static batching).
+            deadline = time.monotonic() + self.batch_window
+            while samples < self.max_batch and not self.stopping:
+                if self.pending:
+                    following = self.pending[0].request
+                    if isinstance(following, EmbeddingRequest) or samples + following.n > self.max_batch:
+                        break
+                    batch.append(self.pending.popleft())
+                    samples += batch[-1].request.n
+                    continue
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self.condition.wait(remaining)
+            return batch
+
+    def _embed(self, job: _Job):
+        try:
+            job.result = self.backend.embed(job.request)
+        except Exception as error:
+            if not isinstance(error, BackendError) and not job.request.cancelled.is_set():
+                traceback.print_exc(file=sys.stderr)
+            job.error = error
+        job.done.set()
+
+    def _run(self):
+        while (batch := self._next_batch()) is not None:
+            if isinstance(batch[0].request, EmbeddingRequest):
+                self._embed(batch[0])
+                continue
+            started = time.perf_counter()
+            requests = [job.request for job in batch]
+            try:
+                results = self.backend.complete(requests)
+                if len(results) != len(batch):
+                    raise RuntimeError(f"backend returned {len(results)} results for {len(batch)} requests")
+            except Exception as error:
+                traceback.print_exc(file=sys.stderr)
+                results = [error] * len(batch)
+            tokens = 0
+            for job, result in zip(batch, results):
+                if isinstance(result, BaseException):
+                    job.error = result
+                elif not isinstance(result, list) or len(result) != job.request.n:
+                    job.error = RuntimeError(f"backend returned {result!r:.100} for a request with n={job.request.n}")
+                else:
+                    job.result = result
+                    tokens += sum(choice.completion_tokens for choice in result)
+                job.done.set()
+                if job.events is not None:
+                    job.events.put(None)
+            self.batches_served += 1
+            if self.log_requests:
+                print(f"[minskill.serve] batch of {len(batch)} requests, {sum(r.n for r in requests)} samples, "
+                      f"{tokens} completion tokens, {time.perf_counter() - started:.2f} s", file=sys.stderr, flush=True)
+
+    def stop(self, timeout: float = 30.0):
+        """Refuse new work, fail what is still queued with 503, let the running batch finish."""
+        with self.condition:
+            self.stopping = True
+            abandoned = list(self.pending)
+            self.pending.clear()
+            self.condition.notify_all()
+        for job in abandoned:
+            job.error = BackendError(503, "the server is shutting down", code="shutting_down")
+            job.done.set()
+            if job.events is not None:
+                job.events.put(None)
+        self.thread.join(timeout)
+
+
+# ---- HTTP layer -----------------------------------------------------------------------------------
+ROUTES = {"/health": ("GET",), "/v1/models": ("GET",), "/v1/chat/completions": ("POST",),
+          "/v1/embeddings": ("POST",)}
+
+
+class _DeadlineReader(io.RawIOBase):
+    """The connection's socket as the handler's input file, with one deadline (time.monotonic()) for all
+    reads together: a socket timeout bounds each read alone, so a client sending a byte every few seconds
+    could otherwise hold its thread forever. No deadline: reads wait as long as the socket's timeout."""
+
+    def __init__(self, sock: socket.socket):
+        self.sock, self.deadline = sock, None
+
+    def readable(self):
+        return True
+
+    def readinto(self, buffer):
+        if self.deadline is not None:
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("the request did not arrive in time")
+            self.sock.settimeout(left)
+        return self.sock.recv_into(buffer)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive: clients reuse connections
+    server_version = "minskill"
+
+    def log_message(self, format, *args):  # quiet: the scheduler logs one line per batch on request
+        pass
+
+    def setup(self):
+        super().setup()
+        self.rfile.close()  # replaced by a file whose reads share the request's deadline
+        self.reader = _DeadlineReader(self.connection)
+        self.rfile = io.BufferedReader(self.reader)
+
+    def handle_one_request(self):
+        # the request line, headers and body must arrive within request_timeout of starting to wait for them
+        # (http.server closes the connection on the TimeoutError; _read_json answers 408 first)
+        self.reader.deadline = time.monotonic() + self.server.state.request_timeout
+        super().handle_one_request()
+
+    def send_error(self, code, message=None, explain=None):
+        """http.server's own refusals (a malformed request line or header, an unknown method) in OpenAI's shape."""
+        self.request_version = self.protocol_version  # a status line even for what parsed as HTTP/0.9
+        self._send_error(BackendError(code, message or self.responses.get(code, ("error",))[0],
+                                      "invalid_request_error"))
+
+    def do_GET(self):
+        self._handle("GET")
+
+    def do_POST(self):
+        self._handle("POST")
+
+    def do_PUT(self):
+        self._handle("PUT")
+
+    def do_DELETE(self):
+        self._handle("DELETE")
+
+    def do_PATCH(self):
+        self._handle("PATCH")
+
+    def _send_json(self, status: int, body: dict, headers: dict | None = None):
+        data = json.dumps(body).encode()
+        # reading is over: no deadline now; a client that stops reading its reply fails each write after
+        # request_timeout seconds
+        self.reader.deadline = None
+        self.connection.settimeout(self.server.state.request_timeout)
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            for key, value in (headers or {}).items():
+                self.send_header(key, value)
+            if status >= 400:  # the body may be unread: start the next request on a fresh connection
+                self.send_header("Connection", "close")
+                self.close_connection = True
+            self.end_headers()
+            self.wfile.write(data)
+        except (BrokenPipeError, ConnectionResetError):  # the client went away; nothing to answer
+            self.close_connection = True
+
+    def _send_error(self, error: BackendError):
+        headers = dict(error.headers)
+        if error.retry_after is not None:
+            headers["Retry-After"] = str(max(0, round(error.retry_after)))
+        if error.status == 401:
+            headers["WWW-Authenticate"] = "Bearer"
+        self._send_json(error.status, {"error": {"message": error.message, "type": error.type,
+                                                 "param": error.param, "code": error.code}}, headers)
+
+    def _handle(self, method: str):
+        state: ServerState = self.server.state
+        try:
+            try:
+                path = urlsplit(self.path).path.rstrip("/") or "/"
+            except ValueError as error:  # e.g. "http://[::1/v1/models"
+                raise bad_request(f"cannot parse the request target {self.path!r:.200}: {error}") from None
+            allowed = ROUTES.get(path)
+            if allowed is None:
+                raise BackendError(404, f"no such endpoint: {method} {path}; this server has "
+                                        f"{', '.join(f'{m} {p}' for p, ms in ROUTES.items() for m in ms)}",
+                                   "invalid_request_error", "not_found")
+            if method not in allowed:
+                raise BackendError(405, f"{path} accepts {', '.join(allowed)}, not {method}",
+                                   "invalid_request_error", "method_not_allowed", headers={"Allow": ", ".join(allowed)})
+            if path != "/health" and state.api_key is not None and not self._authorized(state.api_key):
+                raise BackendError(401, "missing or incorrect API key: send 'Authorization: Bearer <key>'",
+                                   "invalid_request_error", "invalid_api_key")
+            if path == "/health":
+                return self._send_json(200, {"status": "ok", "model": state.backend.name})
+            if path == "/v1/models":
+                return self._send_json(200, {"object": "list", "data": [{
+                    "id": state.backend.name, "object": "model", "created": state.created, "owned_by": "minskill",
+                    "max_model_len": state.backend.max_context}]})
+            if path == "/v1/embeddings":
+                request = parse_embeddings_request(self._read_json(state), state.backend)
+                vectors = state.scheduler.submit(request, client_gone=self._client_gone)
+                return self._send_json(200, embeddings_reply(request, vectors, state.backend.name))
+            self._chat_completions(state)
+        except BackendError as error:
+            self._send_error(error)
+        except ClientGone:
+            self.close_connection = True
+        except Exception as error:  # a bug: answer 500 and keep serving
+            traceback.print_exc(file=sys.stderr)
+            self._send_error(BackendError(500, f"internal error: {type(error).__name__}: {error}"))
+
+    def _authorized(self, api_key: str) -> bool:
+        header = self.headers.get("Authorization", "")
+        scheme, _, token = header.partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), api_key.encode())
+
+    def _read_json(self, state: "ServerState"):
+        length = self.headers.get("Content-Length")
+        if length is None:
+            raise BackendError(411, "a Content-Length header is required", "invalid_request_error",
+                               "length_required")
+        if not re.fullmatch("[0-9]{1,18}", length):  # (str.isdigit() and int() also take '²' and '٣')
+            raise bad_request(f"bad Content-Length header {length!r:.50}: want a decimal byte count")
+        if int(length) > state.max_body_bytes:
+            raise BackendError(413, f"the request body has {int(length)} bytes; the limit is {state.max_body_bytes}",
+                               "invalid_request_error", "request_too_large")
+        try:
+            raw = self.rfile.read(int(length))
+        except TimeoutError:
+            raise BackendError(408, f"the request body did not arrive within {state.request_timeout} s",
+                               "invalid_request_error", "request_timeout") from None
+        except ConnectionError:
+            raise ClientGone() from None
+        if len(raw) < int(length):  # the client half-closed early: what came is no request, even if it parses
+            raise bad_request(f"the request body ended after {len(raw)} of the {int(length)} bytes its "
+                               "Content-Length announces")
+        try:
+            payload = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as error:
+            raise bad_request(f"the request body is not valid JSON: {error}") from None
+        except RecursionError:
+            raise bad_request("the request body is nested too deeply to decode") from None
+        if (where := lone_surrogate_at(payload)) is not None:
+            raise bad_request(f"{where} has a lone surrogate (a \\ud800-\\udfff escape without its pair): "
+                               f"strings must be Unicode text", where)
+        return payload
+
+    def _client_gone(self) -> bool:
+        """True once the client has closed the connection: it is readable and a peek reads end-of-file."""
+        try:
+            readable, _, _ = select.select([self.connection], [], [], 0)
+            return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
+        except (OSError, ValueError):   # reset or already closed
+            return True
+
+    def _chat_completions(self, state: "ServerState"):
+        request = parse_chat_request(self._read_json(state), state.backend)
+        if request.stream:
+            return stream_chat(self, state.scheduler, request, state.backend.name)
+        choices = state.scheduler.submit(request, client_gone=self._client_gone)
+        completion_tokens = sum(choice.completion_tokens for choice in choices)
+        self._send_json(200, {
+            "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+            "model": state.backend.name,
+            "choices": [{"index": i, "message": {"role": "assistant", "content": choice.text},
+                         "logprobs": None, "finish_reason": choice.finish_reason} for i, choice in enumerate(choices)],
+            "usage": {"prompt_tokens": request.prompt_tokens, "completion_tokens": completion_tokens,
+                      "total_tokens": request.prompt_tokens + completion_tokens}})
+
+
+@dataclass
+class ServerState:
+    backend: Backend
+    scheduler: BatchScheduler
+    api_key: str | None
+    max_body_bytes: int
+    request_timeout: float = DEFAULT_REQUEST_TIMEOUT
+    created: int = field(default_factory=lambda: int(time.time()))
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    request_queue_size = 128  # the default backlog of 5 drops connections when many clients start at once
+    daemon_threads = True
+
+    def __init__(self, address, handler, max_connections: int):
+        super().__init__(address, handler)
+        self.max_connections, self.open_connections, self._count_lock = max_connections, 0, threading.Lock()
+
+    def verify_request(self, request, client_address) -> bool:
+        """False (http.server then closes the connection) when max_connections are open already."""
+        with self._count_lock:
+            if self.open_connections >= self.max_connections:
+                return False
+            self.open_connections += 1
+            return True
+
+    def process_request_thread(self, request, client_address):
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            with self._count_lock:
+                self.open_connections -= 1
+
+    def handle_error(self, request, client_address):
+        if not isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):  # clients hanging up is normal
+            super().handle_error(request, client_address)
+
+
+class RunningServer:
+    """A server running on background threads. `url` is the API root ("http://127.0.0.1:PORT/v1")."""
+
+    def __init__(self, httpd: _HTTPServer, state: ServerState):
+        self.httpd, self.state, self.backend, self.api_key = httpd, state, state.backend, state.api_key
+        self.host, self.port = httpd.server_address[:2]
+        shown = "127.0.0.1" if self.host in ("0.0.0.0", "") else f"[{self.host}]" if ":" in self.host else self.host
+        self.url = f"http://{shown}:{self.port}/v1"
+        self.thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.1},
+                                       name="minskill-http", daemon=True)
+        self.thread.start()
+        self._closed = False
+
+    def client(self, **client_kwargs) -> ChatClient:
+        """A ChatClient for this server (its model name and key filled in)."""
+        return ChatClient(self.url, model=self.backend.name, api_key=self.api_key, **client_kwargs)
+
+    def close(self):
+        if self._closed:
+            return
+        self._closed = True
+        self.state.scheduler.stop()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.thread.join(5)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def start_server(backend: Backend, host: str = "127.0.0.1", port: int = 0, api_key: str | None = None,
+                 max_batch: int = 16, log_requests: bool = False, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+                 request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
+                 max_connections: int = DEFAULT_MAX_CONNECTIONS) -> RunningServer:
+    """Serve `backend` on background threads; port 0 picks a free port (see .url). Use as a context manager."""
+    if not request_timeout > 0 or max_connections < 1:
+        raise ValueError(f"start_server: need request_timeout > 0 and max_connections >= 1, got "
+                         f"request_timeout={request_timeout}, max_connections={max_connections}")
+    httpd = _HTTPServer((host, port), _Handler, max_connections)
+    httpd.state = ServerState(backend, BatchScheduler(backend, max_batch, log_requests), api_key or None,
+                              max_body_bytes, request_timeout)
+    return RunningServer(httpd, httpd.state)
+
+
+# ---- the embedded default -------------------------------------------------------------------------
+PARENT_PID_ENV = "MINSKILL_PARENT_PID"  # set by embedded_client: the server exits when that process is gone
+URL_LINE = re.compile(r"(https?://\S+/v1)\s*$")
+
+
+@contextmanager
+def embedded_client(url=None, model=None, api_key=None, model_spec="smollm2-135m", startup_timeout=600.0,
+                    server_args=(), quantize: str = "none", **client_kwargs):
+    """Yield a ChatClient: for `url` if given, else for a fresh local server on `model_spec`.
+
+    `model` is the name to ask `url` for; a local server is asked for the one model it serves (its name
+    from /v1/models), whatever `model` says, since it answers any other name with 404 model_not_found.
+
+    The local server is `python -m minskill.serve --model model_spec --port 0 --quantize quantize` on
+    127.0.0.1 (quantize="int8" or "auto": int8 weights, minskill.nn.quantize) with a random API key (passed through the environment); it is terminated when the block
+    exits, also on an exception. If it dies or is not healthy within startup_timeout seconds, RuntimeError shows
+    the tail of its stderr. The yielded client's `server_process` is the subprocess.Popen.
+    """
+    if url is not None:
+        yield ChatClient(url, model=model, api_key=api_key, **client_kwargs)
+        return
+    api_key = api_key or secrets.token_hex(16)
+    package_root = str(Path(__file__).resolve().parent.parent)
+    env = dict(os.environ, **{API_KEY_ENV: api_key, PARENT_PID_ENV: str(os.getpid())})
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+    command = [sys.executable, "-m", "minskill.serve", "--model", str(model_spec), "--port", "0",
+               "--quantize", quantize, *server_args]
+    with tempfile.TemporaryFile("w+b") as stderr_file:
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr_file, env=env, text=True,
+                                   stdin=subprocess.DEVNULL)
+        lines: list[str] = []
+
+        def drain_stdout():  # keeps reading so that the server never blocks on a full pipe
+            for line in process.stdout:
+                lines.append(line)
+
+        threading.Thread(target=drain_stdout, daemon=True).start()
+
+        def failure(problem: str) -> RuntimeError:
+            stderr_file.seek(0)
+            tail = stderr_file.read().decode("utf-8", "replace")[-3000:].strip()
+            return RuntimeError(f"embedded server ({' '.join(command)}) {problem}; "
+                                f"its stderr ends:\n{tail or '(empty)'}")
+
+        try:
+            deadline, server_url = time.monotonic() + startup_timeout, None
+            while True:
+                if server_url is None:
+                    server_url = next((m.group(1) for line in list(lines) if (m := URL_LINE.search(line))), None)
+                if process.poll() is not None:
+                    raise failure(f"exited with code {process.returncode} before it was ready")
+                if time.monotonic() > deadline:
+                    raise failure(f"was not ready within {startup_timeout:.0f} s")
+                if server_url is not None:
+                    try:
+                        if requests.get(server_url[:-len("/v1")] + "/health", timeout=5).status_code == 200:
+                            break
+                    except requests.RequestException:
+                        pass
+                time.sleep(0.1)
+            client = ChatClient(server_url, api_key=api_key, **client_kwargs)
+            client.resolve_model()           # so that client.model names the served model from the start
+            client.server_process = process  # for callers that want its pid or exit code
+            yield client
+        finally:
+            if process.poll() is None:
+                process.terminate()
+                try:
+                    process.wait(30)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
+            process.stdout.close()
+
+
+# ---- command line ---------------------------------------------------------------------------------
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m minskill.serve", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="smollm2-135m", help="model spec: an HF folder or smollm2-135m")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
+    parser.add_argument("--port", type=int, default=8000, help="0 picks a free port")
+    parser.add_argument("--api-key", default=None, help=f"require this bearer key (or set {API_KEY_ENV})")
+    parser.add_argument("--max-batch", type=int, default=16, help="most samples served in one batch")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    parser.add_argument("--quantize", choices=QUANTIZE_CHOICES, default="none",
+                        help="int8: int8 weights with per-output-channel scales and bf16 activations "
+                             "(minskill.nn.quantize; a frozen model only); auto: int8 on a CPU, else none; "
+                             "default none")
+    parser.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda when available)")
+    parser.add_argument("--served-model-name", default=None, help="model id reported to clients")
+    parser.add_argument("--log-requests", action="store_true", help="log one line per batch on stderr")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice; "
+                        "1 is much faster on a CPU that other busy processes share)")
+    parser.add_argument("--request-timeout", type=float, default=DEFAULT_REQUEST_TIMEOUT,
+                        help="seconds for a request's line, headers and body to arrive; a stalled client's "
+                             f"connection is closed after that (default {DEFAULT_REQUEST_TIMEOUT:g})")
+    parser.add_argument("--max-connections", type=int, default=DEFAULT_MAX_CONNECTIONS,
+                        help=f"most connections open at once (default {DEFAULT_MAX_CONNECTIONS})")
+    args = parser.parse_args(argv)
+    for flag, value, ok in (("--max-batch", args.max_batch, args.max_batch >= 1),
+                            ("--threads", args.threads, args.threads is None or args.threads >= 1),
+                            ("--request-timeout", args.request_timeout, args.request_timeout > 0),
+                            ("--max-connections", args.max_connections, args.max_connections >= 1)):
+        if not ok:
+            parser.error(f"{flag} must be positive, got {value}")
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    threads = torch.get_num_threads()
+    print(f"minskill.serve: {threads} torch thread{'s' if threads != 1 else ''}", file=sys.stderr, flush=True)
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        backend = ModelBackend.from_spec(args.model, dtype=getattr(torch, args.dtype), device=device,
+                                         name=args.served_model_name, quantize=args.quantize)
+    except (ValueError, OSError) as error:
+        print(f"minskill.serve: cannot load model {args.model!r}: {error}", file=sys.stderr)
+        return 2
+    server = start_server(backend, args.host, args.port, args.api_key or os.environ.get(API_KEY_ENV),
+                          args.max_batch, args.log_requests, request_timeout=args.request_timeout,
+                          max_connections=args.max_connections)
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+    print(f"minskill.serve: serving {backend.name} at {server.url}", flush=True)
+    # an embedded server must not outlive the run that started it, even one killed without cleanup
+    parent = int(os.environ.get(PARENT_PID_ENV, "0"))
+    while not stop.wait(0.5):
+        if parent and os.getppid() != parent:
+            print("minskill.serve: the process that started it is gone; stopping", file=sys.stderr, flush=True)
+            break
+    server.close()
+    print("minskill.serve: stopped", file=sys.stderr, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
