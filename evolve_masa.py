@@ -1,7 +1,7 @@
 """MASA stage 1, end to end: a teacher LLM evolves a skill library for one target model.
 
     python evolve_masa.py                      # offline default: SmolLM2-135M as target AND teacher, small run
-    python evolve_masa.py --suite qa --target-url http://gpu:8000/v1 --target-model Qwen/Qwen3-8B \\
+    python evolve_masa.py --suite qa --task-url http://gpu:8000/v1 --task-model Qwen/Qwen3-8B \\
         --teacher-url https://api.example.com/v1 --teacher-model big-model \\
         --iterations 10 --patience 3 --tree-iterations 10 --episodes 16 --out runs/masa-qwen3-8b
 
@@ -34,15 +34,16 @@ import argparse
 import contextlib
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from minskill import gates
+from minskill.cli import add_task_model_args, add_teacher_args
 from minskill.files import ShapeError, check_shape, read_json, write_json_atomic, write_jsonl_atomic, write_text_atomic
 from minskill.masa import data as masa_data, search as masa
 from minskill.masa.model_card import ModelCard, target_model_card
+from minskill.masa.run_config import MasaRunConfig
 from minskill.masa.search import MasaConfig, MasaSearch
-from minskill.nn.quantize import QUANTIZE_CHOICES
 from minskill.plot import write_svg_plot
 from minskill.retrieval import (RetrievalError, add_retrieval_args, check_retrieval_args, retriever_from_args,
                                 with_retrieval)
@@ -55,29 +56,36 @@ from minskill.skillsets import SkillSet
 from minskill.tasks import load_suite
 from minskill.tasks.base import interleave
 
-# What a run saved before --gate ran with: the strict rule; given on --resume, these must equal the saved run's
-GATE_DEFAULTS = {"gate": "strict", "gate_alpha": 0.1, "gate_tasks": 24}
+
+DEFAULTS = MasaRunConfig()   # every default of this script's flags, written once (argparse reads them)
+# the embedded 135M teacher: short replies and no retry (a retry costs a minute and rarely parses)
+EMBEDDED_TEACHER = {"teacher_retries": 0, "teacher_max_tokens": 384}
+# given on --resume, these must equal the saved run's (None: not given, the default or the saved run's value)
+GATE_DEFAULTS = {"gate": DEFAULTS.gate, "gate_alpha": DEFAULTS.gate_alpha, "gate_tasks": DEFAULTS.gate_tasks}
 # Flags that may change when a run is resumed (endpoints move, budgets grow); every other flag is restored
 # from the saved run so that the resumed search is the same search.
-RESUMABLE_OVERRIDES = ("max_calls", "no_cache", "cache", "target_url", "target_model", "target_api_key",
-                       "teacher_url", "teacher_model", "teacher_api_key", "concurrency", "timeout", "startup_timeout",
+RESUMABLE_OVERRIDES = ("max_calls", "no_cache", "cache", "task_url", "task_model", "task_api_key",
+                       "teacher_url", "teacher_model", "teacher_api_key", "task_concurrency", "timeout",
+                       "startup_timeout",
                        "embed_url", "embed_model")
 
 
 def build_parser() -> argparse.ArgumentParser:
+    d = DEFAULTS
     p = argparse.ArgumentParser(
-        prog="python evolve_masa.py",
+        prog="python evolve_masa.py", usage="%(prog)s [main options] [other options, grouped below]",
         description="MASA stage 1: hill climbing on general skills and UCB1 tree search on task-specific skills "
                     "for one target model, driven by a teacher LLM. With no endpoints, the target and the "
                     "teacher are both the embedded offline default model (one local server).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    m = p.add_argument_group("main options")
     g = p.add_argument_group("tasks and skills")
-    g.add_argument("--suite", default="qa", help="qa | household | webwalk | PATH.jsonl")
-    g.add_argument("--n-train", type=int, default=24, help="search tasks (train split)")
-    g.add_argument("--n-prelim", type=int, default=4,
+    m.add_argument("--suite", default=d.suite, help="qa | household | webwalk | PATH.jsonl")
+    g.add_argument("--n-train", type=int, default=d.n_train, help="search tasks (train split)")
+    g.add_argument("--n-prelim", type=int, default=d.n_prelim,
                    help="preliminary train tasks for the card's strengths/weaknesses (apart from the search); 0 = none")
-    g.add_argument("--n-heldout", type=int, default=40, help="held-out tasks of the final table; 0 = no table")
-    g.add_argument("--task-seed", type=int, default=0, help="seed of the generated suite")
+    g.add_argument("--n-heldout", type=int, default=d.n_heldout, help="held-out tasks of the final table; 0 = no table")
+    g.add_argument("--task-seed", type=int, default=d.task_seed, help="seed of the generated suite")
     g.add_argument("--base-skills", default=None,
                    help="base skill library: Agent Skills folder or MASA .json (default: the suite's built-in)")
     add_retrieval_args(p.add_argument_group("retrieval in the held-out evaluation (minskill.retrieval)"))
@@ -85,52 +93,56 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--model-card", default=None, help="model card of the target: JSON, or YAML as MASA's "
                    "model_cards/*.yaml (minskill.masa.model_card)")
     g.add_argument("--target-checkpoint", default=None, help="HF folder whose config.json fills the card")
-    g.add_argument("--target-url", default=None, help="OpenAI-compatible base URL of the target")
-    g.add_argument("--target-model", default=None, help="model name at --target-url")
-    g.add_argument("--target-api-key", default=None, help="API key of the target (default $OPENAI_API_KEY)")
-    g.add_argument("--teacher-url", default=None, help="OpenAI-compatible base URL of the teacher")
-    g.add_argument("--teacher-model", default=None, help="model name at --teacher-url")
-    g.add_argument("--teacher-api-key", default=None, help="API key of the teacher (default $OPENAI_API_KEY)")
-    g.add_argument("--model-spec", default="smollm2-135m", help="model of the embedded server (no URL given)")
-    g.add_argument("--quantize", choices=QUANTIZE_CHOICES, default="none", help="the embedded server's weights: none = float (default), int8 (1.6x faster batch-1 decode on a CPU, the same accuracy on the held-out qa tasks, but greedy replies then depend on the batch a request shares: README), auto = int8 on a CPU")
-    g.add_argument("--concurrency", type=int, default=16, help="requests in flight per endpoint")
-    g.add_argument("--timeout", type=float, default=600.0,
+    add_task_model_args(g, concurrency=d.task_concurrency, max_tokens=d.target_max_tokens,
+                        url_help="; the task model is MASA's target, the "
+                        "model the skills are adapted for", main=m)
+    add_teacher_args(g, main=m)
+    g.add_argument("--model-spec", default=d.model_spec, help="model of the embedded server (no URL given)")
+    g.add_argument("--timeout", type=float, default=d.timeout,
                    help="seconds to wait for one reply (a 135M teacher on a busy CPU writes slowly)")
-    g.add_argument("--startup-timeout", type=float, default=600.0, help="seconds to wait for the embedded server")
+    g.add_argument("--startup-timeout", type=float, default=d.startup_timeout,
+                   help="seconds to wait for the embedded server")
     g = p.add_argument_group("search")
-    g.add_argument("--lam-nh", type=float, default=0.1, help="λ of R = SR − λ·NHR")
-    g.add_argument("--iterations", type=int, default=2, help="I: hill-climbing iterations (paper: 10)")
-    g.add_argument("--patience", type=int, default=3, help="p: stop after p iterations without improvement")
-    g.add_argument("--tree-iterations", type=int, default=1, help="J: UCB1 iterations per task type (paper: 10)")
-    g.add_argument("--episodes", type=int, default=6, help="N: episodes per tree-node evaluation")
-    g.add_argument("--c", type=float, default=1.4, help="UCB1 exploration constant C")
-    g.add_argument("--max-children", type=int, default=3, help="rewrites per tree node before descending")
-    g.add_argument("--gate", choices=gates.MASA_GATES, default=None, help="acceptance gate of the climb and of "
+    m.add_argument("--lam-nh", type=float, default=d.lam_nh, help="λ of R = SR − λ·NHR")
+    m.add_argument("--iterations", type=int, default=d.iterations, help="I: hill-climbing iterations (paper: 10)")
+    g.add_argument("--patience", type=int, default=d.patience, help="p: stop after p iterations without improvement")
+    m.add_argument("--tree-iterations", type=int, default=d.tree_iterations,
+                   help="J: UCB1 iterations per task type (paper: 10)")
+    m.add_argument("--episodes", type=int, default=d.episodes, help="N: episodes per tree-node evaluation")
+    g.add_argument("--c", type=float, default=d.c, help="UCB1 exploration constant C")
+    g.add_argument("--max-children", type=int, default=d.max_children, help="rewrites per tree node before descending")
+    m.add_argument("--gate", choices=gates.MASA_GATES, default=None, help="acceptance gate of the climb and of "
                    "each tree's result: strict = R strictly higher (the paper); paired = also a one-sided exact sign "
                    "test on the per-task rewards at --gate-alpha; fresh = R strictly higher and that sign test on "
                    "--gate-tasks train tasks the search never scores nor shows the teacher (minskill/gates.py). "
-                   "Default strict; fixed on --resume")
-    g.add_argument("--gate-alpha", type=float, default=None, help="α of --gate paired / fresh (default 0.1)")
+                   f"Default {d.gate}; fixed on --resume")
+    g.add_argument("--gate-alpha", type=float, default=None,
+                   help=f"α of --gate paired / fresh (default {d.gate_alpha})")
     g.add_argument("--gate-tasks", type=int, default=None, help="--gate fresh: train tasks drawn after the search "
-                   "and preliminary ones for its sign test (the climb uses all, a tree those of its type; default 24)")
-    g.add_argument("--max-tokens", type=int, default=128, help="reply budget of the target per task")
+                   f"and preliminary ones for its sign test (the climb uses all, a tree those of its type; "
+                   f"default {d.gate_tasks})")
     g.add_argument("--teacher-max-tokens", type=int, default=None,
-                   help="reply budget of the teacher (default 1536 for --teacher-url, 384 for the slow embedded model)")
-    g.add_argument("--teacher-temperature", type=float, default=0.7, help="teacher sampling temperature")
+                   help=f"reply budget of the teacher (default {d.teacher_max_tokens} for --teacher-url, "
+                        f"{EMBEDDED_TEACHER['teacher_max_tokens']} for the slow embedded model)")
+    g.add_argument("--teacher-temperature", type=float, default=d.teacher_temperature,
+                   help="teacher sampling temperature")
     g.add_argument("--teacher-retries", type=int, default=None,
-                   help="retries of a teacher reply that does not parse (default 1 for --teacher-url; 0 for the "
-                        "embedded 135M teacher, whose retries cost a minute and rarely parse)")
-    g.add_argument("--seed", type=int, default=0, help="seed of target/teacher sampling and augmentations")
+                   help=f"retries of a teacher reply that does not parse (default {d.teacher_retries} for "
+                        f"--teacher-url; {EMBEDDED_TEACHER['teacher_retries']} for the embedded 135M teacher, whose "
+                        "retries cost a minute and rarely parse)")
+    g.add_argument("--seed", type=int, default=d.seed, help="seed of target/teacher sampling and augmentations")
     g = p.add_argument_group("run control")
-    g.add_argument("--max-calls", type=int, default=None, help="model-call budget of the whole run")
+    m.add_argument("--max-calls", type=int, default=None, help="model-call budget of the whole run")
     g.add_argument("--cache", default=None, help="target-call cache file (default OUT/target_cache.jsonl)")
     g.add_argument("--no-cache", action="store_true", help="do not cache target calls")
-    g.add_argument("--resume", action="store_true", help="continue the run saved in --out")
-    g.add_argument("--overwrite", action="store_true", help="replace the run that a non-empty --out holds, keeping "
+    m.add_argument("--resume", action="store_true", help="continue the run saved in --out (the resume "
+                   "policy: minskill/runs.py)")
+    m.add_argument("--overwrite", action="store_true", help="replace the run that a non-empty --out holds, keeping "
                    "its target_cache.jsonl (without --resume or --overwrite such an --out is refused)")
-    g.add_argument("--out", default=None, help="output folder (default runs/masa-SUITE-TIME)")
-    g.add_argument("--sft-copies", type=int, default=1, help="augmented copies per augmentation kind in sft.jsonl")
-    g.add_argument("--merge", nargs="+", default=None, metavar="RUN_DIR",
+    m.add_argument("--out", default=None, help="output folder (default runs/masa-SUITE-TIME)")
+    g.add_argument("--sft-copies", type=int, default=d.sft_copies,
+                   help="augmented copies per augmentation kind in sft.jsonl")
+    m.add_argument("--merge", nargs="+", default=None, metavar="RUN_DIR",
                    help="merge the SFT records of these runs (+ other_backbone records) into OUT/sft.jsonl")
     return p
 
@@ -231,9 +243,9 @@ def resume_args(parser: argparse.ArgumentParser, args: argparse.Namespace, out: 
     except ValueError as e:   # a state.json cut, edited by hand or nested too deeply: say so, no traceback
         parser.error(str(e))
     explicit = {k: v for k, v in vars(args).items() if k in RESUMABLE_OVERRIDES and v != parser.get_default(k)}
-    saved_args = {**GATE_DEFAULTS, **saved["args"]}
-    changed = [f"--{k.replace('_', '-')} {saved_args[k]!r} -> {getattr(args, k)!r}" for k in GATE_DEFAULTS
-               if getattr(args, k) is not None and getattr(args, k) != saved_args[k]]
+    saved_args = saved["args"]
+    changed = [f"--{k.replace('_', '-')} {saved_args.get(k)!r} -> {getattr(args, k)!r}" for k in GATE_DEFAULTS
+               if getattr(args, k) is not None and getattr(args, k) != saved_args.get(k)]
     if changed:
         parser.error(f"--resume: the saved run used another gate, so it would not continue the same search: "
                      f"{', '.join(changed)}")
@@ -268,15 +280,11 @@ def set_up(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Run:
     if args.gate == "fresh" and args.gate_tasks < 1:
         parser.error(f"--gate-tasks must be at least 1, got {args.gate_tasks}")
     embedded_teacher = args.teacher_url is None
-    if args.teacher_max_tokens is None:
-        args.teacher_max_tokens = 384 if embedded_teacher else 1536
-    if args.teacher_retries is None:
-        args.teacher_retries = 0 if embedded_teacher else 1
-    config = MasaConfig(lam_nh=args.lam_nh, iterations=args.iterations, patience=args.patience,
-                        tree_iterations=args.tree_iterations, episodes=args.episodes, c=args.c,
-                        max_children=args.max_children, seed=args.seed, teacher_retries=args.teacher_retries,
-                        teacher_temperature=args.teacher_temperature, teacher_max_tokens=args.teacher_max_tokens,
-                        target_max_tokens=args.max_tokens, gate=args.gate, gate_alpha=args.gate_alpha)
+    for k in EMBEDDED_TEACHER:   # None: not given
+        if getattr(args, k) is None:
+            setattr(args, k, EMBEDDED_TEACHER[k] if embedded_teacher else getattr(DEFAULTS, k))
+    config = MasaConfig(**{f.name: getattr(args, f.name) for f in fields(MasaConfig) if hasattr(args, f.name)},
+                        target_max_tokens=args.task_max_tokens)   # the search's knobs: flags of the same names
     try:
         prelim, tasks, heldout = load_tasks(args)
         gate_tasks = load_gate_tasks(args, prelim + tasks + heldout)
@@ -320,10 +328,10 @@ def check_search_args(parser: argparse.ArgumentParser, args: argparse.Namespace)
     """Counts that leave the search nothing to do, or that it cannot run with, refused before any model call or
     file (MasaSearch, hill_climb and ucb.search refuse them only after the preliminary calls and the run folder)."""
     least = {"n_train": 1, "n_prelim": 0, "n_heldout": 0, "episodes": 1, "iterations": 0, "patience": 1,
-             "tree_iterations": 0, "max_children": 1, "sft_copies": 0, "concurrency": 1}
+             "tree_iterations": 0, "max_children": 1, "sft_copies": 0, "task_concurrency": 1}
     why = {"n_train": " (the search tasks)", "episodes": " (the episodes a tree node is scored on)"}
     for name, low in least.items():
-        value = getattr(args, name, None)   # (a run saved before a flag existed lacks it)
+        value = getattr(args, name)
         if isinstance(value, int) and value < low:
             parser.error(f"--{name.replace('_', '-')} must be at least {low}{why.get(name, '')}, got {value}")
 
@@ -386,12 +394,12 @@ def connect(run: Run):
     """(target, teacher): CachingClients (target calls cached on disk; both charged to the budget) around the
     endpoints, or around one embedded server that serves both."""
     args = run.args
-    kw = dict(max_workers=args.concurrency, startup_timeout=args.startup_timeout, model_spec=args.model_spec,
-              timeout=args.timeout, quantize=getattr(args, "quantize", "none"))   # runs saved before the flag were float
+    kw = dict(max_workers=args.task_concurrency, startup_timeout=args.startup_timeout, model_spec=args.model_spec,
+              timeout=args.timeout, quantize=args.task_quantize)
     with contextlib.ExitStack() as stack:
-        target_raw = stack.enter_context(embedded_client(url=args.target_url, model=args.target_model,
-                                                         api_key=args.target_api_key, **kw))
-        if args.teacher_url is None and args.target_url is None:
+        target_raw = stack.enter_context(embedded_client(url=args.task_url, model=args.task_model,
+                                                         api_key=args.task_api_key, **kw))
+        if args.teacher_url is None and args.task_url is None:
             teacher_raw = target_raw  # one embedded server serves both
         else:
             teacher_raw = stack.enter_context(embedded_client(url=args.teacher_url, model=args.teacher_model,
@@ -405,7 +413,7 @@ def connect(run: Run):
         teacher = CachingClient(teacher_raw, None, run.budget, usage=saved.get("teacher"))
         getattr(run, "roles", {}).update(target=target, teacher=teacher)   # for run_usage
         c = run.config
-        log(f"MASA stage 1 -> {run.out}: target {target.model} ({args.target_url or 'embedded'}), teacher "
+        log(f"MASA stage 1 -> {run.out}: target {target.model} ({args.task_url or 'embedded'}), teacher "
             f"{teacher.model} ({args.teacher_url or 'embedded'}); {len(run.tasks)} search tasks of types "
             f"{sorted({t.type for t in run.tasks})}, {len(run.heldout)} held-out; I={c.iterations} p={c.patience} "
             f"J={c.tree_iterations} N={c.episodes} C={c.c} λ={c.lam_nh} gate={c.gate}"
@@ -444,8 +452,8 @@ def initial_card(args, target=None) -> ModelCard | None:
     if args.model_card:
         return ModelCard.load(args.model_card)
     if args.target_checkpoint:
-        return target_model_card(args.target_checkpoint, name=args.target_model)
-    if args.target_url is None:  # the embedded model: its (converted) checkpoint has a config.json
+        return target_model_card(args.target_checkpoint, name=args.task_model)
+    if args.task_url is None:  # the embedded model: its (converted) checkpoint has a config.json
         return target_model_card(args.model_spec)
     return None if target is None else ModelCard(name=target.model)
 
@@ -555,7 +563,7 @@ def heldout_evaluation(run: Run, search: MasaSearch, target, library: SkillSet, 
         return None
     try:
         runs = {}   # with --retrieve: embeddings from --embed-url, else the target's own endpoint (not cached)
-        retriever = retriever_from_args(run.args, getattr(target, "inner", target), run.args.target_api_key)
+        retriever = retriever_from_args(run.args, getattr(target, "inner", target), run.args.task_api_key)
         for name, skills in (("base", search.candidates[0].skills), ("evolved", library)):
             log(f"[held-out] {name} skills on {len(run.heldout)} tasks  calls {run.budget.spent}")
             trajs = masa.rollouts(target, run.heldout, with_retrieval(skills, retriever), run.config, run.budget)

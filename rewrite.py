@@ -40,14 +40,14 @@ from pathlib import Path
 
 import torch
 
+from minskill.cli import add_task_model_args, add_teacher_args
 from minskill.files import write_text_atomic
 from minskill.masa import sft
 from minskill.masa.data import task_description
 from minskill.masa.rewriter import (load_model_card, parse_rewriter_output, resolve_rewriter,  # noqa: F401 (rewrite.X)
                                     rewrite_with_model, save_skills_validated)
-from minskill.masa.search import one_shot_rewrite
+from minskill.masa.search import MasaConfig, one_shot_rewrite
 from minskill.nn.lora import BASE_DTYPES, add_lora_arguments, apply_lora, lora_settings
-from minskill.nn.quantize import QUANTIZE_CHOICES
 from minskill.nn.weights import load_model, resolve_model
 from minskill.retrieval import add_retrieval_args, check_retrieval_args, retriever_from_args, with_retrieval
 from minskill.rollout import load_skills, run_rollouts, summarize
@@ -80,12 +80,12 @@ def load_input_skills(spec: str, suite: str | None):
     return skills
 
 
-def teacher_oneshot_rewrite(client, card: dict, skills, task: str, attempts: int = 3, max_tokens: int = 1536,
+def teacher_oneshot_rewrite(client, card: dict, skills, task: str, retries: int = 2, max_tokens: int = 1536,
                             seed: int = 0):
     """The DS-Adapter baseline: the teacher adapts S_in to the target once, from the same card, skills and
     task, without search (minskill.masa.search.one_shot_rewrite). Returns (SkillSet or None, last raw reply)."""
     skipped = {}
-    result = one_shot_rewrite(client, card, skills, task, retries=max(0, attempts - 1), max_tokens=max_tokens,
+    result = one_shot_rewrite(client, card, skills, task, retries=retries, max_tokens=max_tokens,
                               seed=seed, on_skip=skipped.update)
     return result, skipped.get("last_reply", "")
 
@@ -94,9 +94,9 @@ def teacher_oneshot_rewrite(client, card: dict, skills, task: str, attempts: int
 
 def cmd_train(args) -> int:
     cfg = sft.SFTConfig(lr=args.lr, warmup_ratio=args.warmup_ratio, min_lr_ratio=args.min_lr_ratio,
-                        epochs=args.epochs, batch_size=args.batch_size, micro_batch_size=args.micro_batch_size,
+                        epochs=args.epochs, batch_size=args.batch_size, micro_batch_size=args.micro_batch,
                         max_length=args.max_length, too_long=args.too_long, weight_decay=args.weight_decay,
-                        grad_clip=args.grad_clip, bf16=args.bf16, gradient_checkpointing=args.gradient_checkpointing,
+                        grad_clip=args.grad_clip, bf16=args.bf16, gradient_checkpointing=args.grad_checkpointing,
                         chunk_tokens=args.chunk_tokens, val_fraction=args.val_fraction, eval_every=args.eval_every,
                         save_every=args.save_every, keep_checkpoints=args.keep_checkpoints,
                         log_every=args.log_every, seed=args.seed, max_steps=args.max_steps)
@@ -228,26 +228,26 @@ def compare(args, card: dict, skills, rewritten, rewriter_cost: dict | None = No
     report_dir = open_run_folder(compare_folder(args), False, args.overwrite, "rewrite.py apply --compare")
     log = lambda message: print(message, file=sys.stderr, flush=True)   # noqa: E731
 
-    with embedded_client(url=args.task_url, model=args.task_model, api_key=args.api_key, model_spec=args.model_spec,
+    with embedded_client(url=args.task_url, model=args.task_model, api_key=args.task_api_key, model_spec=args.model_spec,
                          quantize=args.task_quantize, max_workers=args.task_concurrency) as task_client:
         if args.teacher_url:
-            teacher_client = ChatClient(args.teacher_url, model=args.teacher_model, api_key=args.api_key)
+            teacher_client = ChatClient(args.teacher_url, model=args.teacher_model, api_key=args.teacher_api_key)
         else:
             teacher_client = task_client     # one embedded server (or the --task-url one) serves both
         costs, (u0, t0) = {"rewriter": rewriter_cost}, (teacher_client.usage, time.perf_counter())
         teacher, teacher_raw = teacher_oneshot_rewrite(teacher_client, card, skills, args.task,
-                                                       attempts=args.teacher_attempts,
+                                                       retries=args.teacher_retries,
                                                        max_tokens=args.max_new_tokens, seed=args.seed)
         costs["teacher (one-shot)"] = {**usage_delta(teacher_client.usage, u0), "wall_seconds": time.perf_counter() - t0}
         if teacher is not None:
             save_skills_validated(teacher, report_dir / "teacher_oneshot")
         else:
             write_text_atomic(report_dir / "teacher_oneshot.raw.txt", teacher_raw)
-            log(f"teacher one-shot rewrite: no parseable reply in {args.teacher_attempts} attempts "
+            log(f"teacher one-shot rewrite: no parseable reply in {args.teacher_retries + 1} attempts "
                 f"(last reply saved to {report_dir / 'teacher_oneshot.raw.txt'})")
         rows, results = [], {}
         u0, t0 = task_client.usage, time.perf_counter()
-        retriever = retriever_from_args(args, task_client, args.api_key)   # None: --retrieve none
+        retriever = retriever_from_args(args, task_client, args.task_api_key)   # None: --retrieve none
         for name, variant in (("input", skills), ("rewritten", rewritten), ("teacher one-shot", teacher)):
             if variant is None:
                 rows.append((name, None, "did not parse (raw text saved)"))
@@ -289,38 +289,41 @@ def build_parser() -> argparse.ArgumentParser:
                     "OUT/metrics.jsonl and OUT/loss.svg. Malformed lines are reported as FILE:LINE and skipped.",
         epilog="record format (one JSON object per line): {\"model_card\": {...}, \"skills_in\": <MASA JSON>, "
                "\"task_description\": \"...\", \"skills_out\": <MASA JSON>, ...other fields ignored}")
-    t.add_argument("data", nargs="+", help="JSONL file(s) of SFT records (several runs/targets may be given)")
-    t.add_argument("--out", required=True, help="output folder")
-    t.add_argument("--base-model", default="smollm2-135m", help="model to fine-tune: HF folder or smollm2-135m (default)")
-    t.add_argument("--val-file", default=None, help="held-out records (default: --val-fraction of the data)")
-    t.add_argument("--val-fraction", type=float, default=d.val_fraction, help=f"default {d.val_fraction}")
-    t.add_argument("--lr", type=float, default=d.lr, help=f"peak learning rate (default {d.lr:g})")
-    t.add_argument("--min-lr-ratio", type=float, default=d.min_lr_ratio, help="cosine floor as a share of --lr (default 0)")
-    t.add_argument("--warmup-ratio", type=float, default=d.warmup_ratio, help=f"default {d.warmup_ratio}")
-    t.add_argument("--epochs", type=float, default=d.epochs, help=f"default {d.epochs:g}")
-    t.add_argument("--batch-size", type=int, default=d.batch_size, help=f"effective batch in records (default {d.batch_size})")
-    t.add_argument("--micro-batch-size", type=int, default=d.micro_batch_size,
+    tm = t.add_argument_group("main options")
+    to = t.add_argument_group("training")
+    tm.add_argument("data", nargs="+", help="JSONL file(s) of SFT records (several runs/targets may be given)")
+    tm.add_argument("--out", required=True, help="output folder")
+    tm.add_argument("--base-model", default="smollm2-135m", help="model to fine-tune: HF folder or smollm2-135m (default)")
+    to.add_argument("--val-file", default=None, help="held-out records (default: --val-fraction of the data)")
+    to.add_argument("--val-fraction", type=float, default=d.val_fraction, help=f"default {d.val_fraction}")
+    tm.add_argument("--lr", type=float, default=d.lr, help=f"peak learning rate (default {d.lr:g})")
+    to.add_argument("--min-lr-ratio", type=float, default=d.min_lr_ratio, help="cosine floor as a share of --lr (default 0)")
+    to.add_argument("--warmup-ratio", type=float, default=d.warmup_ratio, help=f"default {d.warmup_ratio}")
+    tm.add_argument("--epochs", type=float, default=d.epochs, help=f"default {d.epochs:g}")
+    tm.add_argument("--batch-size", type=int, default=d.batch_size, help=f"effective batch in records (default {d.batch_size})")
+    to.add_argument("--micro-batch", type=int, default=d.micro_batch_size,
                    help=f"records per forward/backward; accumulation = batch / micro (default {d.micro_batch_size})")
-    t.add_argument("--max-length", type=int, default=d.max_length, help=f"max tokens per record (default {d.max_length})")
-    t.add_argument("--too-long", choices=("skip", "truncate"), default=d.too_long,
+    to.add_argument("--max-length", type=int, default=d.max_length, help=f"max tokens per record (default {d.max_length})")
+    to.add_argument("--too-long", choices=("skip", "truncate"), default=d.too_long,
                    help="what to do with longer records (default skip; both are counted)")
-    t.add_argument("--weight-decay", type=float, default=d.weight_decay, help=f"AdamW (default {d.weight_decay:g})")
-    t.add_argument("--grad-clip", type=float, default=d.grad_clip, help=f"max gradient norm, 0 = off (default {d.grad_clip:g})")
-    t.add_argument("--bf16", action="store_true", help="bf16 autocast (weights and optimizer stay float32)")
-    t.add_argument("--gradient-checkpointing", action="store_true", help="recompute layer activations in backward")
-    add_lora_arguments(t)
-    t.add_argument("--chunk-tokens", type=int, default=d.chunk_tokens, help="logit rows per loss chunk")
-    t.add_argument("--eval-every", type=int, default=d.eval_every, help=f"validation loss every N steps (default {d.eval_every})")
-    t.add_argument("--save-every", type=int, default=d.save_every, help=f"checkpoint every N steps (default {d.save_every})")
-    t.add_argument("--keep-checkpoints", type=int, default=d.keep_checkpoints, help="checkpoints kept (default 2)")
-    t.add_argument("--log-every", type=int, default=d.log_every, help="progress line every N steps")
-    t.add_argument("--max-steps", type=int, default=None, help="stop after N optimizer steps (resume later)")
-    t.add_argument("--seed", type=int, default=d.seed, help="data order and validation split")
-    t.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda when available)")
-    t.add_argument("--resume", nargs="?", const="latest", default=None, metavar="CHECKPOINT",
+    to.add_argument("--weight-decay", type=float, default=d.weight_decay, help=f"AdamW (default {d.weight_decay:g})")
+    to.add_argument("--grad-clip", type=float, default=d.grad_clip, help=f"max gradient norm, 0 = off (default {d.grad_clip:g})")
+    to.add_argument("--bf16", action="store_true", help="bf16 autocast (weights and optimizer stay float32)")
+    to.add_argument("--grad-checkpointing", action="store_true", help="recompute layer activations in backward")
+    add_lora_arguments(to)
+    to.add_argument("--chunk-tokens", type=int, default=d.chunk_tokens, help="logit rows per loss chunk")
+    to.add_argument("--eval-every", type=int, default=d.eval_every, help=f"validation loss every N steps (default {d.eval_every})")
+    to.add_argument("--save-every", type=int, default=d.save_every, help=f"checkpoint every N steps (default {d.save_every})")
+    to.add_argument("--keep-checkpoints", type=int, default=d.keep_checkpoints, help="checkpoints kept (default 2)")
+    to.add_argument("--log-every", type=int, default=d.log_every, help="progress line every N steps")
+    to.add_argument("--max-steps", type=int, default=None, help="stop after N optimizer steps (resume later)")
+    to.add_argument("--seed", type=int, default=d.seed, help="data order and validation split")
+    tm.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda when available)")
+    tm.add_argument("--resume", nargs="?", const="latest", default=None, metavar="CHECKPOINT",
                    help="continue from the latest checkpoint in --out (or the given checkpoint folder); a "
-                   "damaged one is reported and the one before it used; refused when --out holds none")
-    t.add_argument("--overwrite", action="store_true", help="replace the run that a non-empty --out holds "
+                   "damaged one is reported and the one before it used; refused when --out holds none (the resume policy: "
+                   "minskill/runs.py)")
+    tm.add_argument("--overwrite", action="store_true", help="replace the run that a non-empty --out holds "
                    "(without --resume or --overwrite such an --out is refused)")
     t.set_defaults(func=cmd_train)
 
@@ -330,41 +333,38 @@ def build_parser() -> argparse.ArgumentParser:
                     "and write the result to --out as a validated Agent Skills folder. A reply that does not parse "
                     "is saved as OUT.raw.txt and nothing is written. With --compare, also evaluate the input, the "
                     "rewritten and a one-shot teacher rewrite (DS-Adapter) on --suite and print one table.")
-    a.add_argument("--rewriter", required=True, help="rewriter: a `rewrite.py train` --out folder or an HF folder")
-    a.add_argument("--model-card", required=True,
+    am = a.add_argument_group("main options")
+    ao = a.add_argument_group("rewriting")
+    am.add_argument("--rewriter", required=True, help="rewriter: a `rewrite.py train` --out folder or an HF folder")
+    am.add_argument("--model-card", required=True,
                    help="target model card: JSON or YAML file, an evolve_masa.py run folder (its model_card.json, "
                    "the card its SFT records hold), or a checkpoint folder / model spec to build one from as "
                    "evolve_masa.py does (without the teacher's strengths and weaknesses)")
-    a.add_argument("--skills", required=True, help="input skills: Agent Skills folder, MASA .json, or 'base' (with --suite)")
-    a.add_argument("--task", required=True, help="task description given to the rewriter, or a suite's name "
+    am.add_argument("--skills", required=True, help="input skills: Agent Skills folder, MASA .json, or 'base' (with --suite)")
+    am.add_argument("--task", required=True, help="task description given to the rewriter, or a suite's name "
                    "(qa, household, webwalk, PATH.jsonl) for the description evolve_masa.py's SFT records hold for "
                    "it (with --task-seed; as its defaults --n-prelim 4 --n-train 24 draw the search tasks)")
-    a.add_argument("--out", required=True, help="folder for the rewritten skills")
-    a.add_argument("--overwrite", action="store_true", help="replace a non-empty --out (and with --compare, the "
+    am.add_argument("--out", required=True, help="folder for the rewritten skills")
+    am.add_argument("--overwrite", action="store_true", help="replace a non-empty --out (and with --compare, the "
                    "earlier comparison in OUT-compare)")
-    a.add_argument("--max-new-tokens", type=int, default=1536, help="reply budget of the rewriter (default 1536)")
-    a.add_argument("--temperature", type=float, default=0.0, help="rewriter temperature (default 0 = greedy)")
-    a.add_argument("--seed", type=int, default=0)
-    a.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
-    a.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda when available)")
+    ao.add_argument("--max-new-tokens", type=int, default=1536, help="reply budget of the rewriter (default 1536)")
+    ao.add_argument("--temperature", type=float, default=0.0, help="rewriter temperature (default 0 = greedy)")
+    ao.add_argument("--seed", type=int, default=0)
+    ao.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    ao.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda when available)")
     g = a.add_argument_group("--compare: evaluate input vs rewritten vs teacher one-shot skills")
-    g.add_argument("--compare", action="store_true", help="evaluate the three skill sets and print one table")
-    g.add_argument("--suite", default=None, help="qa | household | webwalk | PATH.jsonl (also names 'base' skills)")
+    am.add_argument("--compare", action="store_true", help="evaluate the three skill sets and print one table")
+    am.add_argument("--suite", default=None, help="qa | household | webwalk | PATH.jsonl (also names 'base' skills)")
     g.add_argument("--split", default="heldout", help="task split (default heldout)")
     g.add_argument("--n-tasks", type=int, default=None, help="number of tasks (default: the whole split)")
     g.add_argument("--task-seed", type=int, default=0, help="seed of the generated suite")
-    g.add_argument("--task-url", default=None, help="task model endpoint (default: the embedded default model)")
-    g.add_argument("--task-model", default=None, help="model name sent to --task-url")
-    g.add_argument("--task-concurrency", type=int, default=8, help="task-model requests in flight (default 8); "
-                   "behind a load balancer of vLLM/SGLang replicas: replicas × per-replica batch")
-    g.add_argument("--teacher-url", default=None, help="teacher endpoint for the one-shot rewrite (default: the task endpoint)")
-    g.add_argument("--teacher-model", default=None, help="model name sent to --teacher-url")
-    g.add_argument("--teacher-attempts", type=int, default=3, help="teacher replies tried until one parses")
-    g.add_argument("--api-key", default=None, help="API key for the endpoints (default $OPENAI_API_KEY)")
+    add_task_model_args(g, concurrency=8, max_tokens=256, main=am)
+    add_teacher_args(g, url_help="the task endpoint", main=am)
+    g.add_argument("--teacher-retries", type=int, default=2, help="teacher replies tried after the first until "
+                   "one parses (default 2)")
     g.add_argument("--model-spec", default="smollm2-135m", help="model of the embedded server")
-    g.add_argument("--task-quantize", choices=QUANTIZE_CHOICES, default="none", help="the embedded server's weights: none = float (default), int8 (1.6x faster batch-1 decode on a CPU, the same accuracy on the held-out qa tasks, but greedy replies then depend on the batch a request shares: README), auto = int8 on a CPU")
-    g.add_argument("--task-max-tokens", type=int, default=256, help="reply budget of the task model")
-    g.add_argument("--lam-nh", type=float, default=0.0, help="λ of the adjusted reward SR − λ·NHR")
+    g.add_argument("--lam-nh", type=float, default=MasaConfig.lam_nh, help="λ of the adjusted reward SR − λ·NHR "
+                   f"(default {MasaConfig.lam_nh}: the search's, evolve_masa.py --lam-nh)")
     g.add_argument("--compare-out", default=None, help="folder for trajectories and compare.json (default OUT-compare)")
     add_retrieval_args(g)
     a.set_defaults(func=cmd_apply)

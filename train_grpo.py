@@ -12,7 +12,7 @@ never acts and the update is REINFORCE with group-relative advantages A = A_intr
 by the group's std as in standard GRPO (--no-scale-by-std: not); and G = --generations 2 (each generation
 costs ~0.7x the run again), while the paper analyses generations 1-5: use -G 3 to 5 for a real run.
 
-One training step (DESIGN.md §3, the loop in `train`):
+One training step (docs/skill-r1.md, the loop in `train`):
   1. pick --instances-per-step task instances (tasks of one type each);
   2. evolve: on each, the G-generation loop of minskill.skill_r1 (K candidate skills per generation sampled
      from one shared prompt, each scored by n task-model rollouts per task);
@@ -66,12 +66,12 @@ from pathlib import Path
 
 import torch
 
+from minskill.cli import add_task_model_args
 from minskill.files import append_jsonl, check_shape, read_jsonl, write_jsonl_atomic
 from minskill.gates import GATES
-from minskill.nn.lora import (ADAPTER_DIR, BASE_DTYPES, DEFAULT_TARGETS, AdaptersOff, add_lora_arguments, apply_lora,
+from minskill.nn.lora import (ADAPTER_DIR, BASE_DTYPES, AdaptersOff, add_lora_arguments, apply_lora,
                               load_peft_adapter, lora_settings, trainable_parameters)
 from minskill.nn.optim import lr_factor, release_freed_memory
-from minskill.nn.quantize import QUANTIZE_CHOICES
 from minskill.nn.sampling import completion_logprobs
 from minskill.nn.shared_prefix import grouped_logprobs
 from minskill.nn.weights import load_model, resolve_model
@@ -83,7 +83,7 @@ from minskill.serve.server import embedded_client
 from minskill.skill_r1.evaluate import check_heldout, evaluate, probe, probe_instances
 from minskill.skill_r1.grpo import policy_loss
 from minskill.skill_r1.loop import (EvolveConfig, Instance, all_zero_note, assign_advantages, autocast, device,
-                                    evolve_batch, lineage_records, load_tasks, make_instances, step_seed)
+                                    SuiteError, evolve_batch, lineage_records, load_tasks, make_instances, step_seed)
 
 # flags that must equal the checkpoint's when resuming, or the continued run would not be the same run
 RESUME_MUST_MATCH = ("suite", "seed_skills", "generations", "candidates", "rollouts", "lam", "scale_by_std",
@@ -94,11 +94,41 @@ RESUME_MUST_MATCH = ("suite", "seed_skills", "generations", "candidates", "rollo
                      "lora_dropout", "lora_targets", "lora_base_dtype", "carry_gate", "carry_gate_alpha")
 # what `setup` reads from trainer_state.pt
 TRAINER_STATE_KEYS = ("args", "editor_spec", "optimizer", "scheduler", "rng", "metrics", "step")
-# what a checkpoint written before the LoRA flags existed counts as: LoRA off
-LORA_OFF = {"lora_rank": 0, "lora_alpha": None, "lora_dropout": 0.0, "lora_targets": list(DEFAULT_TARGETS),
-            "lora_base_dtype": "float32"}
-# and one written before --carry-gate: the strict gate (the carry rule it ran with)
-CARRY_STRICT = {"carry_gate": "strict", "carry_gate_alpha": 0.1}
+
+
+@dataclass
+class TrainConfig(EvolveConfig):
+    """Every default of this script's flags, written once (argparse reads them; the loop's own knobs are
+    EvolveConfig's fields, inherited with their defaults; the --lora-* flags' defaults are minskill.nn.lora's)."""
+    editor: str = "smollm2-135m"
+    task_concurrency: int = 16        # the embedded server's batch
+    task_quantize: str = "none"
+    suite: str = "qa"
+    seed_skills: str = "none"
+    lam: float = 0.5                  # λ, weight of A_inter; 0 = vanilla GRPO
+    scale_by_std: bool = True
+    eps_low: float = 0.2
+    eps_high: float = 0.2
+    beta: float = 0.0                 # 0: no KL, no reference model
+    agg: str = "token_mean"
+    ppo_epochs: int = 1               # 1: the ratio is 1, the update is REINFORCE
+    tasks_per_instance: int = 4
+    steps: int = 3
+    instances_per_step: int = 1
+    micro_batch: int = 4
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    warmup_ratio: float = 0.1
+    grad_clip: float = 1.0
+    shared_prefix: bool = True
+    probe_every: int = 0
+    probe_instances: int = 4
+    probe_candidates: int = 4
+    save_every: int = 2
+    seed: int = 0
+    frozen_row: bool = True
+    eval_instances: int = 12
+    eval_tasks: int = 20
 
 
 @dataclass
@@ -123,7 +153,7 @@ class Run:
 
 
 def train(args) -> int:
-    """The Skill-R1 training loop: one optimizer step per pass (DESIGN.md §3)."""
+    """The Skill-R1 training loop: one optimizer step per pass (docs/skill-r1.md)."""
     run, cfg = setup(args), EvolveConfig.from_args(args)
     with embedded_client(args.task_url, args.task_model, api_key=args.task_api_key,
                          quantize=args.task_quantize, max_workers=args.task_concurrency) as client:
@@ -431,7 +461,7 @@ def resume_state(out: Path, args) -> tuple[Path, dict]:
             raise ValueError(f"{ckpt / TRAINER_STATE}: 'args' is a {type(state['args']).__name__}, not a dict")
     except ValueError as e:
         sys.exit(f"--resume: {e}\n{damaged_checkpoint_hint(ckpt)}")
-    saved = {**LORA_OFF, **CARRY_STRICT, **state["args"]}
+    saved = state["args"]
     changed = [f"--{k.replace('_', '-')} {saved.get(k)!r} -> {getattr(args, k)!r}"
                for k in RESUME_MUST_MATCH if saved.get(k) != getattr(args, k)]
     if changed:
@@ -498,109 +528,122 @@ def summarize(run: Run, args, calls: int) -> None:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    d = TrainConfig()
+    title, examples, defaults = __doc__.split("\n\n")[:3]
+    p = argparse.ArgumentParser(usage="%(prog)s [main options] [other options, grouped below]",
+                                description=f"{title}\n\n{defaults}", epilog=f"examples:\n{examples}",
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    m = p.add_argument_group("main options")
     c = p.add_argument_group("components")
-    c.add_argument("--editor", default="smollm2-135m", help="the skill editor to train: an HF model folder or "
+    m.add_argument("--editor", default=d.editor, help="the skill editor to train: an HF model folder or "
                    "smollm2-135m (the offline default; default)")
-    c.add_argument("--task-url", default=None, help="OpenAI-compatible base URL of the frozen task model, e.g. "
-                   "http://127.0.0.1:8000/v1 (default: start the embedded server with the offline default "
-                   "model on a free loopback port)")
-    c.add_argument("--task-model", default=None, help="model name sent to --task-url (default: the first one "
-                   "the server lists)")
-    c.add_argument("--task-api-key", default=None, help="API key for --task-url (default: $OPENAI_API_KEY)")
-    c.add_argument("--task-concurrency", type=int, default=16, help="task-model requests the client keeps in "
-                   "flight (default 16: the embedded server's batch); when --task-url is a load balancer in front "
-                   "of several vLLM/SGLang replicas, set it to replicas × per-replica batch (e.g. 4 × --max-num-seqs "
-                   "64 = 256)")
-    c.add_argument("--task-quantize", choices=QUANTIZE_CHOICES, default="none", help="the embedded server's weights: none = float (default), int8 (1.6x faster batch-1 decode on a CPU, the same accuracy on the held-out qa tasks, but greedy replies then depend on the batch a request shares: README), auto = int8 on a CPU")
-    c.add_argument("--suite", default="qa", help="task suite: qa | household | webwalk | PATH.jsonl (default qa)")
+    add_task_model_args(c, concurrency=d.task_concurrency, max_tokens=d.task_max_tokens, quantize=d.task_quantize,
+                        main=m)
+    m.add_argument("--suite", default=d.suite,
+                   help="task suite: qa | household | webwalk | PATH.jsonl (default %(default)s)")
     c.add_argument("--n-tasks", type=int, default=None, help="tasks drawn from the suite per split (default: "
                    "the suite's own, e.g. 50 per type for qa)")
-    c.add_argument("--seed-skills", default="none", help="the seed skill s_0 of each instance: none (default), "
+    m.add_argument("--seed-skills", default=d.seed_skills, help="the seed skill s_0 of each instance: none (default), "
                    "base (the suite's hand-written skills), a skill-set folder, a MASA .json, or a text file")
-    a = p.add_argument_group("algorithm (DESIGN.md §3)")
-    a.add_argument("-G", "--generations", type=int, default=2, help="generations G per instance (default 2)")
-    a.add_argument("-K", "--candidates", type=int, default=4, help="candidate skills K per generation (default 4)")
-    a.add_argument("-n", "--rollouts", type=int, default=1, help="task-model rollouts per skill and task "
-                   "(default 1: enough with the greedy task model)")
-    a.add_argument("--lam", type=float, default=0.5, help="λ, weight of A_inter (0 = vanilla GRPO; default 0.5)")
-    a.add_argument("--scale-by-std", action=argparse.BooleanOptionalAction, default=True,
+    a = p.add_argument_group("algorithm (docs/skill-r1.md)")
+    m.add_argument("-G", "--generations", type=int, default=d.generations,
+                   help="generations G per instance (default %(default)s)")
+    m.add_argument("-K", "--candidates", type=int, default=d.candidates,
+                   help="candidate skills K per generation (default %(default)s)")
+    a.add_argument("-n", "--rollouts", type=int, default=d.rollouts, help="task-model rollouts per skill and task "
+                   "(default %(default)s: enough with the greedy task model)")
+    m.add_argument("--lam", type=float, default=d.lam,
+                   help="λ, weight of A_inter (0 = vanilla GRPO; default %(default)s)")
+    a.add_argument("--scale-by-std", action=argparse.BooleanOptionalAction, default=d.scale_by_std,
                    help="divide A_intra by the group's std + 1e-4, as standard GRPO does (on by default: measured "
                         "on the learning test, docs/skill-r1.md; --no-scale-by-std: Dr. GRPO's unscaled A_intra)")
-    a.add_argument("--eps-low", type=float, default=0.2, help="clip range below 1 (default 0.2)")
-    a.add_argument("--eps-high", type=float, default=0.2, help="clip range above 1 (default 0.2)")
-    a.add_argument("--beta", type=float, default=0.0, help="weight of the k3 KL to a frozen reference copy of "
+    a.add_argument("--eps-low", type=float, default=d.eps_low, help="clip range below 1 (default %(default)s)")
+    a.add_argument("--eps-high", type=float, default=d.eps_high, help="clip range above 1 (default %(default)s)")
+    a.add_argument("--beta", type=float, default=d.beta, help="weight of the k3 KL to a frozen reference copy of "
                    "the editor; 0 (default) keeps no reference model")
-    a.add_argument("--agg", default="token_mean", choices=["token_mean", "seq_mean", "dr_grpo"],
-                   help="loss aggregation (default token_mean)")
-    a.add_argument("--ppo-epochs", type=int, default=1, help="optimizer passes over each step's samples "
-                   "(default 1)")
-    a.add_argument("--tasks-per-instance", type=int, default=4, help="tasks of one type forming one instance "
-                   "x (default 4)")
-    a.add_argument("--editor-temperature", type=float, default=1.0, help="editor sampling temperature (default 1)")
-    a.add_argument("--editor-top-p", type=float, default=1.0, help="editor nucleus sampling (default 1)")
-    a.add_argument("--max-skill-tokens", type=int, default=64, help="longest skill the editor may write, in "
-                   "tokens (default 64)")
-    a.add_argument("--context-tokens", type=int, default=512, help="token budget of the editor's prompt; the "
-                   "history is trimmed to fit (default 512)")
-    a.add_argument("--task-max-tokens", type=int, default=32, help="longest task-model reply (default 32)")
-    a.add_argument("--task-temperature", type=float, default=0.0, help="task-model sampling temperature "
+    a.add_argument("--agg", default=d.agg, choices=["token_mean", "seq_mean", "dr_grpo"],
+                   help="loss aggregation (default %(default)s)")
+    a.add_argument("--ppo-epochs", type=int, default=d.ppo_epochs, help="optimizer passes over each step's samples "
+                   "(default %(default)s)")
+    a.add_argument("--tasks-per-instance", type=int, default=d.tasks_per_instance,
+                   help="tasks of one type forming one instance "
+                   "x (default %(default)s)")
+    a.add_argument("--editor-temperature", type=float, default=d.editor_temperature,
+                   help="editor sampling temperature (default 1)")
+    a.add_argument("--editor-top-p", type=float, default=d.editor_top_p, help="editor nucleus sampling (default 1)")
+    a.add_argument("--max-skill-tokens", type=int, default=d.max_skill_tokens,
+                   help="longest skill the editor may write, in "
+                   "tokens (default %(default)s)")
+    a.add_argument("--context-tokens", type=int, default=d.context_tokens,
+                   help="token budget of the editor's prompt; the "
+                   "history is trimmed to fit (default %(default)s)")
+    a.add_argument("--task-temperature", type=float, default=d.task_temperature, help="task-model sampling temperature "
                    "(default 0 = greedy)")
-    a.add_argument("--carry-gate", choices=GATES, default="strict", help="when a generation's best candidate "
+    a.add_argument("--carry-gate", choices=GATES, default=d.carry_gate, help="when a generation's best candidate "
                    "replaces the current skill: strict = its reward is higher (the paper); paired = also a one-sided "
-                   "sign test on the instance's tasks at --carry-gate-alpha (minskill/gates.py; default strict)")
-    a.add_argument("--carry-gate-alpha", type=float, default=0.1, help="α of --carry-gate paired (default 0.1)")
+                   "sign test on the instance's tasks at --carry-gate-alpha (minskill/gates.py; default %(default)s)")
+    a.add_argument("--carry-gate-alpha", type=float, default=d.carry_gate_alpha,
+                   help="α of --carry-gate paired (default %(default)s)")
     t = p.add_argument_group("training")
-    t.add_argument("--steps", type=int, default=3, help="optimizer steps (default 3: about 10 minutes on a busy 2-core "
+    m.add_argument("--steps", type=int, default=d.steps,
+                   help="optimizer steps (default %(default)s: about 2 minutes on a busy 2-core "
                    "CPU)")
-    t.add_argument("--instances-per-step", type=int, default=1, help="instances per step; their candidates "
-                   "form one batch (default 1)")
-    t.add_argument("--micro-batch", type=int, default=4, help="sequences of one prompt per forward/backward pass; gradients "
-                   "accumulate over micro-batches (default 4)")
-    t.add_argument("--lr", type=float, default=1e-5, help="AdamW peak learning rate (default 1e-5)")
-    t.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay (default 0)")
-    t.add_argument("--warmup-ratio", type=float, default=0.1, help="share of steps with linear warmup, then "
-                   "cosine decay to 0 (default 0.1)")
-    t.add_argument("--grad-clip", type=float, default=1.0, help="clip the gradient norm to this (0 = off)")
+    t.add_argument("--instances-per-step", type=int, default=d.instances_per_step,
+                   help="instances per step; their candidates "
+                   "form one batch (default %(default)s)")
+    t.add_argument("--micro-batch", type=int, default=d.micro_batch,
+                   help="sequences of one prompt per forward/backward pass; gradients "
+                   "accumulate over micro-batches (default %(default)s)")
+    t.add_argument("--lr", type=float, default=d.lr, help="AdamW peak learning rate (default %(default)s)")
+    t.add_argument("--weight-decay", type=float, default=d.weight_decay, help="AdamW weight decay (default 0)")
+    t.add_argument("--warmup-ratio", type=float, default=d.warmup_ratio, help="share of steps with linear warmup, then "
+                   "cosine decay to 0 (default %(default)s)")
+    t.add_argument("--grad-clip", type=float, default=d.grad_clip, help="clip the gradient norm to this (0 = off)")
     t.add_argument("--bf16", action="store_true", help="bfloat16 autocast for sampling and training "
                    "(weights and optimizer stay float32; a LoRA base may be stored in bf16: --lora-base-dtype)")
     add_lora_arguments(t)
     t.add_argument("--grad-checkpointing", action="store_true", help="recompute each layer in the backward "
                    "pass (less memory, more time)")
-    t.add_argument("--shared-prefix", action=argparse.BooleanOptionalAction, default=True,
+    t.add_argument("--shared-prefix", action=argparse.BooleanOptionalAction, default=d.shared_prefix,
                    help="compute the editor prompt a group's candidates share once per micro-batch, forward and "
                         "backward (same gradient; default on)")
-    t.add_argument("--probe-every", type=int, default=0, help="every M steps (and before the first and after "
+    t.add_argument("--probe-every", type=int, default=d.probe_every,
+                   help="every M steps (and before the first and after "
                    "the last) score the editor on fixed held-out probe instances: metrics.jsonl's probes, the "
                    "held-out curve of reward_curve.svg (default 0 = no probe)")
-    t.add_argument("--probe-instances", type=int, default=4, help="held-out probe instances, task types in turn, "
-                   "never among --eval's (default 4)")
-    t.add_argument("--probe-candidates", type=int, default=4, help="skills the editor writes per probe instance, "
-                   "in one generation from the seed skill's feedback (default 4)")
-    t.add_argument("--save-every", type=int, default=2, help="write the checkpoint every N steps and at the end")
-    t.add_argument("--out", default=None, help="output folder: training: checkpoint/, metrics.jsonl, lineage.jsonl, "
+    t.add_argument("--probe-instances", type=int, default=d.probe_instances,
+                   help="held-out probe instances, task types in turn, "
+                   "never among --eval's (default %(default)s)")
+    t.add_argument("--probe-candidates", type=int, default=d.probe_candidates,
+                   help="skills the editor writes per probe instance, "
+                   "in one generation from the seed skill's feedback (default %(default)s)")
+    t.add_argument("--save-every", type=int, default=d.save_every,
+                   help="write the checkpoint every N steps and at the end")
+    m.add_argument("--out", default=None, help="output folder: training: checkpoint/, metrics.jsonl, lineage.jsonl, "
                    "reward_curve.svg (default runs/skill-r1); --eval: eval.json (default runs/skill-r1-eval-TIME)")
-    t.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint; the next steps equal "
-                   "those of an uninterrupted run")
-    t.add_argument("--overwrite", action="store_true", help="replace the run that a non-empty --out holds "
+    m.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint; the next steps equal "
+                   "those of an uninterrupted run (the resume policy: minskill/runs.py)")
+    m.add_argument("--overwrite", action="store_true", help="replace the run that a non-empty --out holds "
                    "(without --resume or --overwrite such an --out is refused)")
-    t.add_argument("--seed", type=int, default=0, help="seeds the suite, the instance order, every sample")
+    m.add_argument("--seed", type=int, default=d.seed, help="seeds the suite, the instance order, every sample")
     t.add_argument("--threads", type=int, default=None, help="torch CPU threads of this process and of the "
                    "embedded task-model server (default: torch's choice; 1 is much faster on a CPU that other busy "
                    "processes share)")
     e = p.add_argument_group("evaluation (--eval): the paper's rows on held-out instances")
-    e.add_argument("--eval", action="store_true", help="evaluate instead of training: no skill, seed skill, "
+    m.add_argument("--eval", action="store_true", help="evaluate instead of training: no skill, seed skill, "
                    "inference-only (--editor, frozen), vanilla GRPO (--grpo-editor), Skill-R1 (--skillr1-editor)")
     e.add_argument("--grpo-editor", default=None, help="editor trained with λ = 0 (vanilla GRPO row)")
     e.add_argument("--skillr1-editor", nargs="+", default=None, help="editor(s) trained with λ > 0: one Skill-R1 "
                    "row each (e.g. two training seeds)")
-    e.add_argument("--frozen-row", action=argparse.BooleanOptionalAction, default=True, help="evaluate the "
+    e.add_argument("--frozen-row", action=argparse.BooleanOptionalAction, default=d.frozen_row, help="evaluate the "
                    "inference-only row (--editor, frozen); --no-frozen-row skips it, e.g. to add a Skill-R1 row to "
                    "a table already measured with the same flags (every row uses the same tasks and seeds)")
-    e.add_argument("--eval-instances", type=int, default=12, help="held-out instances (default 12), task types "
+    e.add_argument("--eval-instances", type=int, default=d.eval_instances,
+                   help="held-out instances (default %(default)s), task types "
                    "in turn; each has --tasks-per-instance tasks to evolve on and --eval-tasks others to score on")
-    e.add_argument("--eval-tasks", type=int, default=20, help="held-out tasks that score an instance's carried "
-                   "skill (default 20: 240 scoring tasks per row)")
+    e.add_argument("--eval-tasks", type=int, default=d.eval_tasks,
+                   help="held-out tasks that score an instance's carried "
+                   "skill (default %(default)s: 240 scoring tasks per row)")
     args = p.parse_args(argv)
     for name in ("generations", "candidates", "rollouts", "steps", "instances_per_step", "micro_batch",
                  "tasks_per_instance", "ppo_epochs", "max_skill_tokens", "context_tokens", "task_max_tokens",
@@ -642,4 +685,7 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except SuiteError as e:      # a bad --suite file: a usage error, before any model call
+        sys.exit(f"train_grpo.py: {e}")

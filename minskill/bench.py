@@ -150,11 +150,15 @@ def matmul_only_tokens_per_s(model, repeats: int) -> float:
     return 1 / _timed(run, repeats)
 
 
+class BenchUnavailable(RuntimeError):
+    """What a benchmark needs is missing here (a reference package, a CUDA GPU); main reports it, exit status 2."""
+
+
 def _hf_model(folder: str, dtype):
     try:  # imported here: transformers is the benchmarks' reference, not a dependency of minskill
         from transformers import AutoModelForCausalLM
     except ImportError:
-        sys.exit("the benchmark reference needs transformers: pip install -r tests/requirements.txt")
+        raise BenchUnavailable("the benchmark reference needs transformers: pip install -r tests/requirements.txt")
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
     model.eval()
     return model
@@ -174,7 +178,7 @@ def llama_cpp_decode(gguf_path, batch: int, tokens: int, threads: int, repeats: 
     try:  # imported here: llama.cpp is the benchmarks' reference, not a dependency of minskill
         import xllamacpp
     except ImportError:
-        sys.exit("the llama.cpp reference needs xllamacpp: pip install -r tests/requirements.txt")
+        raise BenchUnavailable("the llama.cpp reference needs xllamacpp: pip install -r tests/requirements.txt")
     params = xllamacpp.CommonParams()
     params.model.path = str(gguf_path)
     params.n_ctx, params.n_parallel, params.warmup = 256 * batch, batch, False
@@ -592,9 +596,8 @@ def bench_gpu(args) -> None:
     """One GPU, no weights: decode, a Skill-R1 update and SFT on a random model of --config (module docstring)."""
     device = args.device or "cuda"
     if torch.device(device).type == "cuda" and not torch.cuda.is_available():
-        print("bench gpu needs a CUDA GPU, and torch sees none (for a smoke test of the code path on a CPU: "
-              "--device cpu --config tiny)", file=sys.stderr)
-        sys.exit(2)
+        raise BenchUnavailable("bench gpu needs a CUDA GPU, and torch sees none (for a smoke test of the code path "
+                               "on a CPU: --device cpu --config tiny)")
     where = torch.cuda.get_device_name(torch.device(device)) if torch.device(device).type == "cuda" else "CPU"
     n_params = sum(p.numel() for p in random_model(args.config, "meta").parameters())
     print(f"bench gpu: {args.config} ({n_params:,} parameters, random weights) on {where}, torch "
@@ -640,8 +643,12 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    {"model": bench_model, "server": bench_server, "grpo": bench_grpo, "sft": bench_sft,
-     "gpu": bench_gpu}[args.what](args)
+    try:
+        {"model": bench_model, "server": bench_server, "grpo": bench_grpo, "sft": bench_sft,
+         "gpu": bench_gpu}[args.what](args)
+    except BenchUnavailable as e:
+        print(e, file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

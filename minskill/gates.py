@@ -28,7 +28,7 @@ instance, so the tasks of one instance share one sampled skill and only the inst
 
 Why: with N = 6 episodes per evaluation and greedy rollouts, R moves in steps of 1/6 and the strict rule
 accepts whatever the teacher's rewrite happened to fix on those tasks (the search reward climbed 0.25 →
-0.46 while the held-out result stayed 0.40 → 0.40, 3 tasks gained and 3 lost: issue 16).
+0.46 while the held-out result stayed 0.40 → 0.40, 3 tasks gained and 3 lost).
 
 Which tasks are paired. MASA evaluates every hill-climb candidate on all the search tasks and every node of
 a tree on the type's first N search tasks (masa.MasaSearch.type_tasks), and each evaluation records its
@@ -40,7 +40,7 @@ re-evaluates the incumbent on exactly those tasks (`masa_decision`'s `rescore`).
 was already scored on would only repeat the same greedy, cached replies, and MASA's search tasks are one
 fixed draw (--n-train; the held-out split must stay unseen), so no other fresh tasks are drawn: the gate
 removes the noise of a small difference on a fixed task sample, not the bias of a task sample the teacher
-has seen; only the held-out split shows that (issue 16 asks for both gates to be measured there).
+has seen; only the held-out split shows that, so both gates are to be measured there.
 
 The fresh gate (MASA, `--gate fresh`, `fresh_decision`) is for that bias. Measured on the offline default
 (qa), the climb's candidate gained 5 of the 24 search tasks and lost none (p = 1/32), so paired accepted it

@@ -221,37 +221,35 @@ def add_retrieval_args(parser) -> None:
 
 def check_retrieval_args(args: argparse.Namespace) -> None:
     """Refuse flags that cannot work before anything is started (a script calls it with its other checks)."""
-    mode = getattr(args, "retrieve", "none") or "none"
-    if getattr(args, "embed_url", None) and mode != "embedding":
+    mode = args.retrieve
+    if args.embed_url and mode != "embedding":
         raise RetrievalError("--embed-url is only used with --retrieve embedding")
     for label in ("top_k_general", "top_k_task"):
-        k = getattr(args, label, 0)
+        k = getattr(args, label)
         if mode != "none" and (not isinstance(k, int) or k < 0):
             raise RetrievalError(f"--{label.replace('_', '-')}: must be an integer >= 0, got {k!r}")
 
 
 def retriever_from_args(args: argparse.Namespace, fallback_client=None, api_key: str | None = None):
-    """The Retriever the flags ask for, or None for --retrieve none (also for runs saved before the flags).
+    """The Retriever the flags ask for (add_retrieval_args's), or None for --retrieve none.
     The embeddings come from --embed-url, else from `fallback_client` (the task model's ChatClient)."""
     check_retrieval_args(args)
-    mode = getattr(args, "retrieve", "none") or "none"
-    embed_url = getattr(args, "embed_url", None)
+    mode, embed_url = args.retrieve, args.embed_url
     if mode == "none":
         return None
     client, endpoint = None, None
     if mode == "embedding":
         if embed_url:
             try:
-                client = ChatClient(embed_url, model=getattr(args, "embed_model", None), api_key=api_key,
-                                    timeout=float(getattr(args, "timeout", 120.0) or 120.0))
+                client = ChatClient(embed_url, model=args.embed_model, api_key=api_key,
+                                    timeout=float(getattr(args, "timeout", 120.0)))   # rewrite.py has no --timeout
             except ValueError as error:
                 raise RetrievalError(f"--embed-url: {error}") from None
         elif callable(getattr(fallback_client, "embed", None)):
             client = fallback_client
             endpoint = (f"the task model's endpoint {getattr(client, 'base_url', '')} (embeddings; no --embed-url "
                         f"given)")
-    return Retriever(mode, getattr(args, "top_k_general", TOP_K_GENERAL), getattr(args, "top_k_task", TOP_K_TASK),
-                     client, endpoint=endpoint)
+    return Retriever(mode, args.top_k_general, args.top_k_task, client, endpoint=endpoint)
 
 
 def with_retrieval(skills, retriever: Retriever | None):

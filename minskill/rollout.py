@@ -68,6 +68,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Protocol, runtime_checkable
 
 from minskill.files import append_jsonl, read_jsonl, write_json_atomic, write_jsonl_atomic
+from minskill.cli import QUANTIZE_HELP
 from minskill.nn.quantize import QUANTIZE_CHOICES
 from minskill.retrieval import (RetrievalError, add_retrieval_args, check_retrieval_args, retriever_from_args,
                                 with_retrieval)
@@ -547,7 +548,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--task-model", default=None, help="model name sent to --task-url")
     p.add_argument("--api-key", default=None, help="API key (default $OPENAI_API_KEY)")
     p.add_argument("--model-spec", default="smollm2-135m", help="embedded server's model (no --task-url)")
-    p.add_argument("--quantize", choices=QUANTIZE_CHOICES, default="none", help="the embedded server's weights: none = float (default), int8 (1.6x faster batch-1 decode on a CPU, the same accuracy on the held-out qa tasks, but greedy replies then depend on the batch a request shares: README), auto = int8 on a CPU")
+    p.add_argument("--quantize", choices=QUANTIZE_CHOICES, default="none", help=QUANTIZE_HELP)
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                    help="embedded server's dtype (default float32)")
     p.add_argument("--temperature", type=float, default=0.0, help="task model temperature (default 0 = greedy)")

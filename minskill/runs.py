@@ -16,6 +16,15 @@ its marker RUN_MARKER (`.minskill-run`) when it starts a run, then `clean_stagin
 earlier run left half-written; a script calls it at the moment it writes its first file. Both raise
 `RunFolderError`, a `SystemExit` whose message is the refusal, so a script's `main` needs no handler of its own.
 
+Resuming (the one policy of all three scripts; each --resume help cites it). --resume continues the run that
+--out holds, as if it had never stopped: it is refused when --out holds no checkpoint or saved state to
+continue; the flags that shape the result (the algorithm, the data, the seeds) are the saved run's, and only
+flags that say where and how fast it runs (endpoints, API keys, concurrency, timeouts, budgets, step counts
+to go on to) may differ. How each script enforces the second rule: train_grpo.py refuses a differing flag
+(RESUME_MUST_MATCH; a new --steps is noted, it changes the schedule); evolve_masa.py restores the saved flags and takes from the
+command line only RESUMABLE_OVERRIDES (a different --gate is refused); `rewrite.py train` reloads the saved
+optimizer state and warns of a changed config or changed data (minskill.masa.sft).
+
 --overwrite deletes, so it clears only what is certainly a run (`check_overwrite`): a folder holding the marker,
 given by its own name (not a symbolic link: the link's target is what would be emptied), that is not the home
 or root folder, the current folder or one above it, and holds no `.git` (a work tree). A folder written

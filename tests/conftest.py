@@ -1,15 +1,20 @@
-"""pytest configuration: tests marked `slow` (the real 135M default model) run only with `--slow`."""
+"""pytest configuration: tests marked `slow` (the real 135M default model) run only with `--slow`; fixtures more
+than one test file uses (the scripted MASA servers, a tiny rewriter trained by SFT)."""
+import json
+
 import pytest
 import torch
+
+from helpers import SKILLS_IN, TARGET, TASK, run_rewrite, skill, target_fn, teacher_fn, write_suite
+from minskill.masa.model_card import ModelCard
+from minskill.serve.server import ScriptedBackend, start_server
+from minskill.skillsets import SkillSet
+from tiny import make_tiny_model_dir
 
 
 def pytest_addoption(parser):
     parser.addoption("--slow", action="store_true", default=False,
                      help="also run tests marked slow (they load the real SmolLM2-135M default model)")
-
-
-def pytest_configure(config):
-    config.addinivalue_line("markers", "slow: needs the real offline default model; run with --slow")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -29,3 +34,45 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("masa")
+    suite = write_suite(tmp / "suite.jsonl")
+    base = SkillSet(general=[skill("be-helpful", "Answer the question.")],
+                    task_specific={"secret": [skill("secret-base", "Think about the name.")]}, common_mistakes=[])
+    base.save_json(tmp / "base.json")
+    servers = [start_server(ScriptedBackend(target_fn, name="target-a")),
+               start_server(ScriptedBackend(target_fn, name="target-b")),
+               start_server(ScriptedBackend(teacher_fn, name="teacher", max_context=100000))]
+    yield {"tmp": tmp, "suite": suite, "base": tmp / "base.json", "a": servers[0].url, "b": servers[1].url,
+           "teacher": servers[2].url}
+    for server in servers:
+        server.close()
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("rewrite")
+    base = make_tiny_model_dir(root / "base", family="llama", chat_format="chatml", max_position_embeddings=4096)
+    alpha, beta = ModelCard(name="alpha").to_json(), ModelCard(name="beta").to_json()
+    records = [{"model_card": alpha, "skills_in": SKILLS_IN, "task_description": TASK, "skills_out": TARGET},
+               {"model_card": beta, "skills_in": SKILLS_IN, "task_description": TASK,
+                "skills_out": TARGET}]          # (conditioning on the card is tested in test_sft.py)
+    data = root / "sft.jsonl"
+    data.write_text(json.dumps(records[0]) + "\n{not json\n" + json.dumps(records[1]) + "\n")
+    (root / "card.json").write_text(json.dumps({"name": "alpha"}))
+    (root / "skills_in.json").write_text(json.dumps(SKILLS_IN))
+    return {"root": root, "base": base, "data": data, "card": root / "card.json", "skills": root / "skills_in.json"}
+
+
+@pytest.fixture(scope="module")
+def trained(files):
+    out = files["root"] / "rewriter"
+    code, stdout, stderr = run_rewrite(["train", str(files["data"]), "--base-model", str(files["base"]), "--out", str(out),
+                                "--lr", "2e-2", "--epochs", "40", "--batch-size", "2", "--micro-batch", "2",
+                                "--val-fraction", "0", "--save-every", "1000", "--log-every", "20",
+                                "--device", "cpu"])
+    assert code == 0, stderr
+    return out, stdout, stderr

@@ -11,7 +11,6 @@ are not counted (they are read once, not per step).
 from __future__ import annotations
 
 import ast
-import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,8 +48,7 @@ def path_report(entries: list[str]) -> tuple[int, int, list[tuple[str, int]]]:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from test_reading_paths import PATHS  # noqa: E402
+    from test_reading_paths import PATHS
     for name, entries in PATHS.items():
         total, files, rows = path_report(entries)
         print(f"{name}: {total} lines in {files} files")

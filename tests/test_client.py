@@ -240,7 +240,7 @@ def test_too_few_choices_is_an_error(script_server):
         fast_client(server.url).chat(MESSAGES, n=2)
 
 
-# ---- text from a model is Unicode text (issue 22, point 8) ------------------------------------------
+# ---- text from a model is Unicode text -------------------------------------------------------------
 def test_lone_surrogates_and_bad_bytes_in_a_reply_become_replacement_characters(script_server):
     # "\ud800" is a valid JSON escape that decodes to no Unicode text; \xff is no UTF-8 at all
     body = ('{"choices": [{"index": 0, "message": {"role": "assistant", "content": "a\\ud800b\\udc00"},'
@@ -343,7 +343,7 @@ def test_chat_many_exceptions():
         assert client.chat_many([]) == []
 
 
-# ---- the client keeps its promises (issue #11, point 3) ------------------------------------------
+# ---- the client keeps its promises -------------------------------------------------------------
 class TrickleServer:
     """Answers each request with a valid 200 reply sent one byte every `gap` seconds: from the status
     line on (headers_too) or, after headers sent at once, the body only. Requests' timeouts bound each

@@ -10,25 +10,22 @@ Only torch's own optimizer internals are kept off `meta` (AdamW creates its step
 device by design); the test uses SGD inside the meta region for that reason.
 """
 import copy
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the scripts live at the repo root
 
-import rewrite  # noqa: E402
-import train_grpo  # noqa: E402
-from minskill.masa import sft  # noqa: E402
-from minskill.nn.sampling import completion_logprobs, generate  # noqa: E402
-from minskill.nn.weights import load_model  # noqa: E402
-from minskill.serve.server import CompletionRequest, ModelBackend  # noqa: E402
-from minskill.skill_r1.grpo import policy_loss  # noqa: E402
-from minskill.skills import Skill  # noqa: E402
-from minskill.skillsets import SkillSet  # noqa: E402
-from tiny import make_tiny_model_dir  # noqa: E402
+import rewrite
+import train_grpo
+from minskill.masa import sft
+from minskill.nn.sampling import completion_logprobs, generate
+from minskill.nn.weights import load_model
+from minskill.serve.server import CompletionRequest, ModelBackend
+from minskill.skill_r1.grpo import policy_loss
+from minskill.skills import Skill
+from minskill.skillsets import SkillSet
+from tiny import make_tiny_model_dir
 
 
 @pytest.fixture(scope="module")

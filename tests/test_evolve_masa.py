@@ -7,106 +7,16 @@ The scripted teacher writes KEY-GENERAL into the general skills (hill climbing: 
 into the `secret` skills (tree search: that type 0 -> 1), so a working stage 1 must reach R = 1.
 """
 import json
-import re
 import shutil
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-import evolve_masa  # noqa: E402
-from minskill.masa import data as masa_data, search as masa  # noqa: E402
-from minskill.masa.model_card import ModelCard  # noqa: E402
-from minskill.serve.server import ScriptedBackend, start_server  # noqa: E402
-from minskill.skills import Skill  # noqa: E402
-from minskill.skillsets import SkillSet  # noqa: E402
-
-NAMES = ["zorp", "vekk", "milo", "brax", "quon", "tano", "lixa", "drom", "fenn", "sulk", "garr", "pimm",
-         "rokk", "nell", "thux", "wexo", "jall", "korr"]
-ANSWERS: dict[str, str] = {}
-
-
-def write_suite(path: Path) -> Path:
-    """8 train tasks per type (2 of them become preliminary tasks) and 6 held-out per type."""
-    lines = []
-    for i in range(14):
-        split = "train" if i < 8 else "heldout"
-        q_sum = f"What is {i + 3} plus {2 * i + 1}?"
-        q_secret = f"What is the secret number of {NAMES[i]}?"
-        ANSWERS[q_sum], ANSWERS[q_secret] = str(3 * i + 4), str(100 + 7 * i)
-        lines.append({"id": f"sum-{i}", "type": "sum", "question": q_sum, "answer": ANSWERS[q_sum], "split": split})
-        lines.append({"id": f"secret-{i}", "type": "secret", "question": q_secret, "answer": ANSWERS[q_secret],
-                      "split": split})
-    path.write_text("".join(json.dumps(l) + "\n" for l in lines))
-    return path
-
-
-def target_fn(messages, request):
-    system = messages[0]["content"] if messages[0]["role"] == "system" else ""
-    question = messages[-1]["content"]
-    needed = "KEY-GENERAL" if question.startswith("What is") and "plus" in question else "KEY-SECRET"
-    if needed in system and question in ANSWERS:
-        return f"Answer: {ANSWERS[question]}"
-    return "I am not sure, maybe 1."
-
-
-def skill(name, body):
-    return Skill(name=name, description=f"{name} skill; use it on every task.", body=body, metadata={})
-
-
-def teacher_fn(messages, request):
-    prompt = messages[1]["content"]
-    task = re.search(r"^## Task: (.*)$", prompt, re.M).group(1)
-    if masa.STRENGTHS_TASK in task:
-        return 'Summary:\n{"strengths": ["follows instructions"], "weaknesses": ["knows no keys"]}'
-    if masa.ATTRIBUTION_TASK in task:
-        return ('Analysis below.\n```json\n{"failure_categories": [{"category": "missing key", "count": 3, '
-                '"evidence": ["replied: I am not sure"], "suggested_fix": "give the key"}], "summary": "no key"}\n```')
-    if masa.GENERAL_REWRITE_TASK in task:
-        if len(messages) == 2:  # the first answer never parses: exercises the retry
-            return "Let me think about what the model needs."
-        return SkillSet(general=[skill("use-key", "KEY-GENERAL: answer with 'Answer: N'.")], task_specific={},
-                        common_mistakes=["no key"]).to_markdown()
-    if masa.TASK_REWRITE_TASK in task:
-        task_type = re.search(r"of type '([\w-]+)'", task).group(1)
-        body = "KEY-SECRET: look the number up." if task_type == "secret" else "Add the two numbers."
-        return SkillSet(general=[], task_specific={task_type: [skill(f"{task_type.replace('_', '-')}-tip", body)]},
-                        common_mistakes=[]).to_markdown()
-    if masa.ONESHOT_TASK in task:
-        return json.dumps({"general_skills": [{"skill_id": "oneshot", "title": "One shot", "principle": "Be careful.",
-                                               "when_to_apply": "one-shot skill"}],   # the keys the prompt asks for
-                           "task_specific_skills": {}, "common_mistakes": []})
-    return "?"
-
-
-@pytest.fixture(scope="module")
-def env(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("masa")
-    suite = write_suite(tmp / "suite.jsonl")
-    base = SkillSet(general=[skill("be-helpful", "Answer the question.")],
-                    task_specific={"secret": [skill("secret-base", "Think about the name.")]}, common_mistakes=[])
-    base.save_json(tmp / "base.json")
-    servers = [start_server(ScriptedBackend(target_fn, name="target-a")),
-               start_server(ScriptedBackend(target_fn, name="target-b")),
-               start_server(ScriptedBackend(teacher_fn, name="teacher", max_context=100000))]
-    yield {"tmp": tmp, "suite": suite, "base": tmp / "base.json", "a": servers[0].url, "b": servers[1].url,
-           "teacher": servers[2].url}
-    for server in servers:
-        server.close()
-
-
-def argv(env, out, *extra, target="a"):
-    return ["--suite", str(env["suite"]), "--base-skills", str(env["base"]), "--n-train", "12", "--n-prelim", "2",
-            "--n-heldout", "12", "--target-url", env[target], "--target-model", f"target-{target}",
-            "--teacher-url", env["teacher"], "--teacher-model", "teacher", "--iterations", "3", "--patience", "2",
-            "--tree-iterations", "3", "--episodes", "4", "--concurrency", "4", "--out", str(out), *extra]
-
-
-def read(out, name):
-    return json.loads((out / name).read_text())
+import evolve_masa
+from helpers import argv, interrupted_at_save, read, target_fn, teacher_fn, write_suite
+from minskill.masa import data as masa_data
+from minskill.masa.model_card import ModelCard
+from minskill.serve.server import ScriptedBackend, start_server
+from minskill.skillsets import SkillSet
 
 
 @pytest.fixture(scope="module")
@@ -219,21 +129,6 @@ def test_budget_stop_keeps_best_so_far_then_resume(env, full_run, capsys):
     assert read(out, "results.json")["heldout"]["evolved"]["success_rate"] == 1.0
 
 
-def interrupted_at_save(monkeypatch, stop_at: int, args: list[str]) -> None:
-    """Run evolve_masa.py with `args` and stop it (as Ctrl-C would) right after its `stop_at`-th checkpoint."""
-    real_save, saves = evolve_masa.save_checkpoint, []
-
-    def interrupt(folder, state):
-        real_save(folder, state)
-        saves.append(1)
-        if len(saves) == stop_at:
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(evolve_masa, "save_checkpoint", interrupt)
-    assert evolve_masa.main(args) == 130
-    monkeypatch.setattr(evolve_masa, "save_checkpoint", real_save)
-
-
 def test_resume_after_interruption(env, full_run, monkeypatch):
     out = env["tmp"] / "run-interrupted"
     # saves: start, base evaluated, general iteration 1, general iteration 2 -> stop
@@ -329,7 +224,7 @@ def test_resume_of_a_wrong_shaped_state_json_names_the_field_and_writes_nothing(
 
 
 def test_replies_with_lone_surrogates_do_not_break_the_run(env, tmp_path):
-    """Issue 22, point 8: "\\ud800" in every reply (valid JSON, no Unicode text) once killed the run writing
+    """The string "\\ud800" in every reply (valid JSON, no Unicode text) once killed the run writing
     state.json, and the teacher's unparsed reply, sent back in its retry, made the teacher answer 400."""
     servers = [start_server(ScriptedBackend(lambda m, r: target_fn(m, r) + "\ud800", name="target-a")),
                start_server(ScriptedBackend(lambda m, r: teacher_fn(m, r) + "\ud800", name="teacher",
@@ -348,7 +243,7 @@ def test_replies_with_lone_surrogates_do_not_break_the_run(env, tmp_path):
 
 
 def test_a_teacher_replying_with_deep_brackets_is_skipped_and_the_run_finishes(env, tmp_path):
-    """Issue 22, point 7: a teacher reply of 1,000+ unclosed '[' (or a 500-deep array that decodes) raised
+    """A teacher reply of 1,000+ unclosed '[' (or a 500-deep array that decodes) raised
     RecursionError out of the reply readers; ask_teacher caught only TeacherReplyError, so the run died, and
     --resume died again at the same point. Now each such reply is a reply error: retried, then skipped."""
     deep = ["[" * 5000, "```json\n" + "[" * 500 + "]" * 500 + "\n```"]
@@ -383,9 +278,9 @@ NOTHING_TO_SEARCH = {"n-train 0": (["--n-train", "0"], "--n-train must be at lea
 
 @pytest.mark.parametrize("extra, message", list(NOTHING_TO_SEARCH.values()), ids=list(NOTHING_TO_SEARCH))
 def test_nothing_to_search_is_refused_before_any_call_or_file(env, tmp_path, capsys, extra, message):
-    """Issue 22, point 14: --n-train 0 or a one-task suite raised ValueError after the preliminary target calls and
+    """--n-train 0 or a one-task suite raised ValueError after the preliminary target calls and
     after the run folder was made (so the corrected rerun was refused); --episodes 0 ran, every node scored
-    "R = 0.000 on 0 episodes"; a folder as --model-card (point 18) failed after the run folder was made. Each is
+    "R = 0.000 on 0 episodes"; a folder as --model-card failed after the run folder was made. Each is
     now a usage error naming the flag or suite, with no call and no file."""
     calls = []
     servers = [start_server(ScriptedBackend(lambda m, r: calls.append(m) or "Answer: 1", name=name))
@@ -406,7 +301,7 @@ def test_nothing_to_search_is_refused_before_any_call_or_file(env, tmp_path, cap
 
 
 def test_a_run_folder_as_model_card_gives_apply_the_card_of_its_sft_records(full_run):
-    """Issue 22, point 3: `rewrite.py apply --model-card RUN` (and transfer's --model-card F=RUN) reads the run's
+    """`rewrite.py apply --model-card RUN` (and transfer's --model-card F=RUN) reads the run's
     model_card.json: the card every SFT record holds, field by field, the teacher's strengths and weaknesses too."""
     from minskill.masa.rewriter import load_model_card
     records = [json.loads(line) for line in (full_run / "sft.jsonl").read_text().splitlines()]

@@ -7,26 +7,22 @@ search, preliminary and held-out tasks, too few are refused before any model cal
 same decisions."""
 import json
 import random
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import evolve_masa
+import train_grpo
+from helpers import argv, interrupted_at_save, read
+from minskill import gates
+from minskill.masa import search as masa, ucb
+from minskill.masa.model_card import ModelCard
+from minskill.paired import sign_test_p, sign_test_p_greater
+from minskill.skill_r1 import loop as skill_r1
+from minskill.skill_r1.loop import lineage_records
+from minskill.skillsets import SkillSet
+from minskill.tasks.base import Task
 
-import evolve_masa  # noqa: E402
-import train_grpo  # noqa: E402
-from minskill import gates  # noqa: E402
-from minskill.masa import search as masa, ucb  # noqa: E402
-from minskill.masa.model_card import ModelCard  # noqa: E402
-from minskill.paired import sign_test_p, sign_test_p_greater  # noqa: E402
-from minskill.skill_r1 import loop as skill_r1  # noqa: E402
-from minskill.skill_r1.loop import lineage_records  # noqa: E402
-from minskill.skillsets import SkillSet  # noqa: E402
-from minskill.tasks.base import Task  # noqa: E402
-
-from test_evolve_masa import argv, env, interrupted_at_save, read  # noqa: E402,F401  (env: the scripted servers' fixture)
 
 RECORD_KEYS = {"gate", "alpha", "use", "candidate", "incumbent", "candidate_reward", "incumbent_reward", "n",
                "gained", "lost", "p", "rescored", "accepted"}
@@ -247,20 +243,20 @@ def test_train_grpo_carry_gate_flags_and_resume(monkeypatch, tmp_path):
     assert {"carry_gate", "carry_gate_alpha"} <= set(train_grpo.RESUME_MUST_MATCH)
     with pytest.raises(SystemExit):
         train_grpo.parse_args(["--carry-gate-alpha", "0"])
-    old = {k: v for k, v in vars(args).items() if k not in ("carry_gate", "carry_gate_alpha")}
+    old = dict(vars(args))   # a checkpoint of a run with the strict gate
     monkeypatch.setattr(train_grpo, "find_checkpoint", lambda out: tmp_path)
     monkeypatch.setattr(train_grpo, "load_trainer_state", lambda ckpt, restore_rng, required=(): {"args": old})
-    assert train_grpo.resume_state(tmp_path, args)[0] == tmp_path      # an old checkpoint counts as strict
+    assert train_grpo.resume_state(tmp_path, args)[0] == tmp_path
     with pytest.raises(SystemExit, match="--carry-gate 'strict' -> 'paired'"):
         train_grpo.resume_state(tmp_path, train_grpo.parse_args(["--carry-gate", "paired"]))
 
 
 def test_evolve_masa_gate_on_resume(tmp_path):
     parser = evolve_masa.build_parser()
-    saved_args = {k: v for k, v in vars(parser.parse_args([])).items() if k not in ("gate", "gate_alpha", "gate_tasks")}
+    saved_args = {**vars(parser.parse_args([])), "gate": "strict", "gate_alpha": 0.1, "gate_tasks": 24}   # as set_up saves
     (tmp_path / "state.json").write_text(json.dumps({"args": saved_args, "calls_spent": 0, "events": [], "card": None, "search": None}))
     args, _ = evolve_masa.resume_args(parser, parser.parse_args(["--resume"]), tmp_path)
-    assert (args.gate, args.gate_alpha, args.gate_tasks) == ("strict", 0.1, 24)   # saved before --gate: strict
+    assert (args.gate, args.gate_alpha, args.gate_tasks) == ("strict", 0.1, 24)   # the saved gate
     with pytest.raises(SystemExit):
         evolve_masa.resume_args(parser, parser.parse_args(["--resume", "--gate-tasks", "12"]), tmp_path)
     args, _ = evolve_masa.resume_args(parser, parser.parse_args(["--resume", "--gate", "strict"]), tmp_path)
@@ -427,7 +423,7 @@ def test_gate_tasks_are_disjoint_balanced_and_leave_the_search_tasks_as_they_wer
 
 def test_too_few_gate_tasks_are_refused_before_any_model_call(env, tmp_path, capsys):
     out = tmp_path / "refused"
-    bogus = ["--target-url", "http://127.0.0.1:9/v1", "--teacher-url", "http://127.0.0.1:9/v1"]
+    bogus = ["--task-url", "http://127.0.0.1:9/v1", "--teacher-url", "http://127.0.0.1:9/v1"]
     with pytest.raises(SystemExit):     # the test suite's train split: 16 tasks, 14 of them search + preliminary
         evolve_masa.main(argv(env, out, "--gate", "fresh", *bogus))
     err = capsys.readouterr().err
@@ -482,9 +478,9 @@ def fresh_env(env):
 
     def fresh_argv(out, *extra):
         return ["--suite", str(suite), "--base-skills", str(env["base"]), "--n-train", "12", "--n-prelim", "2",
-                "--n-heldout", "8", "--target-url", server.url, "--target-model", "overfit", "--teacher-url",
+                "--n-heldout", "8", "--task-url", server.url, "--task-model", "overfit", "--teacher-url",
                 env["teacher"], "--teacher-model", "teacher", "--iterations", "3", "--patience", "2",
-                "--tree-iterations", "3", "--episodes", "4", "--concurrency", "4", "--out", str(out), *extra]
+                "--tree-iterations", "3", "--episodes", "4", "--task-concurrency", "4", "--out", str(out), *extra]
     yield {"argv": fresh_argv, "tmp": env["tmp"], "suite": suite}
     server.close()
 

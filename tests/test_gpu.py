@@ -11,27 +11,21 @@ import contextlib
 import io
 import json
 import math
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # the scripts live at the repo root
-
-import rewrite  # noqa: E402
-import train_grpo  # noqa: E402
-from minskill import bench  # noqa: E402
-from minskill.nn.lora import ADAPTER_DIR  # noqa: E402
-from minskill.nn.sampling import generate  # noqa: E402
-from minskill.nn.weights import load_model  # noqa: E402
-from minskill.serve.server import ModelBackend, ScriptedBackend, embedded_client, start_server  # noqa: E402
-from minskill.skillsets import SkillSet  # noqa: E402
-from test_skill_r1 import keyword_task_model, write_keyword_suite  # noqa: E402
-from test_train_grpo import common_flags, read_rows  # noqa: E402
-from tiny import make_tiny_model_dir  # noqa: E402
+import rewrite
+import train_grpo
+from helpers import common_flags, keyword_task_model, read_rows, write_keyword_suite
+from minskill import bench
+from minskill.nn.lora import ADAPTER_DIR
+from minskill.nn.sampling import generate
+from minskill.nn.weights import load_model
+from minskill.serve.server import ModelBackend, ScriptedBackend, embedded_client, start_server
+from minskill.skillsets import SkillSet
+from tiny import make_tiny_model_dir
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -107,8 +101,8 @@ def sft_files(tmp_path_factory, tiny_dir):
 
 def train_flags(sft_files, tiny_dir, out, *extra):
     return ["train", str(sft_files / "sft.jsonl"), "--base-model", str(tiny_dir), "--out", str(out),
-            "--batch-size", "2", "--micro-batch-size", "1", "--val-fraction", "0", "--save-every", "1000",
-            "--log-every", "1000", "--device", "cuda", "--gradient-checkpointing", *extra]
+            "--batch-size", "2", "--micro-batch", "1", "--val-fraction", "0", "--save-every", "1000",
+            "--log-every", "1000", "--device", "cuda", "--grad-checkpointing", *extra]
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from minskill.skill_r1.grpo import bilevel_advantages, inter_advantage, intra_advantages, policy_loss, summarize_group
+from minskill.skill_r1.grpo import bilevel_advantages, inter_advantage, intra_advantages, policy_loss
 
 # A hand-made batch: 3 sequences of 4, 2 and 3 valid tokens (9 in all), right-padded to T = 4.
 MASK = torch.tensor([[1, 1, 1, 1],
@@ -52,14 +52,6 @@ def test_scale_by_std_uses_sample_std_and_handles_degenerate_groups():
     # Zero variance and a single candidate give zeros, not NaN.
     assert torch.equal(intra_advantages([0.7, 0.7, 0.7], scale_by_std=True), torch.zeros(3))
     assert torch.equal(intra_advantages([0.7], scale_by_std=True), torch.zeros(1))
-
-
-def test_summarize_group_flags_zero_variance():
-    s = summarize_group([1.0, 1.0, 1.0])
-    assert s["zero_variance"] is True and s["mean"] == 1.0 and s["std"] == 0.0 and s["size"] == 3
-    s = summarize_group([0.0, 1.0])
-    assert s["zero_variance"] is False and s["min"] == 0.0 and s["max"] == 1.0
-    assert s["std"] == pytest.approx(math.sqrt(0.5))
 
 
 def test_advantage_input_errors():

@@ -2,18 +2,15 @@
 the instances asked for or a clear refusal saying how many fit, never a silent shrink; the probe never
 shares a task with --eval's instances (checked by task id), within one command and against the probe of a
 trained editor that --eval evaluates."""
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # train_grpo.py lives at the repo root
 
-import train_grpo  # noqa: E402
-from minskill.runs import TRAINER_STATE  # noqa: E402
-from minskill.skill_r1 import evaluate as skill_r1_eval  # noqa: E402
-from minskill.skill_r1.evaluate import HeldoutSplitError, check_probes_of, heldout_split  # noqa: E402
+import train_grpo
+from minskill.runs import TRAINER_STATE
+from minskill.skill_r1 import evaluate as skill_r1_eval
+from minskill.skill_r1.evaluate import HeldoutSplitError, check_probes_of, heldout_split
 
 
 def flags(*argv):

@@ -17,7 +17,7 @@ PACKAGE = ROOT / "minskill"
 LAYERS = [
     ["files", "skills", "skillsets", "paired", "gates", "tasks", "replies", "plot"],   # shared by both papers
     ["nn"],                              # the model: weights, tokenizer, sampling, LoRA, int8, shared prefix
-    ["serve"],                           # the task model behind HTTP, and its client
+    ["serve", "cli"],                    # the task model behind HTTP, its client, and the flags naming them
     ["runs", "retrieval", "rollout"],    # run folders, skill retrieval, rollouts and their rewards
     ["skill_r1", "masa"],                # the two papers
     ["report"],                          # the HTML report of any run folder

@@ -1,4 +1,4 @@
-"""Model cards in YAML as well as JSON (issue #17, point 1): a flat YAML card in MASA's style, written here
+"""Model cards in YAML as well as JSON: a flat YAML card in MASA's style, written here
 from ModelCard's field list, loads equal to its JSON form through ModelCard.load and the scripts' readers;
 comments, quoted strings and typed values; malformed cards are errors naming the file and the line."""
 import json
@@ -133,7 +133,7 @@ UNREADABLE_CARDS = {  # file name, content, what the error must say (besides the
 
 @pytest.mark.parametrize("name, content, message", list(UNREADABLE_CARDS.values()), ids=list(UNREADABLE_CARDS))
 def test_an_unreadable_card_names_the_file_and_the_line_or_field(tmp_path, name, content, message):
-    """Issue 22, point 18: invalid UTF-8 was a bare UnicodeDecodeError, a 5,000-digit num_layers Python's
+    """Invalid UTF-8 was a bare UnicodeDecodeError, a 5,000-digit num_layers Python's
     integer-limit message; both readers (strict and lenient) now say which file, line or field."""
     import rewrite
     path = tmp_path / name

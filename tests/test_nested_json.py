@@ -11,16 +11,15 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import evolve_masa  # noqa: E402
-import rewrite  # noqa: E402
-from minskill.masa import sft, transfer  # noqa: E402
-from minskill.report import __main__ as report  # noqa: E402
-from minskill.serve.caching import CachingClient  # noqa: E402
-from minskill.skills import SkillFormatError  # noqa: E402
-from minskill.skillsets import SkillSet  # noqa: E402
-from minskill.tasks import load_suite  # noqa: E402
+import evolve_masa
+import rewrite
+from minskill.masa import sft, transfer
+from minskill.report import __main__ as report
+from minskill.serve.caching import CachingClient
+from minskill.skills import SkillFormatError
+from minskill.skillsets import SkillSet
+from minskill.tasks import load_suite
 
 DEEP = "[" * 100_000
 TOO_DEEP = "nested too deeply"
@@ -60,7 +59,7 @@ def test_a_skill_library_json(tmp_path):
     card = tmp_path / "card.json"
     card.write_text(json.dumps({"name": "m"}))
     for main, argv, status in (
-            (evolve_masa.main, ["--suite", suite(tmp_path), "--base-skills", library, "--target-url", NOWHERE,
+            (evolve_masa.main, ["--suite", suite(tmp_path), "--base-skills", library, "--task-url", NOWHERE,
                                 "--out", tmp_path / "masa"], 2),
             (rewrite.main, ["apply", "--rewriter", tmp_path, "--model-card", card, "--skills", library, "--task", "t",
                             "--out", tmp_path / "adapted"], 1),
@@ -76,7 +75,7 @@ def test_a_suite_line(tmp_path):
     path = suite(tmp_path, deep_line=True)
     with pytest.raises(ValueError, match=f"{path}:2: not readable JSON: {TOO_DEEP}"):
         load_suite(str(path))
-    code, printed = run(evolve_masa.main, ["--suite", path, "--target-url", NOWHERE, "--out", tmp_path / "masa"])
+    code, printed = run(evolve_masa.main, ["--suite", path, "--task-url", NOWHERE, "--out", tmp_path / "masa"])
     assert code == 2 and f"{path}:2: " in printed and TOO_DEEP in printed, printed
 
 

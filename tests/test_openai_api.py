@@ -1,4 +1,4 @@
-"""The OpenAI API as clients send it (issue #17, points 4 and 5), over real loopback HTTP: content as a list
+"""The OpenAI API as clients send it, over real loopback HTTP: content as a list
 of text parts (joined with "\\n"; other part types a 400 naming the part); `"stream": true` as server-sent
 events (role delta, content deltas, finish reason, usage chunk, [DONE]) from a scripted and a tiny random
 model, the same text as without streaming, sent while the model still decodes, with the official `openai`

@@ -3,8 +3,8 @@ matter, JSON split over objects)."""
 import json
 
 import pytest
-from test_skillsets import _masa_library, _render_set
 
+from helpers import masa_library, render_set
 from minskill.replies import extract_json, parse_skill, parse_skillset
 from minskill.skills import MAX_BODY_CHARS, SkillParseError
 from minskill.skillsets import SkillSet
@@ -51,13 +51,13 @@ def test_parse_skill_errors_quote_the_reply(reply, message):
 
 
 def test_parse_skillset_round_trips_to_markdown():
-    skillset = SkillSet.from_json(_masa_library())
+    skillset = SkillSet.from_json(masa_library())
     skillset.extra = {}
     for group in [skillset.general] + list(skillset.task_specific.values()):
         for skill in group:
             skill.body = skill.body.strip()
     assert parse_skillset(skillset.to_markdown()) == skillset
-    assert parse_skillset(_render_set().to_markdown()) == _render_set()
+    assert parse_skillset(render_set().to_markdown()) == render_set()
 
 
 def test_parse_skillset_lenient_layouts():
@@ -69,8 +69,8 @@ def test_parse_skillset_lenient_layouts():
     assert [s.name for s in skillset.task_specific["counting"]] == ["tick-items"]
     assert skillset.task_specific["counting"][0].description == "Number each matching item."
     assert skillset.common_mistakes == ["Counting the wrong word.", "Forgetting the last item."]
-    as_json = parse_skillset("Result:\n```json\n" + json.dumps(_masa_library()) + "\n```")
-    assert as_json.to_json() == _masa_library()
+    as_json = parse_skillset("Result:\n```json\n" + json.dumps(masa_library()) + "\n```")
+    assert as_json.to_json() == masa_library()
     loose = parse_skillset("---\nname: only-one\ndescription: d\n---\nbody")
     assert [s.name for s in loose.general] == ["only-one"]
 

@@ -10,27 +10,22 @@ import json
 import os
 import re
 import shutil
-import subprocess
-import sys
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import evolve_masa
+import train_grpo
+from helpers import (CHROMIUM, KEYWORDS, XSS, assert_self_contained_and_escaped, browse, keyword_task_model, skill,
+                     target_fn, teacher_fn, write_keyword_suite, write_suite)
+from minskill.masa import search as masa, ucb
+from minskill.report import __main__ as report, html as report_html, provenance
+from minskill.serve.server import ScriptedBackend, start_server
+from minskill.skillsets import SkillSet
+from tiny import make_tiny_model_dir
 
-import evolve_masa  # noqa: E402
-import train_grpo  # noqa: E402
-from minskill.masa import search as masa, ucb  # noqa: E402
-from minskill.report import __main__ as report, html as report_html, provenance  # noqa: E402
-from minskill.serve.server import ScriptedBackend, start_server  # noqa: E402
-from minskill.skillsets import SkillSet  # noqa: E402
-from test_evolve_masa import skill, target_fn, teacher_fn, write_suite  # noqa: E402
-from test_skill_r1 import KEYWORDS, keyword_task_model, write_keyword_suite  # noqa: E402
-from tiny import make_tiny_model_dir  # noqa: E402
 
-XSS = "<script>alert(1)</script>"
 XSS_ATTR = '"><img src=x onerror=alert(2)>'
 
 
@@ -42,16 +37,6 @@ def quiet(fn, *args):
 def page_of(folder: Path, tmp: Path, name: str) -> str:
     path = report.write_report(folder, tmp / f"{name}.html")
     return path.read_text(encoding="utf-8")
-
-
-def assert_self_contained_and_escaped(text: str) -> None:
-    assert "<script" not in text.lower() and "<img" not in text.lower()  # every run text escaped
-    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in text
-    # nothing fetched: inside tags the only URL is the SVG namespace (URLs in the text, e.g. --task-url, are text)
-    tags = re.findall(r"<[^>]*>", text)
-    assert {url for t in tags for url in re.findall(r"[a-z]+://[^\s\"'>]+", t)} <= {"http://www.w3.org/2000/svg"}
-    assert not [t for t in tags if re.search(r"\b(?:src|href|on\w+)\s*=", t)]
-    assert not re.search(r"url\(|@import", text[text.index("<style>"):text.index("</style>")])
 
 
 # ---------------------------------------------------------------------------------------------- scripted runs
@@ -111,7 +96,7 @@ SECRET_REWRITES = []
 
 
 def xss_teacher(messages, request):
-    """test_evolve_masa's teacher, but its attribution carries hostile text into the page, and its first two
+    """helpers.teacher_fn, but its attribution carries hostile text into the page, and its first two
     rewrites of the `secret` skills miss the key (so the tree grows past the root and UCB1 picks a child)."""
     prompt = messages[1]["content"]
     if masa.ATTRIBUTION_TASK in prompt:
@@ -133,7 +118,7 @@ def masa_run(tmp_path_factory):
 
 
 def scripted_masa_run(tmp: Path) -> Path:
-    """evolve_masa.py on test_evolve_masa's suite with xss_teacher; returns the run folder (also what made
+    """evolve_masa.py on helpers.write_suite's suite with xss_teacher; returns the run folder (also what made
     .figures/report_screenshot.png, with XSS and XSS_ATTR set to plain text)."""
     SECRET_REWRITES.clear()
     suite = write_suite(tmp / "suite.jsonl")
@@ -143,9 +128,9 @@ def scripted_masa_run(tmp: Path) -> Path:
     with start_server(ScriptedBackend(target_fn, name="target")) as target, \
             start_server(ScriptedBackend(xss_teacher, name="teacher", max_context=100000)) as teacher:
         argv = ["--suite", str(suite), "--base-skills", str(tmp / "base.json"), "--n-train", "12", "--n-prelim", "2",
-                "--n-heldout", "8", "--target-url", target.url, "--target-model", "target", "--teacher-url",
+                "--n-heldout", "8", "--task-url", target.url, "--task-model", "target", "--teacher-url",
                 teacher.url, "--teacher-model", "teacher", "--iterations", "3", "--patience", "2",
-                "--tree-iterations", "4", "--max-children", "2", "--episodes", "4", "--concurrency", "4",
+                "--tree-iterations", "4", "--max-children", "2", "--episodes", "4", "--task-concurrency", "4",
                 "--out", str(tmp / "run")]
         assert quiet(evolve_masa.main, argv) == 0
     return tmp / "run"
@@ -154,10 +139,7 @@ def scripted_masa_run(tmp: Path) -> Path:
 @pytest.fixture(scope="module")
 def compare_run(tmp_path_factory):
     """What `rewrite.py apply --compare` writes: its own compare() on a scripted task model and teacher."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("rewrite", ROOT / "rewrite.py")
-    rewrite = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(rewrite)
+    import rewrite
     tmp = tmp_path_factory.mktemp("compare")
     tasks = tmp / "tasks.jsonl"
     tasks.write_text("".join(json.dumps({"id": f"t{i}", "question": f"What is {i} + {i}?", "answer": str(2 * i),
@@ -473,18 +455,6 @@ def test_report_is_written_atomically_where_asked(skill_r1_run, tmp_path, capsys
 
 
 # ---------------------------------------------------------------------------------------------- a real browser
-
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-
-
-def browse(page: Path, png: Path, profile: Path, height: int = 2400) -> list[str]:
-    """Load `page` in headless Chromium, save a screenshot; returns the console lines it logged."""
-    proc = subprocess.run([CHROMIUM, "--headless", "--disable-gpu", "--no-sandbox", "--enable-logging=stderr",
-                           "--v=0", f"--user-data-dir={profile}", "--hide-scrollbars", f"--screenshot={png}",
-                           f"--window-size=1280,{height}", page.resolve().as_uri()],
-                          capture_output=True, text=True, timeout=120)
-    assert png.is_file() and png.stat().st_size > 5000, proc.stderr[-2000:]
-    return [line for line in proc.stderr.splitlines() if ":CONSOLE" in line or "Uncaught" in line]
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="no headless Chromium (Debian: apt-get install chromium)")

@@ -1,4 +1,4 @@
-"""Retrieval as MASA does it (issue #17.5): per task, the top-k general and task-specific skills by keyword
+"""Retrieval as MASA does it: per task, the top-k general and task-specific skills by keyword
 (BM25) or embedding (cosine, from a /v1/embeddings endpoint), always with the common mistakes."""
 import json
 import threading
@@ -217,7 +217,8 @@ def test_client_embed_orders_vectors_by_index():
 
 
 def test_a_bad_embed_url_is_a_clear_error():
-    args = lambda **kw: type("Args", (), {"retrieve": "embedding", "top_k_general": 6, "top_k_task": 5, **kw})  # noqa
+    args = lambda **kw: type("Args", (), {"retrieve": "embedding", "embed_model": None, "top_k_general": 6,  # noqa
+                                          "top_k_task": 5, **kw})
     with pytest.raises(RetrievalError, match=r"--embed-url: base_url must look like http://host:port/v1"):
         retriever_from_args(args(embed_url="ftp://nowhere"))
     with pytest.raises(RetrievalError, match=r"--embed-url is only used with --retrieve embedding"):
@@ -291,17 +292,6 @@ def test_rollout_cli_errors_name_the_flag(tmp_path, suite_and_library, capsys):
 
 # ---------------------------------------------------------------------------------------------- the scripts
 
-def _load_script(name):
-    """A top-level script as a module (registered in sys.modules, as its dataclasses need)."""
-    import importlib
-    import sys
-    from pathlib import Path
-    root = str(Path(__file__).resolve().parent.parent)
-    if root not in sys.path:
-        sys.path.insert(0, root)
-    return importlib.import_module(name)
-
-
 def recording_target(seen: list):
     def reply(messages, request):
         seen.append((messages[0]["content"] if messages[0]["role"] == "system" else "", messages[-1]["content"]))
@@ -310,14 +300,14 @@ def recording_target(seen: list):
 
 
 def test_rewrite_apply_compare_retrieves_per_task(tmp_path, suite_and_library):
-    rewrite = _load_script("rewrite")
+    import rewrite
     suite, lib = suite_and_library
     seen = []
     with start_server(ScriptedBackend(recording_target(seen), name="t")) as server:
         args = rewrite.build_parser().parse_args([
             "apply", "--rewriter", "unused", "--model-card", "unused", "--skills", str(lib), "--task", "Units.",
             "--out", str(tmp_path / "rw"), "--compare", "--suite", str(suite), "--split", "all", "--task-url",
-            server.url, "--teacher-attempts", "1", "--retrieve", "keyword", "--top-k-general", "1", "--top-k-task", "1"])
+            server.url, "--teacher-retries", "0", "--retrieve", "keyword", "--top-k-general", "1", "--top-k-task", "1"])
         skills = SkillSet.load(lib)
         assert rewrite.compare(args, {"name": "t"}, skills, skills) == 0
     prompts = {question: system for system, question in seen if question.endswith("?")}
@@ -326,7 +316,7 @@ def test_rewrite_apply_compare_retrieves_per_task(tmp_path, suite_and_library):
 
 
 def test_evolve_masa_held_out_evaluation_retrieves(tmp_path):
-    evolve_masa = _load_script("evolve_masa")
+    import evolve_masa
     suite = tmp_path / "suite.jsonl"
     suite.write_text("".join(json.dumps({"id": f"{s}-{i}", "type": "conversion", "question": q, "answer": "1",
                                          "split": s}) + "\n"
@@ -337,9 +327,9 @@ def test_evolve_masa_held_out_evaluation_retrieves(tmp_path):
     with start_server(ScriptedBackend(recording_target(seen), name="t")) as target, \
             start_server(ScriptedBackend(lambda m, r: "?", name="teacher", max_context=100000)) as teacher:
         code = evolve_masa.main(["--suite", str(suite), "--base-skills", str(tmp_path / "base.json"), "--n-train", "2",
-                                 "--n-prelim", "0", "--n-heldout", "2", "--target-url", target.url, "--target-model",
+                                 "--n-prelim", "0", "--n-heldout", "2", "--task-url", target.url, "--task-model",
                                  "t", "--teacher-url", teacher.url, "--teacher-model", "teacher", "--iterations", "1",
-                                 "--tree-iterations", "0", "--episodes", "2", "--concurrency", "2", "--no-cache",
+                                 "--tree-iterations", "0", "--episodes", "2", "--task-concurrency", "2", "--no-cache",
                                  "--out", str(tmp_path / "run"), "--retrieve", "keyword", "--top-k-general", "1",
                                  "--top-k-task", "1"])
     assert code == 0

@@ -1,9 +1,6 @@
 """rewrite.py end to end on a tiny model: `train` memorises records, `apply` writes validated Agent Skills,
 an unparseable rewriter output is saved raw and never written as a skill, `apply --compare` prints one table
 (task model and teacher scripted behind the real HTTP server)."""
-import contextlib
-import importlib.util
-import io
 import json
 from pathlib import Path
 
@@ -11,61 +8,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from minskill.masa.model_card import ModelCard
+import evolve_masa
+import rewrite
+from helpers import TARGET, TASK, run_rewrite
 from minskill.serve.server import ScriptedBackend, start_server
 from minskill.skillsets import SkillSet
-from tiny import make_tiny_model_dir
 
-ROOT = Path(__file__).resolve().parent.parent
-_spec = importlib.util.spec_from_file_location("rewrite", ROOT / "rewrite.py")
-rewrite = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(rewrite)
-
-TASK = "Sums of small numbers."
-SKILLS_IN = {"common_mistakes": []}
-TARGET = {"common_mistakes": ["Carry the one."]}
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)       # the test machine's cores are shared; tiny models run best on one thread
-    yield
-    torch.set_num_threads(before)
-
-
-def run(argv):
-    """rewrite.main(argv) -> (exit code, stdout, stderr)."""
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = rewrite.main(argv)
-    return code, out.getvalue(), err.getvalue()
-
-
-@pytest.fixture(scope="module")
-def files(tmp_path_factory):
-    root = tmp_path_factory.mktemp("rewrite")
-    base = make_tiny_model_dir(root / "base", family="llama", chat_format="chatml", max_position_embeddings=4096)
-    alpha, beta = ModelCard(name="alpha").to_json(), ModelCard(name="beta").to_json()
-    records = [{"model_card": alpha, "skills_in": SKILLS_IN, "task_description": TASK, "skills_out": TARGET},
-               {"model_card": beta, "skills_in": SKILLS_IN, "task_description": TASK,
-                "skills_out": TARGET}]          # (conditioning on the card is tested in test_sft.py)
-    data = root / "sft.jsonl"
-    data.write_text(json.dumps(records[0]) + "\n{not json\n" + json.dumps(records[1]) + "\n")
-    (root / "card.json").write_text(json.dumps({"name": "alpha"}))
-    (root / "skills_in.json").write_text(json.dumps(SKILLS_IN))
-    return {"root": root, "base": base, "data": data, "card": root / "card.json", "skills": root / "skills_in.json"}
-
-
-@pytest.fixture(scope="module")
-def trained(files):
-    out = files["root"] / "rewriter"
-    code, stdout, stderr = run(["train", str(files["data"]), "--base-model", str(files["base"]), "--out", str(out),
-                                "--lr", "2e-2", "--epochs", "40", "--batch-size", "2", "--micro-batch-size", "2",
-                                "--val-fraction", "0", "--save-every", "1000", "--log-every", "20",
-                                "--device", "cpu"])
-    assert code == 0, stderr
-    return out, stdout, stderr
 
 
 def test_train_reports_bad_lines_and_writes_a_resumable_hf_run(trained, files):
@@ -82,8 +30,8 @@ def test_train_reports_bad_lines_and_writes_a_resumable_hf_run(trained, files):
 
 def train_briefly(files, out, *extra):
     """6 optimizer steps, a checkpoint every 2 (the last 2 kept)."""
-    return run(["train", str(files["data"]), "--base-model", str(files["base"]), "--out", str(out), "--lr", "1e-2",
-                "--epochs", "6", "--batch-size", "2", "--micro-batch-size", "2", "--val-fraction", "0",
+    return run_rewrite(["train", str(files["data"]), "--base-model", str(files["base"]), "--out", str(out), "--lr", "1e-2",
+                "--epochs", "6", "--batch-size", "2", "--micro-batch", "2", "--val-fraction", "0",
                 "--save-every", "2", "--device", "cpu", *extra])
 
 
@@ -105,7 +53,7 @@ def truncate(path: Path) -> None:
     (lambda ckpt: truncate(ckpt / "model.safetensors"), "model.safetensors: damaged, not a readable safetensors"),
 ])
 def test_train_resume_falls_back_past_a_damaged_newest_checkpoint(files, brief, tmp_path, damage, message):
-    """Issue 22, point 13: a damaged newest checkpoint was a traceback although an intact one came before it."""
+    """A damaged newest checkpoint was a traceback although an intact one came before it."""
     out = tmp_path / "cut"
     assert train_briefly(files, out, "--max-steps", "4")[0] == 0      # checkpoint-2 and checkpoint-4
     damage(out / "checkpoint-4")
@@ -130,7 +78,7 @@ def test_train_resume_with_every_checkpoint_damaged_names_each(files, tmp_path):
 
 
 def test_train_resume_without_a_checkpoint_is_refused_and_writes_nothing(files, tmp_path):
-    """Issue 22, point 15: it used to start a fresh run silently."""
+    """It used to start a fresh run silently."""
     for out in (tmp_path / "absent", tmp_path / "half"):
         if out.name == "half":
             out.mkdir()
@@ -144,7 +92,7 @@ def test_train_resume_without_a_checkpoint_is_refused_and_writes_nothing(files, 
 
 def test_apply_writes_the_rewritten_skills_as_a_validated_folder(trained, files):
     out = files["root"] / "adapted"
-    code, stdout, stderr = run(["apply", "--rewriter", str(trained[0]), "--model-card", str(files["card"]),
+    code, stdout, stderr = run_rewrite(["apply", "--rewriter", str(trained[0]), "--model-card", str(files["card"]),
                                 "--skills", str(files["skills"]), "--task", TASK, "--out", str(out),
                                 "--max-new-tokens", "40", "--device", "cpu"])
     assert code == 0, stderr
@@ -152,7 +100,7 @@ def test_apply_writes_the_rewritten_skills_as_a_validated_folder(trained, files)
     assert SkillSet.load(out).to_json() == TARGET
     assert (out / "SKILLSET.md").is_file() and not (files["root"] / "adapted.raw.txt").exists()
     # a non-empty --out is not replaced without --overwrite
-    code, _, stderr = run(["apply", "--rewriter", str(trained[0]), "--model-card", str(files["card"]),
+    code, _, stderr = run_rewrite(["apply", "--rewriter", str(trained[0]), "--model-card", str(files["card"]),
                            "--skills", str(files["skills"]), "--task", TASK, "--out", str(out), "--device", "cpu"])
     assert code == 1 and "--overwrite" in stderr
 
@@ -167,7 +115,7 @@ def test_apply_overwrite_replaces_only_a_skill_set_and_refuses_before_the_rewrit
     monkeypatch.setattr(rewrite, "load_model", lambda *a, **k: pytest.fail("the rewriter was loaded"))
     for out, why in ((tmp_path / "repo", "not a skill set (it holds ['.git'])"),
                      (tmp_path / "link", "exists and is not a folder")):
-        code, _, stderr = run(["apply", "--rewriter", str(files["base"]), "--model-card", str(files["card"]),
+        code, _, stderr = run_rewrite(["apply", "--rewriter", str(files["base"]), "--model-card", str(files["card"]),
                                "--skills", str(files["skills"]), "--task", TASK, "--out", str(out), "--overwrite"])
         assert code == 1 and str(out) in stderr and why in stderr, stderr
     assert (tmp_path / "repo" / ".git").is_dir() and (tmp_path / "link").is_symlink()
@@ -175,7 +123,7 @@ def test_apply_overwrite_replaces_only_a_skill_set_and_refuses_before_the_rewrit
 
 def test_apply_saves_an_unparseable_output_raw_and_writes_no_skill(files):
     out = files["root"] / "garbled"
-    code, stdout, stderr = run(["apply", "--rewriter", str(files["base"]), "--model-card", str(files["card"]),
+    code, stdout, stderr = run_rewrite(["apply", "--rewriter", str(files["base"]), "--model-card", str(files["card"]),
                                 "--skills", str(files["skills"]), "--task", TASK, "--out", str(out),
                                 "--max-new-tokens", "24", "--device", "cpu"])   # untrained: random tokens
     assert code == 2
@@ -243,7 +191,7 @@ def test_apply_compare_prints_one_table_of_input_rewritten_and_teacher(trained, 
 
     with start_server(ScriptedBackend(script)) as server:
         out = files["root"] / "compared"
-        code, stdout, stderr = run(["apply", "--compare", "--rewriter", str(trained[0]), "--model-card",
+        code, stdout, stderr = run_rewrite(["apply", "--compare", "--rewriter", str(trained[0]), "--model-card",
                                     str(files["card"]), "--skills", str(files["skills"]), "--task", TASK,
                                     "--out", str(out), "--max-new-tokens", "40", "--device", "cpu",
                                     "--suite", str(tasks), "--split", "all", "--task-url", server.url])
@@ -277,19 +225,16 @@ def test_apply_compare_prints_one_table_of_input_rewritten_and_teacher(trained, 
             (compared / ".minskill-run").unlink()       # a folder no run started in: --overwrite refuses too
         before = {p: p.read_bytes() for p in compared.rglob("*") if p.is_file()}
         with pytest.raises(SystemExit, match=refusal):
-            run(again + extra)
+            run_rewrite(again + extra)
         assert {p: p.read_bytes() for p in compared.rglob("*") if p.is_file()} == before
     assert not (files["root"] / "other").exists()
 
 
 def test_apply_gives_the_rewriter_the_card_and_task_its_sft_records_hold(trained, files, tmp_path, monkeypatch):
-    """Issue 22, point 3: `apply --model-card smollm2-135m` (and transfer's embedded targets) built a thinner card
+    """`apply --model-card smollm2-135m` (and transfer's embedded targets) built a thinner card
     than evolve_masa.py's (six fields differed), and --task was free text where the records hold the suite's
     description. Now both build the card with evolve_masa.py's builder and --task qa stands for the records'
     description. (The embedded default's folder is faked in a temporary MINSKILL_CACHE: only config.json is read.)"""
-    import sys
-    sys.path.insert(0, str(ROOT))
-    import evolve_masa
     from minskill.nn.weights import CONVERTED_FILES, DEFAULT_MODEL
     folder = tmp_path / "cache" / DEFAULT_MODEL
     folder.mkdir(parents=True)
@@ -310,7 +255,7 @@ def test_apply_gives_the_rewriter_the_card_and_task_its_sft_records_hold(trained
         seen.update(card=card, task=task)
         return '{"common_mistakes": ["x"]}', "stop"
     monkeypatch.setattr(rewrite, "rewrite_with_model", spy)
-    code, _, stderr = run(["apply", "--rewriter", str(trained[0]), "--model-card", DEFAULT_MODEL, "--skills",
+    code, _, stderr = run_rewrite(["apply", "--rewriter", str(trained[0]), "--model-card", DEFAULT_MODEL, "--skills",
                            str(files["skills"]), "--task", "qa", "--out", str(tmp_path / "out"), "--device", "cpu"])
     assert code == 0, stderr
     assert record_card["family"] == "SmolLM2" and record_card["training_data_size"] == "2T tokens"

@@ -430,7 +430,7 @@ def test_evaluation_command(serve, tmp_path, capsys):
 
 
 def test_evaluation_command_with_replies_holding_lone_surrogates(serve, tmp_path):
-    """Issue 22, point 8: "\\ud800" in a reply (valid JSON, no Unicode text) killed writing trajectories.jsonl."""
+    """The string "\\ud800" in a reply (valid JSON, no Unicode text) killed writing trajectories.jsonl."""
     client = serve(lambda messages, request: "The answer is 1.\ud800")
     out = tmp_path / "run"
     assert rollout.main(["--suite", "qa", "--split", "heldout", "--n-tasks", "3", "--task-url", client.base_url,

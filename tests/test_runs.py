@@ -4,19 +4,17 @@ A refused command must write nothing: each test snapshots the folder's files (na
 command and compares after."""
 import json
 import math
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the scripts live at the repo root
 
-import evolve_masa  # noqa: E402
-import rewrite  # noqa: E402
-import train_grpo  # noqa: E402
-from minskill.masa import transfer  # noqa: E402
-from minskill.nn.optim import lr_factor  # noqa: E402
-from minskill.runs import RUN_MARKER, RunFolderError, check_run_folder, open_run_folder  # noqa: E402
+import evolve_masa
+import rewrite
+import train_grpo
+from minskill.masa import transfer
+from minskill.nn.optim import lr_factor
+from minskill.runs import RUN_MARKER, RunFolderError, check_run_folder, open_run_folder
 
 
 def snapshot(folder: Path) -> dict:
@@ -42,7 +40,7 @@ def assert_refused(message: str, out: Path):
 @pytest.mark.parametrize("script, argv", [
     ("train_grpo.py", lambda out: train_grpo.main(["--out", str(out), "--task-url", "http://127.0.0.1:9/v1"])),
     ("rewrite.py train", lambda out: rewrite.main(["train", str(out / "metrics.jsonl"), "--out", str(out)])),
-    ("evolve_masa.py", lambda out: evolve_masa.main(["--out", str(out), "--target-url", "http://127.0.0.1:9/v1"])),
+    ("evolve_masa.py", lambda out: evolve_masa.main(["--out", str(out), "--task-url", "http://127.0.0.1:9/v1"])),
     ("evolve_masa.py --merge", lambda out: evolve_masa.main(["--merge", str(out), "--out", str(out)])),
 ])
 def test_every_script_refuses_a_non_empty_out_and_writes_nothing(earlier_run, script, argv):
@@ -121,7 +119,7 @@ def _transfer(out):
 @pytest.mark.parametrize("script, argv", [
     ("train_grpo.py", lambda out: train_grpo.main(["--out", out, "--overwrite", "--task-url", "http://127.0.0.1:9/v1"])),
     ("rewrite.py train", lambda out: rewrite.main(["train", "x.jsonl", "--out", out, "--overwrite"])),
-    ("evolve_masa.py", lambda out: evolve_masa.main(["--out", out, "--overwrite", "--target-url",
+    ("evolve_masa.py", lambda out: evolve_masa.main(["--out", out, "--overwrite", "--task-url",
                                                      "http://127.0.0.1:9/v1"])),
     ("evolve_masa.py --merge", lambda out: evolve_masa.main(["--merge", "x", "--out", out, "--overwrite"])),
     ("minskill.masa.transfer", _transfer),
@@ -213,7 +211,7 @@ def test_checkpoint_holds_the_state_and_the_rng_and_leaves_no_staging(tmp_path, 
 
 
 def test_a_damaged_trainer_state_is_an_error_naming_the_file(tmp_path, saves):
-    """Issue 22, point 13: a truncated trainer_state.pt was torch's traceback."""
+    """A truncated trainer_state.pt was torch's traceback."""
     import torch
     from minskill.runs import TRAINER_STATE, load_trainer_state, save_checkpoint
     save_checkpoint(tmp_path / "checkpoint", Saves("a"), Saves("a"), {"step": 3})

@@ -1,4 +1,4 @@
-"""Scaling out through the URL (DESIGN.md §8, issue 15 point 4): the frozen models are many replicas behind a
+"""Scaling out through the URL (docs/gpu.md): the frozen models are many replicas behind a
 load balancer, and the client's concurrency (`max_workers`) is what fills them.
 
 Everything runs on loopback with the stdlib: E slow endpoints, each answering OpenAI's
@@ -13,29 +13,24 @@ import http.client
 import itertools
 import json
 import re
-import sys
 import threading
 import time
 from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-import evolve_masa  # noqa: E402
-import rewrite  # noqa: E402
-import train_grpo  # noqa: E402
-from minskill.masa.search import MasaConfig  # noqa: E402
-from minskill.rollout import run_rollouts  # noqa: E402
-from minskill.serve.caching import CallBudget  # noqa: E402
-from minskill.serve.client import ChatClient  # noqa: E402
-from minskill.skill_r1 import evaluate as skill_r1_eval  # noqa: E402
-from minskill.skill_r1.loop import EvolveConfig, Instance, score_skills  # noqa: E402
-from minskill.tasks.base import Task  # noqa: E402
+import evolve_masa
+import rewrite
+import train_grpo
+from minskill.masa.search import MasaConfig
+from minskill.rollout import run_rollouts
+from minskill.serve.caching import CallBudget
+from minskill.serve.client import ChatClient
+from minskill.skill_r1 import evaluate as skill_r1_eval
+from minskill.skill_r1.loop import EvolveConfig, Instance, score_skills
+from minskill.tasks.base import Task
 
 ENDPOINTS, BATCH = 3, 2     # E replicas, each serving B requests at once
 LATENCY = 0.2               # seconds per request: long enough that a wave of requests surely overlaps
@@ -244,9 +239,9 @@ def test_rewrite_compare_task_concurrency_reaches_the_client(captured, monkeypat
 
 def test_evolve_masa_concurrency_bounds_the_target_rollouts(farm, tmp_path):
     """CachingClient passes its inner client's max_workers on, so --concurrency bounds the target's rollouts."""
-    args = evolve_masa.build_parser().parse_args(["--target-url", farm.url, "--target-model", MODEL,
+    args = evolve_masa.build_parser().parse_args(["--task-url", farm.url, "--task-model", MODEL,
                                                   "--teacher-url", farm.url, "--teacher-model", MODEL,
-                                                  "--concurrency", "4"])
+                                                  "--task-concurrency", "4"])
     run = SimpleNamespace(args=args, cache_path=None, budget=CallBudget(), config=MasaConfig(), tasks=[],
                           heldout=[], out=tmp_path)
     farm.reset()

@@ -555,7 +555,7 @@ def test_a_running_request_whose_client_has_gone_stops_generating(tmp_path):
         assert reply.finish_reasons == ["length"] and reply.completion_tokens == 5
 
 
-# ---- bad input never gets a 500 (issue #11, point 4) ----------------------------------------------
+# ---- bad input never gets a 500 -------------------------------------------------------------
 def test_a_body_nested_100000_levels_deep_is_a_400():
     with start_server(ScriptedBackend(echo)) as server:
         reply = requests.post(server.url + "/chat/completions", timeout=30,
@@ -642,7 +642,7 @@ def test_special_token_text_in_content_is_plain_text(tiny_server, tiny_backend):
 
 
 def test_a_body_shorter_than_its_content_length_is_a_400_not_served():
-    """Issue 22, point 17: a client that half-closes after part of the body (here a prefix that is complete
+    """A client that half-closes after part of the body (here a prefix that is complete
     JSON) got the prefix served as the whole request."""
     calls = []
     with start_server(ScriptedBackend(lambda messages, request: calls.append(messages) or "echo")) as server:

@@ -72,7 +72,7 @@ def test_invalid_utf8_is_reported_with_file_and_line_not_replaced(tmp_path):
 
 
 def test_a_record_with_a_lone_surrogate_is_reported_with_file_and_line_and_skipped(tmp_path):
-    """Issue 22, point 8: "\\ud800" is valid JSON but no text; the tokenizer raised on it (a traceback)."""
+    """The string "\\ud800" is valid JSON but no text; the tokenizer raised on it (a traceback)."""
     good = json.dumps(record("alpha", "Carry the one."))
     path = tmp_path / "data.jsonl"
     path.write_text(good + "\n" + good.replace("Carry", "C\\ud800rry") + "\n" + good + "\n")

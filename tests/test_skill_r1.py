@@ -1,53 +1,27 @@
 """minskill.skill_r1: reply parsing, the editor's prompt and its token budget, the multi-generation loop
 (advantages per candidate, unparseable replies, best-skill carry, history), and a learning test: a tiny random
 editor trained with bi-level GRPO against a scripted frozen task model behind real HTTP raises its reward."""
-import json
 import math
+import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # train_grpo.py lives at the repo root
 
-import train_grpo  # noqa: E402
-from minskill.nn.sampling import Sample  # noqa: E402
-from minskill.nn.tokenizer import Tokenizer  # noqa: E402
-from minskill.nn.weights import load_model  # noqa: E402
-from minskill.serve.server import ScriptedBackend, start_server  # noqa: E402
-from minskill.skill_r1 import loop as skill_r1  # noqa: E402
-from minskill.skill_r1.loop import (EvolveConfig, HistoryEntry, Instance, Outcome, assign_advantages,  # noqa: E402
-                                    editor_messages, evolve, evolve_batch, make_instances, parse_candidate)
-from minskill.tasks import Task  # noqa: E402
-from tiny import make_tiny_model_dir  # noqa: E402
-
-# The synthetic suite: task k is answered right only when the skill (the task model's system prompt) contains
-# KEYWORDS[k]. These strings each occur in roughly 20-40% of 32-token samples of the random tiny editor, so
-# the reward r = share of keywords present is dense from the start (about 0.3) and can reach 1.
-KEYWORDS = ("is", "ap", "at", "th")
-
-
-def keyword_task_model(messages, request):
-    """The scripted frozen task model: 'yes' to 'Solve task k' when the system prompt holds KEYWORDS[k]."""
-    system = messages[0]["content"] if messages and messages[0]["role"] == "system" else ""
-    k = int(messages[-1]["content"].rsplit(maxsplit=1)[-1])
-    return "yes" if KEYWORDS[k] in system else "no"
-
-
-def write_keyword_suite(path: Path, heldout: int = 8) -> Path:
-    """The keyword suite as a JSONL file for the scripts: 8 training and `heldout` held-out tasks "Item i: solve
-    task i % 4" (keyword_task_model reads the last number)."""
-    path.write_text("".join(json.dumps({"id": f"{split}-{i}", "type": "keywords", "question": f"Item {i}: solve task "
-                                        f"{i % 4}", "answer": "yes", "verifier": "exact", "split": split}) + "\n"
-                            for split, n in (("train", 8), ("heldout", heldout)) for i in range(n)))
-    return path
-
-
-def keyword_tasks(prefix="kw"):
-    return [Task(id=f"{prefix}-{k}", type="keywords", question=f"Solve task {k}", answer="yes", verifier="exact")
-            for k in range(len(KEYWORDS))]
-
+from helpers import assert_learning_raises_the_reward, keyword_task_model, keyword_tasks
+from minskill.nn.sampling import Sample
+from minskill.nn.tokenizer import Tokenizer
+from minskill.nn.weights import load_model
+from minskill.serve.server import ScriptedBackend, start_server
+from minskill.skill_r1 import loop as skill_r1
+from minskill.skill_r1.loop import (EvolveConfig, HistoryEntry, Instance, Outcome, assign_advantages,
+                                    SuiteError, editor_messages, evolve_batch, load_tasks, make_instances,
+                                    parse_candidate)
+from minskill.tasks import Task
+from tiny import make_tiny_model_dir
 
 
 @pytest.fixture(scope="module")
@@ -164,8 +138,8 @@ def test_evolve_advantages_unparseable_replies_and_best_skill_carry(editor_dir, 
     monkeypatch.setattr(skill_r1, "generate", scripted)
     client = task_server.client()
     task_server.calls.clear()
-    ev = evolve(None, tok, client, Instance("x", "keywords", keyword_tasks()),
-                EvolveConfig(generations=2, candidates=4, max_skill_tokens=64, context_tokens=4000), seed=3)
+    [ev] = evolve_batch(None, tok, client, [Instance("x", "keywords", keyword_tasks())],
+                        EvolveConfig(generations=2, candidates=4, max_skill_tokens=64, context_tokens=4000), seeds=[3])
     assert all(c.advantage == 0.0 for c in ev.candidates())   # the loop itself only samples and scores
     assert assign_advantages([ev], lam=0.5) == ev.candidates()
 
@@ -203,7 +177,7 @@ def test_evolve_batch_instances_do_not_depend_on_each_other(editor_dir, task_ser
     a, b = Instance("a", "keywords", keyword_tasks("a")), Instance("b", "keywords", keyword_tasks("b"))
     cfg = EvolveConfig(generations=2, candidates=3, max_skill_tokens=16, context_tokens=512, task_max_tokens=4)
     together = evolve_batch(editor, tok, client, [a, b], cfg, seeds=[11, 12])
-    alone = evolve(editor, tok, client, b, cfg, seed=12)
+    [alone] = evolve_batch(editor, tok, client, [b], cfg, seeds=[12])
     assert [c.text for c in together[1].candidates()] == [c.text for c in alone.candidates()]
     assert [c.reward for c in together[1].candidates()] == [c.reward for c in alone.candidates()]
     for c in together[0].candidates():  # token ids, log-probs and text of each candidate line up
@@ -233,24 +207,16 @@ def test_bilevel_grpo_raises_the_reward_of_a_tiny_editor(editor_dir, task_server
                                       scale_by_std=scale_by_std)
 
 
-def assert_learning_raises_the_reward(editor, tok, client, params, lr: float, steps: int,
-                                      scale_by_std: bool = True) -> None:
-    """The learning tests' loop (this file's and test_lora's): `steps` of bi-level GRPO (λ = 0.5, K = 4, G = 2,
-    2 instances a step, 32-token skills, AdamW at `lr` over `params`); the mean candidate reward of the last 3
-    steps must be at least 0.25 above that of the first 3."""
-    args = train_grpo.parse_args(["--lr", str(lr), "--max-skill-tokens", "32", "--micro-batch", "8"])
-    optimizer = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.99), weight_decay=0.0)
-    instances = [Instance(f"x{j}", "keywords", keyword_tasks()) for j in range(2)]
-    cfg = EvolveConfig(generations=2, candidates=4, max_skill_tokens=32, context_tokens=512, task_max_tokens=4)
-    rewards = []
-    for step in range(steps):
-        editor.eval()
-        evolutions = evolve_batch(editor, tok, client, instances, cfg, seeds=[step * 10 + j for j in range(2)])
-        candidates = assign_advantages(evolutions, lam=0.5, scale_by_std=scale_by_std)
-        editor.train()
-        stats = train_grpo.policy_update(editor, None, optimizer, candidates, args)
-        assert stats["ratio_mean"] == pytest.approx(1.0) and stats["logp_mismatch"] < 1e-4
-        rewards.append(sum(c.reward for c in candidates) / len(candidates))
-    first, last = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
-    print(f"mean candidate reward: first 3 steps {first:.3f}, last 3 steps {last:.3f}")
-    assert last >= first + 0.25, rewards
+def test_a_bad_suite_file_is_a_suite_error_in_the_library_and_a_usage_error_of_the_script(editor_dir, tmp_path):
+    """load_tasks raises SuiteError naming the file and line (the library never exits); train_grpo.py run as a
+    script turns it into a one-line usage error, exit status 1 and no traceback."""
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "a", "type": "t", "question": "q", "answer": "a"}\n{not json\n')
+    with pytest.raises(SuiteError, match=rf"--suite {bad}: .*{bad.name}:2"):
+        load_tasks(SimpleNamespace(suite=str(bad), seed=0, n_tasks=None), "train")
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, str(root / "train_grpo.py"), "--editor", str(editor_dir), "--suite",
+                           str(bad), "--task-url", "http://127.0.0.1:9/v1", "--out", str(tmp_path / "run")],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert done.stderr.strip().startswith(f"train_grpo.py: --suite {bad}: ") and f"{bad.name}:2" in done.stderr

@@ -3,6 +3,7 @@ names never become paths, and what we write means the same to a real YAML reader
 rendering: test_skillsets.py)."""
 import pytest
 
+from helpers import make_skill
 from minskill.replies import parse_skill
 from minskill.skills import MAX_FILE_BYTES, Skill, SkillFormatError, slugify, validate_name
 from minskill.skillsets import SkillSet
@@ -14,16 +15,11 @@ TRICKY_STRINGS = ["Use when: counting", "- starts like a list", "true", "123", "
                   "del\x7fchar", "nbsp\u00a0and\u2028separator"]
 
 
-def _skill(name="count-carefully", **kw):
-    defaults = dict(description="Use when a question asks for a count.", body="# Count carefully\n\nTick items.")
-    return Skill(name=name, **{**defaults, **kw})
-
-
 # --------------------------------------------------------------------------- SKILL.md
 
 @pytest.mark.parametrize("text", TRICKY_STRINGS)
 def test_skill_md_round_trips_any_description_and_metadata(tmp_path, text):
-    skill = _skill(description=text.strip() or "x", metadata={"title": text, "note": text})
+    skill = make_skill(description=text.strip() or "x", metadata={"title": text, "note": text})
     folder = skill.save(tmp_path)
     assert folder == tmp_path / skill.name
     assert Skill.load(folder) == skill
@@ -33,12 +29,12 @@ def test_skill_md_round_trips_any_description_and_metadata(tmp_path, text):
 @pytest.mark.parametrize("body", ["", "x", "x\n", "\nstarts blank", "ends blank\n\n", "---\nnot front matter",
                                   "a\r\nwindows", "```python\nprint(1)\n```"])
 def test_skill_md_keeps_the_body_exactly(tmp_path, body):
-    skill = _skill(body=body)
+    skill = make_skill(body=body)
     assert Skill.load(skill.save(tmp_path)).body == body
 
 
 def test_skill_md_file_layout(tmp_path):
-    skill = _skill(metadata={"title": "Count carefully", "version": "1.0"}, license="MIT",
+    skill = make_skill(metadata={"title": "Count carefully", "version": "1.0"}, license="MIT",
                    compatibility="any chat model", allowed_tools="Read")
     text = (skill.save(tmp_path) / "SKILL.md").read_text()
     assert text == ("---\nname: count-carefully\ndescription: Use when a question asks for a count.\n"
@@ -125,7 +121,7 @@ def test_non_utf8_and_oversized_files_are_refused(tmp_path):
 def test_written_front_matter_means_the_same_to_a_real_yaml_reader():
     yaml = pytest.importorskip("yaml")  # test-only cross-check; minskill itself never imports a YAML package
     for text in TRICKY_STRINGS:
-        skill = _skill(description=text, metadata={"title": text, "n": "42"})
+        skill = make_skill(description=text, metadata={"title": text, "n": "42"})
         front = skill.to_skill_md().split("---\n")[1]
         expected = {"name": skill.name, "description": text, "metadata": {"title": text, "n": "42"}}
         assert yaml.safe_load(front) == expected

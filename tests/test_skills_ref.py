@@ -1,4 +1,4 @@
-"""minskill's SKILL.md validation agrees with the Agent Skills reference validator (issue #17.3).
+"""minskill's SKILL.md validation agrees with the Agent Skills reference validator.
 
 `skills-ref` (PyPI; its command is `agentskills validate DIR`) is a test-only reference, like transformers:
 minskill never imports it. A corpus of valid and invalid skill folders is generated here; for every case,

@@ -1,4 +1,4 @@
-"""Whole Agent Skills (issue #17.2): scripts/, references/ and assets/ travel with a skill (byte for byte,
+"""Whole Agent Skills: scripts/, references/ and assets/ travel with a skill (byte for byte,
 bounded, never executed, links refused); long bodies warn instead of failing; prompts name the resources."""
 import os
 import warnings

@@ -7,47 +7,18 @@ from pathlib import Path
 
 import pytest
 
+from helpers import make_skill, masa_library, render_set
 from minskill.skills import MAX_FILE_BYTES, Skill, SkillFormatError
 from minskill.skillsets import Mistake, SkillSet, recover_save
 from minskill.tasks import load_suite
-from test_skills import _skill
 
 BASE_SKILLS = Path(__file__).resolve().parents[1] / "minskill" / "tasks" / "base_skills"
-
-
-def _masa_library():
-    return {
-        "general_skills": [
-            {"skill_id": "gen_001", "title": "Check the state", "principle": "Look before acting.\n\n- one\n- two",
-             "when_to_apply": "Always"},
-            {"skill_id": "gen_001", "title": "Same id: twice", "principle": "Ids may repeat."},  # no when_to_apply
-            {"skill_id": "../../etc/passwd", "title": "Evil id", "principle": "p", "when_to_apply": "w"},
-            {"title": "No id at all", "principle": "  padded  \n", "when_to_apply": "x" * 1500},   # too long
-        ],
-        "task_specific_skills": {
-            "pick_and_place": [{"skill_id": "pp_001", "title": "T", "principle": "Go, take, go, put.",
-                                "when_to_apply": "put tasks", "score": 0.5, "tags": ["a", "b"],
-                                "parent": None, "nested": {"k": [1, 2]}, "note": "kept"}],
-            "Math_Algebra": [{"when_to_apply": "w", "principle": "p", "title": "order differs", "skill_id": "m1"}],
-            "empty": [],
-        },
-        "common_mistakes": [
-            "Repeating an action that gave Nothing happens.",
-            {"mistake_id": "err_001", "description": "Looping", "why_it_happens": "no memory",
-             "how_to_avoid": "Try another place --> then report"},
-            "  surrounded by spaces  ",
-            "two\nlines",
-            {"description": "only a description"},
-        ],
-        "version": "1.0",
-        "stats": {"iterations": 3},
-    }
 
 
 # --------------------------------------------------------------------------- skill sets and MASA JSON
 
 def test_masa_json_to_folders_to_json_is_lossless(tmp_path):
-    library = _masa_library()
+    library = masa_library()
     skillset = SkillSet.from_json(json.loads(json.dumps(library)))
     folder = skillset.save(tmp_path / "set")
     assert sorted(p.name for p in folder.iterdir()) == ["SKILLSET.md", "general", "task-specific"]
@@ -71,7 +42,7 @@ def test_masa_sections_may_be_missing():
 
 
 def test_mistakes_keep_their_fields_and_read_as_text():
-    skillset = SkillSet.from_json(_masa_library())
+    skillset = SkillSet.from_json(masa_library())
     mistake = skillset.common_mistakes[1]
     assert isinstance(mistake, Mistake) and isinstance(mistake, str)
     assert mistake == ("Looping Why it happens: no memory How to avoid: Try another place --> then report")
@@ -79,7 +50,7 @@ def test_mistakes_keep_their_fields_and_read_as_text():
 
 
 def test_edited_mistake_text_wins_over_its_stored_fields(tmp_path):
-    folder = SkillSet.from_json(_masa_library()).save(tmp_path / "set")
+    folder = SkillSet.from_json(masa_library()).save(tmp_path / "set")
     index = folder / "SKILLSET.md"
     index.write_text(index.read_text().replace("- Looping Why", "- Circling Why"))
     mistakes = SkillSet.load(folder).common_mistakes
@@ -87,30 +58,30 @@ def test_edited_mistake_text_wins_over_its_stored_fields(tmp_path):
 
 
 def test_folder_order_and_dropped_in_skills(tmp_path):
-    skillset = SkillSet(general=[_skill("zeta"), _skill("alpha")],
-                        task_specific={"counting": [_skill("b"), _skill("a")]},
+    skillset = SkillSet(general=[make_skill("zeta"), make_skill("alpha")],
+                        task_specific={"counting": [make_skill("b"), make_skill("a")]},
                         common_mistakes=["one", "two"])
     folder = skillset.save(tmp_path / "set")
     assert SkillSet.load(folder) == skillset
-    _skill("middle").save(folder / "general")  # a skill dropped in without SKILLSET.md knowing it
+    make_skill("middle").save(folder / "general")  # a skill dropped in without SKILLSET.md knowing it
     assert [s.name for s in SkillSet.load(folder).general] == ["zeta", "alpha", "middle"]
     # saving again replaces the old tree
-    SkillSet(general=[_skill("only")]).save(folder)
+    SkillSet(general=[make_skill("only")]).save(folder)
     assert [p.name for p in (folder / "general").iterdir()] == ["only"]
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp folders left
 
 
 def test_index_listing_a_missing_skill_is_an_error(tmp_path):
-    folder = SkillSet(general=[_skill("kept"), _skill("lost")]).save(tmp_path / "set")
+    folder = SkillSet(general=[make_skill("kept"), make_skill("lost")]).save(tmp_path / "set")
     shutil.rmtree(folder / "general" / "lost")
     with pytest.raises(SkillFormatError, match=r"lists skill\(s\) \['lost'\] with no folder"):
         SkillSet.load(folder)
 
 
 def test_load_single_skill_folder_and_errors(tmp_path):
-    folder = _skill().save(tmp_path)
-    assert SkillSet.load(folder).general == [_skill()]
-    assert SkillSet.load(folder / "SKILL.md").general == [_skill()]
+    folder = make_skill().save(tmp_path)
+    assert SkillSet.load(folder).general == [make_skill()]
+    assert SkillSet.load(folder / "SKILL.md").general == [make_skill()]
     with pytest.raises(FileNotFoundError):
         SkillSet.load(tmp_path / "missing")
     (tmp_path / "bad.json").write_text("{\n  oops")
@@ -144,7 +115,7 @@ def test_bad_masa_json_is_rejected(library, message):
 # --------------------------------------------------------------------------- untrusted index files and links
 
 def test_index_file_cannot_smuggle_paths(tmp_path):
-    folder = SkillSet(general=[_skill("ok")]).save(tmp_path / "set")
+    folder = SkillSet(general=[make_skill("ok")]).save(tmp_path / "set")
     index = folder / "SKILLSET.md"
     index.write_text(index.read_text().replace("- [ok](general/ok/SKILL.md)", "- [../../outside](general/ok/SKILL.md)"))
     with pytest.raises(SkillFormatError, match="looks like a path"):
@@ -156,8 +127,8 @@ def test_index_file_cannot_smuggle_paths(tmp_path):
 
 
 def test_symlinked_skill_folders_are_not_followed(tmp_path):
-    outside = _skill("outside").save(tmp_path)
-    folder = SkillSet(general=[_skill("ok")]).save(tmp_path / "set")
+    outside = make_skill("outside").save(tmp_path)
+    folder = SkillSet(general=[make_skill("ok")]).save(tmp_path / "set")
     os.symlink(outside, folder / "general" / "outside")
     with pytest.raises(SkillFormatError, match="symbolic links are not followed"):
         SkillSet.load(folder)
@@ -167,7 +138,7 @@ def test_save_refuses_to_replace_a_foreign_folder(tmp_path):
     (tmp_path / "project").mkdir()
     (tmp_path / "project" / "important.txt").write_text("keep me")
     with pytest.raises(SkillFormatError, match="refusing to replace a folder that is not a skill set"):
-        SkillSet(general=[_skill()]).save(tmp_path / "project")
+        SkillSet(general=[make_skill()]).save(tmp_path / "project")
     assert (tmp_path / "project" / "important.txt").read_text() == "keep me"
     (tmp_path / "file").write_text("x")
     with pytest.raises(SkillFormatError, match="is not a folder"):
@@ -176,22 +147,15 @@ def test_save_refuses_to_replace_a_foreign_folder(tmp_path):
 
 # --------------------------------------------------------------------------- rendering
 
-def _render_set():
-    return SkillSet(general=[_skill("g-one", description="General one.", body="Body G1."),
-                             _skill("g-two", description="General two.", body="Body G2.")],
-                    task_specific={"counting": [_skill("c-one", description="Counting one.", body="Body C1.")],
-                                   "lookup": [_skill("l-one", description="Lookup one.", body="Body L1.")]},
-                    common_mistakes=["Mistake A.", "Mistake\nB."])
-
 
 def test_render_general_first_then_the_task_type():
-    text = _render_set().render("counting")
+    text = render_set().render("counting")
     assert text.startswith("## G one\nGeneral one.\n\nBody G1.\n\n## G two\n")
     order = [text.index(s) for s in ("Body G1.", "Body G2.", "Body C1.", "## Common mistakes to avoid",
                                      "- Mistake A.\n- Mistake B.")]
     assert order == sorted(order)
     assert "Body L1." not in text
-    general_only = _render_set().render()
+    general_only = render_set().render()
     assert "Body C1." not in general_only and "Body L1." not in general_only and "Body G2." in general_only
     assert SkillSet().render("counting") == ""
 
@@ -203,7 +167,7 @@ def test_render_exact_text():
 
 
 def test_render_drops_whole_skills_last_first_and_says_so():
-    skillset = _render_set()
+    skillset = render_set()
     words = lambda text: len(text.split())  # noqa: E731 - a custom token counter
     full = skillset.render("counting", max_tokens=10_000, count_tokens=words)
     budget = words(full) - 1
@@ -213,14 +177,14 @@ def test_render_drops_whole_skills_last_first_and_says_so():
     tiny = skillset.render("counting", max_tokens=20, count_tokens=words)
     assert "Body G1." in tiny and "Body G2." not in tiny and "(4 more skill(s) left out" in tiny
     # even the first skill is too long: it is cut, and the text says so
-    long = SkillSet(general=[_skill("long", body="word " * 500)])
+    long = SkillSet(general=[make_skill("long", body="word " * 500)])
     text = long.render(max_tokens=50)
     assert len(text) <= 200 and "[cut to fit the token budget]" in text
 
 
 def test_a_skill_renders_as_a_set_of_that_one_skill():
     words = lambda text: len(text.split())  # noqa: E731 - a custom token counter
-    for skill in (_skill(), _skill("long", body="word " * 500), _skill("plain", description="Plain", body="")):
+    for skill in (make_skill(), make_skill("long", body="word " * 500), make_skill("plain", description="Plain", body="")):
         for budget in (10_000, 50, 5):
             for count in (None, words):
                 assert (skill.render("counting", max_tokens=budget, count_tokens=count)
@@ -246,9 +210,9 @@ def test_base_skill_sets_load_and_cover_every_task_type(suite):
                                   "general-dangling"])
 def test_symlinked_group_folders_are_refused(tmp_path, link):
     """general/, task-specific/ and each per-type folder are folders of the set, never links out of it."""
-    outside = SkillSet(general=[_skill("outside")], task_specific={"counting": [_skill("outside")]})
+    outside = SkillSet(general=[make_skill("outside")], task_specific={"counting": [make_skill("outside")]})
     outside.save(tmp_path / "outside")
-    folder = SkillSet(general=[_skill("ok")], task_specific={"counting": [_skill("ok")]}).save(tmp_path / "set")
+    folder = SkillSet(general=[make_skill("ok")], task_specific={"counting": [make_skill("ok")]}).save(tmp_path / "set")
     target = folder / link.replace("-dangling", "")
     if target.exists():
         shutil.rmtree(target)
@@ -289,10 +253,10 @@ def _staging_left(parent):
 
 @pytest.mark.parametrize("had_old", [True, False])
 def test_a_save_killed_at_any_point_leaves_the_old_or_the_new_set(tmp_path, had_old):
-    old = SkillSet(general=[_skill("old-one"), _skill("old-two")], task_specific={"counting": [_skill("c")]},
+    old = SkillSet(general=[make_skill("old-one"), make_skill("old-two")], task_specific={"counting": [make_skill("c")]},
                    common_mistakes=["old mistake"])
-    new = SkillSet(general=[_skill("new-one")], task_specific={"lookup": [_skill("l")]}, common_mistakes=["new"])
-    newer = SkillSet(general=[_skill("newer")])
+    new = SkillSet(general=[make_skill("new-one")], task_specific={"lookup": [make_skill("l")]}, common_mistakes=["new"])
+    newer = SkillSet(general=[make_skill("newer")])
     allowed = [new.to_json()] + ([old.to_json()] if had_old else [])
     n, missing_seen = 0, False
     while True:
@@ -318,7 +282,7 @@ def test_a_save_killed_at_any_point_leaves_the_old_or_the_new_set(tmp_path, had_
 
 def test_a_save_killed_while_recovering_still_leaves_a_complete_set(tmp_path):
     """Kill a save between its renames (the target is missing), then kill the next save at every point."""
-    old, new, newer = (SkillSet(general=[_skill(name)]) for name in ("old", "new", "newer"))
+    old, new, newer = (SkillSet(general=[make_skill(name)]) for name in ("old", "new", "newer"))
     m = 0
     while True:
         parent = tmp_path / str(m)
@@ -341,7 +305,7 @@ def test_a_save_killed_while_recovering_still_leaves_a_complete_set(tmp_path):
 
 
 def test_recover_save_cleans_staging_and_leaves_other_entries(tmp_path):
-    SkillSet(general=[_skill("a")]).save(tmp_path / "lib")
+    SkillSet(general=[make_skill("a")]).save(tmp_path / "lib")
     for name in (".lib.tmp-abcd1234", ".lib.old-abcd1234", ".other.tmp-abcd1234", ".lib.tmp-keep"):
         (tmp_path / name).mkdir()
     recover_save(tmp_path / "lib")

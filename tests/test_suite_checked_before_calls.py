@@ -2,17 +2,14 @@
 evolve_masa.py with FILE:LINE before any model call is spent (it used to run the whole search, then crash
 when the task-specific skills were saved)."""
 import json
-import sys
 import threading
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import evolve_masa  # noqa: E402
-from minskill.serve.server import ScriptedBackend, start_server  # noqa: E402
-from minskill.skillsets import SkillSet  # noqa: E402
+import evolve_masa
+from minskill.serve.server import ScriptedBackend, start_server
+from minskill.skillsets import SkillSet
 
 
 def test_evolve_masa_refuses_a_bad_task_type_before_any_model_call(tmp_path, capsys):
@@ -31,7 +28,7 @@ def test_evolve_masa_refuses_a_bad_task_type_before_any_model_call(tmp_path, cap
     try:
         with pytest.raises(SystemExit):   # a usage error naming FILE:LINE, no traceback
             evolve_masa.main(["--suite", str(suite), "--base-skills", str(tmp_path / "base.json"),
-                              "--target-url", server.url, "--target-model", "m",
+                              "--task-url", server.url, "--task-model", "m",
                               "--teacher-url", server.url, "--teacher-model", "m", "--n-train", "1",
                               "--n-prelim", "0", "--n-heldout", "0", "--iterations", "1", "--tree-iterations", "1",
                               "--episodes", "1", "--max-calls", "20", "--out", str(tmp_path / "out")])

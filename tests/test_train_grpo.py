@@ -5,7 +5,6 @@ import io
 import json
 import re
 import shutil
-import sys
 from contextlib import redirect_stdout
 from pathlib import Path
 from types import SimpleNamespace
@@ -14,30 +13,18 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # train_grpo.py lives at the repo root
 
-import train_grpo  # noqa: E402
-from minskill.nn.sampling import completion_logprobs  # noqa: E402
-from minskill.nn.weights import load_model  # noqa: E402
-from minskill.serve.client import ChatClient  # noqa: E402
-from minskill.serve.server import ScriptedBackend, start_server  # noqa: E402
-from minskill.skill_r1.evaluate import heldout_instances, kl_to_frozen, probe_instances, success  # noqa: E402
-from minskill.skill_r1.grpo import policy_loss  # noqa: E402
-from minskill.skill_r1.loop import EvolveConfig  # noqa: E402
-from test_skill_r1 import KEYWORDS, keyword_task_model, keyword_tasks, write_keyword_suite  # noqa: E402
-from tiny import make_tiny_model_dir  # noqa: E402
-
-ROW_FIELDS = ("step", "reward_per_generation", "carried_reward_per_generation", "reward_mean_candidates", "a_inter",
-              "loss", "kl", "ratio_mean", "clip_frac_low", "clip_frac_high", "grad_norm", "logp_mismatch", "lr",
-              "zero_variance_groups", "unparsed_share", "skill_tokens_mean", "skill_chars_mean", "task_calls",
-              "task_tokens", "task_prompt_tokens", "task_completion_tokens", "task_seconds", "task_request_seconds",
-              "seconds_editor_sampling", "editor_sampled_tokens", "editor_sample_tokens_per_s", "train_tokens_per_s", "seconds_sampling_and_rollouts",
-              "seconds_update", "instances", "best_skill", "best_skill_reward", "best_skill_gain",
-              "best_skill_instance")
-TIMING_FIELDS = ("editor_sample_tokens_per_s", "train_tokens_per_s", "seconds_sampling_and_rollouts", "task_seconds",
-                 "task_request_seconds", "seconds_editor_sampling",
-                 "seconds_update")
-
+import train_grpo
+from helpers import (KEYWORDS, ROW_FIELDS, TIMING_FIELDS, common_flags, crash_after_checkpoint, keyword_task_model,
+                     keyword_tasks, read_rows, write_keyword_suite)
+from minskill.nn.sampling import completion_logprobs
+from minskill.nn.weights import load_model
+from minskill.serve.client import ChatClient
+from minskill.serve.server import ScriptedBackend, start_server
+from minskill.skill_r1.evaluate import heldout_instances, kl_to_frozen, probe_instances, success
+from minskill.skill_r1.grpo import policy_loss
+from minskill.skill_r1.loop import EvolveConfig
+from tiny import make_tiny_model_dir
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +35,7 @@ def editor_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def suite_file(tmp_path_factory):
-    """The keyword suite of test_skill_r1 as a JSONL file: 8 training and 8 held-out tasks."""
+    """The keyword suite (helpers.write_keyword_suite): 8 training and 8 held-out tasks."""
     return write_keyword_suite(tmp_path_factory.mktemp("suite") / "keywords.jsonl")
 
 
@@ -56,17 +43,6 @@ def suite_file(tmp_path_factory):
 def task_url():
     with start_server(ScriptedBackend(keyword_task_model, name="keywords")) as server:
         yield server.url
-
-
-def common_flags(editor_dir, suite_file, task_url, out):
-    return ["--editor", str(editor_dir), "--task-url", task_url, "--suite", str(suite_file), "--out", str(out),
-            "-G", "2", "-K", "3", "--tasks-per-instance", "2", "--instances-per-step", "2", "--micro-batch", "4",
-            "--max-skill-tokens", "16", "--context-tokens", "512", "--task-max-tokens", "4", "--lr", "1e-3",
-            "--save-every", "2"]
-
-
-def read_rows(out):
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
 @pytest.fixture(scope="module")
@@ -158,26 +134,6 @@ def test_micro_batches_hold_one_prompt_each_and_every_row_once():
     assert [[r.name for r in b] for b in train_grpo.micro_batches(rows, 2)] == [[0, 1], [4], [2, 3], [5, 6]]
 
 
-class Interrupted(Exception):
-    pass
-
-
-def crash_after_checkpoint(monkeypatch, flags: list[str], step: int, error: type = Interrupted) -> None:
-    """Run train_grpo.py with `flags` and let the process die (raise `error`) right after the step-`step`
-    checkpoint is written, as a killed run would; the real save_checkpoint is put back afterwards."""
-    save = train_grpo.save_checkpoint
-
-    def save_then_crash(folder, editor, tokenizer, state):
-        save(folder, editor, tokenizer, state)
-        if state["step"] == step:
-            raise error
-
-    monkeypatch.setattr(train_grpo, "save_checkpoint", save_then_crash)
-    with pytest.raises(error):
-        train_grpo.main(flags)
-    monkeypatch.setattr(train_grpo, "save_checkpoint", save)
-
-
 def test_resume_refuses_a_lineage_line_without_a_step_naming_it(editor_dir, suite_file, task_url, tmp_path,
                                                                  monkeypatch):
     """A lineage.jsonl record without an integer "step" (edited, or another file): --resume exits naming
@@ -261,7 +217,7 @@ def truncate(path: Path) -> None:
 ])
 def test_resume_of_a_damaged_checkpoint_names_the_file_and_writes_nothing(straight_run, editor_dir, suite_file,
                                                                           task_url, tmp_path, damage, message):
-    """Issue 22, point 13: each was a traceback; the run keeps one checkpoint, so there is nothing older to use."""
+    """Each was a traceback; the run keeps one checkpoint, so there is nothing older to use."""
     out = tmp_path / "run"
     shutil.copytree(straight_run[0], out)
     damage(out / "checkpoint")
@@ -284,7 +240,7 @@ def test_beta_keeps_a_reference_and_reports_kl_with_bf16_and_checkpointing(edito
     [row] = read_rows(out)
     # epoch 1 starts at the reference (KL 0, ratio 1); epoch 2 after one update: KL > 0, ratio != 1
     assert row["kl"] > 0 and row["ratio_mean"] != 1.0
-    assert row["clip_frac_low"] >= 0 and row["clip_frac_high"] >= 0
+    assert 0 <= row["clip_frac_low"] <= 1 and 0 <= row["clip_frac_high"] <= 1     # shares of the tokens
 
 
 def test_no_reference_model_when_beta_is_zero(straight_run):

@@ -13,25 +13,19 @@ import io
 import json
 import re
 import shutil
-import sys
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from minskill.masa import transfer  # noqa: E402
-from minskill.report.provenance import load_transfer  # noqa: E402
-from minskill.report.transfer import render_transfer  # noqa: E402
-from minskill.runs import RUN_MARKER  # noqa: E402
-from minskill.serve.server import ScriptedBackend, start_server  # noqa: E402
-from minskill.skillsets import SkillSet  # noqa: E402
-from test_evolve_masa import skill  # noqa: E402
-from test_report import CHROMIUM, XSS, assert_self_contained_and_escaped, browse  # noqa: E402
-from test_rewrite import TASK, files, trained  # noqa: E402,F401  (fixtures: a tiny rewriter trained by SFT)
-from tiny import make_tiny_model_dir  # noqa: E402
+from helpers import CHROMIUM, TASK, XSS, assert_self_contained_and_escaped, browse, skill
+from minskill.masa import transfer
+from minskill.report.provenance import load_transfer
+from minskill.report.transfer import render_transfer
+from minskill.runs import RUN_MARKER
+from minskill.serve.server import ScriptedBackend, start_server
+from minskill.skillsets import SkillSet
+from tiny import make_tiny_model_dir
 
 SOLVES = {"alpha": {"ALPHA-TIP": set(range(8)), "BETA-TIP": {0, 1}, None: {0, 8, 9}},
           "beta": {"BETA-TIP": set(range(9)), "ALPHA-TIP": {0, 1, 2}, None: {0, 1, 2, 3}}}

@@ -17,7 +17,15 @@ import minskill.nn.weights as weights
 from minskill.nn.model import Transformer
 from minskill.nn.tokenizer import Tokenizer
 from minskill.nn.weights import (DEFAULT_MODEL, INSTALL_COMMAND, convert_gguf, load_model, load_pretrained,
-                                 permute_rows, resolve_model, unpermute_rows)
+                                 resolve_model, unpermute_rows)
+
+
+def permute_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """llama.cpp's permutation (convert_hf_to_gguf.py, LlamaModel.permute): HF split halves -> interleaved; the
+    GGUF writer's side, which minskill.nn.weights.unpermute_rows undoes."""
+    rows = w.shape[0]
+    return w.reshape(n_heads, 2, rows // n_heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
 
 N_HEADS, N_KV_HEADS = 4, 2   # the tiny llama of tests/tiny.py (head_dim 16)
 # How each HF tensor is stored in the tiny GGUF: q/k (the permuted ones) in 4 bits, most others in 8 bits.

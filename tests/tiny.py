@@ -1,7 +1,7 @@
 """Tiny checkpoints for tests: a byte-level BPE tokenizer and random-weight HF model folders, built in seconds.
 
 Import from a test as `from tiny import make_tiny_model_dir, make_tiny_tokenizer_dir, TEMPLATES`
-(pytest puts tests/ on sys.path).
+(pytest.ini puts tests/ on the import path).
 
 make_tiny_tokenizer_dir(path, chat_format="chatml")
     Trains a byte-level BPE (vocabulary 400 + special tokens) on a small built-in corpus with

@@ -1,4 +1,4 @@
-"""The rewriter's SFT data from MASA stage 1 (DESIGN.md §4): records, their augmentations, merged runs.
+"""The rewriter's SFT data from MASA stage 1 (docs/rewriter.md): records, their augmentations, merged runs.
 
 A record teaches the rewriter (rewrite.py, minskill/masa/sft.py) one adaptation:
 

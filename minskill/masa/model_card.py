@@ -1,4 +1,4 @@
-"""The model card of a target model: what MASA's teacher (and the rewriter) is told about it (DESIGN.md §4).
+"""The model card of a target model: what MASA's teacher (and the rewriter) is told about it (docs/masa.md).
 
 Fields: family, variant, parameter_count, architecture, num_layers, hidden_size, num_attention_heads,
 num_kv_heads, context_window, vocab_size, base_or_instruct, alignment_method, training_data_size,
@@ -36,7 +36,7 @@ from minskill.skills import SkillFormatError, parse_front_matter
 
 @dataclass
 class ModelCard:
-    """What the teacher is told about the target model (DESIGN.md §4). Unknown values stay None/"unknown"."""
+    """What the teacher is told about the target model (docs/masa.md). Unknown values stay None/"unknown"."""
     name: str = ""                          # the model id the target is served under
     family: str = "unknown"                 # e.g. Llama, Qwen2, Qwen3
     variant: str = "unknown"                # e.g. 135M, 8B

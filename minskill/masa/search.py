@@ -317,19 +317,19 @@ def hill_climb(state: HillClimbState, propose: Callable[[HillClimbState], Any], 
 
 @dataclass
 class MasaConfig:
-    lam_nh: float = 0.0            # λ of R = SR − λ·NHR
-    iterations: int = 10           # I: hill-climbing iterations on the general skills
+    lam_nh: float = 0.1            # λ of R = SR − λ·NHR
+    iterations: int = 2            # I: hill-climbing iterations on the general skills (paper: 10)
     patience: int = 3              # p: stop after this many iterations without a strict improvement
-    tree_iterations: int = 10      # J: UCB1 iterations per task type
-    episodes: int = 8              # N: episodes (tasks of the type) per tree-node evaluation
+    tree_iterations: int = 1       # J: UCB1 iterations per task type (paper: 10)
+    episodes: int = 6              # N: episodes (tasks of the type) per tree-node evaluation
     c: float = 1.4                 # UCB1 exploration constant
     max_children: int = 3          # rewrites a tree node gets before the search descends (ucb.select)
     seed: int = 0
-    teacher_retries: int = 2
+    teacher_retries: int = 1       # a served teacher; evolve_masa.py's embedded one: EMBEDDED_TEACHER
     teacher_temperature: float = 0.7
-    teacher_max_tokens: int = 1024
+    teacher_max_tokens: int = 1536
     target_temperature: float = 0.0
-    target_max_tokens: int = 256
+    target_max_tokens: int = 128
     max_failures: int = 6          # failed episodes shown to the teacher per attribution
     skill_max_tokens: int = 1024   # token budget of the rendered skills in the target's system prompt
     gate: str = "strict"           # acceptance gate of the climb and of each tree's result (minskill/gates.py)

@@ -234,22 +234,6 @@ def merged_model(model: Transformer, dtype: torch.dtype = torch.float32, device=
     return merged
 
 
-@torch.no_grad()
-def merge_lora(model: Transformer) -> Transformer:
-    """Replace every LoRALinear by an nn.Linear holding W' (in the base's dtype), in place; returns model."""
-    for name, layer in lora_layers(model):
-        linear = nn.Linear(layer.in_features, layer.out_features, bias=layer.bias is not None,
-                           device=layer.weight.device, dtype=layer.weight.dtype)
-        linear.weight.copy_(layer.merged_weight())
-        if layer.bias is not None:
-            linear.bias.copy_(layer.bias)
-        parent, _, leaf = name.rpartition(".")
-        setattr(model.get_submodule(parent), leaf, linear)
-    if hasattr(model, "lora_config"):
-        del model.lora_config
-    return model
-
-
 # ------------------------------------------------------------------------------------------- PEFT layout
 
 def peft_config(cfg: LoraConfig) -> dict:

@@ -277,12 +277,6 @@ def unpermute_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
     return w.reshape(n_heads, rows // n_heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def permute_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
-    """llama.cpp's permutation (convert_hf_to_gguf.py, LlamaModel.permute): HF split halves -> interleaved."""
-    rows = w.shape[0]
-    return w.reshape(n_heads, 2, rows // n_heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
 def _short_float(x: float) -> float:
     """GGUF stores floats as float32 (1e-5 reads back as 9.99999974e-06); keep the value HF's config had."""
     return float(str(np.float32(x)))

@@ -24,8 +24,8 @@ from minskill.report.provenance import NOT_RECORDED, best_node_id, gained_lost, 
 from minskill.skillsets import SkillSet
 
 MASA_FLAGS = ("suite", "n_train", "n_heldout", "iterations", "patience", "tree_iterations", "episodes", "c",
-              "max_children", "lam_nh", "target_url", "target_model", "teacher_url", "teacher_model", "model_spec",
-              "quantize", "max_calls", "seed", "gate", "gate_alpha", "gate_tasks")
+              "max_children", "lam_nh", "task_url", "task_model", "teacher_url", "teacher_model", "model_spec",
+              "task_quantize", "max_calls", "seed", "gate", "gate_alpha", "gate_tasks")
 BOX_W, BOX_H, COL_W, ROW_H = 176, 84, 192, 124
 
 
@@ -329,7 +329,7 @@ def render_masa(run: dict) -> str:
                                                                 "checkpoint" if recorded else "calls per role and seconds"))
     card = run["card"] or {}
     info = run["run"] or {}
-    summary = (f"target {info.get('target_model') or args.get('target_model') or args.get('model_spec')}, teacher "
+    summary = (f"target {info.get('target_model') or args.get('task_model') or args.get('model_spec')}, teacher "
                f"{(run['results'] or {}).get('teacher_model') or args.get('teacher_model') or 'the embedded model'}; "
                f"{len(candidates)} candidates, phase {search.get('phase')}; R base "
                f"{num((run['results'] or {}).get('base_reward'))} → evolved {num(info.get('reward_out'))}")

@@ -104,16 +104,6 @@ def bilevel_advantages(rewards, prev_mean: float | None, lam: float, scale_by_st
     return intra_advantages(rewards, scale_by_std, eps) + lam * inter_advantage(rewards, prev_mean)
 
 
-def summarize_group(rewards, tol: float = 1e-8) -> dict:
-    """Summary of one group's rewards for the logs: mean, std (sample), min, max, size and
-    zero_variance (all rewards equal within tol: A_intra is then 0 for every candidate, so only the
-    λ·A_inter term gives this group a gradient)."""
-    r = _as_reward_tensor(rewards, "summarize_group")
-    lo, hi = float(r.min()), float(r.max())
-    return {"mean": float(r.mean()), "std": float(_sample_std(r)), "min": lo, "max": hi,
-            "size": int(r.numel()), "zero_variance": bool(hi - lo <= tol)}
-
-
 def _check_loss_inputs(logp, old_logp, advantages, mask, ref_logp, eps_low, eps_high, beta, agg, max_new_tokens):
     """Raise ValueError naming the first argument of policy_loss that does not fit (shapes, ranges, agg)."""
     if agg not in AGGREGATIONS:

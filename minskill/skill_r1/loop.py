@@ -45,7 +45,6 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import re
-import sys
 from dataclasses import dataclass, field, fields
 
 import torch
@@ -73,7 +72,7 @@ OUTCOMES_SHOWN = 3          # outcome lines per history entry
 
 @dataclass
 class EvolveConfig:
-    """The loop's knobs (DESIGN.md §3); the fields are train_grpo.py's flags of the same names and defaults."""
+    """The loop's knobs (docs/skill-r1.md); the fields are train_grpo.py's flags of the same names and defaults."""
     generations: int = 2              # G
     candidates: int = 4               # K skills sampled per generation from one shared prompt
     rollouts: int = 1                 # n task-model rollouts per skill and task
@@ -391,12 +390,6 @@ def _check_batch(editor, instances, cfg: EvolveConfig, seeds) -> None:
                          f"{cfg.context_tokens + cfg.max_skill_tokens} exceeds the editor's context of {limit} tokens")
 
 
-def evolve(editor, tokenizer, client, instance: Instance, cfg: EvolveConfig, *, seed: int = 0,
-           seed_skill: str = "") -> Evolution:
-    """The loop on one instance."""
-    return evolve_batch(editor, tokenizer, client, [instance], cfg, seeds=[seed], seed_skills=[seed_skill])[0]
-
-
 def make_instances(tasks: list, tasks_per_instance: int, prefix: str = "x") -> list[Instance]:
     """Group tasks by type (types sorted, tasks in order) and cut each group into instances of
     `tasks_per_instance` tasks (a remainder smaller than that is left out)."""
@@ -433,12 +426,16 @@ def autocast(bf16: bool):
     return torch.autocast(device(), dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
 
 
+class SuiteError(ValueError):
+    """--suite names no readable suite (a missing file, a malformed line): the script reports it as a usage error."""
+
+
 def load_tasks(args, split: str) -> list:
-    """--suite's tasks of `split`; a bad suite file is refused (SystemExit) before any model call."""
+    """--suite's tasks of `split`; a bad suite file raises SuiteError naming it, before any model call."""
     try:
         return load_suite(args.suite, split=split, seed=args.seed, n=args.n_tasks)
     except (ValueError, FileNotFoundError) as e:
-        sys.exit(f"train_grpo.py: --suite {args.suite}: {e}")
+        raise SuiteError(f"--suite {args.suite}: {e}") from e
 
 
 def all_zero_note(tasks, training: bool = True) -> str:
