@@ -546,22 +546,22 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--task-url", default=None, help="OpenAI-compatible base URL of the task model "
                    "(default $OPENAI_BASE_URL, else the embedded default model)")
     p.add_argument("--task-model", default=None, help="model name sent to --task-url")
-    p.add_argument("--api-key", default=None, help="API key (default $OPENAI_API_KEY)")
+    p.add_argument("--task-api-key", default=None, help="API key for --task-url (default $OPENAI_API_KEY)")
     p.add_argument("--model-spec", default="smollm2-135m", help="embedded server's model (no --task-url)")
-    p.add_argument("--quantize", choices=QUANTIZE_CHOICES, default="none", help=QUANTIZE_HELP)
+    p.add_argument("--task-quantize", choices=QUANTIZE_CHOICES, default="none", help=QUANTIZE_HELP)
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                    help="embedded server's dtype (default float32)")
     p.add_argument("--temperature", type=float, default=0.0, help="task model temperature (default 0 = greedy)")
     p.add_argument("--n", type=int, default=1, help="rollouts per task (default 1; greedy makes more useless)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed sent with each request")
-    p.add_argument("--max-tokens", type=int, default=256, help="reply budget of a single-turn answer")
+    p.add_argument("--task-max-tokens", type=int, default=256, help="reply budget of a single-turn answer")
     p.add_argument("--action-max-tokens", type=int, default=64, help="reply budget of one agent action")
     p.add_argument("--max-steps", type=int, default=None, help="override the tasks' step budget")
     p.add_argument("--history", type=int, default=8, help="past exchanges kept in an agent prompt")
     p.add_argument("--skill-max-tokens", type=int, default=1024, help="token budget of the rendered skills")
     add_retrieval_args(p)
     p.add_argument("--lam-nh", type=float, default=0.0, help="λ of the adjusted reward SR − λ·NHR")
-    p.add_argument("--concurrency", type=int, default=16, help="requests in flight at once")
+    p.add_argument("--task-concurrency", type=int, default=16, help="requests in flight at once")
     p.add_argument("--timeout", type=float, default=600.0,
                    help="seconds one request may take (a CPU batch of long replies is slow; default 600)")
     p.add_argument("--out", default=None, help="output folder (default runs/eval-SUITE-TIME)")
@@ -625,14 +625,14 @@ def main(argv=None) -> int:
     n_multi = sum(t.multi_turn for t in tasks)
     print(f"{suite_name}/{args.split}: {len(tasks)} tasks ({n_multi} multi-turn) x {args.n}, "
           f"skills={args.skills}, temperature={args.temperature} -> {out_dir}", file=sys.stderr, flush=True)
-    with embedded_client(url=args.task_url, model=args.task_model, api_key=args.api_key,
-                         model_spec=args.model_spec, max_workers=args.concurrency, timeout=args.timeout,
-                         server_args=("--max-batch", str(args.concurrency), "--dtype", args.dtype),
-                         quantize=args.quantize) as client:
+    with embedded_client(url=args.task_url, model=args.task_model, api_key=args.task_api_key,
+                         model_spec=args.model_spec, max_workers=args.task_concurrency, timeout=args.timeout,
+                         server_args=("--max-batch", str(args.task_concurrency), "--dtype", args.dtype),
+                         quantize=args.task_quantize) as client:
         try:   # a bad endpoint or a reply that does not parse: a usage error naming --embed-url
-            skills = with_retrieval(skills, retriever_from_args(args, client, args.api_key))
+            skills = with_retrieval(skills, retriever_from_args(args, client, args.task_api_key))
             trajs = run_rollouts(client, tasks, skills, n=args.n, temperature=args.temperature,
-                                 max_tokens=args.max_tokens, seed=args.seed, out_path=traj_path,
+                                 max_tokens=args.task_max_tokens, seed=args.seed, out_path=traj_path,
                                  progress=_progress_printer(started), max_steps=args.max_steps,
                                  action_max_tokens=args.action_max_tokens, history=args.history,
                                  skill_max_tokens=args.skill_max_tokens,

@@ -5,6 +5,8 @@ import dataclasses
 import evolve_masa
 import rewrite
 import train_grpo
+from minskill import rollout
+from minskill.masa import transfer
 from minskill.masa.run_config import MasaRunConfig
 
 TASK_MODEL = ["--task-url", "--task-model", "--task-api-key", "--task-quantize", "--task-concurrency",
@@ -33,6 +35,15 @@ def test_the_frozen_model_and_the_teacher_have_one_name_in_every_script():
     assert {"--api-key", "--teacher-attempts"}.isdisjoint(flags(subparser("apply")))
     assert {"--micro-batch", "--grad-checkpointing"} <= flags(subparser("train"))
     assert {"--micro-batch-size", "--gradient-checkpointing"}.isdisjoint(flags(subparser("train")))
+
+
+def test_the_rollout_and_transfer_commands_use_the_same_task_model_flags():
+    rollout_flags, transfer_flags = flags(rollout._parser()), flags(transfer.build_parser())
+    # transfer's targets are --targets LABEL=SPEC (a URL, or a model spec with its :int8 suffix)
+    assert set(TASK_MODEL) - {"--task-url", "--task-model", "--task-quantize"} <= transfer_flags
+    assert set(TASK_MODEL) <= rollout_flags
+    for old in ("--api-key", "--quantize", "--concurrency", "--max-tokens"):
+        assert old not in rollout_flags and old not in transfer_flags
 
 
 def test_defaults_come_from_the_config_dataclasses():

@@ -79,7 +79,7 @@ def targets_argv(env, **moved) -> list:
 def matrix_argv(env, out) -> list:
     return ["--suite", env["suite"], "--n-heldout", 10, "--libraries", f"alpha={env['tmp'] / 'alpha.json'}",
             env["tmp"] / "runs" / "beta" / "library", "none", *targets_argv(env),
-            "--target-model", "alpha=alpha-model", "--concurrency", 4, "--out", out]
+            "--target-model", "alpha=alpha-model", "--task-concurrency", 4, "--out", out]
 
 
 @pytest.fixture(scope="module")
@@ -249,7 +249,7 @@ def test_embedded_targets_get_one_server_per_distinct_spec_stopped_at_the_end(en
             yield client
     monkeypatch.setattr(transfer, "embedded_client", counting)
     out = tmp_path / "out"
-    code, stdout, stderr = run_main(["--suite", env["suite"], "--n-heldout", 2, "--max-tokens", 2, "--libraries",
+    code, stdout, stderr = run_main(["--suite", env["suite"], "--n-heldout", 2, "--task-max-tokens", 2, "--libraries",
                                      "none", "--targets", f"a={model}", f"b={model}:none", f"q={model}:int8",
                                      "--out", out])
     assert code == 0, stderr
@@ -343,7 +343,7 @@ def test_an_interrupted_matrix_resumes_scoring_only_its_missing_cells(env, matri
     # resumed with a run setting changed and target alpha's endpoint moved (the same model at another URL)
     with start_server(ScriptedBackend(scripted_target("alpha"), name="alpha-model")) as moved:
         CALLS.clear()
-        code, stdout, stderr = run_main(["--resume", "--out", out, "--concurrency", 2,
+        code, stdout, stderr = run_main(["--resume", "--out", out, "--task-concurrency", 2,
                                          *targets_argv(env, alpha=moved.url)])
     assert code == 0, stderr
     assert len(CALLS) == 5 * 10                                 # 5 missing cells × 10 tasks: nothing scored twice
@@ -351,7 +351,7 @@ def test_an_interrupted_matrix_resumes_scoring_only_its_missing_cells(env, matri
     final, uninterrupted = (json.loads((o / "transfer.json").read_text()) for o in (out, straight))
     assert final["complete"] and final["cells"] == uninterrupted["cells"]      # the same numbers, the same order
     assert final["targets"][0]["url"] == moved.url and final["args"]["targets"][0] == f"alpha={moved.url}"
-    assert len(final["resumed"]) == 1 and final["args"]["concurrency"] == 4    # the saved setting is kept
+    assert len(final["resumed"]) == 1 and final["args"]["task_concurrency"] == 4    # the saved setting is kept
     assert kept.stat().st_mtime_ns == before
     assert sorted(p.relative_to(out) for p in (out / "trajectories").rglob("*.jsonl")) == \
         sorted(p.relative_to(straight) for p in (straight / "trajectories").rglob("*.jsonl"))
@@ -379,7 +379,7 @@ def partial(matrix, tmp_path):
 
 @pytest.mark.parametrize("extra, names", [
     (["--n-heldout", 5], "--n-heldout 5 contradicts the saved run's --n-heldout 10"),
-    (["--max-tokens", 64], "--max-tokens 64 contradicts"),
+    (["--task-max-tokens", 64], "--task-max-tokens 64 contradicts"),
     (["--libraries", "none"], "--libraries ['none'] contradicts"),
     (["--retrieve", "keyword"], "--retrieve 'keyword' contradicts"),
     (["--target-model", "alpha=other-model"], "--target-model ['alpha=other-model'] contradicts"),

@@ -94,8 +94,8 @@ from minskill.skillsets import SkillSet
 from minskill.tasks import load_suite
 
 PROG = "python -m minskill.masa.transfer"
-RUN_SETTINGS = ("api_key", "concurrency", "timeout", "startup_timeout", "device", "embed_url")  # --resume may change
-NOT_SAVED = ("resume", "overwrite", "out", "api_key")      # the flags transfer.json's "args" leaves out
+RUN_SETTINGS = ("task_api_key", "task_concurrency", "timeout", "startup_timeout", "device", "embed_url")  # --resume may change
+NOT_SAVED = ("resume", "overwrite", "out", "task_api_key")      # the flags transfer.json's "args" leaves out
 
 
 class TransferError(ValueError):
@@ -331,11 +331,11 @@ def connect(targets: list[Target], args):
     (model spec, quantisation), all stopped when the block exits. Each client knows its model's name."""
     with contextlib.ExitStack() as stack:
         servers, clients = {}, {}
-        kw = dict(max_workers=args.concurrency, timeout=args.timeout)
+        kw = dict(max_workers=args.task_concurrency, timeout=args.timeout)
         for target in targets:
             if target.url is not None:
                 client = stack.enter_context(embedded_client(url=target.url, model=target.model,
-                                                             api_key=args.api_key, **kw))
+                                                             api_key=args.task_api_key, **kw))
                 client.resolve_model()        # an unreachable endpoint fails here, before any cell
             else:
                 key = (target.model_spec, target.quantize)
@@ -343,7 +343,7 @@ def connect(targets: list[Target], args):
                     log(f"starting the embedded server: {target.model_spec} (quantize {target.quantize})")
                     servers[key] = stack.enter_context(embedded_client(
                         model_spec=target.model_spec, quantize=target.quantize, startup_timeout=args.startup_timeout,
-                        server_args=("--max-batch", str(args.concurrency)), **kw))
+                        server_args=("--max-batch", str(args.task_concurrency)), **kw))
                 client = servers[key]
             target.model = client.model
             clients[target.label] = client
@@ -361,7 +361,7 @@ def reference_of(row: Row, rows: list[Row], target: Target) -> str:
 def score_cell(client, tasks: list, skills, args, retriever) -> tuple[list, dict, list[float]]:
     """(trajectories, summary, per-task reward in task order) of one cell."""
     trajectories = run_rollouts(client, tasks, with_retrieval(skills, retriever), n=1, temperature=0.0,
-                                max_tokens=args.max_tokens, seed=args.seed, skill_max_tokens=args.skill_max_tokens)
+                                max_tokens=args.task_max_tokens, seed=args.seed, skill_max_tokens=args.skill_max_tokens)
     by_task = {t.task_id: float(t.reward) for t in trajectories}
     return trajectories, summarize(trajectories, lam_nh=0.0), [by_task.get(t.id, 0.0) for t in tasks]
 
@@ -412,7 +412,7 @@ def score_matrix(run: dict, rows: list[Row], targets: list[Target], tasks: list,
         started, client, summary = time.time(), clients[target.label], None
         if target.label not in row.unparsed:
             if target.label not in retrievers:
-                retrievers[target.label] = retriever_from_args(args, client, args.api_key)
+                retrievers[target.label] = retriever_from_args(args, client, args.task_api_key)
             trajectories, summary, rewards[key] = score_cell(client, tasks, row.skills_for[target.label], args,
                                                              retrievers[target.label])
             write_jsonl_atomic(in_out(out, "trajectories", target.label, f"{row.label}.jsonl"),
@@ -579,11 +579,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "an embedded model spec (smollm2-135m, an HF folder) with an optional :int8 or :auto suffix")
     p.add_argument("--target-model", nargs="+", default=None, metavar="LABEL=NAME",
                    help="the model name to ask a URL target for (default: the first it lists)")
-    p.add_argument("--api-key", default=None, help="API key of the URL targets (default $OPENAI_API_KEY)")
+    p.add_argument("--task-api-key", default=None, help="API key of the URL targets (default $OPENAI_API_KEY)")
     p.add_argument("--suite", default="qa", help="qa | household | webwalk | PATH.jsonl (default qa)")
     p.add_argument("--n-heldout", type=int, default=40, help="held-out tasks (evolve_masa.py's; default 40)")
     p.add_argument("--task-seed", type=int, default=0, help="seed of the generated suite (default 0)")
-    p.add_argument("--max-tokens", type=int, default=128, help="reply budget per task (evolve_masa.py's; 128)")
+    p.add_argument("--task-max-tokens", type=int, default=128, help="reply budget per task (evolve_masa.py's; 128)")
     p.add_argument("--skill-max-tokens", type=int, default=1024, help="token budget of the rendered skills")
     p.add_argument("--seed", type=int, default=0, help="seed sent with each request (greedy: no effect)")
     add_retrieval_args(p.add_argument_group("retrieval (minskill.retrieval)"))
@@ -596,7 +596,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--rewriter-max-tokens", type=int, default=1536, help="reply budget of the rewriter")
     g.add_argument("--device", default=None, help="the rewriter's device (default cuda when available)")
     g = p.add_argument_group("run")
-    g.add_argument("--concurrency", type=int, default=16, help="requests in flight per target")
+    g.add_argument("--task-concurrency", type=int, default=16, help="requests in flight per target")
     g.add_argument("--timeout", type=float, default=600.0, help="seconds one reply may take")
     g.add_argument("--startup-timeout", type=float, default=600.0, help="seconds to wait for an embedded server")
     g.add_argument("--out", default=None, help="output folder (default runs/transfer-TIME)")
@@ -644,7 +644,7 @@ def run_record(args, rows: list[Row], libraries: list[Library], targets: list[Ta
                           for r in rows],
             "targets": [{"label": t.label, "spec": t.spec, "url": t.url, "model_spec": t.model_spec,
                          "quantize": t.quantize, "model": t.model, "card": t.card} for t in targets],
-            "cells": [], "max_tokens": args.max_tokens, "retrieve": args.retrieve, "command": command_line(argv),
+            "cells": [], "max_tokens": args.task_max_tokens, "retrieve": args.retrieve, "command": command_line(argv),
             "args": {k: v for k, v in vars(args).items() if k not in NOT_SAVED}}
 
 
