@@ -36,6 +36,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -56,6 +57,23 @@ from minskill.serve.client import ChatClient, usage_delta
 from minskill.serve.server import embedded_client
 from minskill.skillsets import SkillSet, check_replaceable
 from minskill.tasks import load_suite
+
+
+@dataclass(frozen=True)
+class ApplyConfig:
+    """`rewrite.py apply`'s defaults, the only place they are written (argparse reads them; `train`'s are
+    minskill.masa.sft.SFTConfig's). λ_nh is the search's (MasaConfig), so --compare scores the R it optimised."""
+    max_new_tokens: int = 1536       # the rewriter's reply budget
+    temperature: float = 0.0         # greedy
+    seed: int = 0
+    dtype: str = "float32"
+    split: str = "heldout"
+    task_seed: int = 0
+    task_concurrency: int = 8
+    task_max_tokens: int = 256
+    teacher_retries: int = 2
+    model_spec: str = "smollm2-135m"
+    lam_nh: float = MasaConfig.lam_nh
 
 # ----------------------------------------------------------------------------------------------- helpers
 
@@ -347,24 +365,26 @@ def build_parser() -> argparse.ArgumentParser:
     am.add_argument("--out", required=True, help="folder for the rewritten skills")
     am.add_argument("--overwrite", action="store_true", help="replace a non-empty --out (and with --compare, the "
                    "earlier comparison in OUT-compare)")
-    ao.add_argument("--max-new-tokens", type=int, default=1536, help="reply budget of the rewriter (default 1536)")
-    ao.add_argument("--temperature", type=float, default=0.0, help="rewriter temperature (default 0 = greedy)")
-    ao.add_argument("--seed", type=int, default=0)
-    ao.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    c = ApplyConfig()
+    ao.add_argument("--max-new-tokens", type=int, default=c.max_new_tokens,
+                    help=f"reply budget of the rewriter (default {c.max_new_tokens})")
+    ao.add_argument("--temperature", type=float, default=c.temperature, help="rewriter temperature (default 0 = greedy)")
+    ao.add_argument("--seed", type=int, default=c.seed)
+    ao.add_argument("--dtype", choices=("float32", "bfloat16"), default=c.dtype)
     ao.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda when available)")
     g = a.add_argument_group("--compare: evaluate input vs rewritten vs teacher one-shot skills")
     am.add_argument("--compare", action="store_true", help="evaluate the three skill sets and print one table")
     am.add_argument("--suite", default=None, help="qa | household | webwalk | PATH.jsonl (also names 'base' skills)")
-    g.add_argument("--split", default="heldout", help="task split (default heldout)")
+    g.add_argument("--split", default=c.split, help=f"task split (default {c.split})")
     g.add_argument("--n-tasks", type=int, default=None, help="number of tasks (default: the whole split)")
-    g.add_argument("--task-seed", type=int, default=0, help="seed of the generated suite")
-    add_task_model_args(g, concurrency=8, max_tokens=256, main=am)
+    g.add_argument("--task-seed", type=int, default=c.task_seed, help="seed of the generated suite")
+    add_task_model_args(g, concurrency=c.task_concurrency, max_tokens=c.task_max_tokens, main=am)
     add_teacher_args(g, url_help="the task endpoint", main=am)
-    g.add_argument("--teacher-retries", type=int, default=2, help="teacher replies tried after the first until "
-                   "one parses (default 2)")
-    g.add_argument("--model-spec", default="smollm2-135m", help="model of the embedded server")
-    g.add_argument("--lam-nh", type=float, default=MasaConfig.lam_nh, help="λ of the adjusted reward SR − λ·NHR "
-                   f"(default {MasaConfig.lam_nh}: the search's, evolve_masa.py --lam-nh)")
+    g.add_argument("--teacher-retries", type=int, default=c.teacher_retries, help="teacher replies tried after the "
+                   f"first until one parses (default {c.teacher_retries})")
+    g.add_argument("--model-spec", default=c.model_spec, help="model of the embedded server")
+    g.add_argument("--lam-nh", type=float, default=c.lam_nh, help="λ of the adjusted reward SR − λ·NHR "
+                   f"(default {c.lam_nh}: the search's, evolve_masa.py --lam-nh)")
     g.add_argument("--compare-out", default=None, help="folder for trajectories and compare.json (default OUT-compare)")
     add_retrieval_args(g)
     a.set_defaults(func=cmd_apply)

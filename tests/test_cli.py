@@ -63,3 +63,8 @@ def test_compare_scores_the_reward_the_search_optimises():
     """rewrite.py apply --compare's R = SR − λ·NHR used λ = 0 while evolve_masa.py's search used 0.1."""
     compare = rewrite.build_parser().parse_args(APPLY)
     assert compare.lam_nh == evolve_masa.build_parser().parse_args([]).lam_nh == MasaRunConfig().lam_nh
+
+
+def test_apply_defaults_come_from_apply_config():
+    args, config = rewrite.build_parser().parse_args(APPLY), rewrite.ApplyConfig()
+    assert {f.name: getattr(args, f.name) for f in dataclasses.fields(config)} == dataclasses.asdict(config)
