@@ -22,8 +22,8 @@ continue; the flags that shape the result (the algorithm, the data, the seeds) a
 flags that say where and how fast it runs (endpoints, API keys, concurrency, timeouts, budgets, step counts
 to go on to) may differ. How each script enforces the second rule: train_grpo.py refuses a differing flag
 (RESUME_MUST_MATCH; a new --steps is noted, it changes the schedule); evolve_masa.py restores the saved flags and takes from the
-command line only RESUMABLE_OVERRIDES (a different --gate is refused); `rewrite.py train` reloads the saved
-optimizer state and warns of a changed config or changed data (minskill.masa.sft).
+command line only RESUMABLE_OVERRIDES (a different --gate is refused); `rewrite.py train` refuses a differing setting or
+other training data (minskill.masa.sft.RUN_SETTINGS may change).
 
 --overwrite deletes, so it clears only what is certainly a run (`check_overwrite`): a folder holding the marker,
 given by its own name (not a symbolic link: the link's target is what would be emptied), that is not the home

@@ -212,6 +212,12 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(tiny_dir, tmp_path):
         f.write(json.dumps({"step": 4, "loss": 123.0}) + "\n")
     with pytest.raises(ValueError, match="checkpoints of an earlier run"):   # never mixed with a fresh run
         sft.train_sft(first, tok, examples, tmp_path / "cut", sft.SFTConfig(**cfg), log=lambda _: None)
+    with pytest.raises(ValueError, match=r"differ from the checkpoint's run.*lr 0.01 -> 0.02"):  # the result's flags
+        sft.train_sft(load_pretrained(tiny_dir), tok, examples, tmp_path / "cut",
+                      sft.SFTConfig(**{**cfg, "lr": 2e-2}), resume=True, log=lambda _: None)
+    with pytest.raises(ValueError, match="training data differ"):
+        sft.train_sft(load_pretrained(tiny_dir), tok, examples[:3], tmp_path / "cut", sft.SFTConfig(**cfg),
+                      resume=True, log=lambda _: None)
     resumed = load_pretrained(tiny_dir)              # fresh base weights, replaced on resume
     lines = []
     summary = sft.train_sft(resumed, tok, examples, tmp_path / "cut", sft.SFTConfig(**cfg), resume=True,

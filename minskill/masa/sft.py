@@ -418,6 +418,11 @@ def make_optimizer(model: Transformer, cfg: SFTConfig) -> torch.optim.AdamW:
                              betas=cfg.adam_betas, eps=cfg.adam_eps, weight_decay=cfg.weight_decay)
 
 
+# SFTConfig fields that say how fast or how often, not what is learned: --resume may change them
+RUN_SETTINGS = ("max_steps", "eval_every", "save_every", "log_every", "keep_checkpoints", "micro_batch_size",
+                "gradient_checkpointing", "chunk_tokens")
+
+
 def _resume(model: Transformer, optimizer, out_dir: Path, resume, cfg: SFTConfig, fingerprint: str,
             total_steps: int, log: Callable[[str], None]) -> int:
     """Load the weights, optimizer and RNG states of the checkpoint to resume (see train_sft); returns its
@@ -445,14 +450,16 @@ def _resume(model: Transformer, optimizer, out_dir: Path, resume, cfg: SFTConfig
                 log(f"resume: warning: {problems[-1]}; falling back to the earlier {candidates[i + 1]}")
     else:
         raise ValueError(f"--resume: no checkpoint can be loaded: {'; '.join(problems)}")
-    set_rng_state(state["rng"])
+    # the resume policy of minskill/runs.py: what shapes the result must be the saved run's
     if state.get("data_fingerprint") != fingerprint:
-        log("resume: warning: the training data differ from the checkpoint's; batches will not replay")
-    changed = {k for k, v in state.get("config", {}).items()
-               if k not in ("max_steps", "eval_every", "save_every", "log_every", "keep_checkpoints")
-               and asdict(cfg).get(k) != (tuple(v) if isinstance(v, list) else v)}
+        raise ValueError(f"--resume: the training data differ from those {ckpt} was trained on, so it would not "
+                         "continue the same run (give the same record files, or start a new --out)")
+    changed = sorted(f"{k} {v!r} -> {asdict(cfg).get(k)!r}" for k, v in state.get("config", {}).items()
+                     if k not in RUN_SETTINGS and asdict(cfg).get(k) != (tuple(v) if isinstance(v, list) else v))
     if changed:
-        log(f"resume: warning: config changed since the checkpoint: {sorted(changed)}")
+        raise ValueError(f"--resume: these settings differ from the checkpoint's run, so it would not continue "
+                         f"the same run: {', '.join(changed)}")
+    set_rng_state(state["rng"])
     log(f"resume: continuing from {ckpt} at step {state['step']}/{total_steps}")
     return state["step"]
 
