@@ -326,7 +326,7 @@ def set_up(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Run:
 
 def check_search_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Counts that leave the search nothing to do, or that it cannot run with, refused before any model call or
-    file (MasaSearch, hill_climb and ucb.search refuse them only after the preliminary calls and the run folder)."""
+    file (MasaSearch would find them only after the preliminary calls and the run folder)."""
     least = {"n_train": 1, "n_prelim": 0, "n_heldout": 0, "episodes": 1, "iterations": 0, "patience": 1,
              "tree_iterations": 0, "max_children": 1, "sft_copies": 0, "task_concurrency": 1}
     why = {"n_train": " (the search tasks)", "episodes": " (the episodes a tree node is scored on)"}
@@ -479,10 +479,10 @@ def run_search(run: Run, target, teacher) -> tuple[MasaSearch | None, str | None
     search = None
     try:
         search = MasaSearch(target, teacher, model_card(run, target, teacher), run.tasks, run.base_skills, run.config,
-                            state=run.state["search"], log=log, checkpoint=lambda state: checkpoint(run, state),
-                            budget=run.budget, gate_tasks=run.gate_tasks)   # 1. the card, then 2-3
+                            run.state["search"], log, run.budget, run.gate_tasks)   # 1. the card, then 2-3
         checkpoint(run, search.to_json())
-        search.run()
+        for state in search.run():   # after every iteration: save the search's state
+            checkpoint(run, state)
     except BudgetExhausted as e:
         if search is not None:
             search.restore(search.last_checkpoint)

@@ -61,6 +61,7 @@ import os
 import random
 import sys
 import time
+from functools import partial
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -160,39 +161,44 @@ def train(args) -> int:
         t_run = time.time()
         probes = [held_out_probe(run, client, args, after_steps=0)] if run.start_step == 0 and args.probe_every else []
         for step in range(run.start_step, args.steps):
-            t0, usage0 = time.time(), client.usage
-            # 1. pick this step's instances
-            picks = instance_order(len(run.instances), step, args.instances_per_step, args.seed)
-            batch = [run.instances[i] for i in picks]
-            # 2. evolve: G generations of K candidate skills on each, scored by the frozen task model
-            run.editor.eval()
-            with autocast(args.bf16):
-                evolutions = evolve_batch(run.editor, run.tokenizer, client, batch, cfg,
-                                          seeds=[step_seed(args.seed, step, j) for j in range(len(batch))],
-                                          seed_skills=[skill_text(run.seed_skills, x.type) for x in batch])
-            t_sampled = time.time()
-            # 3. advantages: A = A_intra + λ·A_inter on every candidate
-            candidates = assign_advantages(evolutions, args.lam, args.scale_by_std)
-            # 4. policy update: the clipped GRPO loss over all candidates' tokens
-            run.editor.train()
-            stats = policy_update(run.editor, run.ref_model, run.optimizer, candidates, args)
-            lr = run.optimizer.param_groups[0]["lr"]
-            run.scheduler.step()
-            # 5. log
-            usage = {k: v - usage0[k] for k, v in client.usage.items()}
-            row = metrics_row(step, evolutions, candidates, stats, usage, t0, t_sampled, lr)
-            if args.probe_every and ((step + 1) % args.probe_every == 0 or step + 1 == args.steps):
-                probes.append(held_out_probe(run, client, args, after_steps=step + 1))
-            row["probes"], probes = probes, []
-            log_step(run, args, row, t0, t_run, evolutions)
-            # 6. checkpoint
-            if (step + 1) % args.save_every == 0 or step + 1 == args.steps:
-                save_checkpoint(run.out / "checkpoint", run.editor, run.tokenizer, {
-                    "step": step + 1, "optimizer": run.optimizer.state_dict(), "scheduler": run.scheduler.state_dict(),
-                    "args": vars(args), "editor_spec": run.editor_spec, "metrics": run.rows})
+            train_step(run, args, cfg, client, step, t_run, probes)
+            probes = []
         calls = client.stats["calls"]
     summarize(run, args, calls)
     return 0
+
+
+def train_step(run: Run, args, cfg: EvolveConfig, client, step: int, t_run: float, probes: list) -> None:
+    """One Skill-R1 step: evolve skills on a batch of instances, score them, one GRPO update, log, checkpoint."""
+    t0, usage0 = time.time(), client.usage
+    # 1. pick this step's instances
+    batch = [run.instances[i] for i in instance_order(len(run.instances), step, args.instances_per_step, args.seed)]
+    # 2. evolve: G generations of K candidate skills on each, scored by the frozen task model
+    run.editor.eval()
+    with autocast(args.bf16):
+        evolutions = evolve_batch(run.editor, run.tokenizer, client, batch, cfg,
+                                  seeds=[step_seed(args.seed, step, j) for j in range(len(batch))],
+                                  seed_skills=[skill_text(run.seed_skills, x.type) for x in batch])
+    t_sampled = time.time()
+    # 3. advantages: A = A_intra + λ·A_inter on every candidate
+    candidates = assign_advantages(evolutions, args.lam, args.scale_by_std)
+    # 4. policy update: the clipped GRPO loss over all candidates' tokens
+    run.editor.train()
+    stats = policy_update(run.editor, run.ref_model, run.optimizer, candidates, args)
+    lr = run.optimizer.param_groups[0]["lr"]
+    run.scheduler.step()
+    # 5. log
+    usage = {k: v - usage0[k] for k, v in client.usage.items()}
+    row = metrics_row(step, evolutions, candidates, stats, usage, t0, t_sampled, lr)
+    if args.probe_every and ((step + 1) % args.probe_every == 0 or step + 1 == args.steps):
+        probes.append(held_out_probe(run, client, args, after_steps=step + 1))
+    row["probes"] = probes
+    log_step(run, args, row, t0, t_run, evolutions)
+    # 6. checkpoint
+    if (step + 1) % args.save_every == 0 or step + 1 == args.steps:
+        save_checkpoint(run.out / "checkpoint", run.editor, run.tokenizer, {
+            "step": step + 1, "optimizer": run.optimizer.state_dict(), "scheduler": run.scheduler.state_dict(),
+            "args": vars(args), "editor_spec": run.editor_spec, "metrics": run.rows})
 
 
 def held_out_probe(run: Run, client, args, after_steps: int) -> dict:
@@ -379,8 +385,8 @@ def setup(args) -> Run:
         editor, tokenizer, ref_model = build_editor(args, ckpt, editor_spec)
         optimizer = torch.optim.AdamW(trainable_parameters(editor), lr=args.lr, weight_decay=args.weight_decay,
                                       betas=(0.9, 0.99))
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer,
-                                                      lambda s: lr_factor(s, args.steps, args.warmup_ratio))
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, partial(lr_factor, total=args.steps,
+                                                                         warmup_ratio=args.warmup_ratio))
         if state is not None:
             optimizer.load_state_dict(state["optimizer"])
             scheduler.load_state_dict(state["scheduler"])

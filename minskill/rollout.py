@@ -361,12 +361,10 @@ def run_rollouts(client, tasks, skills=None, *, n: int = 1, temperature: float =
                  seed: int | None = 0, out_path=None, progress: Callable | None = None,
                  max_steps: int | None = None, action_max_tokens: int = 64, history: int | None = 8,
                  skill_max_tokens: int = 1024, on_step: Callable | None = None) -> list[Trajectory]:
-    """Run `n` rollouts of every task under `skills` and return their trajectories in task order (samples
-    of a task together); out_path gets them in the order they finish. `client` is a ChatClient (`chat`
-    and `chat_many`; its `max_workers` bounds the requests in flight). `max_steps` overrides the tasks'
-    step budgets; `action_max_tokens` bounds one agent reply; `history` is how many past (action,
-    observation) exchanges an agent prompt keeps (None = all). `progress(done, total, trajectory)` is
-    called as each trajectory finishes, `on_step(step, live_episodes)` before each agent step."""
+    """`n` rollouts of every task under `skills` (a ChatClient's `chat`/`chat_many`), their trajectories in task
+    order (a task's samples together); out_path gets them as they finish, `progress(done, total, trajectory)`
+    too. Agents: `max_steps` overrides the tasks' budgets, `action_max_tokens` bounds a reply, `history` the
+    past exchanges a prompt keeps (None = all), `on_step(step, live_episodes)` runs before each step."""
     if n < 1:
         raise ValueError(f"run_rollouts: n must be >= 1, got {n}")
     tasks = list(tasks)
@@ -380,11 +378,13 @@ def run_rollouts(client, tasks, skills=None, *, n: int = 1, temperature: float =
             progress(len(results), len(tasks) * n, traj)
 
     system = skill_prompts(skills, tasks, skill_max_tokens)   # by task position
-    _run_single_turn(client, [(i, t) for i, t in enumerate(tasks) if not t.multi_turn], system, finish,
-                     n=n, temperature=temperature, max_tokens=max_tokens, seed=seed)
-    _run_multi_turn(client, [(i, t) for i, t in enumerate(tasks) if t.multi_turn], system, finish,
-                    n=n, temperature=temperature, max_tokens=action_max_tokens, seed=seed, max_steps=max_steps,
-                    history=history, on_step=on_step)
+    multi = [(i, t) for i, t in enumerate(tasks) if t.multi_turn]
+    single = [(i, t) for i, t in enumerate(tasks) if not t.multi_turn]
+    if single:
+        _run_single_turn(client, single, system, finish, n=n, temperature=temperature, max_tokens=max_tokens, seed=seed)
+    if multi:
+        _run_multi_turn(client, multi, system, finish, n=n, temperature=temperature, max_tokens=action_max_tokens,
+                        seed=seed, max_steps=max_steps, history=history, on_step=on_step)
     return [traj for _, _, traj in sorted(results, key=lambda r: r[:2])]
 
 

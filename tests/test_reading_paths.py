@@ -1,66 +1,33 @@
-"""The learner's path stays readable as the code grows (issue: "each algorithm readable in one sitting").
+"""The learner's path stays readable as the code grows, and is what runs.
 
-PATHS lists, in reading order, the functions and classes a learner follows for one Skill-R1 training step
-and for one MASA iteration (tests/reading_path.py counts their lines). The README's "Read the algorithms"
-section prints the same lists; this test keeps them true: every entry exists, and each path stays within
-its budget of lines and files. It also holds the size rules: no module over 700 lines, no function over 80
-lines in the algorithm modules and the three scripts (argument parsers aside)."""
+tests/reading_path.py's PATHS list, in reading order, the code a learner follows for one Skill-R1 training step
+and for one MASA iteration of each phase. The README's "Read the algorithms" section prints the same lists; this
+test keeps them true: every function of the algorithm files that one default step or iteration executes is on
+its path (traced), every entry exists, and each path stays within its budget of lines and files. It also holds
+the size rules: no module over 700 lines, no function over 80 lines in the algorithm modules and the three
+scripts (argument parsers aside)."""
 import ast
+import contextlib
+import io
 import re
+import sys
+import threading
+from pathlib import Path
 
 import pytest
 
-from reading_path import ROOT, path_report
+import evolve_masa
+import train_grpo
+from helpers import argv, common_flags, keyword_task_model, write_keyword_suite
+from minskill.masa.search import MasaSearch
+from minskill.serve.server import ScriptedBackend, start_server
+from reading_path import PATHS, ROOT, format_path, path_report
+from tiny import make_tiny_model_dir
 
-PATHS = {
-    "Skill-R1: one training step": [
-        "train_grpo.py:main", "train_grpo.py:train", "train_grpo.py:Run", "train_grpo.py:instance_order",
-        "minskill/skill_r1/loop.py:step_seed", "minskill/skill_r1/loop.py:EvolveConfig",
-        "minskill/skill_r1/loop.py:Instance", "minskill/skill_r1/loop.py:evolve_batch",
-        "minskill/skill_r1/loop.py:score_skills", "minskill/skill_r1/loop.py:Outcome",
-        "minskill/skill_r1/loop.py:Evolution", "minskill/skill_r1/loop.py:HistoryEntry",
-        "minskill/skill_r1/loop.py:editor_messages", "minskill/skill_r1/loop.py:_history_block",
-        "minskill/skill_r1/loop.py:_outcome_line", "minskill/nn/sampling.py:generate",
-        "minskill/skill_r1/loop.py:Candidate", "minskill/skill_r1/loop.py:_carry",
-        "minskill/skill_r1/loop.py:Generation", "minskill/skill_r1/loop.py:assign_advantages",
-        "minskill/skill_r1/grpo.py:bilevel_advantages", "minskill/skill_r1/grpo.py:intra_advantages",
-        "minskill/skill_r1/grpo.py:_sample_std", "minskill/skill_r1/grpo.py:inter_advantage",
-        "train_grpo.py:policy_update", "train_grpo.py:_padded", "minskill/nn/sampling.py:completion_logprobs",
-        "minskill/skill_r1/grpo.py:policy_loss", "train_grpo.py:log_step"],
-    "MASA: one hill-climbing iteration": [
-        "evolve_masa.py:main", "evolve_masa.py:run_search", "minskill/masa/search.py:MasaConfig",
-        "minskill/masa/search.py:MasaSearch.__init__", "minskill/masa/search.py:MasaSearch.run",
-        "minskill/masa/search.py:MasaSearch.climb_general", "minskill/masa/search.py:HillClimbState",
-        "minskill/masa/search.py:hill_climb", "minskill/masa/search.py:MasaSearch.propose_general",
-        "minskill/masa/search.py:attribution_messages", "minskill/masa/search.py:general_rewrite_messages",
-        "minskill/masa/search.py:MasaSearch.ask", "minskill/masa/search.py:ask_teacher",
-        "minskill/masa/search.py:MasaSearch.add_candidate", "minskill/masa/search.py:MasaSearch.as_logged",
-        "minskill/masa/search.py:Candidate", "minskill/masa/search.py:MasaSearch.evaluate_candidate",
-        "minskill/masa/search.py:MasaSearch.evaluate", "minskill/masa/search.py:rollouts",
-        "minskill/masa/search.py:_metrics", "minskill/masa/search.py:failure_records",
-        "minskill/masa/search.py:MasaSearch.checkpoint", "minskill/masa/search.py:MasaSearch.to_json",
-        "evolve_masa.py:checkpoint", "evolve_masa.py:save_checkpoint"],
-    "MASA: one UCB1 iteration": [
-        "evolve_masa.py:main", "evolve_masa.py:run_search", "minskill/masa/search.py:MasaConfig",
-        "minskill/masa/search.py:MasaSearch.__init__", "minskill/masa/search.py:MasaSearch.run",
-        "minskill/masa/search.py:MasaSearch.search_tree", "minskill/masa/search.py:Tree",
-        "minskill/masa/search.py:MasaSearch.plant_tree", "minskill/masa/ucb.py:search", "minskill/masa/ucb.py:select",
-        "minskill/masa/ucb.py:ucb_score", "minskill/masa/ucb.py:ucb1", "minskill/masa/ucb.py:Node",
-        "minskill/masa/search.py:MasaSearch.propose_task_skills", "minskill/masa/search.py:attribution_messages",
-        "minskill/masa/search.py:task_rewrite_messages", "minskill/masa/search.py:MasaSearch.ask",
-        "minskill/masa/search.py:ask_teacher", "minskill/masa/search.py:MasaSearch.add_candidate",
-        "minskill/masa/search.py:MasaSearch.as_logged", "minskill/masa/search.py:Candidate",
-        "minskill/masa/ucb.py:expand", "minskill/masa/ucb.py:evaluate",
-        "minskill/masa/search.py:MasaSearch.evaluate_node", "minskill/masa/search.py:MasaSearch.type_tasks",
-        "minskill/masa/search.py:MasaSearch.evaluate_candidate", "minskill/masa/search.py:MasaSearch.evaluate",
-        "minskill/masa/search.py:rollouts", "minskill/masa/search.py:_metrics",
-        "minskill/masa/search.py:failure_records", "minskill/masa/ucb.py:backpropagate",
-        "minskill/masa/ucb.py:best_node", "minskill/masa/search.py:MasaSearch.checkpoint",
-        "minskill/masa/search.py:MasaSearch.to_json", "minskill/masa/ucb.py:to_dict", "evolve_masa.py:checkpoint",
-        "evolve_masa.py:save_checkpoint"],
-}
-BUDGETS = {"Skill-R1: one training step": (500, 4), "MASA: one hill-climbing iteration": (600, 3),
-           "MASA: one UCB1 iteration": (600, 3)}
+# (lines, files) a path may hold: a ratchet at what the paths hold today, now that they count all that runs; the
+# issue's goal is 500 / 400 / 500 lines
+BUDGETS = {"Skill-R1: one training step": (870, 8), "MASA: one hill-climbing iteration": (600, 6),
+           "MASA: one UCB1 iteration": (720, 7)}
 SCRIPTS = ("train_grpo.py", "evolve_masa.py", "rewrite.py")
 INFRASTRUCTURE = ("bench.py",)   # measurement code, not an algorithm module: only the module size rule applies
 
@@ -74,11 +41,8 @@ def test_each_path_fits_its_budget(name):
 
 def test_the_readme_prints_each_path_with_its_counts():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    for name, entries in PATHS.items():
-        lines, files, rows = path_report(entries)
-        assert f"{name}: {lines} lines in {files} files" in readme, name
-        for entry, n in rows:
-            assert re.search(rf"\b{n}\s+`?{re.escape(entry)}`?", readme), entry
+    for name in PATHS:
+        assert format_path(name) in readme, f"README.md: {name} differs from `python tests/reading_path.py`"
 
 
 def modules():
@@ -103,3 +67,102 @@ def long_functions(path):
                          ids=lambda p: str(p.relative_to(ROOT)))
 def test_no_function_over_80_lines(path):
     assert list(long_functions(path)) == []
+
+
+# ---------------------------------------------------------------------------------------------- what runs
+# The algorithm files: the code of the two papers' algorithms, so every function of theirs that one step or
+# iteration executes is on its reading path. What else runs is the machinery they stand on, read once, not per
+# step: the model and its tokenizer (nn/model, weights, tokenizer, lora), HTTP clients and servers (serve/), run
+# folders and files (runs, files), skill parsing (skills, skillsets, replies), the tasks' verifiers (tasks/).
+# Of nn/sampling.py only the editor's sampling and the update's log-probs are algorithm code.
+ALGORITHM_FILES = ("train_grpo.py", "evolve_masa.py", "rewrite.py", "minskill/skill_r1/", "minskill/masa/search.py",
+                   "minskill/masa/ucb.py", "minskill/masa/teacher.py", "minskill/gates.py", "minskill/paired.py",
+                   "minskill/rollout.py", "minskill/nn/shared_prefix.py")
+ALGORITHM_FUNCTIONS = {"minskill/nn/sampling.py": ("generate", "completion_logprobs")}
+
+
+@contextlib.contextmanager
+def tracing(seen: set):
+    """Adds (file, qualname) of every function of the algorithm files called meanwhile, in this thread and in
+    threads started meanwhile (the rollouts' pool)."""
+    def profile(frame, event, arg):
+        if event == "call":
+            seen.add((frame.f_code.co_filename, frame.f_code.co_qualname))
+    threading.setprofile(profile)
+    sys.setprofile(profile)
+    try:
+        yield
+    finally:
+        sys.setprofile(None)
+        threading.setprofile(None)
+
+
+def algorithm_functions(seen: set) -> set[str]:
+    """"FILE:QUALNAME" of the traced functions that are algorithm code (a nested function as written in it)."""
+    found = set()
+    for filename, qualname in seen:
+        try:
+            file = Path(filename).resolve().relative_to(ROOT).as_posix()
+        except ValueError:
+            continue
+        top = qualname.split(".<locals>")[0]
+        if file.startswith(ALGORITHM_FILES) or top in ALGORITHM_FUNCTIONS.get(file, ()):
+            found.add(f"{file}:{qualname}")
+    return found
+
+
+def off_path(executed: set[str], entries: list[str]) -> list[str]:
+    """The executed functions that no entry of the path holds (an entry holds its methods and nested code)."""
+    def held(name: str) -> bool:
+        file, _, qualname = name.partition(":")
+        parts = qualname.replace(".<locals>", "").split(".")
+        return any(f"{file}:{'.'.join(parts[:k])}" in entries for k in range(1, len(parts) + 1))
+    return sorted(name for name in executed if not held(name))
+
+
+def traced_once(monkeypatch, owner, name: str, seen: set, then=None):
+    """Trace the first call of owner.name (and, with `then` = (owner, name), the next call of that one too)."""
+    real, state = getattr(owner, name), {"calls": 0, "then": False}
+
+    def wrapper(*args, **kwargs):
+        state["calls"] += 1
+        if state["calls"] != 1:
+            return real(*args, **kwargs)
+        with tracing(seen):
+            result = real(*args, **kwargs)
+        state["then"] = True
+        return result
+    monkeypatch.setattr(owner, name, wrapper)
+    if then is not None:
+        real_then = getattr(*then)
+
+        def after(*args, **kwargs):
+            if not state["then"]:
+                return real_then(*args, **kwargs)
+            state["then"] = False
+            with tracing(seen):
+                return real_then(*args, **kwargs)
+        monkeypatch.setattr(*then, after)
+
+
+def test_the_skill_r1_path_is_what_a_default_step_runs(tmp_path, monkeypatch):
+    editor = make_tiny_model_dir(tmp_path / "editor", family="llama", chat_format="chatml",
+                                 max_position_embeddings=1024)
+    suite, seen = write_keyword_suite(tmp_path / "keywords.jsonl"), set()
+    traced_once(monkeypatch, train_grpo, "train_step", seen)
+    with start_server(ScriptedBackend(keyword_task_model, name="keywords")) as server, \
+            contextlib.redirect_stdout(io.StringIO()):
+        assert train_grpo.main(common_flags(editor, suite, server.url, tmp_path / "out") + ["--steps", "1"]) == 0
+    executed = algorithm_functions(seen)
+    assert off_path(executed, PATHS["Skill-R1: one training step"]) == []
+
+
+@pytest.mark.parametrize("name, method", [("MASA: one hill-climbing iteration", "climb_iteration"),
+                                          ("MASA: one UCB1 iteration", "tree_iteration")])
+def test_each_masa_path_is_what_an_iteration_runs(env, tmp_path, monkeypatch, name, method):
+    seen = set()
+    traced_once(monkeypatch, MasaSearch, method, seen, then=(evolve_masa, "checkpoint"))
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        assert evolve_masa.main(argv(env, tmp_path / "out")) == 0
+    executed = algorithm_functions(seen)
+    assert off_path(executed, PATHS[name]) == []

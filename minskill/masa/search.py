@@ -13,7 +13,9 @@ Reward of a skill set S on a list of tasks (computed once, by rollout.summarize,
 Every skill set the search makes is a `Candidate` (its skills, parent, reward, metrics, the teacher's
 attribution): the payload of the hill climb and of the tree nodes, and one record of the search log.
 
-Phase 1, general skills, hill climbing (`hill_climb`, driven by `MasaSearch.climb_general`):
+`MasaSearch.run` drives both phases, one iteration at a time, yielding the state to save after each.
+
+Phase 1, general skills, hill climbing (`MasaSearch.climb_iteration`):
 
     S* = S_0 (base skills), R* = R(S_0) on the search tasks
     for it = 1..I, while fewer than p consecutive iterations failed to improve:
@@ -25,7 +27,7 @@ Phase 1, general skills, hill climbing (`hill_climb`, driven by `MasaSearch.clim
          gate tasks apart from the search tasks instead, never shown to the teacher; minskill/gates.py)
 
 Phase 2, task-specific skills, one UCB1 tree per task type t with the general skills of S* fixed
-(`MasaSearch.search_tree`, which runs `ucb.search`, the tree of minskill/masa/ucb.py):
+(`MasaSearch.tree_iteration`: select, expand, evaluate, backpropagate of minskill/masa/ucb.py):
 
     root = S*'s skills for t; a node's reward = R over N episodes of type t
     select by UCB1(n) = R̄(n) + C · sqrt(ln N(parent) / N(n))   (R̄: mean over n and its descendants)
@@ -42,10 +44,9 @@ A teacher reply is parsed robustly (JSON in a fence or inside prose, the skill f
 reply that does not parse is retried (at most `teacher_retries` times, telling the teacher what was
 wrong), then the step is skipped and the skip is logged (`ask_teacher`).
 
-Also here: the one-shot teacher adaptation (`one_shot_rewrite`, the "DS-Adapter" baseline; its reply is the
-MASA JSON library that SkillSet.from_json reads). Elsewhere:
-the rewriter's SFT records and their task description (minskill/masa/data.py), the target-call cache and budget
-(minskill/serve/caching.py).
+Also here: the one-shot teacher adaptation (`one_shot_rewrite`, the "DS-Adapter" baseline; its reply is the MASA
+JSON library that SkillSet.from_json reads). Elsewhere: the rewriter's SFT records and their task description
+(minskill/masa/data.py), the target-call cache and budget (minskill/serve/caching.py).
 """
 from __future__ import annotations
 
@@ -54,7 +55,7 @@ import json
 import math
 import zlib
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from minskill import gates
 from minskill.masa import ucb
@@ -282,31 +283,30 @@ class HillClimbState:
     def from_json(cls, data: dict, payload_from_json: Callable[[Any], Any] | None = None) -> "HillClimbState":
         return cls(**{**data, "best": payload_from_json(data["best"]) if payload_from_json else data["best"]})
 
+    def record(self, candidate: Any, reward: float | None, accepted: bool) -> None:
+        """One iteration done: an accepted candidate becomes the best (stale back to 0), else stale += 1."""
+        if accepted:
+            self.best, self.best_reward, self.stale = candidate, reward, 0
+        else:
+            self.stale += 1
+        self.iteration += 1
+
 
 def hill_climb(state: HillClimbState, propose: Callable[[HillClimbState], Any], evaluate: Callable[[Any], float],
-               iterations: int, patience: int,
-               on_iteration: Callable[[HillClimbState, Any, float | None, bool], None] | None = None,
-               max_reward: float = math.inf,
+               iterations: int, patience: int, on_iteration: Callable[[HillClimbState, Any, float | None, bool], None]
+               | None = None, max_reward: float = math.inf,
                accept: Callable[[HillClimbState, Any, float], bool] | None = None) -> HillClimbState:
-    """Run the climb from `state` (best already evaluated) until `iterations` are done, `patience`
-    consecutive iterations failed to improve, or best_reward reaches `max_reward` (nothing can beat it).
-
-    propose(state) -> a candidate, or None (the teacher's reply was skipped: a non-improving iteration).
-    A candidate is accepted only if evaluate(candidate) > state.best_reward (strictly), or, with `accept`,
-    when accept(state, candidate, reward) says so (MASA: the gate of minskill/gates.py).
-    on_iteration(state, candidate, reward, accepted) runs after each iteration (logs, checkpoints)."""
+    """A generic climb from `state` (best already evaluated), as MasaSearch.run drives its own: until `iterations`
+    are done, `patience` iterations in a row failed to improve, or best_reward reaches `max_reward`. propose(state)
+    gives a candidate or None (a non-improving iteration); it is accepted if evaluate(candidate) > best_reward
+    (or accept(state, candidate, reward) says so); on_iteration(state, candidate, reward, accepted) follows."""
     if iterations < 0 or patience < 1:
         raise ValueError(f"hill_climb: need iterations >= 0 and patience >= 1, got {iterations}, {patience}")
     while state.iteration < iterations and state.stale < patience and state.best_reward < max_reward:
         candidate = propose(state)
         reward = None if candidate is None else float(evaluate(candidate))
-        accepted = reward is not None and (accept(state, candidate, reward) if accept is not None
-                                           else reward > state.best_reward)
-        if accepted:
-            state.best, state.best_reward, state.stale = candidate, reward, 0
-        else:
-            state.stale += 1
-        state.iteration += 1
+        accepted = reward is not None and (accept(state, candidate, reward) if accept else reward > state.best_reward)
+        state.record(candidate, reward, accepted)
         if on_iteration is not None:
             on_iteration(state, candidate, reward, accepted)
     return state
@@ -430,65 +430,73 @@ class MasaSearch:
 
     The search holds `candidates` (every skill set it made, in order: the search log), `climb` (the hill
     climb; its best is a Candidate), `trees` (per task type, nodes holding Candidates), `events` (skipped
-    teacher replies) and `phase`. `checkpoint(state)` is called after every iteration with `to_json()`,
-    and a search built with that state (`state=`, or `restore`) continues where it stopped. Model calls
+    teacher replies) and `phase`. `run()` yields the state (`to_json()`) after every iteration, for the caller
+    to save; a search built with that state (`state=`, or `restore`) continues where it stopped. Model calls
     go through the given clients (CachingClient for the budget and cache); BudgetExhausted propagates to
-    the caller, who can roll back to the last checkpoint (`last_checkpoint`)."""
+    the caller, who can roll back to the last state yielded (`last_checkpoint`)."""
 
-    def __init__(self, target, teacher, card: ModelCard, tasks: list, base_skills: SkillSet,
-                 config: MasaConfig, state: dict | None = None, log: Callable[[str], None] | None = None,
-                 checkpoint: Callable[[dict], None] | None = None, budget: CallBudget | None = None, gate_tasks=()):
+    def __init__(self, target, teacher, card: ModelCard, tasks: list, base_skills: SkillSet, config: MasaConfig,
+                 state: dict | None = None, log: Callable[[str], None] | None = None,
+                 budget: CallBudget | None = None, gate_tasks=()):
         if not tasks:
             raise ValueError("MasaSearch: no search tasks")
         self.target, self.teacher, self.card, self.tasks, self.config = target, teacher, card, tasks, config
         self.base_skills, self.budget, self.gate_tasks = base_skills, budget, list(gate_tasks)  # --gate fresh
         self.log = log or (lambda line: None)
-        self._checkpoint_fn = checkpoint
         self.types = sorted({t.type for t in tasks})
         self.candidates: list[Candidate] = []
         self.climb: HillClimbState | None = None
         self.trees: dict[str, Tree] = {}
-        self.events: list[dict] = []
-        self.phase = "general"
+        self.events, self.phase = [], "general"      # skipped teacher replies; "general" | "trees" | "done"
         if state is not None:
             self.restore(state)
         self.last_checkpoint = copy.deepcopy(self.to_json())
 
-    def run(self) -> None:
-        """Both phases, from wherever the search stands. Raises BudgetExhausted when the budget runs out."""
-        if self.phase == "general":
-            self.climb_general()
+    def run(self) -> Iterator[dict]:
+        """Both phases, from wherever the search stands, yielding the state after every iteration (and after
+        the base skills, each root and each phase). Raises BudgetExhausted when the budget runs out."""
+        c = self.config
+        if self.phase == "general":     # phase 1: hill climbing on the general skills, on all the search tasks
+            if self.climb is None:
+                yield self.start_climb()
+            while self.climb.iteration < c.iterations and self.climb.stale < c.patience and self.climb.best_reward < 1:
+                yield self.climb_iteration()
             self.phase = "trees"
-            self.checkpoint()
-        if self.phase == "trees":
+            yield self.checkpoint()
+        if self.phase == "trees":       # phase 2: one UCB1 tree per task type, the climb's general skills fixed
             for task_type in self.types:
-                self.search_tree(task_type)
+                tasks = self.type_tasks(task_type)
+                if task_type not in self.trees:
+                    yield self.plant_tree(task_type, tasks)
+                tree = self.trees[task_type]
+                while tree.iterations < c.tree_iterations and ucb.best_node(tree.root).reward < 1:
+                    yield self.tree_iteration(tree, task_type, tasks)
             self.phase = "done"
-            self.checkpoint()
+            yield self.checkpoint()
 
     # ---- phase 1: hill climbing on the general skills ------------------------------------------------------
-    def climb_general(self) -> None:
-        """Phase 1: hill_climb from the base skills, every candidate evaluated on all the search tasks."""
-        c = self.config
-        if self.climb is None:
-            base = self.add_candidate(self.base_skills, "base")
-            self.evaluate_candidate(base, self.tasks)
-            base.accepted = True
-            self.climb = HillClimbState(best=base, best_reward=base.reward)
-            self.log(f"[general] base skills: R = {base.reward:.3f} on {len(self.tasks)} tasks  calls {self.calls()}")
-            self.checkpoint()
+    def start_climb(self) -> dict:
+        base = self.add_candidate(self.base_skills, "base")
+        self.evaluate_candidate(base, self.tasks)
+        base.accepted = True
+        self.climb = HillClimbState(best=base, best_reward=base.reward)
+        self.log(f"[general] base skills: R = {base.reward:.3f} on {len(self.tasks)} tasks  calls {self.calls()}")
+        return self.checkpoint()
 
-        def on_iteration(climb: HillClimbState, candidate: Candidate | None, reward, accepted: bool) -> None:
-            if candidate is not None:
-                candidate.accepted = accepted
-            verdict = "skipped" if candidate is None else f"R = {reward:.3f} {'accepted' if accepted else 'rejected'}"
-            self.log(f"[general] iteration {climb.iteration}/{c.iterations}: candidate {verdict}; "
-                     f"best R = {climb.best_reward:.3f}; calls {self.calls()}")
-            self.checkpoint()
-
-        hill_climb(self.climb, self.propose_general, lambda candidate: self.evaluate_candidate(candidate, self.tasks),
-                   c.iterations, c.patience, on_iteration, max_reward=1.0,
-                   accept=lambda climb, candidate, reward: self.gate(candidate, climb.best, "climb"))
+    def climb_iteration(self) -> dict:
+        """Propose a rewrite of the best set's general skills, evaluate it on all the search tasks, and keep it
+        if the gate accepts it (strict: R above the best's). Returns the state to save."""
+        climb, accepted = self.climb, False
+        candidate = self.propose_general(climb)
+        if candidate is not None:
+            self.evaluate_candidate(candidate, self.tasks)
+            candidate.accepted = accepted = self.gate(candidate, climb.best, "climb")
+        climb.record(candidate, None if candidate is None else candidate.reward, accepted)
+        verdict = "skipped" if candidate is None else f"R = {candidate.reward:.3f} " + \
+            ("accepted" if accepted else "rejected")
+        self.log(f"[general] iteration {climb.iteration}/{self.config.iterations}: candidate {verdict}; "
+                 f"best R = {climb.best_reward:.3f}; calls {self.calls()}")
+        return self.checkpoint()
 
     def propose_general(self, climb: HillClimbState) -> Candidate | None:
         """The teacher attributes the best set's failures, then rewrites its general skills, shown the top-5
@@ -509,37 +517,30 @@ class MasaSearch:
         return self.add_candidate(skills, "general", best, it, attribution=attribution)
 
     # ---- phase 2: one UCB1 tree per task type ---------------------------------------------------------------
-    def search_tree(self, task_type: str) -> None:
-        """Phase 2 for one task type: ucb.search over rewrites of the type's skills, the general skills of
-        the climb's best set fixed; a node's reward is R on the type's first N search tasks."""
-        c = self.config
-        tasks = self.type_tasks(task_type)
-        tree = self.trees.get(task_type) or self.plant_tree(task_type, tasks)
-
-        def expand_fn(node: ucb.Node) -> Candidate | None:
-            return self.propose_task_skills(node.payload, task_type, tasks, tree.iterations + 1)
-
-        def on_iteration(i: int, selected: ucb.Node, child: ucb.Node | None, root: ucb.Node) -> None:
-            tree.iterations += 1
-            self.tree_result(tree)   # decided (and checkpointed) as the best node changes
-            verdict = "skipped" if child is None else f"R = {child.reward:.3f}"
-            self.log(f"[tree {task_type}] iteration {tree.iterations}/{c.tree_iterations}: expanded node "
-                     f"{selected.id}, child {verdict}; best R = {ucb.best_node(root).reward:.3f}; calls {self.calls()}")
-            self.checkpoint()
-
-        ucb.search(tree.root, expand_fn, lambda node: self.evaluate_node(node, tasks),
-                   max(0, c.tree_iterations - tree.iterations), c=c.c, max_children=c.max_children,
-                   on_iteration=on_iteration, max_reward=1.0)
-
-    def plant_tree(self, task_type: str, tasks: list) -> Tree:
+    def plant_tree(self, task_type: str, tasks: list) -> dict:
         """The root: the climb's best set, evaluated on the type's episodes (before iteration 1)."""
         best = self.climb.best
         root = ucb.Node(payload=self.add_candidate(best.skills, "tree", best, 0, task_type))
         reward = ucb.evaluate(root, lambda node: self.evaluate_node(node, tasks))
-        tree = self.trees[task_type] = Tree(root)
+        self.trees[task_type] = Tree(root)
         self.log(f"[tree {task_type}] root: R = {reward:.3f} on {len(tasks)} episodes  calls {self.calls()}")
-        self.checkpoint()
-        return tree
+        return self.checkpoint()
+
+    def tree_iteration(self, tree: Tree, task_type: str, tasks: list) -> dict:
+        """One UCB1 iteration (ucb.py): select a node, expand it with the teacher's rewrite of the type's skills,
+        evaluate the child (R on the type's first N search tasks), backpropagate. Returns the state to save."""
+        c = self.config
+        selected = ucb.select(tree.root, c.c, c.max_children)
+        candidate = self.propose_task_skills(selected.payload, task_type, tasks, tree.iterations + 1)
+        child = None if candidate is None else ucb.expand(selected, candidate)
+        if child is not None:
+            ucb.backpropagate(child, ucb.set_reward(child, self.evaluate_node(child, tasks)))
+        tree.iterations += 1
+        self.tree_result(tree)   # decided (and checkpointed) as the best node changes
+        verdict = "skipped" if child is None else f"R = {child.reward:.3f}"
+        self.log(f"[tree {task_type}] iteration {tree.iterations}/{c.tree_iterations}: expanded node {selected.id}, "
+                 f"child {verdict}; best R = {ucb.best_node(tree.root).reward:.3f}; calls {self.calls()}")
+        return self.checkpoint()
 
     def propose_task_skills(self, parent: Candidate, task_type: str, tasks: list, it: int) -> Candidate | None:
         """Expansion: the teacher attributes the node's failures, then rewrites the skills of `task_type`.
@@ -627,10 +628,9 @@ class MasaSearch:
     def calls(self) -> int:
         return self.budget.spent if self.budget is not None else 0
 
-    def checkpoint(self) -> None:
+    def checkpoint(self) -> dict:   # the state to save, kept for a rollback
         self.last_checkpoint = copy.deepcopy(self.to_json())
-        if self._checkpoint_fn is not None:
-            self._checkpoint_fn(self.last_checkpoint)
+        return self.last_checkpoint
 
     def to_json(self) -> dict:
         """The search as plain JSON: the candidates, and the climb and trees with candidate ids as payloads."""

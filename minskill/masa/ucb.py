@@ -155,9 +155,8 @@ def best_node(root: Node) -> Node | None:
     return min(evaluated, key=lambda n: (-n.reward, n.depth, _sibling_indices(n)))
 
 
-def evaluate(node: Node, evaluate_fn: Callable[[Node], float]) -> float:
-    """Score node with evaluate_fn: its own reward, then backpropagated to it and every ancestor."""
-    reward = evaluate_fn(node)
+def set_reward(node: Node, reward) -> float:
+    """Store `reward` as the node's own reward (checked: a finite number) and return it."""
     try:
         reward = float(reward)
     except (TypeError, ValueError):
@@ -166,6 +165,12 @@ def evaluate(node: Node, evaluate_fn: Callable[[Node], float]) -> float:
     if not math.isfinite(reward):
         raise ValueError(f"search: evaluate_fn returned {reward} for node {node.id}; expected a finite number")
     node.reward = reward
+    return reward
+
+
+def evaluate(node: Node, evaluate_fn: Callable[[Node], float]) -> float:
+    """Score node with evaluate_fn: its own reward, then backpropagated to it and every ancestor."""
+    reward = set_reward(node, evaluate_fn(node))
     backpropagate(node, reward)
     return reward
 

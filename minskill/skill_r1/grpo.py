@@ -140,19 +140,11 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
                 max_new_tokens: int | None = None) -> tuple[torch.Tensor, dict]:
     """Clipped GRPO surrogate with optional k3 KL, aggregated by `agg` (see the module docstring).
 
-    logp (B, T): log-probs of the sampled tokens under the current policy (differentiable).
-    old_logp (B, T): the same under the sampling policy (detached here). advantages (B,): one per
-    sequence (detached here; a list, or a tensor on any device, is moved to logp's device).
-    mask (B, T): bool or 0/1, True at valid completion tokens.
-    ref_logp (B, T) or None: the frozen reference's log-probs; the KL is added to the loss only when
-    beta > 0 (beta > 0 without ref_logp is an error); with ref_logp given, stats["kl_mean"] is reported
-    even when beta = 0. agg: "token_mean" | "seq_mean" | "dr_grpo"; dr_grpo needs max_new_tokens (the
-    generation limit, not T, so that the normaliser does not depend on the batch's longest sample).
-
-    Returns (loss, stats) with stats = {ratio_mean, clip_frac_low, clip_frac_high, clip_frac, kl_mean,
-    num_tokens} as python floats (means over valid tokens; kl_mean is 0.0 without ref_logp).
-    Values at masked positions are ignored (they may be anything, even inf).
-    """
+    logp, old_logp (detached here), mask (True at completion tokens; elsewhere values may be anything, even
+    inf) and ref_logp (the frozen reference's, or None) are (B, T); advantages (B,), one per sequence. The KL is
+    added only when beta > 0 (which needs ref_logp) but reported whenever ref_logp is given. dr_grpo divides
+    by max_new_tokens, the generation limit, not T. Returns (loss, stats: ratio_mean, clip_frac_low,
+    clip_frac_high, clip_frac, kl_mean, num_tokens as floats, means over valid tokens)."""
     # the advantages come from rewards computed on the CPU; the log-probs live where the model does
     advantages = torch.as_tensor(advantages, dtype=torch.float32, device=logp.device)
     mask = mask.to(logp.device)
