@@ -106,6 +106,19 @@ def read_json(path: str | Path, where: str | None = None, missing: str | None = 
         raise ValueError(f"{where}: {TOO_DEEP}") from None
 
 
+def read_json_object(path: Path, what: str) -> dict:
+    """A JSON object that a program wrote (a checkpoint's config.json, an adapter_config.json): ValueError naming
+    the file when it is damaged (not UTF-8, not JSON, too deep) or is not an object (`what` says what it should
+    be)."""
+    try:
+        value = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise ValueError(f"{path}: damaged, not readable JSON ({type(e).__name__}: {str(e)[:200]})") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{path}: not {what} (a JSON {type(value).__name__}, not an object)")
+    return value
+
+
 class ShapeError(ValueError):
     """A run file whose content lacks the shape its reader uses; the message names the file (line) and field."""
 

@@ -50,6 +50,7 @@ import torch.nn.functional as F
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from minskill.files import read_json_object
 from minskill.nn.model import Transformer
 from minskill.nn.weights import save_pretrained
 
@@ -281,12 +282,7 @@ def load_peft_adapter(model: Transformer, folder) -> Transformer:
         raise FileNotFoundError(f"{folder}: no LoRA adapter (missing {' and '.join(absent)})")
     if not has_lora(model):
         raise ValueError(f"{folder} holds a LoRA adapter but the model has none: adapt it first (--lora-rank)")
-    try:
-        saved = json.loads(config_file.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError) as e:
-        raise ValueError(f"{config_file}: damaged, not readable JSON ({type(e).__name__}: {str(e)[:200]})") from None
-    if not isinstance(saved, dict):
-        raise ValueError(f"{config_file}: not a PEFT adapter config (a JSON {type(saved).__name__}, not an object)")
+    saved = read_json_object(config_file, "a PEFT adapter config")
     cfg, alpha, targets = model.lora_config, saved.get("lora_alpha"), saved.get("target_modules")
     ours = {"r": cfg.rank, "lora_alpha": cfg.alpha, "target_modules": sorted(cfg.targets)}
     theirs = {"r": saved.get("r"), "lora_alpha": float(alpha) if type(alpha) in (int, float) else alpha,

@@ -64,7 +64,7 @@ from safetensors.numpy import save_file
 from safetensors.torch import save_file as save_torch_file
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
-from minskill.files import atomic_output, write_json_atomic
+from minskill.files import atomic_output, read_json_object, write_json_atomic
 from minskill.nn.model import ModelConfig, Transformer, rope_inv_freq
 from minskill.nn.tokenizer import Tokenizer as ChatTokenizer
 
@@ -193,12 +193,7 @@ def load_pretrained(path, dtype=None, device=None) -> Transformer:
     config_file = path / "config.json"
     if not config_file.is_file():
         raise FileNotFoundError(f"{config_file} not found (expected a Hugging Face model folder)")
-    try:
-        hf_config = json.loads(config_file.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError) as e:
-        raise ValueError(f"{config_file}: damaged, not readable JSON ({type(e).__name__}: {str(e)[:200]})") from None
-    if not isinstance(hf_config, dict):
-        raise ValueError(f"{config_file}: not a model config (a JSON {type(hf_config).__name__}, not an object)")
+    hf_config = read_json_object(config_file, "a model config")
     config = config_from_hf(hf_config)
     dtype, device = dtype or torch.float32, torch.device(device or "cpu")
     files = _safetensors_files(path)
