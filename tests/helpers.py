@@ -16,6 +16,8 @@ import evolve_masa
 import rewrite
 import train_grpo
 from minskill.masa import search as masa
+from minskill.masa.model_card import ModelCard
+from minskill.serve.client import ChatResult
 from minskill.skill_r1.loop import EvolveConfig, Instance, assign_advantages, evolve_batch
 from minskill.skills import Skill
 from minskill.skillsets import SkillSet
@@ -171,6 +173,60 @@ def teacher_fn(messages, request):
                                                "when_to_apply": "one-shot skill"}],   # the keys the prompt asks for
                            "task_specific_skills": {}, "common_mistakes": []})
     return "?"
+
+
+class NumberedTeacher:
+    """A scripted MASA teacher (in-process: `chat` as the clients have it). Attributions always parse; its k-th
+    rewrite (k = 0, 1, ...: the general skills in the climb, a task type's skills in a tree) is one skill named
+    `rewrite-k`, or, for k in `skipped`, a reply that does not parse."""
+
+    def __init__(self, skipped=()):
+        self.rewrites, self.skipped = 0, set(skipped)
+
+    def chat(self, messages, **kwargs):
+        task = re.search(r"^## Task: (.*)$", messages[1]["content"], re.M).group(1)
+        if masa.ATTRIBUTION_TASK in task:
+            return ChatResult(['{"failure_categories": [], "summary": "scripted"}'], ["stop"], 0, 0)
+        k, self.rewrites = self.rewrites, self.rewrites + 1
+        if k in self.skipped:
+            return ChatResult(["No skills in this reply."], ["stop"], 0, 0)
+        new = [skill(f"rewrite-{k}", f"Rewrite number {k}.")]
+        task_type = re.search(r"of type '([\w-]+)'", task)
+        skills = SkillSet(general=[], task_specific={task_type.group(1): new}) if task_type else SkillSet(general=new)
+        return ChatResult([skills.to_markdown()], ["stop"], 0, 0)
+
+
+def scripted_search(rewards, base_reward=0.0, n_tasks=4, skipped=(), state=None, **config) -> masa.MasaSearch:
+    """A MasaSearch on tasks t0..t{n-1} of type qa (MasaConfig(**config), no teacher retries) with a NumberedTeacher
+    (`search.teacher`) and, in place of the target's rollouts, scripted rewards: a skill set whose newest skill is
+    `rewrite-k` scores rewards[k], the base skills `base_reward`; a number is every task's reward, a dict
+    {task id: reward} one per task (R: their mean). `search.evaluated` lists the k of each evaluation (None: base)."""
+    tasks = [Task(f"t{i}", "qa", f"question {i}?", "1") for i in range(n_tasks)]
+    config = masa.MasaConfig(**{"teacher_retries": 0, **config})
+    search = masa.MasaSearch(None, NumberedTeacher(skipped), ModelCard(name="m"), tasks, SkillSet([], {}, []),
+                             config, state=state)
+    search.evaluated = []
+
+    def evaluate(skills, task_list):
+        made = [int(s.name.split("-")[1]) for s in skills.skills() if s.name.startswith("rewrite-")]
+        k = max(made) if made else None
+        search.evaluated.append(k)
+        scores = base_reward if k is None else rewards[k]
+        task_rewards = {t.id: float(scores[t.id] if isinstance(scores, dict) else scores) for t in task_list}
+        reward = sum(task_rewards.values()) / len(task_rewards)
+        return {"adjusted_reward": reward, "task_rewards": task_rewards}, []
+    search.evaluate = evaluate
+    return search
+
+
+def run_climb(search: masa.MasaSearch):
+    """Run `search` (MasaSearch.run) until its climb ends; returns the last state the climb yielded."""
+    saved = None
+    for state in search.run():
+        if search.phase != "general":
+            return saved
+        saved = state
+    return saved
 
 
 def argv(env, out, *extra, target="a"):

@@ -13,7 +13,7 @@ import pytest
 
 import evolve_masa
 import train_grpo
-from helpers import argv, interrupted_at_save, read
+from helpers import argv, interrupted_at_save, read, run_climb, scripted_search
 from minskill import gates
 from minskill.masa import search as masa, ucb
 from minskill.masa.model_card import ModelCard
@@ -127,20 +127,17 @@ def test_masa_paired_gate_re_evaluates_the_incumbent_on_tasks_it_lacks(monkeypat
 
 
 def test_hill_climb_with_a_gate_records_and_keeps_the_strict_default():
-    s = search("paired")
-    base = cand(s, {"t0": 0, "t1": 1, "t2": 0, "t3": 0})
-    proposals = iter([{"t0": 1, "t1": 1, "t2": 0, "t3": 0}, {"t0": 1, "t1": 1, "t2": 1, "t3": 1}])
-    state = masa.HillClimbState(best=base, best_reward=base.reward)
-    out = masa.hill_climb(state, lambda st: cand(s, next(proposals)), lambda x: x.reward, 2, 3,
-                          accept=lambda st, x, r: s.gate(x, st.best, "climb"))
-    one, two = s.candidates[1:]
+    s = scripted_search([{"t0": 1, "t1": 1, "t2": 0, "t3": 0}, {"t0": 1, "t1": 1, "t2": 1, "t3": 1}],
+                        {"t0": 0, "t1": 1, "t2": 0, "t3": 0}, iterations=2, patience=3, gate="paired")
+    run_climb(s)
+    base, one, two = s.candidates
     # 1 gained of 4 (p = 1/2): rejected; then 3 gained, 0 lost (p = 1/8 > 0.1): rejected as well
-    assert not one.gate["accepted"] and not two.gate["accepted"] and out.best is base and out.stale == 2
-    # without `accept`, the rule is the old one: strictly higher R
-    state = masa.HillClimbState(best="a", best_reward=0.5)
-    rewards = iter([0.5, 0.75])
-    masa.hill_climb(state, lambda st: "b", lambda x: next(rewards), 2, 3)
-    assert state.best_reward == 0.75
+    assert not one.gate["accepted"] and not two.gate["accepted"] and s.climb.best is base and s.climb.stale == 2
+    assert (one.gate["gained"], two.gate["gained"], two.gate["p"]) == (1, 3, 1 / 8)
+    # the default gate is the old rule: strictly higher R
+    strict = scripted_search([0.5, 0.75], 0.5, iterations=2, patience=3)
+    run_climb(strict)
+    assert [x.accepted for x in strict.candidates[1:]] == [False, True] and strict.climb.best_reward == 0.75
 
 
 def tree_search(gate):

@@ -7,9 +7,9 @@ import random
 
 import pytest
 
+from helpers import run_climb, scripted_search
 from minskill.masa import data as masa_data, model_card, search as masa, teacher as masa_replies
 from minskill.masa.model_card import ModelCard
-from minskill.masa.search import HillClimbState, hill_climb
 from minskill.masa.teacher import TeacherReplyError
 from minskill.replies import extract_json
 from minskill.rollout import Trajectory, summarize
@@ -201,51 +201,60 @@ def test_prompts_carry_their_inputs():
 
 # ---------------------------------------------------------------------------------------------- hill climbing
 
-def scripted_climb(rewards, base_reward, iterations, patience):
-    """Hill climb whose candidate k has reward rewards[k]; returns (state, proposals made, accept flags)."""
-    proposals, verdicts = [], []
+def scripted_climb(rewards, base_reward, iterations, patience, skipped=()):
+    """MasaSearch.run's climb where the teacher's rewrite k has reward rewards[k] (tests/helpers.py:scripted_search);
+    returns (search, the last state the climb yielded, each candidate's accepted flag)."""
+    search = scripted_search(rewards, base_reward, skipped=skipped, iterations=iterations, patience=patience)
+    saved = run_climb(search)
+    return search, saved, [x.accepted for x in search.candidates[1:]]
 
-    def propose(state):
-        proposals.append(len(proposals))
-        return len(proposals) - 1
 
-    def on_iteration(state, candidate, reward, accepted):
-        verdicts.append(accepted)
-
-    state = hill_climb(HillClimbState(best="base", best_reward=base_reward), propose, lambda k: rewards[k],
-                       iterations, patience, on_iteration)
-    return state, proposals, verdicts
+def best_rewrite(search) -> str:
+    return search.climb.best.skills.general[0].name
 
 
 def test_hill_climb_rejects_equal_and_worse():
-    state, proposals, verdicts = scripted_climb([0.5, 0.4, 0.7, 0.7, 0.9], 0.5, iterations=5, patience=5)
+    s, _, verdicts = scripted_climb([0.5, 0.4, 0.7, 0.7, 0.9], 0.5, iterations=5, patience=5)
     assert verdicts == [False, False, True, False, True]   # equal (0.5, then 0.7) is rejected
-    assert state.best == 4 and state.best_reward == 0.9 and state.iteration == 5
+    assert best_rewrite(s) == "rewrite-4" and s.climb.best_reward == 0.9 and s.climb.iteration == 5
+    assert s.evaluated == [None, 0, 1, 2, 3, 4]             # the base, then each candidate once
 
 
 def test_hill_climb_stops_after_patience():
-    state, proposals, verdicts = scripted_climb([0.4, 0.6, 0.6, 0.5, 0.6, 0.99, 1.0], 0.5, iterations=10, patience=3)
+    s, _, verdicts = scripted_climb([0.4, 0.6, 0.6, 0.5, 0.6, 0.99, 1.0], 0.5, iterations=10, patience=3)
     # accepted at 2nd proposal, then 3 non-improving proposals -> stop; 0.99 is never tried
-    assert verdicts == [False, True, False, False, False] and len(proposals) == 5
-    assert state.best == 1 and state.stale == 3 and state.iteration == 5
+    assert verdicts == [False, True, False, False, False] and s.teacher.rewrites == 5
+    assert best_rewrite(s) == "rewrite-1" and s.climb.stale == 3 and s.climb.iteration == 5
 
 
 def test_hill_climb_skipped_proposal_counts_against_patience_and_resumes():
-    calls = []
-    state = HillClimbState(best="base", best_reward=0.0)
-    hill_climb(state, lambda s: calls.append(1), lambda c: 1 / 0, iterations=10, patience=2)
-    assert state.iteration == 2 and state.stale == 2 and len(calls) == 2   # None proposals never evaluated
-    # a saved state continues where it stopped
-    again = HillClimbState.from_json(json.loads(json.dumps(state.to_json())))
-    hill_climb(again, lambda s: "x", lambda c: 0.5, iterations=10, patience=3)
-    assert again.best == "x" and again.iteration == 6 and again.stale == 3   # 1 accept + 3 equal
+    s, saved, verdicts = scripted_climb([], 0.0, iterations=10, patience=2, skipped=range(100))
+    assert s.climb.iteration == 2 and s.climb.stale == 2 and s.teacher.rewrites == 2
+    assert verdicts == [] and s.evaluated == [None]          # skipped rewrites make no candidate, are never evaluated
+    assert [e["what"] for e in s.events] == ["general rewrite"] * 2
+    # a saved state continues where it stopped (the base is not evaluated again)
+    again = scripted_search([0.5] * 10, 0.0, state=json.loads(json.dumps(saved)), iterations=10, patience=3)
+    run_climb(again)
+    assert again.climb.best.skills.general[0].name == "rewrite-0" and again.evaluated == [0, 1, 2, 3]
+    assert again.climb.iteration == 6 and again.climb.stale == 3   # 1 accept + 3 equal
 
 
 def test_hill_climb_stops_at_max_reward():
-    rewards, proposed = [0.6, 1.0, 0.2], []
-    state = hill_climb(HillClimbState(best="base", best_reward=0.5), lambda s: proposed.append(1) or len(proposed) - 1,
-                       lambda k: rewards[k], iterations=10, patience=3, max_reward=1.0)
-    assert len(proposed) == 2 and state.best == 1 and state.best_reward == 1.0   # nothing can beat R = 1
+    s, _, verdicts = scripted_climb([0.6, 1.0, 0.2], 0.5, iterations=10, patience=3)
+    assert s.teacher.rewrites == 2 and best_rewrite(s) == "rewrite-1" and s.climb.best_reward == 1.0  # nothing beats 1
+
+
+def test_tree_phase_skips_failed_rewrites_and_stops_once_the_best_reaches_one():
+    s = scripted_search([0.2, 0.5, 1.0, 0.3], 0.0, skipped=(1,), iterations=0, tree_iterations=10, max_children=3)
+    states = list(s.run())
+    tree = s.trees["qa"]
+    # the root (the base: R = 0), then rewrite 0 (0.2), rewrite 1 skipped (no child), rewrite 2 (1.0): stop
+    assert tree.iterations == 3 and s.teacher.rewrites == 3 and s.evaluated == [None, None, 0, 2]
+    assert [c.reward for c in tree.root.children] == [0.2, 1.0] and tree.root.visits == 3
+    assert s.library().task_specific["qa"][0].name == "rewrite-2" and states[-1]["phase"] == "done"
+    at_one = scripted_search([], 1.0, iterations=5, tree_iterations=5)
+    list(at_one.run())                                       # R = 1 from the start: nothing is asked
+    assert at_one.teacher.rewrites == 0 and at_one.trees["qa"].iterations == 0
 
 
 # --------------------------------------------------------------------------------------- cache and budget

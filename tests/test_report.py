@@ -2,7 +2,7 @@
 random editor, scripted task model over HTTP) with and without the lineage record, its --eval folder, an
 evolve_masa.py run (scripted target and teacher), a rewrite.py --compare folder and a rewriter SFT folder; the
 cost per role each records (and the "not recorded" lines of folders written before it was). Checks what each page
-shows, that run text is escaped, that the UCB1 replay equals what ucb.search saw, the errors for folders that
+shows, that run text is escaped, that the UCB1 replay equals what the search's tree saw, the errors for folders that
 are not runs and for malformed lines, and, where a headless Chromium is installed, that each page loads with
 no console message (its Content-Security-Policy turns any script or fetch into one) and gives a screenshot."""
 import io
@@ -17,8 +17,8 @@ import pytest
 
 import evolve_masa
 import train_grpo
-from helpers import (CHROMIUM, KEYWORDS, XSS, assert_self_contained_and_escaped, browse, keyword_task_model, skill,
-                     target_fn, teacher_fn, write_keyword_suite, write_suite)
+from helpers import (CHROMIUM, KEYWORDS, XSS, assert_self_contained_and_escaped, browse, keyword_task_model,
+                     scripted_search, skill, target_fn, teacher_fn, write_keyword_suite, write_suite)
 from minskill.masa import search as masa, ucb
 from minskill.report import __main__ as report, html as report_html, provenance
 from minskill.serve.server import ScriptedBackend, start_server
@@ -272,11 +272,12 @@ def test_ucb1_replay_equals_what_the_search_saw(monkeypatch):
         return node
 
     monkeypatch.setattr(ucb, "select", spy)
-    made = iter(range(1, 100))
-    root = ucb.Node(payload=0)
-    ucb.search(root, lambda node: next(made), lambda node: (node.payload * 37 % 11) / 10, iterations=12, c=0.9,
-               max_children=2)
-    selections, visits = provenance.replay_ucb1(ucb.to_dict(root), 0.9)
+    # the search's own tree iterations (MasaSearch.tree_iteration); rewrite k scores ((k + 1) * 37 % 11) / 11 < 1
+    search = scripted_search([((k + 1) * 37 % 11) / 11 for k in range(12)], 0.0, iterations=0, tree_iterations=12,
+                             c=0.9, max_children=2)
+    list(search.run())
+    root = search.trees["qa"].root
+    selections, visits = provenance.replay_ucb1(search.to_json()["trees"]["qa"]["root"], 0.9)
     replayed = sorted((node_id, v) for node_id, values in selections.items() for v in values)
     assert len(replayed) == 12
     assert [(i, None if v is None else round(v, 9)) for i, v in replayed] == \

@@ -1,12 +1,13 @@
-"""Tests of minskill.masa.ucb: UCB1 values, subtree statistics, selection, search on scripted bandit trees,
-serialisation and resume."""
+"""Tests of minskill.masa.ucb: UCB1 values, subtree statistics, selection, iterations (select, expand, set_reward,
+backpropagate, composed as MasaSearch.tree_iteration composes them) on scripted bandit trees, serialisation and
+resume. (The search's own loop, its skipped rewrites and its stop at R = 1: tests/test_masa.py.)"""
 import json
 import math
 import random
 
 import pytest
 
-from minskill.masa.ucb import (Node, backpropagate, best_node, evaluate, expand, from_dict, iter_nodes, search, select,
+from minskill.masa.ucb import (Node, backpropagate, best_node, expand, from_dict, iter_nodes, select, set_reward,
                                to_dict, ucb1, ucb_score)
 
 
@@ -95,12 +96,36 @@ def _expand_next_arm(node):
     return node.payload + (len(node.children),)
 
 
+def plant(payload, evaluate_fn) -> Node:
+    """A root holding payload, with its reward (as MasaSearch.plant_tree gives the root its own)."""
+    root = Node(payload)
+    backpropagate(root, set_reward(root, evaluate_fn(root)))
+    return root
+
+
+def iterate(root, expand_fn, evaluate_fn, iterations, c=1.4, max_children=3):
+    """`iterations` UCB1 iterations as MasaSearch.tree_iteration makes each: select, expand (no child when expand_fn
+    gives None), set_reward, backpropagate. Returns [(selected id, child id or None)] per iteration."""
+    made = []
+    for _ in range(iterations):
+        selected = select(root, c, max_children)
+        payload = expand_fn(selected)
+        child = None if payload is None else expand(selected, payload)
+        if child is not None:
+            backpropagate(child, set_reward(child, evaluate_fn(child)))
+        made.append((selected.id, None if child is None else child.id))
+    return made
+
+
 def test_search_finds_best_arm_of_deterministic_bandit_tree():
-    calls = []
-    root = Node(())
-    best, tree = search(root, _expand_next_arm, lambda n: _arm_reward(n.payload), iterations=15,
-                        max_children=3, on_iteration=lambda i, sel, child, r: calls.append((i, sel.id, child.id)))
-    assert tree is root and len(calls) == 15
+    score = lambda n: _arm_reward(n.payload)  # noqa: E731
+    root = plant((), score)
+    calls = iterate(root, _expand_next_arm, score, iterations=15, max_children=3)
+    best = best_node(root)
+    assert len(calls) == 15 and None not in (child for _, child in calls)
+    # by hand: the root is expanded 3 times (child limit 3), then UCB1 (c = 1.4, N(root) = 4, one visit each)
+    # picks child 0.1 (means 0.2, 0.5, 0.2, the same bonus), whose first child is 0.1.0
+    assert calls[:4] == [("0", "0.0"), ("0", "0.1"), ("0", "0.2"), ("0.1", "0.1.0")]
     assert root.visits == 16                      # root evaluation + one per iteration
     assert root.reward == pytest.approx(0.3)
     nodes = list(iter_nodes(root))
@@ -126,7 +151,9 @@ def test_search_finds_best_arm_of_seeded_noisy_bandit():
             return 0.4 + rng.gauss(0, 0.1)
         return true_mean[node.payload[0]] + rng.gauss(0, 0.1)   # a subtree shares its first arm's quality
 
-    best, root = search(Node(()), _expand_next_arm, evaluate, iterations=40, max_children=3)
+    root = plant((), evaluate)
+    iterate(root, _expand_next_arm, evaluate, iterations=40, max_children=3)
+    best = best_node(root)
     visits = [ch.visits for ch in root.children]
     assert visits.index(max(visits)) == 1 and visits[1] > visits[0] + visits[2]
     assert best.payload[0] == 1
@@ -155,21 +182,22 @@ def test_best_node_uses_own_reward_with_deterministic_ties():
     assert best_node(Node("never evaluated")) is None
 
 
-def test_search_skips_failed_expansions_and_validates_rewards():
-    seen = []
-    best, root = search(Node("seed"), lambda n: None, lambda n: 0.5, iterations=3,
-                        on_iteration=lambda i, sel, child, r: seen.append(child))
-    assert seen == [None, None, None] and root.children == [] and root.visits == 1 and best is root
-    with pytest.raises(ValueError, match="evaluate_fn returned nan"):
-        search(Node("x"), lambda n: "y", lambda n: float("nan"), iterations=1)
+def test_iteration_without_a_child_and_set_reward_validates():
+    root = plant("seed", lambda n: 0.5)
+    assert iterate(root, lambda n: None, lambda n: 1 / 0, iterations=3) == [("0", None)] * 3
+    assert root.children == [] and root.visits == 1 and best_node(root) is root
+    with pytest.raises(ValueError, match="node 0 got the reward nan; expected a finite number"):
+        set_reward(Node("x"), float("nan"))
     with pytest.raises(ValueError, match="expected a number"):
-        search(Node("x"), lambda n: "y", lambda n: "high", iterations=1)
-    with pytest.raises(ValueError, match="iterations"):
-        search(Node("x"), lambda n: "y", lambda n: 0.0, iterations=-1)
+        set_reward(Node("x"), "high")
+    node = Node("x")
+    assert set_reward(node, 1) == 1.0 and node.reward == 1.0 and node.visits == 0   # set_reward does not count a visit
 
 
 def test_serialisation_round_trip():
-    _, root = search(Node(()), _expand_next_arm, lambda n: _arm_reward(n.payload), iterations=8)
+    score = lambda n: _arm_reward(n.payload)  # noqa: E731
+    root = plant((), score)
+    iterate(root, _expand_next_arm, score, iterations=8)
     root.children[0].info["attribution"] = {"failure": "missed step", "why": "ünïcode"}
     data = to_dict(root, payload_to_json=list)
     json.dumps(data)                                          # plain JSON
@@ -185,24 +213,15 @@ def test_serialisation_round_trip():
 
 def test_resumed_search_equals_uninterrupted_run():
     score = lambda n: _arm_reward(n.payload)  # noqa: E731
-    _, straight = search(Node(()), _expand_next_arm, score, iterations=12)
-    _, first_half = search(Node(()), _expand_next_arm, score, iterations=5)
+    straight = plant((), score)
+    iterate(straight, _expand_next_arm, score, iterations=12)
+    first_half = plant((), score)
+    iterate(first_half, _expand_next_arm, score, iterations=5)
     saved = json.dumps(to_dict(first_half, payload_to_json=list))       # a checkpoint, as a caller writes it
     resumed = from_dict(json.loads(saved), payload_from_json=tuple)
-    best, resumed = search(resumed, _expand_next_arm, score, iterations=7)
+    iterate(resumed, _expand_next_arm, score, iterations=7)
     assert to_dict(resumed) == to_dict(straight)
-    assert best.id == best_node(straight).id
-
-
-def test_search_stops_once_the_best_reaches_max_reward():
-    seen = []
-    rewards = iter([0.2, 0.5, 1.0, 0.3])
-    best, root = search(Node("r"), lambda n: "child", lambda n: next(rewards), iterations=10, max_reward=1.0,
-                        on_iteration=lambda i, sel, child, r: seen.append(i))
-    assert seen == [0, 1] and best.reward == 1.0 and root.visits == 3      # nothing can beat R = 1
-    root = Node("r")
-    assert evaluate(root, lambda n: 1.0) == 1.0 and root.visits == 1
-    assert search(root, lambda n: 1 / 0, lambda n: 0.0, iterations=5, max_reward=1.0)[0] is root
+    assert best_node(resumed).id == best_node(straight).id
 
 
 def test_from_dict_errors_name_the_node():

@@ -264,7 +264,7 @@ def one_shot_rewrite(teacher, card: ModelCard, skills: SkillSet, task_descriptio
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Hill climbing (generic: payloads are whatever propose/evaluate understand; MASA's are Candidates)
+# Hill climbing: its state (MasaSearch.run and climb_iteration drive the climb; payloads: Candidates)
 
 @dataclass
 class HillClimbState:
@@ -290,26 +290,6 @@ class HillClimbState:
         else:
             self.stale += 1
         self.iteration += 1
-
-
-def hill_climb(state: HillClimbState, propose: Callable[[HillClimbState], Any], evaluate: Callable[[Any], float],
-               iterations: int, patience: int, on_iteration: Callable[[HillClimbState, Any, float | None, bool], None]
-               | None = None, max_reward: float = math.inf,
-               accept: Callable[[HillClimbState, Any, float], bool] | None = None) -> HillClimbState:
-    """A generic climb from `state` (best already evaluated), as MasaSearch.run drives its own: until `iterations`
-    are done, `patience` iterations in a row failed to improve, or best_reward reaches `max_reward`. propose(state)
-    gives a candidate or None (a non-improving iteration); it is accepted if evaluate(candidate) > best_reward
-    (or accept(state, candidate, reward) says so); on_iteration(state, candidate, reward, accepted) follows."""
-    if iterations < 0 or patience < 1:
-        raise ValueError(f"hill_climb: need iterations >= 0 and patience >= 1, got {iterations}, {patience}")
-    while state.iteration < iterations and state.stale < patience and state.best_reward < max_reward:
-        candidate = propose(state)
-        reward = None if candidate is None else float(evaluate(candidate))
-        accepted = reward is not None and (accept(state, candidate, reward) if accept else reward > state.best_reward)
-        state.record(candidate, reward, accepted)
-        if on_iteration is not None:
-            on_iteration(state, candidate, reward, accepted)
-    return state
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -521,7 +501,8 @@ class MasaSearch:
         """The root: the climb's best set, evaluated on the type's episodes (before iteration 1)."""
         best = self.climb.best
         root = ucb.Node(payload=self.add_candidate(best.skills, "tree", best, 0, task_type))
-        reward = ucb.evaluate(root, lambda node: self.evaluate_node(node, tasks))
+        reward = ucb.set_reward(root, self.evaluate_node(root, tasks))
+        ucb.backpropagate(root, reward)
         self.trees[task_type] = Tree(root)
         self.log(f"[tree {task_type}] root: R = {reward:.3f} on {len(tasks)} episodes  calls {self.calls()}")
         return self.checkpoint()

@@ -9,7 +9,7 @@ descendants*: every evaluation reward is added to the evaluated node and to each
 
     UCB1(n) = R̄(n) + C · sqrt( ln N(parent(n)) / N(n) )     C = 1.4 by default; +inf when N(n) = 0.
 
-One iteration of `search`:
+One iteration (the caller composes it from the functions below; in MASA, MasaSearch.tree_iteration):
   1. select: start at the root. Stop at the current node when it is unvisited or has fewer than
      `max_children` children (a leaf has none); otherwise (it is *fully expanded*) move to its child of
      highest UCB1 (ties: the earliest child; an unvisited child scores +inf, so it is moved to and,
@@ -17,16 +17,14 @@ One iteration of `search`:
      Why a child limit: the teacher can always write one more rewrite (infinite branching), so with
      "descend to a leaf" alone the tree would grow as a single chain; with the limit a node gets up to
      `max_children` sibling rewrites before the search commits to its best child.
-  2. expand: expand_fn(node) returns a new payload (MASA: rollouts of the node's skills, failure
-     attribution, teacher rewrite); it becomes a child. expand_fn may return None (e.g. the teacher's
-     reply did not parse); the iteration is then spent without a child.
-  3. evaluate: evaluate_fn(child) returns the child's reward (MASA: mean adjusted reward over N
-     episodes), stored as child.reward (its *own* reward).
+  2. expand: the caller makes a new payload from the node (MASA: rollouts of the node's skills, failure
+     attribution, teacher rewrite) and `expand` adds it as a child. When no payload comes (e.g. the
+     teacher's reply did not parse) the iteration is spent without a child.
+  3. set_reward: the child's reward (MASA: mean adjusted reward over N episodes) is stored as
+     child.reward (its *own* reward).
   4. backpropagate: visits += 1 and value_sum += reward for the child and every ancestor.
 
-The root is evaluated first (not counted as an iteration) when it is unvisited. With `max_reward` the
-search stops before an iteration once the best node's own reward has reached it (MASA: R = 1, which
-nothing can beat).
+The root gets its reward (set_reward, backpropagate) before the first iteration.
 
 Best node: the evaluated node with the highest *own* reward (ties: the shallower node, then the
 smaller child-index path, i.e. the sibling created first). Not the subtree mean: the subtree mean
@@ -34,8 +32,8 @@ measures how promising a region is for exploration, but what the search returns 
 use, and its quality is its own score; a mediocre parent with good children would otherwise win.
 
 The tree round-trips through plain dicts (`to_dict` / `from_dict`, with converters for the payload), so
-a caller can checkpoint it wherever it keeps its state and resume: calling `search` again on a rebuilt
-root continues the search. This module does no file I/O and imports nothing from minskill, so it can be
+a caller can checkpoint it wherever it keeps its state and resume: iterations on a rebuilt root continue
+the search. This module does no file I/O and imports nothing from minskill, so it can be
 copied alone.
 """
 from __future__ import annotations
@@ -160,56 +158,11 @@ def set_reward(node: Node, reward) -> float:
     try:
         reward = float(reward)
     except (TypeError, ValueError):
-        raise ValueError(f"search: evaluate_fn returned {reward!r} for node {node.id}; "
-                         "expected a number") from None
+        raise ValueError(f"set_reward: node {node.id} got the reward {reward!r}; expected a number") from None
     if not math.isfinite(reward):
-        raise ValueError(f"search: evaluate_fn returned {reward} for node {node.id}; expected a finite number")
+        raise ValueError(f"set_reward: node {node.id} got the reward {reward}; expected a finite number")
     node.reward = reward
     return reward
-
-
-def evaluate(node: Node, evaluate_fn: Callable[[Node], float]) -> float:
-    """Score node with evaluate_fn: its own reward, then backpropagated to it and every ancestor."""
-    reward = set_reward(node, evaluate_fn(node))
-    backpropagate(node, reward)
-    return reward
-
-
-def search(root: Node, expand_fn: Callable[[Node], Any], evaluate_fn: Callable[[Node], float],
-           iterations: int, c: float = 1.4, max_children: int | None = 3,
-           on_iteration: Callable[[int, Node, "Node | None", Node], None] | None = None,
-           max_reward: float = math.inf) -> tuple[Node, Node]:
-    """Run `iterations` select/expand/evaluate/backpropagate rounds; returns (best_node, root).
-
-    expand_fn(node) -> payload of a new child, or None to skip this iteration (no child is made).
-    evaluate_fn(node) -> the node's reward (finite number). on_iteration(i, selected, child_or_None, root)
-    is called after each iteration (for logs and checkpoints). The root is evaluated first if unvisited.
-    The search ends early, before an iteration, once the best own reward is >= max_reward.
-    Calling search again on the same (or a rebuilt) root continues the search.
-    """
-    if iterations < 0:
-        raise ValueError(f"search: iterations must be >= 0, got {iterations}")
-    if root.parent is not None:
-        raise ValueError(f"search: root must have no parent (got node {root.id})")
-    if root.visits == 0:
-        evaluate(root, evaluate_fn)
-    for i in range(iterations):
-        best = best_node(root)
-        if best is not None and best.reward >= max_reward:
-            break
-        selected = select(root, c, max_children)
-        if selected.visits == 0:
-            # Only reachable in a hand-built tree: evaluate an unvisited node before expanding it.
-            evaluate(selected, evaluate_fn)
-            child = None
-        else:
-            payload = expand_fn(selected)
-            child = None if payload is None else expand(selected, payload)
-            if child is not None:
-                evaluate(child, evaluate_fn)
-        if on_iteration is not None:
-            on_iteration(i, selected, child, root)
-    return best_node(root), root
 
 
 def to_dict(root: Node, payload_to_json: Callable[[Any], Any] | None = None) -> dict:
