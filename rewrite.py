@@ -197,7 +197,8 @@ def cmd_apply(args) -> int:
         return 1
     check_replaceable(out)       # --overwrite replaces only a skill set (SkillSet.save's rule), checked before the model runs
     card = load_model_card(args.model_card)
-    if not card["strengths"] and not card["weaknesses"]:
+    given_card = Path(args.model_card).is_file() or (Path(args.model_card) / "model_card.json").is_file()
+    if not given_card and not card["strengths"] and not card["weaknesses"]:   # built from a model spec
         print(f"rewrite.py apply: note: the card of {args.model_card} has no strengths or weaknesses; the SFT records "
               f"of evolve_masa.py hold the teacher's (give its run folder or model_card.json as --model-card for "
               f"the card the rewriter was trained with)", file=sys.stderr)

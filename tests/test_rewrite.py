@@ -264,6 +264,12 @@ def test_apply_gives_the_rewriter_the_card_and_task_its_sft_records_hold(trained
     assert seen["card"] == record_card
     assert seen["task"] == run_setup.task_description and seen["task"].startswith("Suite 'qa'")
     assert "has no strengths or weaknesses" in stderr       # said: only a run folder's card has the teacher's
+    (tmp_path / "run").mkdir()                             # a run's own card is the records' card: no note
+    (tmp_path / "run" / "model_card.json").write_text(json.dumps(record_card))
+    code, _, stderr = run_rewrite(["apply", "--rewriter", str(trained[0]), "--model-card", str(tmp_path / "run"),
+                                   "--skills", str(files["skills"]), "--task", "qa", "--out", str(tmp_path / "out2"),
+                                   "--device", "cpu"])
+    assert code == 0 and seen["card"] == record_card and "has no strengths or weaknesses" not in stderr, stderr
     from minskill.masa import transfer  # transfer's embedded target: the same builder
     (target,) = transfer.load_targets(transfer.build_parser().parse_args(
         ["--libraries", "builtin", "--targets", f"f={DEFAULT_MODEL}", "--rewriter", str(trained[0])]))
