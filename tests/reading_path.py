@@ -18,94 +18,68 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
+def _entries(file: str, *names: str) -> list[str]:
+    return [f"{file}:{name}" for name in names]
+
+
+# Stretches that more than one path runs, in the order they run there.
+SINGLE_TURN_ROLLOUTS = _entries("minskill/rollout.py", "run_rollouts", "skill_prompts", "skill_text", "_with_system",
+                                "_run_single_turn", "_as_completed", "_score")
+MASA_START = ["evolve_masa.py:run_search"] + _entries("minskill/masa/search.py", "MasaConfig", "MasaSearch.run")
+MASA_PROMPT_PARTS = _entries("minskill/masa/search.py", "attribution_messages", "_failure_text", "_clip",
+                             "_skills_text", "_only_general", "_format_help")
+MASA_ASK_TEACHER = (_entries("minskill/masa/search.py", "MasaSearch.ask", "teacher_seed", "ask_teacher") +
+                    _entries("minskill/masa/teacher.py", "parse_attribution", "_json_in", "_strings", "_quote",
+                             "parse_skillset_reply"))
+MASA_EVALUATE = (_entries("minskill/masa/search.py", "MasaSearch.add_candidate", "MasaSearch.as_logged", "Candidate",
+                          "_unique", "MasaSearch.evaluate_candidate", "MasaSearch.evaluate", "rollouts") +
+                 SINGLE_TURN_ROLLOUTS + _entries("minskill/rollout.py", "summarize", "_stats", "wilson_interval") +
+                 _entries("minskill/masa/search.py", "_metrics", "failure_records", "episode_record"))
+MASA_GATE = (["minskill/masa/search.py:MasaSearch.gate"] +
+             _entries("minskill/gates.py", "masa_decision", "_task_rewards", "decision", "check_gate") +
+             ["minskill/paired.py:sign_test_p_greater"])
+MASA_SAVE_STATE = ["minskill/masa/search.py:MasaSearch.checkpoint", "minskill/masa/search.py:MasaSearch.to_json"]
+MASA_SAVE_FILES = (_entries("evolve_masa.py", "checkpoint", "run_usage", "save_checkpoint") +
+                   ["minskill/masa/search.py:search_log", "evolve_masa.py:log",
+                    "minskill/masa/search.py:MasaSearch.calls"])
+
 PATHS = {
-    "Skill-R1: one training step": [
-        "train_grpo.py:train", "train_grpo.py:Run", "train_grpo.py:train_step", "train_grpo.py:instance_order",
-        "minskill/skill_r1/loop.py:step_seed", "minskill/skill_r1/loop.py:EvolveConfig",
-        "minskill/skill_r1/loop.py:Instance", "minskill/skill_r1/loop.py:autocast",
-        "minskill/skill_r1/loop.py:evolve_batch", "minskill/skill_r1/loop.py:_check_batch",
-        "minskill/skill_r1/loop.py:score_skills", "minskill/rollout.py:run_rollouts",
-        "minskill/rollout.py:skill_prompts", "minskill/rollout.py:skill_text",
-        "minskill/rollout.py:_with_system", "minskill/rollout.py:_run_single_turn",
-        "minskill/rollout.py:_as_completed", "minskill/rollout.py:_score", "minskill/skill_r1/loop.py:Outcome",
-        "minskill/skill_r1/loop.py:Evolution", "minskill/skill_r1/loop.py:HistoryEntry",
-        "minskill/skill_r1/loop.py:editor_messages", "minskill/skill_r1/loop.py:_history_block",
-        "minskill/skill_r1/loop.py:_outcome_line", "minskill/skill_r1/loop.py:_clip",
-        "minskill/nn/sampling.py:generate", "minskill/skill_r1/loop.py:Candidate",
-        "minskill/skill_r1/loop.py:parse_candidate", "minskill/skill_r1/loop.py:_has_front_matter",
-        "minskill/skill_r1/loop.py:_carry", "minskill/gates.py:carry", "minskill/gates.py:carried",
-        "minskill/gates.py:per_task_means", "minskill/gates.py:decision", "minskill/gates.py:check_gate",
-        "minskill/paired.py:sign_test_p_greater", "minskill/skill_r1/loop.py:Generation",
-        "minskill/skill_r1/loop.py:assign_advantages", "minskill/skill_r1/grpo.py:bilevel_advantages",
-        "minskill/skill_r1/grpo.py:_as_reward_tensor", "minskill/skill_r1/grpo.py:intra_advantages",
-        "minskill/skill_r1/grpo.py:_sample_std", "minskill/skill_r1/grpo.py:inter_advantage",
-        "train_grpo.py:policy_update", "train_grpo.py:micro_batches", "train_grpo.py:_padded",
-        "minskill/nn/shared_prefix.py:grouped_logprobs", "minskill/nn/shared_prefix.py:shared_prefix_logprobs",
-        "minskill/nn/shared_prefix.py:DifferentiableKV", "minskill/skill_r1/grpo.py:policy_loss",
-        "minskill/skill_r1/grpo.py:_check_loss_inputs", "minskill/skill_r1/grpo.py:_loss_stats",
-        "train_grpo.py:log_step", "train_grpo.py:metrics_row", "train_grpo.py:plot_rewards",
-        "minskill/skill_r1/loop.py:lineage_records"],
-    "MASA: one hill-climbing iteration": [
-        "evolve_masa.py:run_search", "minskill/masa/search.py:MasaConfig",
-        "minskill/masa/search.py:MasaSearch.run", "minskill/masa/search.py:HillClimbState",
-        "minskill/masa/search.py:MasaSearch.climb_iteration",
-        "minskill/masa/search.py:MasaSearch.propose_general", "minskill/masa/search.py:attribution_messages",
-        "minskill/masa/search.py:_failure_text", "minskill/masa/search.py:_clip",
-        "minskill/masa/search.py:_skills_text", "minskill/masa/search.py:_only_general",
-        "minskill/masa/search.py:_format_help", "minskill/masa/search.py:general_rewrite_messages",
-        "minskill/masa/search.py:MasaSearch.ask", "minskill/masa/search.py:teacher_seed",
-        "minskill/masa/search.py:ask_teacher", "minskill/masa/teacher.py:parse_attribution",
-        "minskill/masa/teacher.py:_json_in", "minskill/masa/teacher.py:_strings",
-        "minskill/masa/teacher.py:_quote", "minskill/masa/teacher.py:parse_skillset_reply",
-        "minskill/masa/search.py:MasaSearch.add_candidate", "minskill/masa/search.py:MasaSearch.as_logged",
-        "minskill/masa/search.py:Candidate", "minskill/masa/search.py:_unique",
-        "minskill/masa/search.py:MasaSearch.evaluate_candidate", "minskill/masa/search.py:MasaSearch.evaluate",
-        "minskill/masa/search.py:rollouts", "minskill/rollout.py:run_rollouts",
-        "minskill/rollout.py:skill_prompts", "minskill/rollout.py:skill_text",
-        "minskill/rollout.py:_with_system", "minskill/rollout.py:_run_single_turn",
-        "minskill/rollout.py:_as_completed", "minskill/rollout.py:_score", "minskill/rollout.py:summarize",
-        "minskill/rollout.py:_stats", "minskill/rollout.py:wilson_interval", "minskill/masa/search.py:_metrics",
-        "minskill/masa/search.py:failure_records", "minskill/masa/search.py:episode_record",
-        "minskill/masa/search.py:MasaSearch.gate", "minskill/gates.py:masa_decision",
-        "minskill/gates.py:_task_rewards", "minskill/gates.py:decision", "minskill/gates.py:check_gate",
-        "minskill/paired.py:sign_test_p_greater", "minskill/masa/search.py:MasaSearch.checkpoint",
-        "minskill/masa/search.py:MasaSearch.to_json", "evolve_masa.py:checkpoint", "evolve_masa.py:run_usage",
-        "evolve_masa.py:save_checkpoint", "minskill/masa/search.py:search_log", "evolve_masa.py:log",
-        "minskill/masa/search.py:MasaSearch.calls"],
-    "MASA: one UCB1 iteration": [
-        "evolve_masa.py:run_search", "minskill/masa/search.py:MasaConfig",
-        "minskill/masa/search.py:MasaSearch.run", "minskill/masa/search.py:Tree",
-        "minskill/masa/search.py:MasaSearch.tree_iteration", "minskill/masa/ucb.py:Node",
-        "minskill/masa/ucb.py:select", "minskill/masa/ucb.py:ucb_score", "minskill/masa/ucb.py:ucb1",
-        "minskill/masa/search.py:MasaSearch.propose_task_skills",
-        "minskill/masa/search.py:attribution_messages", "minskill/masa/search.py:_failure_text",
-        "minskill/masa/search.py:_clip", "minskill/masa/search.py:_skills_text",
-        "minskill/masa/search.py:_only_general", "minskill/masa/search.py:_format_help",
-        "minskill/masa/search.py:_only_type", "minskill/masa/search.py:task_rewrite_messages",
-        "minskill/masa/search.py:MasaSearch.ask", "minskill/masa/search.py:teacher_seed",
-        "minskill/masa/search.py:ask_teacher", "minskill/masa/teacher.py:parse_attribution",
-        "minskill/masa/teacher.py:_json_in", "minskill/masa/teacher.py:_strings",
-        "minskill/masa/teacher.py:_quote", "minskill/masa/teacher.py:parse_skillset_reply",
-        "minskill/masa/ucb.py:expand", "minskill/masa/search.py:MasaSearch.evaluate_node",
-        "minskill/masa/search.py:MasaSearch.add_candidate", "minskill/masa/search.py:MasaSearch.as_logged",
-        "minskill/masa/search.py:Candidate", "minskill/masa/search.py:_unique",
-        "minskill/masa/search.py:MasaSearch.evaluate_candidate", "minskill/masa/search.py:MasaSearch.evaluate",
-        "minskill/masa/search.py:rollouts", "minskill/rollout.py:run_rollouts",
-        "minskill/rollout.py:skill_prompts", "minskill/rollout.py:skill_text",
-        "minskill/rollout.py:_with_system", "minskill/rollout.py:_run_single_turn",
-        "minskill/rollout.py:_as_completed", "minskill/rollout.py:_score", "minskill/rollout.py:summarize",
-        "minskill/rollout.py:_stats", "minskill/rollout.py:wilson_interval", "minskill/masa/search.py:_metrics",
-        "minskill/masa/search.py:failure_records", "minskill/masa/search.py:episode_record",
-        "minskill/masa/ucb.py:set_reward", "minskill/masa/ucb.py:backpropagate",
-        "minskill/masa/ucb.py:best_node", "minskill/masa/ucb.py:iter_nodes",
-        "minskill/masa/ucb.py:_sibling_indices", "minskill/masa/search.py:MasaSearch.tree_result",
-        "minskill/masa/search.py:MasaSearch.gate", "minskill/gates.py:masa_decision",
-        "minskill/gates.py:_task_rewards", "minskill/gates.py:decision", "minskill/gates.py:check_gate",
-        "minskill/paired.py:sign_test_p_greater", "minskill/masa/search.py:MasaSearch.checkpoint",
-        "minskill/masa/search.py:MasaSearch.to_json", "minskill/masa/search.py:HillClimbState.to_json",
-        "minskill/masa/ucb.py:to_dict", "evolve_masa.py:checkpoint", "evolve_masa.py:run_usage",
-        "evolve_masa.py:save_checkpoint", "minskill/masa/search.py:search_log", "evolve_masa.py:log",
-        "minskill/masa/search.py:MasaSearch.calls"],
+    "Skill-R1: one training step": (
+        _entries("train_grpo.py", "train", "Run", "train_step", "instance_order") +
+        _entries("minskill/skill_r1/loop.py", "step_seed", "EvolveConfig", "Instance", "autocast", "evolve_batch",
+                 "_check_batch", "score_skills") +
+        SINGLE_TURN_ROLLOUTS +
+        _entries("minskill/skill_r1/loop.py", "Outcome", "Evolution", "HistoryEntry", "editor_messages",
+                 "_history_block", "_outcome_line", "_clip") +
+        ["minskill/nn/sampling.py:generate"] +
+        _entries("minskill/skill_r1/loop.py", "Candidate", "parse_candidate", "_has_front_matter", "_carry") +
+        _entries("minskill/gates.py", "carry", "carried", "per_task_means", "decision", "check_gate") +
+        ["minskill/paired.py:sign_test_p_greater"] +
+        _entries("minskill/skill_r1/loop.py", "Generation", "assign_advantages") +
+        _entries("minskill/skill_r1/grpo.py", "bilevel_advantages", "_as_reward_tensor", "intra_advantages",
+                 "_sample_std", "inter_advantage") +
+        _entries("train_grpo.py", "policy_update", "micro_batches", "_padded") +
+        _entries("minskill/nn/shared_prefix.py", "grouped_logprobs", "shared_prefix_logprobs", "DifferentiableKV") +
+        _entries("minskill/skill_r1/grpo.py", "policy_loss", "_check_loss_inputs", "_loss_stats") +
+        _entries("train_grpo.py", "log_step", "metrics_row", "plot_rewards") +
+        ["minskill/skill_r1/loop.py:lineage_records"]),
+    "MASA: one hill-climbing iteration": (
+        MASA_START +
+        _entries("minskill/masa/search.py", "HillClimbState", "MasaSearch.climb_iteration",
+                 "MasaSearch.propose_general") +
+        MASA_PROMPT_PARTS + ["minskill/masa/search.py:general_rewrite_messages"] +
+        MASA_ASK_TEACHER + MASA_EVALUATE + MASA_GATE + MASA_SAVE_STATE + MASA_SAVE_FILES),
+    "MASA: one UCB1 iteration": (
+        MASA_START +
+        _entries("minskill/masa/search.py", "Tree", "MasaSearch.tree_iteration") +
+        _entries("minskill/masa/ucb.py", "Node", "select", "ucb_score", "ucb1") +
+        ["minskill/masa/search.py:MasaSearch.propose_task_skills"] + MASA_PROMPT_PARTS +
+        _entries("minskill/masa/search.py", "_only_type", "task_rewrite_messages") +
+        MASA_ASK_TEACHER + ["minskill/masa/ucb.py:expand", "minskill/masa/search.py:MasaSearch.evaluate_node"] +
+        MASA_EVALUATE +
+        _entries("minskill/masa/ucb.py", "set_reward", "backpropagate", "best_node", "iter_nodes", "_sibling_indices") +
+        ["minskill/masa/search.py:MasaSearch.tree_result"] + MASA_GATE + MASA_SAVE_STATE +
+        ["minskill/masa/search.py:HillClimbState.to_json", "minskill/masa/ucb.py:to_dict"] + MASA_SAVE_FILES),
 }
 
 
