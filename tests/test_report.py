@@ -119,7 +119,7 @@ def masa_run(tmp_path_factory):
 
 def scripted_masa_run(tmp: Path) -> Path:
     """evolve_masa.py on helpers.write_suite's suite with xss_teacher; returns the run folder (also what made
-    .figures/report_screenshot.png, with XSS and XSS_ATTR set to plain text)."""
+    docs/figures/report_screenshot.png, with XSS and XSS_ATTR set to plain text)."""
     SECRET_REWRITES.clear()
     suite = write_suite(tmp / "suite.jsonl")
     base = SkillSet(general=[skill("be-helpful", f"Answer the question. {XSS}")],
