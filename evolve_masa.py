@@ -48,7 +48,7 @@ from minskill.plot import write_svg_plot
 from minskill.retrieval import (RetrievalError, add_retrieval_args, check_retrieval_args, retriever_from_args,
                                 with_retrieval)
 from minskill.rollout import load_skills, summarize
-from minskill.runs import check_run_folder, open_run_folder
+from minskill.runs import check_run_folder, given_flags, open_run_folder, resume_flags
 from minskill.serve.caching import BudgetExhausted, CachingClient, CallBudget
 from minskill.serve.client import ChatError
 from minskill.serve.server import embedded_client
@@ -60,10 +60,8 @@ from minskill.tasks.base import interleave
 DEFAULTS = MasaRunConfig()   # every default of this script's flags, written once (argparse reads them)
 # the embedded 135M teacher: short replies and no retry (a retry costs a minute and rarely parses)
 EMBEDDED_TEACHER = {"teacher_retries": 0, "teacher_max_tokens": 384}
-# given on --resume, these must equal the saved run's (None: not given, the default or the saved run's value)
-GATE_DEFAULTS = {"gate": DEFAULTS.gate, "gate_alpha": DEFAULTS.gate_alpha, "gate_tasks": DEFAULTS.gate_tasks}
-# Flags that may change when a run is resumed (endpoints move, budgets grow); every other flag is restored
-# from the saved run so that the resumed search is the same search.
+# --resume (minskill.runs.resume_flags): the flags that may change when a run is resumed (endpoints move, budgets
+# grow); every other flag is the saved run's, and given with another value is refused: the same search continues.
 RESUMABLE_OVERRIDES = ("max_calls", "no_cache", "cache", "task_url", "task_model", "task_api_key",
                        "teacher_url", "teacher_model", "teacher_api_key", "task_concurrency", "timeout",
                        "startup_timeout",
@@ -111,16 +109,14 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--episodes", type=int, default=d.episodes, help="N: episodes per tree-node evaluation")
     g.add_argument("--c", type=float, default=d.c, help="UCB1 exploration constant C")
     g.add_argument("--max-children", type=int, default=d.max_children, help="rewrites per tree node before descending")
-    m.add_argument("--gate", choices=gates.MASA_GATES, default=None, help="acceptance gate of the climb and of "
+    m.add_argument("--gate", choices=gates.MASA_GATES, default=d.gate, help="acceptance gate of the climb and of "
                    "each tree's result: strict = R strictly higher (the paper); paired = also a one-sided exact sign "
                    "test on the per-task rewards at --gate-alpha; fresh = R strictly higher and that sign test on "
-                   "--gate-tasks train tasks the search never scores nor shows the teacher (minskill/gates.py). "
-                   f"Default {d.gate}; fixed on --resume")
-    g.add_argument("--gate-alpha", type=float, default=None,
-                   help=f"α of --gate paired / fresh (default {d.gate_alpha})")
-    g.add_argument("--gate-tasks", type=int, default=None, help="--gate fresh: train tasks drawn after the search "
-                   f"and preliminary ones for its sign test (the climb uses all, a tree those of its type; "
-                   f"default {d.gate_tasks})")
+                   "--gate-tasks train tasks the search never scores nor shows the teacher (minskill/gates.py); "
+                   "fixed on --resume")
+    g.add_argument("--gate-alpha", type=float, default=d.gate_alpha, help="α of --gate paired / fresh")
+    g.add_argument("--gate-tasks", type=int, default=d.gate_tasks, help="--gate fresh: train tasks drawn after the "
+                   "search and preliminary ones for its sign test (the climb uses all, a tree those of its type)")
     g.add_argument("--teacher-max-tokens", type=int, default=None,
                    help=f"reply budget of the teacher (default {d.teacher_max_tokens} for --teacher-url, "
                         f"{EMBEDDED_TEACHER['teacher_max_tokens']} for the slow embedded model)")
@@ -233,8 +229,9 @@ def check_state(state, where: str) -> dict:
     return state
 
 
-def resume_args(parser: argparse.ArgumentParser, args: argparse.Namespace, out: Path):
-    """--resume: (the saved run's arguments with the flags in RESUMABLE_OVERRIDES given now, saved state)."""
+def resume_args(parser: argparse.ArgumentParser, args: argparse.Namespace, out: Path, argv=None):
+    """--resume: (the arguments of the resume policy, minskill.runs.resume_flags: the saved run's where `argv`
+    gives none, a given one of RESUMABLE_OVERRIDES taken, another that differs refused; the saved state)."""
     state_path = out / "state.json"
     if not state_path.is_file():
         parser.error(f"--resume: no saved run in {out} (state.json is missing)")
@@ -242,37 +239,28 @@ def resume_args(parser: argparse.ArgumentParser, args: argparse.Namespace, out: 
         saved = check_state(read_json(state_path, f"--resume: {state_path}"), f"--resume: {state_path}")
     except ValueError as e:   # a state.json cut, edited by hand or nested too deeply: say so, no traceback
         parser.error(str(e))
-    explicit = {k: v for k, v in vars(args).items() if k in RESUMABLE_OVERRIDES and v != parser.get_default(k)}
-    saved_args = saved["args"]
-    changed = [f"--{k.replace('_', '-')} {saved_args.get(k)!r} -> {getattr(args, k)!r}" for k in GATE_DEFAULTS
-               if getattr(args, k) is not None and getattr(args, k) != saved_args.get(k)]
-    if changed:
-        parser.error(f"--resume: the saved run used another gate, so it would not continue the same search: "
-                     f"{', '.join(changed)}")
-    args = argparse.Namespace(**{**saved_args, **explicit, "resume": True, "overwrite": False, "out": str(out),
-                              "merge": None})
+    args.out = str(out)
+    resume_flags(args, saved["args"], given_flags(parser, argv), RESUMABLE_OVERRIDES, "evolve_masa.py")
     search_state = saved.get("search") or {"phase": "start", "candidates": []}
     log(f"resuming {out}: phase {search_state['phase']}, {len(search_state['candidates'])} candidates, "
         f"{saved['calls_spent']} calls spent")
     return args, saved
 
 
-def set_up(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Run:
-    """Resume or start: arguments, config, tasks and base skills (a bad suite is refused before any model
-    call), the run folder, the budget and the state."""
+def set_up(parser: argparse.ArgumentParser, args: argparse.Namespace, argv=None) -> Run:
+    """Resume or start: arguments (`argv`: the command line they were parsed from, for --resume), config, tasks
+    and base skills (a bad suite is refused before any model call), the run folder, the budget and the state."""
     global STARTED
     out = Path(args.out or f"runs/masa-{Path(args.suite).stem}-{time.strftime('%Y%m%d-%H%M%S')}")
     saved = None
     if args.resume:
-        args, saved = resume_args(parser, args, out)
+        args, saved = resume_args(parser, args, out, argv)
     check_search_args(parser, args)
     check_run_folder(out, args.resume, args.overwrite, "evolve_masa.py")
     try:
         check_retrieval_args(args)
     except RetrievalError as e:
         parser.error(str(e))
-    for k, default in GATE_DEFAULTS.items():
-        setattr(args, k, default if getattr(args, k) is None else getattr(args, k))
     try:
         gates.check_gate(args.gate, args.gate_alpha)
     except ValueError as e:
@@ -368,7 +356,7 @@ def load_gate_tasks(args, used: list) -> list:
     if len(gate) < want:
         raise ValueError(f"{need}, but the train split of {args.suite} holds {len(train)} tasks, which leaves "
                          f"{len(gate)}; lower --gate-tasks, --n-train or --n-prelim, or use another gate")
-    alpha = GATE_DEFAULTS["gate_alpha"] if args.gate_alpha is None else args.gate_alpha
+    alpha = args.gate_alpha
     for task_type in sorted({t.type for t in used}):   # with no loss, k tasks give p = 2^-k at best
         k = sum(t.type == task_type for t in gate)
         if 0.5 ** k > alpha:
@@ -426,20 +414,28 @@ def connect(run: Run):
 def save_checkpoint(out: Path, run_state: dict) -> None:
     """state.json and search_log.jsonl, both atomically (called after every iteration)."""
     write_json_atomic(out / "state.json", run_state)
-    log_records = masa.search_log(run_state["search"] or {})
-    log_records += [{"kind": "event", **e} for e in run_state["events"]]
-    write_jsonl_atomic(out / "search_log.jsonl", log_records)
+    write_jsonl_atomic(out / "search_log.jsonl", masa.search_log(run_state["search"] or {}) +
+                       [{"kind": "event", **e} for e in run_state["events"]])
 
 
 def checkpoint(run: Run, search_state: dict) -> None:
-    run.state["search"] = search_state
-    run.state.update(calls_spent=run.budget.spent, usage=run_usage(run))
+    run.state.update(search=search_state, calls_spent=run.budget.spent, usage=run_usage(run))
     save_checkpoint(run.out, run.state)
 
 
 def teacher_skipped(run: Run, event: dict) -> None:
     run.state["events"].append({"event": "teacher_skip", **event})
     log(f"  teacher reply skipped ({event['what']}) after {event['attempts']} attempts")
+
+
+def log_progress(search: MasaSearch, shown: int, line: str | None = None) -> int:
+    """Print the search's teacher skips (its events after the first `shown`), then `line`; returns its event count."""
+    for event in search.events[shown:]:
+        log(f"  teacher reply skipped ({event['what']}): {event['attempts']} attempts did not parse; "
+            f"last error: {event['errors'][-1][:160] if event['errors'] else '?'}")
+    if line is not None:
+        log(line)
+    return len(search.events)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -472,19 +468,22 @@ def model_card(run: Run, target, teacher) -> ModelCard:
 
 
 def run_search(run: Run, target, teacher) -> tuple[MasaSearch | None, str | None]:
-    """1-3: the card, hill climbing, the trees, checkpointed after every iteration. Returns (the search, or
-    None when the budget ran out before it began; why it stopped early, or None). On a spent budget the
-    search is rolled back to its last checkpoint (an iteration cut short is not a result); on an endpoint
-    failure or Ctrl-C that checkpoint is saved and the exception passes on."""
-    search = None
+    """1-3: the card, hill climbing, the trees; after every iteration its progress is printed and the search's
+    state saved (checkpointed). Returns (the search, or None when the budget ran out before it began; why it
+    stopped early, or None). On a spent budget the search is rolled back to its last checkpoint (an iteration cut
+    short is not a result); on an endpoint failure or Ctrl-C that checkpoint is saved and the exception passes on."""
+    search, shown = None, 0
     try:
         search = MasaSearch(target, teacher, model_card(run, target, teacher), run.tasks, run.base_skills, run.config,
-                            run.state["search"], log, run.budget, run.gate_tasks)   # 1. the card, then 2-3
+                            run.state["search"], run.budget, run.gate_tasks)   # 1. the card, then 2-3
         checkpoint(run, search.to_json())
-        for state in search.run():   # after every iteration: save the search's state
-            checkpoint(run, state)
+        shown = len(search.events)   # an earlier session printed those
+        for line in search.run():   # after every iteration: its progress printed, the search's state saved
+            shown = log_progress(search, shown, line)
+            checkpoint(run, search.checkpoint())
     except BudgetExhausted as e:
         if search is not None:
+            log_progress(search, shown)   # the skipped replies of the iteration cut short
             search.restore(search.last_checkpoint)
             checkpoint(run, search.last_checkpoint)
         run.state["events"].append({"event": "budget_stop", "message": str(e)})
@@ -492,6 +491,7 @@ def run_search(run: Run, target, teacher) -> tuple[MasaSearch | None, str | None
         return search, str(e)
     except (ChatError, KeyboardInterrupt):
         if search is not None:
+            log_progress(search, shown)
             checkpoint(run, search.last_checkpoint)
         raise
     return search, None
@@ -680,7 +680,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.merge:
         return merge(args)
-    run = set_up(parser, args)
+    run = set_up(parser, args, argv)
     with connect(run) as (target, teacher):
         try:
             search, stopped = run_search(run, target, teacher)         # 1-3: card, hill climbing, trees

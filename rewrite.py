@@ -42,7 +42,7 @@ from pathlib import Path
 import torch
 
 from minskill.cli import add_task_model_args, add_teacher_args
-from minskill.files import write_text_atomic
+from minskill.files import check_shape, read_json, write_text_atomic
 from minskill.masa import sft
 from minskill.masa.data import task_description
 from minskill.masa.rewriter import (load_model_card, parse_rewriter_output, resolve_rewriter,  # noqa: F401 (rewrite.X)
@@ -52,7 +52,7 @@ from minskill.nn.lora import BASE_DTYPES, add_lora_arguments, apply_lora, lora_s
 from minskill.nn.weights import load_model, resolve_model
 from minskill.retrieval import add_retrieval_args, check_retrieval_args, retriever_from_args, with_retrieval
 from minskill.rollout import load_skills, run_rollouts, summarize
-from minskill.runs import check_run_folder, open_run_folder
+from minskill.runs import check_run_folder, given_flags, open_run_folder, resume_flags
 from minskill.serve.client import ChatClient, usage_delta
 from minskill.serve.server import embedded_client
 from minskill.skillsets import SkillSet, check_replaceable
@@ -110,7 +110,29 @@ def teacher_oneshot_rewrite(client, card: dict, skills, task: str, retries: int 
 
 # ----------------------------------------------------------------------------------------------- train
 
+# --resume (minskill.runs.resume_flags): the flags that may change, the SFTConfig fields of sft.RUN_SETTINGS (how
+# fast or how often, not what is learned; --micro-batch and --grad-checkpointing name two of them), the device,
+# and the data files' paths (the records are checked apart: sft.train_sft refuses other training data)
+RESUME_MAY_CHANGE = (*({"micro_batch_size": "micro_batch", "gradient_checkpointing": "grad_checkpointing"}.get(k, k)
+                       for k in sft.RUN_SETTINGS), "device", "data", "val_file")
+NOT_FLAGS = ("func", "argv", "command")   # what main adds to the parsed flags
+
+
+def restore_train_flags(parser: argparse.ArgumentParser, args, argv: list[str]) -> None:
+    """`train --resume`: the flags saved in run_config.json of the checkpoint's run folder, where `argv` gives
+    none (the resume policy, minskill.runs.resume_flags; a given flag outside RESUME_MAY_CHANGE that differs is
+    refused). A folder without run_config.json holds nothing to resume: cmd_train says so."""
+    folder = Path(args.out) if args.resume == "latest" else Path(args.resume).parent
+    path = folder / "run_config.json"
+    if not path.is_file():
+        return
+    config = check_shape(read_json(path, f"--resume: {path}"), {"args": dict}, f"--resume: {path}")
+    resume_flags(args, config["args"], given_flags(parser, argv), RESUME_MAY_CHANGE, "rewrite.py train")
+
+
 def cmd_train(args) -> int:
+    if not args.data:
+        raise ValueError("the data (JSONL files of SFT records) are required, except with --resume")
     cfg = sft.SFTConfig(lr=args.lr, warmup_ratio=args.warmup_ratio, min_lr_ratio=args.min_lr_ratio,
                         epochs=args.epochs, batch_size=args.batch_size, micro_batch_size=args.micro_batch,
                         max_length=args.max_length, too_long=args.too_long, weight_decay=args.weight_decay,
@@ -152,6 +174,7 @@ def cmd_train(args) -> int:
     out = open_run_folder(args.out, bool(args.resume), args.overwrite, "rewrite.py train")
     write_text_atomic(out / "run_config.json", json.dumps(
         {"command": "python rewrite.py " + " ".join(args.argv), "data": args.data, "val_file": args.val_file,
+         "args": {k: v for k, v in vars(args).items() if k not in NOT_FLAGS},   # what --resume restores
          "base_model": args.base_model, "config": vars(cfg) | {"adam_betas": list(cfg.adam_betas)},
          "lora": {k: getattr(args, k) for k in ("lora_rank", "lora_alpha", "lora_dropout", "lora_targets",
                                                 "lora_base_dtype")},
@@ -310,7 +333,8 @@ def build_parser() -> argparse.ArgumentParser:
                "\"task_description\": \"...\", \"skills_out\": <MASA JSON>, ...other fields ignored}")
     tm = t.add_argument_group("main options")
     to = t.add_argument_group("training")
-    tm.add_argument("data", nargs="+", help="JSONL file(s) of SFT records (several runs/targets may be given)")
+    tm.add_argument("data", nargs="*", help="JSONL file(s) of SFT records (several runs/targets may be given; "
+                    "--resume: the saved run's)")
     tm.add_argument("--out", required=True, help="output folder")
     tm.add_argument("--base-model", default="smollm2-135m", help="model to fine-tune: HF folder or smollm2-135m (default)")
     to.add_argument("--val-file", default=None, help="held-out records (default: --val-fraction of the data)")
@@ -394,9 +418,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     args.argv = argv
     try:
+        if args.command == "train" and args.resume:
+            restore_train_flags(parser, args, argv)
         return args.func(args)
     except (FileNotFoundError, ValueError) as e:
         print(f"rewrite.py {args.command}: {e}", file=sys.stderr)

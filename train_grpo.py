@@ -19,7 +19,8 @@ One training step (docs/skill-r1.md, the loop in `train`):
   3. advantages: every candidate gets A = A_intra + λ·A_inter (minskill.skill_r1.grpo.bilevel_advantages);
   4. policy update: per --ppo-epochs one optimizer step on the clipped policy loss of
      minskill.skill_r1.grpo.policy_loss over all candidates' tokens, with gradient accumulation over micro-batches;
-  5. log: a line on stdout, a row of metrics.jsonl, reward_curve.svg redrawn;
+  5. log (`train`, after `train_step` did 1-4; minskill.skill_r1.records): a line on stdout, a row of
+     metrics.jsonl and of lineage.jsonl, reward_curve.svg redrawn;
   6. checkpoint every --save-every steps and at the end.
 Set-up and resume (`setup`), the end-of-run summary (`summarize`) and the --eval table
 (minskill.skill_r1.evaluate) are off that path.
@@ -43,10 +44,10 @@ Aggregation across micro-batches equals aggregating the whole batch at once: tok
 micro-batch's loss by its share of all completion tokens, seq_mean and dr_grpo by its share of sequences.
 Candidates with A = 0 (and β = 0) have no gradient and are skipped, but still count in those totals.
 
-Shared prefix (a speed trick, off the reading path). The K candidates of a generation share one editor
+Shared prefix (a speed trick, on by default: on the reading path). The K candidates of a generation share one editor
 prompt; micro-batches never mix two prompts (which bounds the update's memory to one prompt's activations),
 and with --shared-prefix (the default) each computes its prompt once for all its rows
-(minskill.nn.shared_prefix.grouped_logprobs), with the same log-probs and gradient as
+(minskill.nn.shared_prefix.shared_prefix_logprobs), with the same log-probs and gradient as
 sampling.completion_logprobs, which the loop reads as. --no-shared-prefix uses the latter.
 
 The loss value sits near zero by construction (advantages are centred); watch the reward instead:
@@ -68,25 +69,27 @@ from pathlib import Path
 import torch
 
 from minskill.cli import add_task_model_args
-from minskill.files import append_jsonl, check_shape, read_jsonl, write_jsonl_atomic
+from minskill.files import check_shape, read_jsonl, write_jsonl_atomic
 from minskill.gates import GATES
 from minskill.nn.lora import (ADAPTER_DIR, BASE_DTYPES, AdaptersOff, add_lora_arguments, apply_lora,
                               load_peft_adapter, lora_settings, trainable_parameters)
 from minskill.nn.optim import lr_factor, release_freed_memory
 from minskill.nn.sampling import completion_logprobs
-from minskill.nn.shared_prefix import grouped_logprobs
+from minskill.nn.shared_prefix import shared_prefix_logprobs
 from minskill.nn.weights import load_model, resolve_model
-from minskill.plot import write_svg_plot
 from minskill.rollout import load_skills, skill_text
-from minskill.runs import (TRAINER_STATE, check_run_folder, load_trainer_state, open_run_folder, recover_checkpoint,
-                           save_checkpoint, set_rng_state)
+from minskill.runs import (TRAINER_STATE, check_run_folder, given_flags, load_trainer_state, open_run_folder,
+                           recover_checkpoint, resume_flags, save_checkpoint, set_rng_state)
+from minskill.serve.client import usage_delta
 from minskill.serve.server import embedded_client
 from minskill.skill_r1.evaluate import check_heldout, evaluate, probe, probe_instances
 from minskill.skill_r1.grpo import policy_loss
-from minskill.skill_r1.loop import (EvolveConfig, Instance, all_zero_note, assign_advantages, autocast, device,
-                                    SuiteError, evolve_batch, lineage_records, load_tasks, make_instances, step_seed)
+from minskill.skill_r1.loop import (EvolveConfig, Instance, all_zero_note, assign_advantages, autocast, check_config,
+                                    device, SuiteError, evolve_batch, load_tasks, make_instances, step_seed)
+from minskill.skill_r1.records import log_step, metrics_row, no_reward_yet
 
-# flags that must equal the checkpoint's when resuming, or the continued run would not be the same run
+# --resume (minskill.runs.resume_flags): flags that, given, must equal the checkpoint's, or the continued run would
+# not be the same run; every other flag may change (where and how fast it runs, how far, what it writes)
 RESUME_MUST_MATCH = ("suite", "seed_skills", "generations", "candidates", "rollouts", "lam", "scale_by_std",
                      "eps_low", "eps_high", "beta", "agg", "ppo_epochs", "tasks_per_instance", "n_tasks",
                      "editor_temperature", "editor_top_p", "max_skill_tokens", "context_tokens",
@@ -154,23 +157,33 @@ class Run:
 
 
 def train(args) -> int:
-    """The Skill-R1 training loop: one optimizer step per pass (docs/skill-r1.md)."""
+    """The Skill-R1 training loop: each step computes (`train_step`), then the loop records it (metrics.jsonl,
+    lineage.jsonl, the curve: minskill.skill_r1.records) and saves the checkpoint every --save-every steps."""
     run, cfg = setup(args), EvolveConfig.from_args(args)
     with embedded_client(args.task_url, args.task_model, api_key=args.task_api_key,
                          quantize=args.task_quantize, max_workers=args.task_concurrency) as client:
         t_run = time.time()
         probes = [held_out_probe(run, client, args, after_steps=0)] if run.start_step == 0 and args.probe_every else []
         for step in range(run.start_step, args.steps):
-            train_step(run, args, cfg, client, step, t_run, probes)
+            t0, usage0, lr = time.time(), client.usage, run.optimizer.param_groups[0]["lr"]   # the update's lr
+            evolutions, candidates, stats, t_sampled = train_step(run, args, cfg, client, step)
+            row = metrics_row(step, evolutions, candidates, stats, usage_delta(client.usage, usage0), t0, t_sampled, lr)
+            if args.probe_every and ((step + 1) % args.probe_every == 0 or step + 1 == args.steps):
+                probes.append(held_out_probe(run, client, args, after_steps=step + 1))
+            log_step(run, args, {**row, "probes": probes}, t0, t_run, evolutions)
             probes = []
+            if (step + 1) % args.save_every == 0 or step + 1 == args.steps:
+                save_checkpoint(run.out / "checkpoint", run.editor, run.tokenizer, {
+                    "step": step + 1, "optimizer": run.optimizer.state_dict(), "scheduler": run.scheduler.state_dict(),
+                    "args": vars(args), "editor_spec": run.editor_spec, "metrics": run.rows})
         calls = client.stats["calls"]
     summarize(run, args, calls)
     return 0
 
 
-def train_step(run: Run, args, cfg: EvolveConfig, client, step: int, t_run: float, probes: list) -> None:
-    """One Skill-R1 step: evolve skills on a batch of instances, score them, one GRPO update, log, checkpoint."""
-    t0, usage0 = time.time(), client.usage
+def train_step(run: Run, args, cfg: EvolveConfig, client, step: int) -> tuple[list, list, dict, float]:
+    """One Skill-R1 step: evolve skills on a batch of instances, advantages, one GRPO update. Returns what it did
+    for the loop to record: (evolutions, candidates, the update's stats, the time its sampling ended)."""
     # 1. pick this step's instances
     batch = [run.instances[i] for i in instance_order(len(run.instances), step, args.instances_per_step, args.seed)]
     # 2. evolve: G generations of K candidate skills on each, scored by the frozen task model
@@ -185,20 +198,8 @@ def train_step(run: Run, args, cfg: EvolveConfig, client, step: int, t_run: floa
     # 4. policy update: the clipped GRPO loss over all candidates' tokens
     run.editor.train()
     stats = policy_update(run.editor, run.ref_model, run.optimizer, candidates, args)
-    lr = run.optimizer.param_groups[0]["lr"]
     run.scheduler.step()
-    # 5. log
-    usage = {k: v - usage0[k] for k, v in client.usage.items()}
-    row = metrics_row(step, evolutions, candidates, stats, usage, t0, t_sampled, lr)
-    if args.probe_every and ((step + 1) % args.probe_every == 0 or step + 1 == args.steps):
-        probes.append(held_out_probe(run, client, args, after_steps=step + 1))
-    row["probes"] = probes
-    log_step(run, args, row, t0, t_run, evolutions)
-    # 6. checkpoint
-    if (step + 1) % args.save_every == 0 or step + 1 == args.steps:
-        save_checkpoint(run.out / "checkpoint", run.editor, run.tokenizer, {
-            "step": step + 1, "optimizer": run.optimizer.state_dict(), "scheduler": run.scheduler.state_dict(),
-            "args": vars(args), "editor_spec": run.editor_spec, "metrics": run.rows})
+    return evolutions, candidates, stats, t_sampled
 
 
 def held_out_probe(run: Run, client, args, after_steps: int) -> dict:
@@ -226,10 +227,6 @@ def instance_order(n_instances: int, step: int, per_step: int, seed: int) -> lis
     return picks
 
 
-def _padded(rows: list[list[float]], width: int, device) -> torch.Tensor:
-    return torch.tensor([list(r) + [0.0] * (width - len(r)) for r in rows], dtype=torch.float32, device=device)
-
-
 def micro_batches(rows: list, size: int) -> list[list]:
     """`rows` cut into micro-batches of at most `size`, never mixing two prompts: a micro-batch then holds
     one prompt's activations (--shared-prefix computes it once), not two, which bounds the update's memory."""
@@ -240,135 +237,52 @@ def micro_batches(rows: list, size: int) -> list[list]:
 
 
 def policy_update(editor, ref_model, optimizer, candidates, args) -> dict:
-    """--ppo-epochs optimizer steps of the clipped GRPO loss over the candidates (see the module docstring
-    for old log-probs and micro-batch weighting). Returns token-weighted means of policy_loss's stats."""
+    """--ppo-epochs optimizer steps of the clipped GRPO loss over the candidates (module docstring: old log-probs,
+    micro-batch weights). Returns token-weighted means of policy_loss's stats."""
     beta = args.beta if ref_model is not None else 0.0
     seqs = [c for c in candidates if c.token_ids]
     total_tokens, total_seqs = sum(len(c.token_ids) for c in seqs), len(seqs)
     # a candidate with A = 0 has zero policy gradient; without a KL term it would only cost compute
     train = [c for c in seqs if c.advantage != 0.0 or beta > 0]
-    batches = micro_batches(train, args.micro_batch)
-    keys = ("loss", "ratio_mean", "clip_frac_low", "clip_frac_high", "kl_mean")
-    sums, old_logps, n_tok, mismatch, grad_norm = dict.fromkeys(keys, 0.0), [], 0, 0.0, 0.0
-    logprobs = grouped_logprobs if args.shared_prefix else completion_logprobs   # equal values
+    n_tok = sum(len(c.token_ids) for c in train)
+    keys = ("ratio_mean", "clip_frac_low", "clip_frac_high", "kl_mean")
+    sums, old_logps, loss, mismatch, grad_norm = dict.fromkeys(keys, 0.0), [], 0.0, 0.0, 0.0
+
+    def logprobs(model, mb):   # equal values; --shared-prefix computes the micro-batch's one prompt once
+        completions, temperature = [c.token_ids for c in mb], args.editor_temperature
+        if args.shared_prefix:
+            return shared_prefix_logprobs(model, mb[0].prompt_ids, completions, temperature=temperature)
+        return completion_logprobs(model, [c.prompt_ids for c in mb], completions, temperature=temperature)
+
     # with no batch (e.g. every reward 0) the optimizer still steps, a no-op, so the schedule stays in sync
     for epoch in range(args.ppo_epochs):
         optimizer.zero_grad(set_to_none=True)
-        for k, mb in enumerate(batches):
-            prompts, completions = [c.prompt_ids for c in mb], [c.token_ids for c in mb]
+        for k, mb in enumerate(micro_batches(train, args.micro_batch)):
             with autocast(args.bf16):
-                logp, mask = logprobs(editor, prompts, completions, temperature=args.editor_temperature)
-                ref_logp = None
-                if beta > 0:
-                    with torch.no_grad():
-                        ref_logp, _ = logprobs(ref_model, prompts, completions, temperature=args.editor_temperature)
+                logp, mask = logprobs(editor, mb)
+                with torch.no_grad():   # the frozen reference's log-probs, for the KL term
+                    ref_logp = logprobs(ref_model, mb)[0] if beta > 0 else None
             if epoch == 0:  # the weights that sampled are unchanged so far: logp_old = this pass, detached
                 old_logps.append(logp.detach())
-                sampled = _padded([c.logprobs for c in mb], logp.shape[1], logp.device)
+                sampled = torch.tensor([list(c.logprobs) + [0.0] * (logp.shape[1] - len(c.logprobs)) for c in mb],
+                                       dtype=torch.float32, device=logp.device)
                 mismatch += float(((sampled - logp.detach()).abs() * mask).sum())
-            loss, st = policy_loss(logp, old_logps[k], [c.advantage for c in mb], mask, ref_logp=ref_logp,
-                                   eps_low=args.eps_low, eps_high=args.eps_high, beta=beta, agg=args.agg,
-                                   max_new_tokens=args.max_skill_tokens)
-            mb_tokens = sum(len(c) for c in completions)
+            mb_loss, st = policy_loss(logp, old_logps[k], [c.advantage for c in mb], mask, ref_logp=ref_logp,
+                                      eps_low=args.eps_low, eps_high=args.eps_high, beta=beta, agg=args.agg,
+                                      max_new_tokens=args.max_skill_tokens)
+            mb_tokens = sum(len(c.token_ids) for c in mb)
             weight = mb_tokens / total_tokens if args.agg == "token_mean" else len(mb) / total_seqs
-            (loss * weight).backward()
-            sums["loss"] += float(loss.detach()) * weight
-            for key in keys[1:]:
+            (mb_loss * weight).backward()
+            loss += float(mb_loss.detach()) * weight
+            for key in keys:
                 sums[key] += st[key] * mb_tokens
-            n_tok += mb_tokens
         params = [p for p in editor.parameters() if p.grad is not None]
         norm = torch.nn.utils.clip_grad_norm_(params, args.grad_clip if args.grad_clip > 0 else math.inf)
         grad_norm += float(norm) / args.ppo_epochs
         optimizer.step()
-    return {"loss": sums["loss"] / args.ppo_epochs, **{key: sums[key] / max(n_tok, 1) for key in keys[1:]},
-            "logp_mismatch": mismatch / max(1, sum(len(c.token_ids) for c in train)), "grad_norm": grad_norm,
-            "train_tokens": n_tok, "trained_sequences": len(train)}
-
-
-def metrics_row(step, evolutions, cands, st, usage, t0, t_sampled, lr) -> dict:
-    """One row of metrics.jsonl: rewards per generation (averaged over the step's instances), the update's
-    stats, the task model's usage (client.Usage) and the speeds. The editor samples while no task-model request
-    is out, so its seconds are the sampling phase's wall time minus the task model's busy seconds in it."""
-    t_trained, n_inst, G = time.time(), len(evolutions), len(evolutions[0].generations)
-
-    def per_generation(value):  # value(evolution, g) averaged over the instances, for g = 1..G
-        return [sum(value(ev, g) for ev in evolutions) / n_inst for g in range(G)]
-
-    groups = [gen for ev in evolutions for gen in ev.generations]
-    parsed = [c for c in cands if c.skill is not None]
-    sampled_tokens = sum(len(c.token_ids) for c in cands)
-    # the carried skill that gained most over its instance's seed skill (a tie: the higher reward)
-    best = max(evolutions, key=lambda ev: (ev.final_reward - ev.seed_reward, ev.final_reward))
-    return {
-        "step": step,                                      # [seed skill, mean of generation 1..G candidates]
-        "reward_per_generation": [sum(ev.seed_reward for ev in evolutions) / n_inst] +
-                                 per_generation(lambda ev, g: ev.generations[g].mean_reward),
-        "carried_reward_per_generation": per_generation(lambda ev, g: ev.generations[g].current_reward),
-        "reward_mean_candidates": sum(c.reward for c in cands) / len(cands),
-        "a_inter": per_generation(lambda ev, g: ev.generations[g].inter_advantage),
-        "loss": st["loss"], "kl": st["kl_mean"], "ratio_mean": st["ratio_mean"],
-        "clip_frac_low": st["clip_frac_low"], "clip_frac_high": st["clip_frac_high"],
-        "grad_norm": st["grad_norm"], "logp_mismatch": st["logp_mismatch"], "lr": lr,
-        # all K rewards of a group equal: A_intra = 0 for all its candidates, only λ·A_inter moves it
-        "zero_variance_groups": sum(len({c.reward for c in g.candidates}) == 1 for g in groups) / len(groups),
-        "beat_seed_share": sum(c.reward > ev.seed_reward for ev in evolutions for c in ev.candidates()) / len(cands),
-        "unparsed_share": 1 - len(parsed) / len(cands),
-        "skill_tokens_mean": sampled_tokens / len(cands),
-        "skill_chars_mean": sum(len(c.skill) for c in parsed) / max(1, len(parsed)),
-        "trained_sequences": st["trained_sequences"],
-        "task_calls": usage["calls"], "task_tokens": usage["prompt_tokens"] + usage["completion_tokens"],
-        "task_prompt_tokens": usage["prompt_tokens"], "task_completion_tokens": usage["completion_tokens"],
-        "task_seconds": usage["busy_seconds"], "task_request_seconds": usage["request_seconds"],
-        "seconds_editor_sampling": max(0.0, t_sampled - t0 - usage["busy_seconds"]),
-        "editor_sampled_tokens": sampled_tokens,
-        "editor_sample_tokens_per_s": sampled_tokens / max(t_sampled - t0, 1e-9),
-        "train_tokens_per_s": st["train_tokens"] / max(t_trained - t_sampled, 1e-9),
-        "seconds_sampling_and_rollouts": t_sampled - t0, "seconds_update": t_trained - t_sampled,
-        "instances": [ev.instance.id for ev in evolutions],
-        "best_skill": best.final_skill, "best_skill_reward": best.final_reward,
-        "best_skill_gain": best.final_reward - best.seed_reward, "best_skill_instance": best.instance.id,
-    }
-
-
-def log_step(run: Run, args, row: dict, t0: float, t_run: float, evolutions) -> None:
-    """Append the step's row to metrics.jsonl, its skill lineage to lineage.jsonl; redraw the curve; print."""
-    run.rows.append(row)
-    append_jsonl(run.out / "metrics.jsonl", row)
-    for record in lineage_records(row["step"], evolutions):
-        append_jsonl(run.out / "lineage.jsonl", record)
-    plot_rewards(run.out / "reward_curve.svg", run.rows, args.generations)
-    step = row["step"]
-    eta = (time.time() - t_run) / (step + 1 - run.start_step) * (args.steps - step - 1)
-    print(f"step {step + 1}/{args.steps} | reward " + " → ".join(f"{r:.2f}" for r in row["reward_per_generation"]) +
-          f" (best carried {row['best_skill_reward']:.2f}) | A_inter {sum(row['a_inter']) / len(row['a_inter']):+.2f}"
-          f" | kl {row['kl']:.4f} | zero-var {row['zero_variance_groups']:.2f} | unparsed "
-          f"{row['unparsed_share']:.2f} | {row['task_calls']} task calls | "
-          f"{time.time() - t0:.0f} s/step | ETA {eta / 60:.1f} min", flush=True)
-    # said once, on this session's first step: a run that never saw a reward cannot learn
-    if step == run.start_step and step + 1 < args.steps and no_reward_yet(run.rows):
-        print(f"warning: so far {all_zero_note(run.tasks)}", flush=True)
-
-
-def no_reward_yet(rows: list[dict]) -> bool:
-    return all(max(r["reward_per_generation"]) == 0 and r["reward_mean_candidates"] == 0 for r in rows)
-
-
-def plot_rewards(path: Path, rows: list[dict], generations: int) -> None:
-    """Training: the mean candidate reward per generation at each step, and the candidates' mean gain over
-    the seed skill averaged over the last 8 steps. Held-out probe (--probe-every): the mean reward of the
-    candidates the editor writes on the probe instances, and their seed skill's."""
-    series = {("seed skill (g=0)" if g == 0 else f"generation {g}"):
-              [(r["step"] + 1, r["reward_per_generation"][g]) for r in rows] for g in range(generations + 1)}
-    # each step trains on other instances, so single steps are noisy: a trailing mean shows the trend
-    gains = [r["reward_mean_candidates"] - r["reward_per_generation"][0] for r in rows]
-    last_8 = [gains[max(0, i - 7):i + 1] for i in range(len(rows))]
-    series["cand. − seed (8-step)"] = [(r["step"] + 1, sum(g) / len(g)) for r, g in zip(rows, last_8)]
-    probes = [pr for r in rows for pr in r.get("probes", [])]
-    if probes:
-        series["probe: candidates"] = [(pr["after_steps"], pr["reward_per_generation"][1]) for pr in probes]
-        series["probe: seed skill"] = [(pr["after_steps"], pr["reward_per_generation"][0]) for pr in probes]
-    write_svg_plot(path, series, title="Skill-R1: mean candidate reward (training instances; held-out probe)",
-                   xlabel="training step", ylabel="mean verifier reward")
+    return {"loss": loss / args.ppo_epochs, **{key: sums[key] / max(n_tok * args.ppo_epochs, 1) for key in keys},
+            "logp_mismatch": mismatch / max(1, n_tok), "grad_norm": grad_norm,
+            "train_tokens": n_tok * args.ppo_epochs, "trained_sequences": len(train)}
 
 
 # ------------------------------------------------------------------------------------ set-up, resume, summary
@@ -379,7 +293,7 @@ def setup(args) -> Run:
     or restore them with --resume; cut the suite into instances; open the run folder and print what will run."""
     out = Path(args.out)
     check_run_folder(out, args.resume, args.overwrite, "train_grpo.py")   # before any model is loaded
-    ckpt, state = resume_state(out, args) if args.resume else (None, None)
+    ckpt, state = resume_state(out) if args.resume else (None, None)
     editor_spec = state["editor_spec"] if state else args.editor
     try:
         editor, tokenizer, ref_model = build_editor(args, ckpt, editor_spec)
@@ -394,6 +308,7 @@ def setup(args) -> Run:
         if ckpt is None:
             raise
         sys.exit(f"--resume: {e}\n{damaged_checkpoint_hint(ckpt)}")
+    check_config(editor, EvolveConfig.from_args(args))   # G, K, n and the editor's context, before any step
     rows, start_step = [], 0
     if state is not None:
         set_rng_state(state["rng"])
@@ -455,27 +370,29 @@ def build_editor(args, ckpt: Path | None, editor_spec: str):
     return editor, tokenizer, ref_model
 
 
-def resume_state(out: Path, args) -> tuple[Path, dict]:
-    """(OUT/checkpoint, its trainer state) for --resume; exits when there is none or a flag of RESUME_MUST_MATCH
-    differs. The RNG states are restored later, once the models are built."""
+def resume_state(out: Path, mmap: bool = False) -> tuple[Path, dict]:
+    """(OUT/checkpoint, its trainer state) for --resume; exits when there is none or it cannot be read. The RNG
+    states are restored later, once the models are built. mmap: the tensors are mapped, not read (the flags)."""
     ckpt = find_checkpoint(out)
     if ckpt is None:
         sys.exit(f"--resume: no checkpoint in {out} (nothing to resume; drop --resume to start a run)")
     try:
-        state = load_trainer_state(ckpt, restore_rng=False, required=TRAINER_STATE_KEYS)
+        state = load_trainer_state(ckpt, restore_rng=False, required=TRAINER_STATE_KEYS, mmap=mmap)
         if not isinstance(state["args"], dict):
             raise ValueError(f"{ckpt / TRAINER_STATE}: 'args' is a {type(state['args']).__name__}, not a dict")
     except ValueError as e:
         sys.exit(f"--resume: {e}\n{damaged_checkpoint_hint(ckpt)}")
-    saved = state["args"]
-    changed = [f"--{k.replace('_', '-')} {saved.get(k)!r} -> {getattr(args, k)!r}"
-               for k in RESUME_MUST_MATCH if saved.get(k) != getattr(args, k)]
-    if changed:
-        sys.exit(f"--resume: these flags differ from the checkpoint's run, so it would not continue the "
-                 f"same run: {', '.join(changed)}")
-    if state["args"]["steps"] != args.steps:
-        print(f"note: --steps {state['args']['steps']} -> {args.steps} changes the cosine schedule")
     return ckpt, state
+
+
+def restore_flags(args, given: set[str]) -> None:
+    """--resume: the checkpoint's flags where none is given (the resume policy, minskill.runs.resume_flags):
+    a given flag of RESUME_MUST_MATCH that differs is refused, naming it with both values."""
+    check_run_folder(args.out, args.resume, args.overwrite, "train_grpo.py")   # before the checkpoint is read
+    saved = resume_state(Path(args.out), mmap=True)[1]["args"]
+    changed = resume_flags(args, saved, given, set(vars(args)) - set(RESUME_MUST_MATCH), "train_grpo.py")
+    if any(note.startswith("--steps ") for note in changed):
+        print(f"note: --steps {saved['steps']} -> {args.steps} changes the cosine schedule")
 
 
 def damaged_checkpoint_hint(ckpt: Path) -> str:
@@ -651,6 +568,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="held-out tasks that score an instance's carried "
                    "skill (default %(default)s: 240 scoring tasks per row)")
     args = p.parse_args(argv)
+    if args.out is None and not args.eval:
+        args.out = "runs/skill-r1"   # --eval names its folder by the time (skill_r1.evaluate.evaluate)
+    if args.resume and not args.eval:   # the saved run's flags, before they are checked (the resume policy)
+        restore_flags(args, given_flags(p, argv))
     for name in ("generations", "candidates", "rollouts", "steps", "instances_per_step", "micro_batch",
                  "tasks_per_instance", "ppo_epochs", "max_skill_tokens", "context_tokens", "task_max_tokens",
                  "save_every", "eval_instances", "eval_tasks", "probe_instances", "probe_candidates", "task_concurrency"):
@@ -668,8 +589,6 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error("--carry-gate-alpha must be in (0, 1]")
     if args.eval and args.resume:
         p.error("--eval writes a new folder and has no --resume (--overwrite replaces one)")
-    if args.out is None and not args.eval:
-        args.out = "runs/skill-r1"   # --eval names its folder by the time (skill_r1.evaluate.evaluate)
     try:
         lora_settings(args)   # checks the --lora-* flags; fills in --lora-alpha (2·R) and the target list
     except ValueError as e:

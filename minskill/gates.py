@@ -34,13 +34,11 @@ Which tasks are paired. MASA evaluates every hill-climb candidate on all the sea
 a tree on the type's first N search tasks (masa.MasaSearch.type_tasks), and each evaluation records its
 per-task rewards (metrics["task_rewards"]); Skill-R1 scores every candidate and the current skill on all
 tasks of the instance (Candidate.outcomes, in task order). So in both, the incumbent was already scored on
-the challenger's tasks and the gate costs no model call. Where the incumbent lacks a score on some of the
-challenger's tasks (a MASA state written before per-task rewards were recorded), the paired gate
-re-evaluates the incumbent on exactly those tasks (`masa_decision`'s `rescore`). Re-evaluating on tasks it
-was already scored on would only repeat the same greedy, cached replies, and MASA's search tasks are one
-fixed draw (--n-train; the held-out split must stay unseen), so no other fresh tasks are drawn: the gate
-removes the noise of a small difference on a fixed task sample, not the bias of a task sample the teacher
-has seen; only the held-out split shows that, so both gates are to be measured there.
+the challenger's tasks and the gate costs no model call. Re-evaluating it there would only repeat the same
+greedy, cached replies, and MASA's search tasks are one fixed draw (--n-train; the held-out split must stay
+unseen), so no other fresh tasks are drawn: the gate removes the noise of a small difference on a fixed task
+sample, not the bias of a task sample the teacher has seen; only the held-out split shows that, so both gates
+are to be measured there.
 
 The fresh gate (MASA, `--gate fresh`, `fresh_decision`) is for that bias. Measured on the offline default
 (qa), the climb's candidate gained 5 of the 24 search tasks and lost none (p = 1/32), so paired accepted it
@@ -61,7 +59,7 @@ Every decision is a record (`decision`):
     {"gate": "strict" | "paired", "alpha", "use": "climb" | "tree result" | "carry",
      "candidate", "incumbent" (ids), "candidate_reward", "incumbent_reward",
      "n" (tasks paired), "gained", "lost", "p" (one-sided; also computed under strict, for the record),
-     "rescored" (MASA: tasks the incumbent was re-evaluated on), "accepted"}
+     "rescored" (fresh: gate tasks the incumbent was rolled out on for this decision; else 0), "accepted"}
 
 and fresh's also says which tasks it used: n, gained, lost and p are then the gate tasks' (none when R is not
 higher: n = 0, p = 1), and
@@ -79,7 +77,7 @@ GATES = ("strict", "paired")            # every place (Skill-R1's --carry-gate t
 MASA_GATES = (*GATES, "fresh")          # evolve_masa.py --gate: fresh needs train tasks apart from the search
 
 
-def check_gate(kind: str, alpha: float) -> None:
+def check_gate(kind: str, alpha: float) -> None:   # at set-up, where the flags are parsed (evolve_masa.py)
     if kind not in MASA_GATES:
         raise ValueError(f"gate must be one of {', '.join(MASA_GATES)}, got {kind!r}")
     if not 0.0 < alpha <= 1.0:
@@ -89,9 +87,7 @@ def check_gate(kind: str, alpha: float) -> None:
 def decision(kind: str, alpha: float, use: str, candidate, incumbent, candidate_reward: float,
              incumbent_reward: float, scores: list[tuple[float, float]], strict_ok: bool, rescored: int = 0) -> dict:
     """The gate's decision record (module docstring). `scores`: (candidate's, incumbent's) score per paired
-    task; `strict_ok`: the strict rule's verdict (R(S') > R(S*), plus whatever the caller requires, e.g. that
-    the skill parsed)."""
-    check_gate(kind, alpha)
+    task; `strict_ok`: the strict rule's verdict (R(S') > R(S*), and e.g. that the skill parsed)."""
     gained = sum(a > b for a, b in scores)
     lost = sum(a < b for a, b in scores)
     p = sign_test_p_greater(gained, lost)
@@ -103,29 +99,17 @@ def decision(kind: str, alpha: float, use: str, candidate, incumbent, candidate_
 
 # ---------------------------------------------------------------------------------------------- MASA
 
-def _task_rewards(candidate) -> dict:
-    return dict((candidate.metrics or {}).get("task_rewards") or {})
-
-
 def masa_decision(candidate, incumbent, kind: str, alpha: float, use: str,
-                  rewards: Callable[[object, list], dict] | None = None, search_tasks: list = (),
-                  gate_tasks: list = (), history: list = ()) -> dict:
-    """May MASA candidate `candidate` (masa.Candidate, evaluated) replace `incumbent`? Strict: its R is higher.
-    Paired: also significantly more tasks gained than lost, on the candidate's tasks; the incumbent is first
-    re-evaluated (rewards(skills, tasks) -> {task id: reward}, on `search_tasks`) on those it has no score for.
-    Fresh: `fresh_decision` on `gate_tasks` (`history`: the search's candidates, whose records it reads)."""
+                  rewards: Callable[[object, list], dict] | None = None, gate_tasks: list = (),
+                  history: list = ()) -> dict:
+    """May MASA candidate `candidate` (masa.Candidate, evaluated) replace `incumbent`? Strict: its R is higher;
+    paired: also significantly more tasks gained than lost (of those both were scored on); fresh: fresh_decision."""
     if kind == "fresh":
         return fresh_decision(candidate, incumbent, alpha, use, rewards, gate_tasks, history)
-    rescore = None if rewards is None else (
-        lambda ids: rewards(incumbent.skills, [t for t in search_tasks if t.id in set(ids)]))
-    mine, theirs = _task_rewards(candidate), _task_rewards(incumbent)
-    missing = [t for t in mine if t not in theirs]
-    if kind == "paired" and missing and rescore is not None:
-        theirs.update(rescore(missing))
+    mine, theirs = candidate.metrics["task_rewards"], incumbent.metrics["task_rewards"]
     scores = [(mine[t], theirs[t]) for t in mine if t in theirs]
     return decision(kind, alpha, use, candidate.id, incumbent.id, candidate.reward, incumbent.reward, scores,
-                    candidate.reward > incumbent.reward,
-                    rescored=len(missing) if kind == "paired" and rescore is not None else 0)
+                    candidate.reward > incumbent.reward)
 
 
 def fresh_decision(candidate, incumbent, alpha: float, use: str, rewards: Callable[[object, list], dict],
@@ -139,7 +123,7 @@ def fresh_decision(candidate, incumbent, alpha: float, use: str, rewards: Callab
         mine = _gate_rewards(candidate, gate_tasks, rewards, history)
         before = len(_recorded_gate_rewards(incumbent, history).keys() & {t.id for t in gate_tasks})
         theirs = _gate_rewards(incumbent, gate_tasks, rewards, history)
-    on_search = masa_decision(candidate, incumbent, "paired", alpha, use)   # no rescoring: for the record only
+    on_search = masa_decision(candidate, incumbent, "paired", alpha, use)   # for the record only
     record = decision("fresh", alpha, use, candidate.id, incumbent.id, candidate.reward, incumbent.reward,
                       [(mine[t], theirs[t]) for t in mine], strict_ok, rescored=len(theirs) - before if theirs else 0)
     return {**record, "tasks": "gate", "gate_tasks": [t.id for t in gate_tasks],
@@ -179,23 +163,17 @@ def per_task_means(outcomes: list, n_tasks: int) -> list[float] | None:
 
 
 def carried(ev) -> tuple[str, list]:
-    """(id, outcomes) of the skill an Evolution carries now: "g0" (the seed skill) or "g<g>.<i>" (a candidate;
-    the ids of skill_r1.loop.lineage_records). A generation without a decision record counts as accepting
-    exactly when its carried reward changed (the strict rule only takes a strictly better skill)."""
-    cid, outcomes, reward = "g0", ev.seed_outcomes, ev.seed_reward
+    """(id, outcomes) of the skill an Evolution carries now: "g0" (the seed) or "g<g>.<i>" (lineage_records' ids)."""
+    cid, outcomes = "g0", ev.seed_outcomes
     for gen in ev.generations:
-        took = gen.gate["accepted"] if gen.gate is not None else gen.current_reward != reward
-        if took:
+        if gen.gate["accepted"]:
             cid, outcomes = f"g{gen.g}.{gen.best_index}", gen.candidates[gen.best_index].outcomes
-        reward = gen.current_reward
     return cid, outcomes
 
 
 def carry(ev, group: list, best: int, cfg) -> tuple[str, float, dict]:
-    """Skill-R1's carry gate (skill_r1._carry): (the skill carried after this generation, its reward, the
-    decision). The challenger is the generation's best candidate group[best]; strict accepts it when it parsed
-    and its reward beats the current skill's; paired also compares its per-task scores with the current
-    skill's on the instance's tasks (cfg.carry_gate, cfg.carry_gate_alpha)."""
+    """Skill-R1's carry gate: (the skill carried after this generation, its reward, the decision) when the best
+    candidate group[best] challenges the current skill (strict: it parsed and its reward is higher)."""
     challenger, n_tasks = group[best], len(ev.instance.tasks)
     incumbent_id, incumbent_outcomes = carried(ev)
     mine, theirs = per_task_means(challenger.outcomes, n_tasks), per_task_means(incumbent_outcomes, n_tasks)
@@ -203,6 +181,6 @@ def carry(ev, group: list, best: int, cfg) -> tuple[str, float, dict]:
     strict_ok = challenger.skill is not None and challenger.reward > ev.final_reward
     record = decision(cfg.carry_gate, cfg.carry_gate_alpha, "carry", f"g{challenger.generation}.{best}",
                       incumbent_id, challenger.reward, ev.final_reward, scores, strict_ok)
-    if record["accepted"]:
-        return challenger.skill, challenger.reward, record
-    return ev.final_skill, ev.final_reward, record
+    if not record["accepted"]:
+        return ev.final_skill, ev.final_reward, record
+    return challenger.skill, challenger.reward, record

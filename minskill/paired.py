@@ -72,11 +72,8 @@ def sign_test_p(gained: int, lost: int) -> float:
 
 
 def sign_test_p_greater(gained: int, lost: int) -> float:
-    """One-sided exact sign test of "B beats A more often than A beats B": p = P(X ≥ gained),
-    X ~ Bin(gained + lost, 1/2) (ties drop out); 1.0 when there is no untied pair."""
+    """One-sided exact sign test of "B beats A more often than A beats B" (module docstring); 1.0 when m = 0."""
     m = gained + lost
-    if m == 0:
-        return 1.0
     return sum(math.comb(m, i) for i in range(gained, m + 1)) / 2 ** m
 
 

@@ -10,8 +10,8 @@ What happens for one task:
   (the "no skill" baseline). With `--retrieve keyword|embedding` the library is a retrieval.RetrievedSkills,
   which renders per task (its top-k skills for the task's text: minskill/retrieval.py) (`skill_prompts`).
 * **Single-turn tasks**: question -> one reply -> `task.score(reply)` (the task's verifier, 1.0 / 0.0).
-  All single-turn requests of a run are queued at once on a pool of `client.max_workers` threads (as
-  `client.chat_many` does), so the server always has a full batch, and each trajectory is written the
+  All single-turn requests of a run are queued at once on a pool of `client.max_workers` threads
+  (serve.client.chat_as_completed), so the server always has a full batch, and each trajectory is written the
   moment its reply arrives; `n` rollouts of a task are one request with `n` choices (one prefill).
 * **Multi-turn tasks** (the agent loop): `obs = env.reset()`; then, up to the step budget, the model is
   shown the observation (the first user message also holds the instruction and the action syntax the
@@ -40,7 +40,8 @@ Rewards (per trajectory i; `summarize` averages them over trajectories, overall 
     NH_i      = number of steps whose observation was exactly "Nothing happens." (the action changed nothing)
     NHR_i     = NH_i / steps_i          (0 for single-turn tasks and episodes of 0 steps)
     SR        = mean_i success_i,   NHR = mean_i NHR_i
-    R         = SR − λ · NHR             (MASA's adjusted reward; λ = `lam_nh`; computed here and only
+    R         = SR − λ · NHR             (MASA's adjusted reward; λ = `lam_nh`, by default LAM_NH = 0.1, which
+                                          the search, rewrite.py and --lam-nh read; computed here and only
                                           here: callers read summary["adjusted_reward"])
 
 The success rate is reported with a 95% Wilson score interval (z = 1.96, k successes out of n):
@@ -62,7 +63,6 @@ import signal
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Callable, Iterable, Protocol, runtime_checkable
@@ -73,6 +73,7 @@ from minskill.nn.quantize import QUANTIZE_CHOICES
 from minskill.retrieval import (RetrievalError, add_retrieval_args, check_retrieval_args, retriever_from_args,
                                 with_retrieval)
 from minskill.runs import clean_staging
+from minskill.serve.client import chat_as_completed
 from minskill.serve.server import embedded_client
 from minskill.skillsets import SkillSet
 from minskill.tasks import BASE_SKILLS_DIR, load_suite, make_env
@@ -133,21 +134,16 @@ class RendersSkills(Protocol):
 
 
 def skill_text(skills, task_type: str | None = None, max_tokens: int = 1024) -> str:
-    """The system-prompt text of `skills` for a task of `task_type`: a SkillSet renders itself (general +
-    that type's skills + common mistakes, within `max_tokens`), a single Skill as a one-skill set; a string
-    is used as-is; None gives "" (no system prompt)."""
-    if skills is None:
-        return ""
-    if isinstance(skills, str):
-        return skills.strip()
+    """The system-prompt text of `skills` (module docstring) for a task of `task_type`: a string as-is, None ""."""
+    if skills is None or isinstance(skills, str):
+        return (skills or "").strip()
     if isinstance(skills, RendersSkills):
         return skills.render(task_type=task_type, max_tokens=max_tokens).strip()
     raise TypeError(f"skills must be a SkillSet, a Skill, a str or None, not {type(skills).__name__}")
 
 
 def skill_prompts(skills, tasks: list, max_tokens: int = 1024) -> list[str]:
-    """The system-prompt text of each task, in order: one rendering per task type, or one per task when the
-    skills retrieve for the task's text (minskill.retrieval.RetrievedSkills: `render_for_tasks`)."""
+    """Each task's system-prompt text: one rendering per task type, or per task when the skills retrieve."""
     if callable(getattr(skills, "render_for_tasks", None)):
         return skills.render_for_tasks(tasks, max_tokens)
     by_type = {t: skill_text(skills, t, max_tokens) for t in dict.fromkeys(task.type for task in tasks)}
@@ -274,30 +270,10 @@ def _score(task, reply: str) -> tuple[float, str | None]:
         return 0.0, f"verifier failed: {type(e).__name__}: {e}"
 
 
-def _as_completed(client, requests: list[dict]):
-    """Yield (index, ChatResult or exception) as each request finishes, at most `client.max_workers` in
-    flight (the bound chat_many uses). If the consumer stops (an exception, Ctrl-C, SIGTERM), pending
-    requests are cancelled and in-flight ones are not waited for, so an embedded server can be shut down
-    at once. A client without `chat` is served by one `chat_many` call."""
-    if not requests:
-        return
-    if not hasattr(client, "chat"):
-        yield from enumerate(client.chat_many(requests, return_exceptions=True))
-        return
-    pool = ThreadPoolExecutor(max_workers=min(getattr(client, "max_workers", 8), len(requests)))
-    try:
-        futures = {pool.submit(client.chat, **request): k for k, request in enumerate(requests)}
-        for future in as_completed(futures):
-            error = future.exception()
-            yield futures[future], (error if error is not None else future.result())
-    finally:
-        pool.shutdown(wait=False, cancel_futures=True)
-
-
 def _chat_all(client, requests: list[dict]) -> list:
     """All replies (or exceptions) in request order, requests run concurrently."""
     out = [None] * len(requests)
-    for k, answer in _as_completed(client, requests):
+    for k, answer in chat_as_completed(client, requests):
         out[k] = answer
     return out
 
@@ -361,10 +337,8 @@ def run_rollouts(client, tasks, skills=None, *, n: int = 1, temperature: float =
                  seed: int | None = 0, out_path=None, progress: Callable | None = None,
                  max_steps: int | None = None, action_max_tokens: int = 64, history: int | None = 8,
                  skill_max_tokens: int = 1024, on_step: Callable | None = None) -> list[Trajectory]:
-    """`n` rollouts of every task under `skills` (a ChatClient's `chat`/`chat_many`), their trajectories in task
-    order (a task's samples together); out_path gets them as they finish, `progress(done, total, trajectory)`
-    too. Agents: `max_steps` overrides the tasks' budgets, `action_max_tokens` bounds a reply, `history` the
-    past exchanges a prompt keeps (None = all), `on_step(step, live_episodes)` runs before each step."""
+    """`n` rollouts of every task under `skills`, in task order (a task's samples together); each is appended to
+    out_path and passed to `progress(done, total, trajectory)` as it finishes. Agents: see _run_multi_turn."""
     if n < 1:
         raise ValueError(f"run_rollouts: n must be >= 1, got {n}")
     tasks = list(tasks)
@@ -380,20 +354,18 @@ def run_rollouts(client, tasks, skills=None, *, n: int = 1, temperature: float =
     system = skill_prompts(skills, tasks, skill_max_tokens)   # by task position
     multi = [(i, t) for i, t in enumerate(tasks) if t.multi_turn]
     single = [(i, t) for i, t in enumerate(tasks) if not t.multi_turn]
-    if single:
-        _run_single_turn(client, single, system, finish, n=n, temperature=temperature, max_tokens=max_tokens, seed=seed)
-    if multi:
+    _run_single_turn(client, single, system, finish, n=n, temperature=temperature, max_tokens=max_tokens, seed=seed)
+    if multi:   # the agent loop
         _run_multi_turn(client, multi, system, finish, n=n, temperature=temperature, max_tokens=action_max_tokens,
                         seed=seed, max_steps=max_steps, history=history, on_step=on_step)
     return [traj for _, _, traj in sorted(results, key=lambda r: r[:2])]
 
 
 def _run_single_turn(client, single: list, system: list, finish: Callable, *, n, temperature, max_tokens, seed):
-    """Every request in flight at once (one request with n choices per task); each task's trajectories are
-    finished the moment its reply arrives, and the server's queue never runs dry."""
+    """Every request in flight at once (n choices each), each task finished the moment its reply arrives."""
     requests = [dict(messages=_with_system(system[i], [{"role": "user", "content": t.question}]),
                      n=n, temperature=temperature, max_tokens=max_tokens, seed=seed) for i, t in single]
-    for k, answer in _as_completed(client, requests):
+    for k, answer in chat_as_completed(client, requests):
         position, task = single[k]
         for j in range(n):
             traj = Trajectory(task_id=task.id, task_type=task.type, messages=list(requests[k]["messages"]),
@@ -431,7 +403,9 @@ def _start_episodes(multi: list, system: list, finish: Callable, n: int, max_ste
 
 def _run_multi_turn(client, multi: list, system: list, finish: Callable, *, n, temperature, max_tokens, seed,
                     max_steps, history, on_step):
-    """All episodes in lock-step: one round of concurrent requests per step across every live episode."""
+    """All episodes in lock-step: one round of concurrent requests per step across every live episode.
+    `max_steps` overrides the tasks' budgets, `history` bounds the past exchanges a prompt keeps (None = all),
+    `on_step(step, live_episodes)` runs before each step."""
     episodes = _start_episodes(multi, system, finish, n, max_steps)
     step = 0
     while episodes:
@@ -461,8 +435,7 @@ def wilson_interval(successes: float, n: int, z: float = 1.96) -> tuple[float, f
     """95% Wilson score interval of a success rate (see the module docstring); (0, 1) when n = 0."""
     if n <= 0:
         return 0.0, 1.0
-    p = successes / n
-    denom = 1 + z * z / n
+    p, denom = successes / n, 1 + z * z / n
     center = (p + z * z / (2 * n)) / denom
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
     # at p = 0 or 1 the bound is exactly 0 or 1 (floating point would leave 1e-16 off)
@@ -470,27 +443,23 @@ def wilson_interval(successes: float, n: int, z: float = 1.96) -> tuple[float, f
 
 
 def _stats(trajs: list[Trajectory], lam_nh: float) -> dict:
-    n = len(trajs)
-    if n == 0:
-        return dict(n=0, success_rate=0.0, success_ci95=[0.0, 1.0], nhr=0.0, adjusted_reward=0.0,
-                    mean_reward=0.0, mean_steps=0.0, errors=0)
-    wins = sum(t.success for t in trajs)
-    sr = wins / n
-    nhr = sum(t.nothing_happens / t.steps if t.steps else 0.0 for t in trajs) / n
+    n, wins = len(trajs), sum(t.success for t in trajs)
+    d = max(n, 1)   # the divisor of the means: no trajectories, every mean 0
+    sr, nhr = wins / d, sum(t.nothing_happens / t.steps if t.steps else 0.0 for t in trajs) / d
     return dict(n=n, success_rate=sr, success_ci95=list(wilson_interval(wins, n)), nhr=nhr,
-                adjusted_reward=sr - lam_nh * nhr, mean_reward=sum(t.reward for t in trajs) / n,
-                mean_steps=sum(t.steps for t in trajs) / n, errors=sum(t.error is not None for t in trajs))
+                adjusted_reward=sr - lam_nh * nhr, mean_reward=sum(t.reward for t in trajs) / d,
+                mean_steps=sum(t.steps for t in trajs) / d, errors=sum(t.error is not None for t in trajs))
 
 
-def summarize(trajectories, lam_nh: float = 0.0) -> dict:
-    """success_rate, success_ci95 (Wilson), nhr, adjusted_reward (SR − lam_nh·NHR), mean_reward, mean_steps,
-    n, errors — over all trajectories and per task type (`per_type`, types sorted)."""
+LAM_NH = 0.1   # the default λ of R = SR − λ·NHR: MASA's search (MasaConfig), rewrite.py and --lam-nh read it
+
+
+def summarize(trajectories, lam_nh: float = LAM_NH) -> dict:
+    """`_stats` (adjusted_reward: R = SR − lam_nh·NHR) over all trajectories and per task type (types sorted)."""
     trajs = list(trajectories)
-    out = _stats(trajs, lam_nh)
-    out["lam_nh"] = lam_nh
     types = sorted({t.task_type for t in trajs})
-    out["per_type"] = {ty: _stats([t for t in trajs if t.task_type == ty], lam_nh) for ty in types}
-    return out
+    per_type = {ty: _stats([t for t in trajs if t.task_type == ty], lam_nh) for ty in types}
+    return {**_stats(trajs, lam_nh), "lam_nh": lam_nh, "per_type": per_type}
 
 
 def format_table(summary: dict) -> str:
@@ -560,7 +529,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--history", type=int, default=8, help="past exchanges kept in an agent prompt")
     p.add_argument("--skill-max-tokens", type=int, default=1024, help="token budget of the rendered skills")
     add_retrieval_args(p)
-    p.add_argument("--lam-nh", type=float, default=0.0, help="λ of the adjusted reward SR − λ·NHR")
+    p.add_argument("--lam-nh", type=float, default=LAM_NH,
+                   help="λ of the adjusted reward SR − λ·NHR (default %(default)s: MASA's search's)")
     p.add_argument("--task-concurrency", type=int, default=16, help="requests in flight at once")
     p.add_argument("--timeout", type=float, default=600.0,
                    help="seconds one request may take (a CPU batch of long replies is slow; default 600)")

@@ -16,14 +16,16 @@ its marker RUN_MARKER (`.minskill-run`) when it starts a run, then `clean_stagin
 earlier run left half-written; a script calls it at the moment it writes its first file. Both raise
 `RunFolderError`, a `SystemExit` whose message is the refusal, so a script's `main` needs no handler of its own.
 
-Resuming (the one policy of all three scripts; each --resume help cites it). --resume continues the run that
---out holds, as if it had never stopped: it is refused when --out holds no checkpoint or saved state to
-continue; the flags that shape the result (the algorithm, the data, the seeds) are the saved run's, and only
-flags that say where and how fast it runs (endpoints, API keys, concurrency, timeouts, budgets, step counts
-to go on to) may differ. How each script enforces the second rule: train_grpo.py refuses a differing flag
-(RESUME_MUST_MATCH; a new --steps is noted, it changes the schedule); evolve_masa.py restores the saved flags and takes from the
-command line only RESUMABLE_OVERRIDES (a different --gate is refused); `rewrite.py train` refuses a differing setting or
-other training data (minskill.masa.sft.RUN_SETTINGS may change).
+Resuming: the one policy of all three scripts, applied by `resume_flags` (for users: docs/formats.md,
+"Resuming a run"). --resume continues the run that --out holds with the settings it saved: a flag not given takes the
+saved value; a flag given that differs from the saved value is a RunFolderError naming each such flag with
+both values, unless the script declares it may change on resume (where and how fast the run goes: endpoints,
+API keys, concurrency, timeouts, budgets, step counts, output cadence). --out, --resume and --overwrite say
+which run and how to open it, never a saved setting. What each script declares: train_grpo.py, every flag but
+RESUME_MUST_MATCH; evolve_masa.py, RESUMABLE_OVERRIDES; `rewrite.py train`, RESUME_MAY_CHANGE (the flags of
+minskill.masa.sft.RUN_SETTINGS, the device, the data files' paths). The data are checked apart: train_grpo.py
+reads the saved suite, evolve_masa.py refuses other gate tasks, `rewrite.py train` other training records.
+`given_flags` says which flags a command line gave explicitly.
 
 --overwrite deletes, so it clears only what is certainly a run (`check_overwrite`): a folder holding the marker,
 given by its own name (not a symbolic link: the link's target is what would be emptied), that is not the home
@@ -46,11 +48,14 @@ it: minskill/files.py):
 """
 from __future__ import annotations
 
+import argparse
+import copy
 import os
 import random
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Collection, Sequence
 
 import torch
 
@@ -61,6 +66,9 @@ from minskill.skillsets import recover_saves
 
 TRAINER_STATE = "trainer_state.pt"
 RUN_MARKER = ".minskill-run"     # written in every run folder a run starts in: what --overwrite may clear
+
+
+RUN_FOLDER_FLAGS = ("out", "resume", "overwrite")   # which run and how to open it: never a saved setting
 
 
 class RunFolderError(SystemExit):
@@ -158,6 +166,51 @@ def _remove(entry: Path) -> None:
         entry.unlink(missing_ok=True)
 
 
+# ------------------------------------------------------------------------------------------ resume
+
+def given_flags(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> set[str]:
+    """The dests of the arguments `argv` (None: sys.argv[1:]) gives explicitly: argv parsed a second time by a
+    copy of `parser` (its sub-commands too) in which every default is argparse.SUPPRESS, so an argument that was
+    not given leaves no attribute, even one given with its default value."""
+    probe = copy.deepcopy(parser)
+    stack = [probe]
+    while stack:
+        p = stack.pop()
+        p._defaults.clear()             # set_defaults(func=...) of a sub-command
+        for action in p._actions:
+            action.default = argparse.SUPPRESS
+            if isinstance(action, argparse._SubParsersAction):
+                stack.extend(action.choices.values())
+    return set(vars(probe.parse_known_args(argv)[0]))
+
+
+def _comparable(value):
+    """JSON keeps a tuple as a list: compare both as tuples."""
+    return tuple(_comparable(v) for v in value) if isinstance(value, (list, tuple)) else value
+
+
+def resume_flags(args: argparse.Namespace, saved: dict, given: set[str], may_change: Collection[str],
+                 script: str) -> list[str]:
+    """The resume policy (module docstring) applied to `args` in place: every setting in `saved` (the flags the
+    run saved, by dest) that `given` lacks takes its saved value; a given one that differs is a RunFolderError
+    naming each such flag with both values, unless it is in `may_change`. RUN_FOLDER_FLAGS are left as given.
+    Returns "--flag saved -> given" for each may-change flag given anew."""
+    refused, changed = [], []
+    for name, value in saved.items():
+        if name in RUN_FOLDER_FLAGS or not hasattr(args, name):
+            continue
+        if name not in given:
+            setattr(args, name, value)
+        elif _comparable(getattr(args, name)) != _comparable(value):
+            (changed if name in may_change else refused).append(
+                f"--{name.replace('_', '-')} {value!r} -> {getattr(args, name)!r}")
+    if refused:
+        raise RunFolderError(f"{script}: --resume continues the run in --out with the settings it saved, and these "
+                             f"flags differ from them (saved -> given): {', '.join(refused)}; drop them to take "
+                             f"the saved values, or start a new run in another --out")
+    return changed
+
+
 # ------------------------------------------------------------------------------------------ checkpoints
 
 def rng_state() -> dict:
@@ -217,17 +270,18 @@ def save_checkpoint(folder: str | Path, model, tokenizer, state: dict | None = N
     return folder
 
 
-def load_trainer_state(folder: str | Path, restore_rng: bool = True, required: tuple[str, ...] = ()) -> dict:
+def load_trainer_state(folder: str | Path, restore_rng: bool = True, required: tuple[str, ...] = (),
+                       mmap: bool = False) -> dict:
     """trainer_state.pt of a checkpoint (recovered first); restores the RNG states it holds unless told not.
     A file that cannot be read (truncated, say), or is not a dict holding the `required` keys, is a ValueError
-    naming it."""
+    naming it. mmap: its tensors are mapped from the file, not read (to look at the saved flags only)."""
     folder = Path(folder)
     recover_checkpoint(folder)
     path = folder / TRAINER_STATE
     if not path.is_file():
         raise FileNotFoundError(f"{folder} is not a training checkpoint (no {TRAINER_STATE})")
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as e:  # torch raises RuntimeError, EOFError, UnpicklingError, ... for a damaged file
         raise ValueError(f"{path}: damaged, cannot be read ({type(e).__name__}: "
                          f"{str(e).split('. ')[0][:200] or 'the file ends early'})") from None

@@ -220,12 +220,13 @@ def scripted_search(rewards, base_reward=0.0, n_tasks=4, skipped=(), state=None,
 
 
 def run_climb(search: masa.MasaSearch):
-    """Run `search` (MasaSearch.run) until its climb ends; returns the last state the climb yielded."""
+    """Run `search` (MasaSearch.run) until its climb ends; returns the state saved (as the script saves it, after each
+    yield) after the climb's last iteration."""
     saved = None
-    for state in search.run():
+    for _ in search.run():
         if search.phase != "general":
             return saved
-        saved = state
+        saved = search.checkpoint()
     return saved
 
 

@@ -24,51 +24,47 @@ def _entries(file: str, *names: str) -> list[str]:
 
 # Stretches that more than one path runs, in the order they run there.
 SINGLE_TURN_ROLLOUTS = _entries("minskill/rollout.py", "run_rollouts", "skill_prompts", "skill_text", "_with_system",
-                                "_run_single_turn", "_as_completed", "_score")
-MASA_START = ["evolve_masa.py:run_search"] + _entries("minskill/masa/search.py", "MasaConfig", "MasaSearch.run")
+                                "_run_single_turn", "_score")
+# MASA's paths begin at the search's own loop: evolve_masa.py:run_search around it prints each iteration's progress
+# line and saves the state (files, usage) after it, bookkeeping as train_grpo.py's checkpoints are
+MASA_START = _entries("minskill/masa/search.py", "MasaConfig", "MasaSearch.run")
 MASA_PROMPT_PARTS = _entries("minskill/masa/search.py", "attribution_messages", "_failure_text", "_clip",
                              "_skills_text", "_only_general", "_format_help")
 MASA_ASK_TEACHER = (_entries("minskill/masa/search.py", "MasaSearch.ask", "teacher_seed", "ask_teacher") +
                     _entries("minskill/masa/teacher.py", "parse_attribution", "_json_in", "_strings", "_quote",
                              "parse_skillset_reply"))
-MASA_EVALUATE = (_entries("minskill/masa/search.py", "MasaSearch.add_candidate", "MasaSearch.as_logged", "Candidate",
+MASA_EVALUATE = (_entries("minskill/masa/search.py", "MasaSearch.add_candidate", "Candidate",
                           "_unique", "MasaSearch.evaluate_candidate", "MasaSearch.evaluate", "rollouts") +
                  SINGLE_TURN_ROLLOUTS + _entries("minskill/rollout.py", "summarize", "_stats", "wilson_interval") +
                  _entries("minskill/masa/search.py", "_metrics", "failure_records", "episode_record"))
 MASA_GATE = (["minskill/masa/search.py:MasaSearch.gate"] +
-             _entries("minskill/gates.py", "masa_decision", "_task_rewards", "decision", "check_gate") +
+             _entries("minskill/gates.py", "masa_decision", "decision") +
              ["minskill/paired.py:sign_test_p_greater"])
-MASA_SAVE_STATE = ["minskill/masa/search.py:MasaSearch.checkpoint", "minskill/masa/search.py:MasaSearch.to_json"]
-MASA_SAVE_FILES = (_entries("evolve_masa.py", "checkpoint", "run_usage", "save_checkpoint") +
-                   ["minskill/masa/search.py:search_log", "evolve_masa.py:log",
-                    "minskill/masa/search.py:MasaSearch.calls"])
 
 PATHS = {
     "Skill-R1: one training step": (
         _entries("train_grpo.py", "train", "Run", "train_step", "instance_order") +
         _entries("minskill/skill_r1/loop.py", "step_seed", "EvolveConfig", "Instance", "autocast", "evolve_batch",
-                 "_check_batch", "score_skills") +
+                 "score_skills") +
         SINGLE_TURN_ROLLOUTS +
         _entries("minskill/skill_r1/loop.py", "Outcome", "Evolution", "HistoryEntry", "editor_messages",
                  "_history_block", "_outcome_line", "_clip") +
         ["minskill/nn/sampling.py:generate"] +
         _entries("minskill/skill_r1/loop.py", "Candidate", "parse_candidate", "_has_front_matter", "_carry") +
-        _entries("minskill/gates.py", "carry", "carried", "per_task_means", "decision", "check_gate") +
+        _entries("minskill/gates.py", "carry", "carried", "per_task_means", "decision") +
         ["minskill/paired.py:sign_test_p_greater"] +
         _entries("minskill/skill_r1/loop.py", "Generation", "assign_advantages") +
         _entries("minskill/skill_r1/grpo.py", "bilevel_advantages", "_as_reward_tensor", "intra_advantages",
-                 "_sample_std", "inter_advantage") +
-        _entries("train_grpo.py", "policy_update", "micro_batches", "_padded") +
-        _entries("minskill/nn/shared_prefix.py", "grouped_logprobs", "shared_prefix_logprobs", "DifferentiableKV") +
-        _entries("minskill/skill_r1/grpo.py", "policy_loss", "_check_loss_inputs", "_loss_stats") +
-        _entries("train_grpo.py", "log_step", "metrics_row", "plot_rewards") +
-        ["minskill/skill_r1/loop.py:lineage_records"]),
+                 "inter_advantage") +
+        _entries("train_grpo.py", "policy_update", "micro_batches") +
+        _entries("minskill/nn/shared_prefix.py", "shared_prefix_logprobs", "DifferentiableKV") +
+        _entries("minskill/skill_r1/grpo.py", "policy_loss", "_check_loss_inputs", "_loss_stats")),
     "MASA: one hill-climbing iteration": (
         MASA_START +
         _entries("minskill/masa/search.py", "HillClimbState", "MasaSearch.climb_iteration",
                  "MasaSearch.propose_general") +
         MASA_PROMPT_PARTS + ["minskill/masa/search.py:general_rewrite_messages"] +
-        MASA_ASK_TEACHER + MASA_EVALUATE + MASA_GATE + MASA_SAVE_STATE + MASA_SAVE_FILES),
+        MASA_ASK_TEACHER + MASA_EVALUATE + MASA_GATE + ["minskill/masa/search.py:MasaSearch.calls"]),
     "MASA: one UCB1 iteration": (
         MASA_START +
         _entries("minskill/masa/search.py", "Tree", "MasaSearch.tree_iteration") +
@@ -77,9 +73,9 @@ PATHS = {
         _entries("minskill/masa/search.py", "_only_type", "task_rewrite_messages") +
         MASA_ASK_TEACHER + ["minskill/masa/ucb.py:expand", "minskill/masa/search.py:MasaSearch.evaluate_node"] +
         MASA_EVALUATE +
-        _entries("minskill/masa/ucb.py", "set_reward", "backpropagate", "best_node", "iter_nodes", "_sibling_indices") +
-        ["minskill/masa/search.py:MasaSearch.tree_result"] + MASA_GATE + MASA_SAVE_STATE +
-        ["minskill/masa/search.py:HillClimbState.to_json", "minskill/masa/ucb.py:to_dict"] + MASA_SAVE_FILES),
+        _entries("minskill/masa/ucb.py", "set_reward", "backpropagate", "best_node", "iter_nodes") +
+        _entries("minskill/masa/search.py", "MasaSearch.tree_result") + MASA_GATE +
+        ["minskill/masa/search.py:MasaSearch.calls"]),
 }
 
 

@@ -53,7 +53,7 @@ def test_defaults_come_from_the_config_dataclasses():
     shared = [f.name for f in dataclasses.fields(config) if hasattr(args, f.name)]
     assert {"lam_nh", "iterations", "tree_iterations", "episodes", "n_train", "task_concurrency"} <= set(shared)
     filled_later = {k for k in shared if getattr(args, k) is None}   # None: set_up fills them from the config
-    assert filled_later == {"gate", "gate_alpha", "gate_tasks", "teacher_retries", "teacher_max_tokens"}
+    assert filled_later == {"teacher_retries", "teacher_max_tokens"}
     assert {k: getattr(args, k) for k in shared if k not in filled_later} == \
         {k: getattr(config, k) for k in shared if k not in filled_later}
     assert args.task_max_tokens == config.target_max_tokens

@@ -153,6 +153,25 @@ def test_resume_after_interruption(env, full_run, monkeypatch):
     assert usage["sessions"] == 2 and straight["sessions"] == 1 and read(out, "state.json")["usage"] == usage
 
 
+def test_resume_refuses_a_differing_search_flag_and_takes_a_budget(env, full_run, tmp_path):
+    """The resume policy (minskill.runs.resume_flags): a given flag that shapes the search and differs from the
+    saved one is refused, each named with both values, and nothing is written (it used to be dropped silently
+    for the saved value); a budget or an endpoint (RESUMABLE_OVERRIDES) is taken; the rest is the saved run's."""
+    out = tmp_path / "run"
+    shutil.copytree(full_run, out)
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    with pytest.raises(SystemExit) as caught:
+        evolve_masa.main(["--resume", "--out", str(out), "--iterations", "5", "--lam-nh", "0.3", "--max-calls", "9"])
+    assert "--iterations 3 -> 5" in str(caught.value.code) and "--lam-nh 0.1 -> 0.3" in str(caught.value.code)
+    assert "--max-calls" not in str(caught.value.code)
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    parser, flags = evolve_masa.build_parser(), ["--resume", "--out", str(out), "--max-calls", "9"]
+    args, _ = evolve_masa.resume_args(parser, parser.parse_args(flags), out, flags)
+    saved = read(out, "state.json")["args"]
+    assert args.max_calls == 9 and (args.iterations, args.task_url) == (saved["iterations"], saved["task_url"]) == \
+        (3, env["a"])
+
+
 def test_merge_runs_adds_other_backbone(env, full_run):
     out_b = env["tmp"] / "run-b"
     assert evolve_masa.main(argv(env, out_b, "--n-heldout", "0", target="b")) == 0

@@ -19,7 +19,7 @@ from minskill.masa import search as masa, ucb
 from minskill.masa.model_card import ModelCard
 from minskill.paired import sign_test_p, sign_test_p_greater
 from minskill.skill_r1 import loop as skill_r1
-from minskill.skill_r1.loop import lineage_records
+from minskill.skill_r1.records import lineage_records
 from minskill.skillsets import SkillSet
 from minskill.tasks.base import Task
 
@@ -103,27 +103,19 @@ def test_masa_gate_strict_is_the_papers_rule_and_paired_needs_the_sign_test():
         assert s.gate(one_task, incumbent, "climb") is (gate == "strict")
         assert not s.gate(equal, incumbent, "climb")            # equal R: rejected by both
         assert one_task.gate["incumbent"] == incumbent.id and one_task.gate["n"] == 4
-        assert one_task.to_json()["gate"] == one_task.gate     # in state.json
+        assert s.to_json()["candidates"][one_task.id]["gate"] == one_task.gate     # in state.json
         assert masa.search_log(s.to_json())[one_task.id]["gate"] == one_task.gate   # and in search_log.jsonl
 
 
-def test_masa_paired_gate_re_evaluates_the_incumbent_on_tasks_it_lacks(monkeypatch):
-    s = search("paired", n=6)
-    incumbent = cand(s, {"t0": 0, "t1": 0})                     # scored on two of the candidate's tasks only
-    challenger = cand(s, {f"t{i}": 1 for i in range(6)})
-    asked = []
-
-    def evaluate(skills, task_list):
-        asked.append([t.id for t in task_list])
-        return {"task_rewards": {t.id: 0.0 for t in task_list}}, []
-    monkeypatch.setattr(s, "evaluate", evaluate)
-    assert s.gate(challenger, incumbent, "climb")
-    assert asked == [["t2", "t3", "t4", "t5"]]
-    assert challenger.gate["rescored"] == 4 and challenger.gate["n"] == 6 and challenger.gate["gained"] == 6
-    strict = search("strict", n=6)
-    a, b = cand(strict, {"t0": 0, "t1": 0}), cand(strict, {f"t{i}": 1 for i in range(6)})
-    monkeypatch.setattr(strict, "evaluate", lambda *a: pytest.fail("strict never re-evaluates"))
-    assert strict.gate(b, a, "climb") and b.gate["rescored"] == 0 and b.gate["n"] == 2
+def test_masa_strict_and_paired_gates_pair_the_tasks_both_hold_without_a_model_call(monkeypatch):
+    for gate in ("strict", "paired"):
+        s = search(gate, n=6)
+        incumbent = cand(s, {"t0": 0, "t1": 0})                 # scored on two of the candidate's tasks only
+        challenger = cand(s, {f"t{i}": 1 for i in range(6)})
+        monkeypatch.setattr(s, "evaluate", lambda *a: pytest.fail("the gate re-evaluated a skill set"))
+        accepted = s.gate(challenger, incumbent, "climb")
+        assert (challenger.gate["n"], challenger.gate["gained"], challenger.gate["rescored"]) == (2, 2, 0)
+        assert accepted is (gate == "strict")                   # paired: 2 gained of 2, p = 1/4 > 0.1
 
 
 def test_hill_climb_with_a_gate_records_and_keeps_the_strict_default():
@@ -137,7 +129,7 @@ def test_hill_climb_with_a_gate_records_and_keeps_the_strict_default():
     # the default gate is the old rule: strictly higher R
     strict = scripted_search([0.5, 0.75], 0.5, iterations=2, patience=3)
     run_climb(strict)
-    assert [x.accepted for x in strict.candidates[1:]] == [False, True] and strict.climb.best_reward == 0.75
+    assert [x.accepted for x in strict.candidates[1:]] == [False, True] and strict.climb.best.reward == 0.75
 
 
 def tree_search(gate):
@@ -242,25 +234,29 @@ def test_train_grpo_carry_gate_flags_and_resume(monkeypatch, tmp_path):
         train_grpo.parse_args(["--carry-gate-alpha", "0"])
     old = dict(vars(args))   # a checkpoint of a run with the strict gate
     monkeypatch.setattr(train_grpo, "find_checkpoint", lambda out: tmp_path)
-    monkeypatch.setattr(train_grpo, "load_trainer_state", lambda ckpt, restore_rng, required=(): {"args": old})
-    assert train_grpo.resume_state(tmp_path, args)[0] == tmp_path
+    monkeypatch.setattr(train_grpo, "load_trainer_state", lambda ckpt, restore_rng, required=(), mmap=False:
+                        {"args": old})
+    assert train_grpo.parse_args(["--resume", "--out", str(tmp_path)]).carry_gate == "strict"
     with pytest.raises(SystemExit, match="--carry-gate 'strict' -> 'paired'"):
-        train_grpo.resume_state(tmp_path, train_grpo.parse_args(["--carry-gate", "paired"]))
+        train_grpo.parse_args(["--resume", "--out", str(tmp_path), "--carry-gate", "paired"])
 
 
 def test_evolve_masa_gate_on_resume(tmp_path):
     parser = evolve_masa.build_parser()
     saved_args = {**vars(parser.parse_args([])), "gate": "strict", "gate_alpha": 0.1, "gate_tasks": 24}   # as set_up saves
     (tmp_path / "state.json").write_text(json.dumps({"args": saved_args, "calls_spent": 0, "events": [], "card": None, "search": None}))
-    args, _ = evolve_masa.resume_args(parser, parser.parse_args(["--resume"]), tmp_path)
+    def resume(*flags):
+        return evolve_masa.resume_args(parser, parser.parse_args(["--resume", *flags]), tmp_path,
+                                       ["--resume", *flags])[0]
+    args = resume()
     assert (args.gate, args.gate_alpha, args.gate_tasks) == ("strict", 0.1, 24)   # the saved gate
-    with pytest.raises(SystemExit):
-        evolve_masa.resume_args(parser, parser.parse_args(["--resume", "--gate-tasks", "12"]), tmp_path)
-    args, _ = evolve_masa.resume_args(parser, parser.parse_args(["--resume", "--gate", "strict"]), tmp_path)
-    with pytest.raises(SystemExit):
-        evolve_masa.resume_args(parser, parser.parse_args(["--resume", "--gate", "paired"]), tmp_path)
-    with pytest.raises(SystemExit):
-        evolve_masa.resume_args(parser, parser.parse_args(["--resume", "--gate-alpha", "0.05"]), tmp_path)
+    with pytest.raises(SystemExit, match="--gate-tasks 24 -> 12"):
+        resume("--gate-tasks", "12")
+    assert resume("--gate", "strict").gate == "strict"
+    with pytest.raises(SystemExit, match="--gate 'strict' -> 'paired'"):
+        resume("--gate", "paired")
+    with pytest.raises(SystemExit, match="--gate-alpha 0.1 -> 0.05"):
+        resume("--gate-alpha", "0.05")
 
 
 @pytest.fixture(scope="module")
@@ -358,7 +354,8 @@ def test_fresh_rejects_a_gain_on_the_search_tasks_only_which_strict_and_paired_a
     assert record["gate_rewards"] == {"candidate": {f"g{i}": 0.0 for i in range(6)},
                                       "incumbent": {f"g{i}": 0.0 for i in range(6)}}
     assert overfit.metrics["task_rewards"] == search_gain and overfit.reward == 1.0   # search metrics untouched
-    assert overfit.to_json()["gate"] == record and masa.search_log(s.to_json())[overfit.id]["gate"] == record
+    assert s.to_json()["candidates"][overfit.id]["gate"] == record
+    assert masa.search_log(s.to_json())[overfit.id]["gate"] == record
 
 
 def test_fresh_accepts_a_gain_on_both_and_pays_the_incumbent_once():

@@ -415,15 +415,14 @@ def test_rewrite_train_with_lora_writes_merged_and_adapter_and_resumes_exactly(s
 
     # stopped after 3 steps, then resumed: the same final weights as the uninterrupted run
     assert train_rewriter(sft_files, tmp_path / "resumed", "--max-steps", "3")[0] == 0
-    code, stdout, stderr = train_rewriter(sft_files, tmp_path / "resumed", "--resume")
-    assert code == 0 and "continuing from" in stdout, stderr
+    code, stdout, stderr = run_rewrite(["train", "--out", str(tmp_path / "resumed"), "--resume", "--max-steps", "6"])
+    assert code == 0 and "continuing from" in stdout, stderr   # the saved --lora-* flags (minskill.runs.resume_flags)
     for name in ("model.safetensors", f"{ADAPTER_DIR}/adapter_model.safetensors"):
         a, b = (load_file(str(tmp_path / run / "final" / name)) for run in ("straight", "resumed"))
         assert all(torch.equal(a[k], b[k]) for k in a), name
-    # resuming a LoRA run without its --lora-* flags is refused, naming the reason
-    code, _, stderr = run_rewrite(["train", str(root / "sft.jsonl"), "--base-model", str(base), "--out",
-                                   str(tmp_path / "resumed"), "--resume", "--device", "cpu"])
-    assert code == 1 and "with the same --lora-* flags" in stderr
+    # resuming a LoRA run as a full fine-tune is refused, naming the flag
+    with pytest.raises(SystemExit, match="--lora-rank 4 -> 0"):
+        run_rewrite(["train", "--out", str(tmp_path / "resumed"), "--resume", "--lora-rank", "0"])
 
     # rewrite.py apply reads the merged rewriter like any other
     code, _, stderr = run_rewrite(["apply", "--rewriter", str(tmp_path / "straight"), "--model-card",
@@ -442,7 +441,7 @@ def test_rewrite_train_resume_falls_back_past_a_checkpoint_whose_adapter_is_dama
     out = tmp_path / "cut"
     assert train_rewriter(sft_files, out, "--max-steps", "4")[0] == 0        # checkpoint-2 and checkpoint-4
     truncated(out / "checkpoint-4" / ADAPTER_DIR / "adapter_model.safetensors")
-    code, stdout, stderr = train_rewriter(sft_files, out, "--resume")
+    code, stdout, stderr = train_rewriter(sft_files, out, "--resume", "--max-steps", "6")   # a larger budget
     assert code == 0, stderr
     assert f"{out / 'checkpoint-4' / ADAPTER_DIR / 'adapter_model.safetensors'}: damaged" in stdout
     assert f"continuing from {out / 'checkpoint-2'} at step 2/6" in stdout and "step 6/6" in stdout

@@ -216,7 +216,7 @@ def best_rewrite(search) -> str:
 def test_hill_climb_rejects_equal_and_worse():
     s, _, verdicts = scripted_climb([0.5, 0.4, 0.7, 0.7, 0.9], 0.5, iterations=5, patience=5)
     assert verdicts == [False, False, True, False, True]   # equal (0.5, then 0.7) is rejected
-    assert best_rewrite(s) == "rewrite-4" and s.climb.best_reward == 0.9 and s.climb.iteration == 5
+    assert best_rewrite(s) == "rewrite-4" and s.climb.best.reward == 0.9 and s.climb.iteration == 5
     assert s.evaluated == [None, 0, 1, 2, 3, 4]             # the base, then each candidate once
 
 
@@ -241,17 +241,22 @@ def test_hill_climb_skipped_proposal_counts_against_patience_and_resumes():
 
 def test_hill_climb_stops_at_max_reward():
     s, _, verdicts = scripted_climb([0.6, 1.0, 0.2], 0.5, iterations=10, patience=3)
-    assert s.teacher.rewrites == 2 and best_rewrite(s) == "rewrite-1" and s.climb.best_reward == 1.0  # nothing beats 1
+    assert s.teacher.rewrites == 2 and best_rewrite(s) == "rewrite-1" and s.climb.best.reward == 1.0  # nothing beats 1
 
 
 def test_tree_phase_skips_failed_rewrites_and_stops_once_the_best_reaches_one():
     s = scripted_search([0.2, 0.5, 1.0, 0.3], 0.0, skipped=(1,), iterations=0, tree_iterations=10, max_children=3)
-    states = list(s.run())
+    lines = list(s.run())
     tree = s.trees["qa"]
     # the root (the base: R = 0), then rewrite 0 (0.2), rewrite 1 skipped (no child), rewrite 2 (1.0): stop
     assert tree.iterations == 3 and s.teacher.rewrites == 3 and s.evaluated == [None, None, 0, 2]
     assert [c.reward for c in tree.root.children] == [0.2, 1.0] and tree.root.visits == 3
-    assert s.library().task_specific["qa"][0].name == "rewrite-2" and states[-1]["phase"] == "done"
+    assert s.library().task_specific["qa"][0].name == "rewrite-2" and s.to_json()["phase"] == "done"
+    assert lines[2:] == ["[tree qa] root: R = 0.000 on 4 episodes  calls 0",      # its progress lines; None: a phase ends
+                         "[tree qa] iteration 1/10: expanded node 0, child R = 0.200; best R = 0.200; calls 0",
+                         "[tree qa] iteration 2/10: expanded node 0, child skipped; best R = 0.200; calls 0",
+                         "[tree qa] iteration 3/10: expanded node 0, child R = 1.000; best R = 1.000; calls 0", None]
+    assert [e["what"] for e in s.events] == ["task rewrite"]          # the skip, which the script prints
     at_one = scripted_search([], 1.0, iterations=5, tree_iterations=5)
     list(at_one.run())                                       # R = 1 from the start: nothing is asked
     assert at_one.teacher.rewrites == 0 and at_one.trees["qa"].iterations == 0

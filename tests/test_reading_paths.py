@@ -24,10 +24,10 @@ from minskill.serve.server import ScriptedBackend, start_server
 from reading_path import PATHS, ROOT, format_path, path_report
 from tiny import make_tiny_model_dir
 
-# (lines, files) a path may hold: a ratchet at what the paths hold today, now that they count all that runs; the
-# issue's goal is 500 / 400 / 500 lines
-BUDGETS = {"Skill-R1: one training step": (870, 8), "MASA: one hill-climbing iteration": (600, 6),
-           "MASA: one UCB1 iteration": (720, 7)}
+# (lines, files) a path may hold: a ratchet at what the paths hold today, counting all that runs; the issue's
+# goal is 500 / 400 / 500 lines (docs/files.md says what is on and off the paths)
+BUDGETS = {"Skill-R1: one training step": (627, 8), "MASA: one hill-climbing iteration": (410, 5),
+           "MASA: one UCB1 iteration": (495, 6)}
 SCRIPTS = ("train_grpo.py", "evolve_masa.py", "rewrite.py")
 INFRASTRUCTURE = ("bench.py",)   # measurement code, not an algorithm module: only the module size rule applies
 
@@ -74,8 +74,10 @@ def test_no_function_over_80_lines(path):
 # iteration executes is on its reading path. What else runs is the machinery they stand on, read once, not per
 # step: the model and its tokenizer (nn/model, weights, tokenizer, lora), HTTP clients and servers (serve/), run
 # folders and files (runs, files), skill parsing (skills, skillsets, replies), the tasks' verifiers (tasks/).
-# Of nn/sampling.py only the editor's sampling and the update's log-probs are algorithm code.
-ALGORITHM_FILES = ("train_grpo.py", "evolve_masa.py", "rewrite.py", "minskill/skill_r1/", "minskill/masa/search.py",
+# Of nn/sampling.py only the editor's sampling and the update's log-probs are algorithm code. skill_r1/records.py is
+# bookkeeping: what a run writes after each step (metrics and lineage rows, the curve), done by the loop between steps.
+ALGORITHM_FILES = ("train_grpo.py", "evolve_masa.py", "rewrite.py", "minskill/skill_r1/grpo.py",
+                   "minskill/skill_r1/loop.py", "minskill/skill_r1/evaluate.py", "minskill/masa/search.py",
                    "minskill/masa/ucb.py", "minskill/masa/teacher.py", "minskill/gates.py", "minskill/paired.py",
                    "minskill/rollout.py", "minskill/nn/shared_prefix.py")
 ALGORITHM_FUNCTIONS = {"minskill/nn/sampling.py": ("generate", "completion_logprobs")}
@@ -120,29 +122,17 @@ def off_path(executed: set[str], entries: list[str]) -> list[str]:
     return sorted(name for name in executed if not held(name))
 
 
-def traced_once(monkeypatch, owner, name: str, seen: set, then=None):
-    """Trace the first call of owner.name (and, with `then` = (owner, name), the next call of that one too)."""
-    real, state = getattr(owner, name), {"calls": 0, "then": False}
+def traced_once(monkeypatch, owner, name: str, seen: set):
+    """Trace the first call of owner.name."""
+    real, state = getattr(owner, name), {"calls": 0}
 
     def wrapper(*args, **kwargs):
         state["calls"] += 1
         if state["calls"] != 1:
             return real(*args, **kwargs)
         with tracing(seen):
-            result = real(*args, **kwargs)
-        state["then"] = True
-        return result
+            return real(*args, **kwargs)
     monkeypatch.setattr(owner, name, wrapper)
-    if then is not None:
-        real_then = getattr(*then)
-
-        def after(*args, **kwargs):
-            if not state["then"]:
-                return real_then(*args, **kwargs)
-            state["then"] = False
-            with tracing(seen):
-                return real_then(*args, **kwargs)
-        monkeypatch.setattr(*then, after)
 
 
 def test_the_skill_r1_path_is_what_a_default_step_runs(tmp_path, monkeypatch):
@@ -161,8 +151,11 @@ def test_the_skill_r1_path_is_what_a_default_step_runs(tmp_path, monkeypatch):
                                           ("MASA: one UCB1 iteration", "tree_iteration")])
 def test_each_masa_path_is_what_an_iteration_runs(env, tmp_path, monkeypatch, name, method):
     seen = set()
-    traced_once(monkeypatch, MasaSearch, method, seen, then=(evolve_masa, "checkpoint"))
+    traced_once(monkeypatch, MasaSearch, method, seen)   # the iteration only: the script prints and saves after it
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         assert evolve_masa.main(argv(env, tmp_path / "out")) == 0
     executed = algorithm_functions(seen)
     assert off_path(executed, PATHS[name]) == []
+    # the script runs around the search's iterations, never inside one: no callback of its comes back (progress
+    # lines and skipped replies are printed, the state saved, by evolve_masa.py after each)
+    assert [f for f in executed if f.startswith("evolve_masa.py:")] == []

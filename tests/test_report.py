@@ -168,29 +168,26 @@ def compare_run(tmp_path_factory):
 
 # ---------------------------------------------------------------------------------------------- the pages
 
-def test_skill_r1_training_report_without_lineage(skill_r1_run, tmp_path):
-    """A run from before train_grpo.py wrote lineage.jsonl: the page says what is not recorded."""
-    older = tmp_path / "older-run"
-    shutil.copytree(skill_r1_run, older)
-    (older / "lineage.jsonl").unlink()
-    text = page_of(older, tmp_path, "skill_r1")
+def test_skill_r1_training_report_costs_and_a_missing_lineage(skill_r1_run, tmp_path):
+    """The training page: curves, the cost per role summed from metrics.jsonl, probes and flags. lineage.jsonl,
+    which every training run writes when it starts, missing is an error naming it (no page of a folder from
+    before it existed: there was no release)."""
+    text = page_of(skill_r1_run, tmp_path, "skill_r1")
     assert_self_contained_and_escaped(text)
     assert text.count("<svg") >= 2 and "mean candidate reward per generation" in text and "policy loss" in text
     assert "Cost per role" in text and "task model (training rollouts)" in text and "Skill-R1 has no teacher" in text
-    assert "not recorded by this run (lineage.jsonl" in text          # said, not guessed
+    assert "not recorded by this run" not in text
     assert "Held-out probes" in text and "--generations" in text      # probes; flags from trainer_state.pt
-    rows = [json.loads(line) for line in (older / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (skill_r1_run / "metrics.jsonl").read_text().splitlines()]
     calls = sum(r["task_calls"] for r in rows)
     assert re.search(rf'<td class="num">{calls}</td>', text)           # the cost table sums the recorded calls
     tokens = sum(r["task_prompt_tokens"] + r["task_completion_tokens"] for r in rows)
     assert re.search(rf'<td class="num">{tokens}</td>', text) and "editor: sampling</td>" in text
-    assert "the task model&#x27;s seconds apart from the editor&#x27;s sampling" not in text   # recorded now
-    # a folder from before the task model was timed apart: said, and the one timer shown as it was
-    (older / "metrics.jsonl").write_text("".join(json.dumps({k: v for k, v in r.items() if k not in (
-        "task_seconds", "seconds_editor_sampling")}) + "\n" for r in rows))
-    text = page_of(older, tmp_path, "skill_r1_older")
-    assert "the task model&#x27;s seconds apart from the editor&#x27;s sampling" in text
-    assert "editor: sampling + task rollouts" in text
+    older = tmp_path / "older-run"
+    shutil.copytree(skill_r1_run, older)
+    (older / "lineage.jsonl").unlink()
+    with pytest.raises(provenance.NotARun, match=re.escape(f"{older / 'lineage.jsonl'}: missing")):
+        provenance.load_run(older)
 
 
 def test_skill_r1_lineage_report(skill_r1_lineage_run, tmp_path):
@@ -251,9 +248,11 @@ def test_masa_report_of_an_interrupted_or_older_run(masa_run, tmp_path):
     text = page_of(old, tmp_path, "old")
     assert "not recorded by this run (metrics.task_rewards)" in text and "run.json (the run did not finish)" in text
     assert "the cost per role is state.json" in text and "tokens and seconds per role" not in text
-    state.pop("usage")                       # a run of a version that did not count tokens or seconds
+    state.pop("usage")                       # every state.json holds it: its absence is an error naming it
     (old / "state.json").write_text(json.dumps(state))
-    assert "tokens and seconds per role (run.json counts calls" in page_of(old, tmp_path, "older")
+    with pytest.raises(provenance.NotARun, match="state.json.*usage"):
+        page_of(old, tmp_path, "older")
+    state["usage"] = {}
     assert "results.json has no held-out table" in text and "tree secret:" in text
     state["search"] = None
     (old / "state.json").write_text(json.dumps(state))
@@ -420,9 +419,13 @@ def test_the_report_reads_no_file_linked_from_outside_the_run(skill_r1_run, tmp_
     (it used to be embedded). A link inside the folder is fine."""
     folder, outside = tmp_path / "run", tmp_path / "outside.jsonl"
     shutil.copytree(skill_r1_run, folder)
-    (folder / "lineage.jsonl").unlink(missing_ok=True)   # (the page then shows each row's best_skill)
     rows = (folder / "metrics.jsonl").read_text().splitlines()
-    outside.write_text("".join(json.dumps({**json.loads(r), "best_skill": "SECRET-OUTSIDE"}) + "\n" for r in rows))
+    def secret(row: dict) -> dict:   # a probe's skill, which the page shows
+        for probe in row.get("probes") or []:
+            for skill in probe.get("skills") or []:
+                skill["skill"] = "SECRET-OUTSIDE"
+        return row
+    outside.write_text("".join(json.dumps(secret(json.loads(r))) + "\n" for r in rows))
     (folder / "metrics.jsonl").unlink()
     (folder / "metrics.jsonl").symlink_to(outside)
     assert report.main([str(folder)]) == 2

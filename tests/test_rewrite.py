@@ -57,13 +57,35 @@ def test_train_resume_falls_back_past_a_damaged_newest_checkpoint(files, brief, 
     out = tmp_path / "cut"
     assert train_briefly(files, out, "--max-steps", "4")[0] == 0      # checkpoint-2 and checkpoint-4
     damage(out / "checkpoint-4")
-    code, stdout, stderr = train_briefly(files, out, "--resume")
+    # no flag repeated but the larger budget: the saved run's flags continue it (minskill.runs.resume_flags)
+    code, stdout, stderr = run_rewrite(["train", "--out", str(out), "--resume", "--max-steps", "6"])
     assert code == 0, stderr
     assert f"{out / 'checkpoint-4'}" in stdout and message in stdout
     assert f"falling back to the earlier {out / 'checkpoint-2'}" in stdout
     assert f"continuing from {out / 'checkpoint-2'} at step 2/6" in stdout
     a, b = (load_file(str(run_dir / "final" / "model.safetensors")) for run_dir in (brief, out))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)   # as if never interrupted
+
+
+def test_train_resume_takes_the_saved_flags_and_refuses_differing_ones(files, tmp_path):
+    """`train --resume` continues with the flags saved in run_config.json: a differing one that shapes what is
+    learned is refused, each named with both values, and nothing is written (it used to be refused only once the
+    model was loaded, and the data had to be repeated); one of RUN_SETTINGS (--log-every) is taken."""
+    out = tmp_path / "cut"
+    assert train_briefly(files, out, "--max-steps", "2")[0] == 0
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    with pytest.raises(SystemExit) as caught:
+        run_rewrite(["train", "--out", str(out), "--resume", "--lr", "1e-3", "--epochs", "3", "--log-every", "3"])
+    text = str(caught.value.code)
+    assert text.startswith("rewrite.py train: ") and "--lr 0.01 -> 0.001" in text and "--epochs 6.0 -> 3.0" in text
+    assert "--log-every" not in text
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    code, stdout, stderr = run_rewrite(["train", "--out", str(out), "--resume", "--max-steps", "4", "--log-every", "3"])
+    assert code == 0, stderr
+    assert f"continuing from {out / 'checkpoint-2'} at step 2/6" in stdout
+    saved = json.loads((out / "run_config.json").read_text())["args"]
+    assert (saved["max_steps"], saved["log_every"], saved["lr"], saved["data"]) == (4, 3, 1e-2, [str(files["data"])])
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]
 
 
 def test_train_resume_with_every_checkpoint_damaged_names_each(files, tmp_path):

@@ -228,7 +228,16 @@ def test_summarize_hand_checked():
     # Wilson 95% for 3/5: center (0.6 + 0.38415)/1.76829 = 0.55667, half 0.37552 (computed by hand)
     lo, hi = s["success_ci95"]
     assert lo == pytest.approx(0.2307, abs=1e-3) and hi == pytest.approx(0.8824, abs=1e-3)
-    assert summarize([])["n"] == 0 and summarize([])["per_type"] == {}
+    assert summarize([], lam_nh=0.5) == {"n": 0, "success_rate": 0.0, "success_ci95": [0.0, 1.0], "nhr": 0.0,
+                                         "adjusted_reward": 0.0, "mean_reward": 0.0, "mean_steps": 0.0, "errors": 0,
+                                         "lam_nh": 0.5, "per_type": {}}
+
+
+def test_the_evaluation_command_scores_the_reward_the_search_optimises():
+    """python -m minskill.rollout --lam-nh defaulted to 0 while evolve_masa.py's search used λ = 0.1."""
+    from minskill.masa.search import MasaConfig
+    args = rollout._parser().parse_args(["--suite", "qa"])
+    assert args.lam_nh == rollout.LAM_NH == MasaConfig().lam_nh == summarize([])["lam_nh"] == 0.1
 
 
 def test_wilson_interval_edges():

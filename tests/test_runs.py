@@ -2,6 +2,7 @@
 
 A refused command must write nothing: each test snapshots the folder's files (names and bytes) before the
 command and compares after."""
+import argparse
 import json
 import math
 from pathlib import Path
@@ -14,7 +15,7 @@ import rewrite
 import train_grpo
 from minskill.masa import transfer
 from minskill.nn.optim import lr_factor
-from minskill.runs import RUN_MARKER, RunFolderError, check_run_folder, open_run_folder
+from minskill.runs import RUN_MARKER, RunFolderError, check_run_folder, given_flags, open_run_folder, resume_flags
 
 
 def snapshot(folder: Path) -> dict:
@@ -289,3 +290,28 @@ def test_clean_staging_undoes_what_killed_writes_left(tmp_path):
     assert SkillSet.load(out / "library").to_json() == skills.to_json()
     assert clean_staging(out) == [] and clean_staging(tmp_path / "absent") == []
 
+
+
+def test_given_flags_and_resume_flags_apply_the_one_resume_policy():
+    """given_flags sees a flag given at its default value and a sub-command's; resume_flags fills the flags not
+    given from the saved run, takes a given may-change one, refuses every other differing one by name."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--lr", type=float, default=0.1)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--bf16", action="store_true")
+    parser.add_argument("--out")
+    sub = parser.add_subparsers(dest="command").add_parser("train")
+    sub.add_argument("data", nargs="*")
+    sub.set_defaults(func=print)
+    argv = ["--lr", "0.1", "--out", "o", "train"]
+    assert given_flags(parser, argv) == {"lr", "out", "command"}
+    assert given_flags(parser, ["train", "d.jsonl"]) == {"command", "data"}
+    saved = {"lr": 0.5, "steps": 7, "bf16": True, "out": "elsewhere", "data": ["d.jsonl"]}
+    args = parser.parse_args(["--steps", "9", "--out", "o", "train"])
+    assert resume_flags(args, saved, given_flags(parser, ["--steps", "9", "--out", "o", "train"]), {"steps"},
+                        "s.py") == ["--steps 7 -> 9"]
+    assert (args.lr, args.steps, args.bf16, args.out, args.data) == (0.5, 9, True, "o", ["d.jsonl"])
+    args = parser.parse_args(argv)
+    with pytest.raises(RunFolderError, match=r"^s.py: --resume .* --lr 0.5 -> 0.1, --bf16 True -> False;") as caught:
+        resume_flags(args, saved, {"lr", "bf16", "steps"}, {"steps"}, "s.py")
+    assert "--steps" not in str(caught.value)

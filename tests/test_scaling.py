@@ -257,5 +257,5 @@ def test_train_grpo_scoring_is_bounded_by_the_clients_max_workers(farm):
     farm.reset()
     jobs = [(Instance(f"x{j}", "echo", echo_tasks(4, prefix=f"x{j} ")), "a skill", j) for j in range(6)]
     scored = score_skills(client_for(farm, 2), jobs, EvolveConfig())
-    assert [reward for reward, _, _ in scored] == [1.0] * 6 and farm.served.total() == 24
+    assert [reward for reward, _ in scored] == [1.0] * 6 and farm.served.total() == 24
     assert farm.peak_serving == capacity(2)

@@ -73,6 +73,16 @@ def _history(n_entries, skill_words=60):
             for i in range(n_entries)]
 
 
+def test_check_config_refuses_knobs_below_1_and_a_prompt_past_the_editors_context():
+    """The loop's configuration is checked once, at set-up (train_grpo.setup, the --eval rows), not per step."""
+    editor = SimpleNamespace(config=SimpleNamespace(max_position_embeddings=600))
+    skill_r1.check_config(editor, EvolveConfig(context_tokens=512, max_skill_tokens=88))   # 600 tokens fit
+    with pytest.raises(ValueError, match="= 601 exceeds the editor's context of 600 tokens"):
+        skill_r1.check_config(editor, EvolveConfig(context_tokens=512, max_skill_tokens=89))
+    with pytest.raises(ValueError, match="generations, candidates and rollouts must be >= 1, got 2, 4, 0"):
+        skill_r1.check_config(editor, EvolveConfig(rollouts=0))
+
+
 def test_editor_prompt_shows_history_newest_first(editor_dir):
     tok = Tokenizer.from_pretrained(editor_dir)
     count = lambda m: len(tok.apply_chat_template(m))  # noqa: E731
@@ -149,9 +159,8 @@ def test_evolve_advantages_unparseable_replies_and_best_skill_carry(editor_dir, 
     assert [c.reward for c in g2.candidates] == [0.25, 0.0, 0.0, 0.5]
     # unparseable replies: reward 0, the reason kept, no task-model call; the run went on to generation 2
     for c in (g1.candidates[2], g1.candidates[3], g2.candidates[2]):
-        assert c.skill is None and c.parse_error and c.task_calls == 0 and c.reward == 0.0
+        assert c.skill is None and c.parse_error and c.reward == 0.0
     assert len(task_server.calls) == 4 * (1 + 2 + 3)   # seed skill + 2 parsed in g1 + 3 parsed in g2, 4 tasks each
-    assert ev.task_calls == len(task_server.calls)
     # A(g,i) = r_i − mean_g + λ·(mean_g − mean_{g−1}), generation 0's mean = the seed skill's reward
     mean1, mean2 = 1.25 / 4, 0.75 / 4
     for c in g1.candidates:

@@ -159,7 +159,8 @@ def test_resume_equals_the_uninterrupted_run(straight_run, editor_dir, suite_fil
     assert [r["step"] for r in read_rows(out)] == [0, 1]
     with open(out / "lineage.jsonl", "a") as f:   # as if it had died after logging step 3, before its checkpoint
         f.write(json.dumps({"step": 2, "instance": "lost"}) + "\n")
-    assert train_grpo.main(flags + ["--resume"]) == 0
+    # the resume policy (minskill.runs.resume_flags): no flag repeated, the saved ones continue the run
+    assert train_grpo.main(["--out", str(out), "--resume"]) == 0
     assert "resuming" in capsys.readouterr().out
     lineage = [[json.loads(line) for line in (run / "lineage.jsonl").read_text().splitlines()] for run in (straight_run[0], out)]
     assert [r["step"] for r in lineage[1]] == [0, 0, 1, 1, 2, 2, 3, 3] and lineage[0] == lineage[1]
@@ -182,6 +183,24 @@ def test_resume_refuses_changed_flags(straight_run, editor_dir, suite_file, task
     out = straight_run[0]
     with pytest.raises(SystemExit, match="--lam 0.5 -> 0.0"):
         train_grpo.main(common_flags(editor_dir, suite_file, task_url, out) + ["--steps", "4", "--resume", "--lam", "0"])
+
+
+def test_resume_names_every_differing_flag_and_takes_a_may_change_one(straight_run, tmp_path, capsys):
+    """Given alone, a flag that shapes the run (RESUME_MUST_MATCH) and differs from the saved one is refused,
+    each named with both values, even at its default value (-K 4 is the default, the run saved 3); --steps may
+    change and is taken, every flag not given is the saved run's."""
+    out = tmp_path / "run"
+    shutil.copytree(straight_run[0], out)
+    with pytest.raises(SystemExit) as caught:
+        train_grpo.main(["--out", str(out), "--resume", "--lam", "0", "-K", "4", "--save-every", "1"])
+    assert "--lam 0.5 -> 0.0" in str(caught.value.code) and "--candidates 3 -> 4" in str(caught.value.code)
+    assert "--save-every" not in str(caught.value.code)
+    args = train_grpo.parse_args(["--out", str(out), "--resume", "--steps", "5"])
+    assert "--steps 4 -> 5 changes the cosine schedule" in capsys.readouterr().out
+    saved = torch.load(out / "checkpoint" / "trainer_state.pt", weights_only=False)["args"]
+    assert args.steps == 5 and args.candidates == saved["candidates"] == 3
+    assert {k: v for k, v in vars(args).items() if k not in ("steps", "resume", "out")} == \
+        {k: v for k, v in saved.items() if k not in ("steps", "resume", "out")}
 
 
 def test_a_rerun_is_refused_and_overwrite_replaces_the_run(editor_dir, suite_file, task_url, tmp_path):
@@ -451,3 +470,13 @@ def test_a_step_without_gradient_still_steps_and_reports_zeros(editor_dir):
     stats = train_grpo.policy_update(editor, None, recorder, cands, train_grpo.parse_args([]))
     assert recorder.grads == [{}]
     assert stats["trained_sequences"] == 0 and stats["train_tokens"] == 0 and stats["loss"] == 0.0
+
+
+def test_a_prompt_past_the_editors_context_is_refused_at_set_up(editor_dir, suite_file, task_url, tmp_path):
+    """--context-tokens + --max-skill-tokens beyond the editor's 1024 positions: refused once the editor is loaded,
+    before the run folder is written (it used to fail at the first step, after opening the folder)."""
+    out = tmp_path / "out"
+    flags = common_flags(editor_dir, suite_file, task_url, out) + ["--context-tokens", "1010", "--steps", "1"]
+    with pytest.raises(ValueError, match="= 1026 exceeds the editor's context of 1024 tokens"):
+        train_grpo.main(flags)
+    assert not out.exists()

@@ -13,7 +13,8 @@ Reward of a skill set S on a list of tasks (computed once, by rollout.summarize,
 Every skill set the search makes is a `Candidate` (its skills, parent, reward, metrics, the teacher's
 attribution): the payload of the hill climb and of the tree nodes, and one record of the search log.
 
-`MasaSearch.run` drives both phases, one iteration at a time, yielding the state to save after each.
+`MasaSearch.run` drives both phases, one iteration at a time, yielding a progress line after each: the caller
+prints it and saves the search's state (`MasaSearch.checkpoint`).
 
 Phase 1, general skills, hill climbing (`MasaSearch.climb_iteration`):
 
@@ -52,30 +53,33 @@ from __future__ import annotations
 
 import copy
 import json
-import math
 import zlib
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator
 
 from minskill import gates
 from minskill.masa import ucb
 from minskill.masa.model_card import ModelCard, as_model_card
 from minskill.masa.teacher import TeacherReplyError, parse_attribution, parse_skillset_reply, parse_strengths
-from minskill.rollout import run_rollouts, summarize
+from minskill.rollout import LAM_NH, run_rollouts, summarize
 from minskill.serve.caching import BudgetExhausted, CallBudget
 from minskill.skills import Skill
 from minskill.skillsets import SkillSet
+from minskill.tasks.base import interleave
 
 
 # ----------------------------------------------------------------------------------------------------------
 # Asking the teacher (its replies are read by minskill/masa/teacher.py)
 
+# what a retry adds to the conversation after the teacher's reply that did not parse (its error in the braces)
+RETRY_PROMPT = "That reply could not be read: {}\nAnswer again, exactly in the format asked for, and nothing else."
+
+
 def ask_teacher(teacher, messages: list[dict], parse: Callable[[str], Any], *, what: str, retries: int = 2,
                 temperature: float = 0.7, max_tokens: int = 1024, seed: int | None = None,
                 on_skip: Callable[[dict], None] | None = None):
-    """Ask the teacher and parse its reply. A reply that does not parse is retried up to `retries` times
-    (the retry shows the teacher its reply and what was wrong with it); after that the step is skipped:
-    `on_skip` gets {"what", "attempts", "errors", "last_reply"} and None is returned."""
+    """The teacher's reply, parsed; one that does not parse is retried up to `retries` times (shown what was wrong),
+    then the step is skipped: `on_skip` gets {"what", "attempts", "errors", "last_reply"}, and None is returned."""
     conversation, errors, reply = list(messages), [], ""
     for attempt in range(retries + 1):
         result = teacher.chat(conversation, temperature=temperature, max_tokens=max_tokens,
@@ -85,10 +89,8 @@ def ask_teacher(teacher, messages: list[dict], parse: Callable[[str], Any], *, w
             return parse(reply)
         except TeacherReplyError as e:
             errors.append(str(e)[:500])
-            conversation = list(messages) + [
-                {"role": "assistant", "content": reply[:4000]},
-                {"role": "user", "content": f"That reply could not be read: {str(e)[:300]}\n"
-                                            "Answer again, exactly in the format asked for, and nothing else."}]
+            conversation = list(messages) + [{"role": "assistant", "content": reply[:4000]},
+                                             {"role": "user", "content": RETRY_PROMPT.format(str(e)[:300])}]
     if on_skip is not None:
         on_skip({"what": what, "attempts": retries + 1, "errors": errors, "last_reply": reply[:1000]})
     return None
@@ -124,8 +126,6 @@ def _clip(text: str, limit: int) -> str:
 
 
 def _failure_text(failures: list[dict], limit: int = 600) -> str:
-    if not failures:
-        return "(no failed episodes)"
     blocks = []
     for f in failures:
         block = [f"- task {f['task_id']} (type {f['task_type']}):", f"  task: {_clip(f['question'], limit)}",
@@ -134,7 +134,7 @@ def _failure_text(failures: list[dict], limit: int = 600) -> str:
                  f"  target's reply: {_clip(f['reply'], limit)}",
                  f"  error: {_clip(f['error'], 200)}" if f.get("error") else ""]
         blocks.append("\n".join(line for line in block if line))   # optional lines left out
-    return "\n".join(blocks)
+    return "\n".join(blocks) or "(no failed episodes)"
 
 
 def _skills_text(skills: SkillSet, limit: int = 6000) -> str:
@@ -147,8 +147,7 @@ def _unique(skills: list[Skill]) -> list[Skill]:
     for skill in skills:
         name, k = skill.name, 2
         while name in taken:
-            name = f"{skill.name[:60].rstrip('-')}-{k}"
-            k += 1
+            name, k = f"{skill.name[:60].rstrip('-')}-{k}", k + 1
         taken.add(name)
         out.append(skill if name == skill.name else replace(skill, name=name))
     return out
@@ -210,8 +209,7 @@ def _json_format_help() -> str:
 
 def general_rewrite_messages(card: ModelCard, skills: SkillSet, reward: float, attribution: dict | None,
                              top_sets: list[tuple[SkillSet, float]]) -> list[dict]:
-    """Prompt: rewrite the general skills, given the current skills, the failure attribution, the model card
-    and the top skill sets (by reward) of the whole history."""
+    """Prompt: rewrite the general skills, shown the attribution, the card and the history's top sets (by R)."""
     history = "\n\n".join(f"#### Set {i + 1}: R = {r:.3f}\n{_skills_text(_only_general(s), 2000)}"
                           for i, (s, r) in enumerate(top_sets)) or "(none yet)"
     user = (f"## Task: {GENERAL_REWRITE_TASK}\n\n### Model card\n{card.to_prompt()}\n\n"
@@ -264,40 +262,11 @@ def one_shot_rewrite(teacher, card: ModelCard, skills: SkillSet, task_descriptio
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Hill climbing: its state (MasaSearch.run and climb_iteration drive the climb; payloads: Candidates)
-
-@dataclass
-class HillClimbState:
-    """Progress of a hill climb. `stale` counts consecutive iterations without a strict improvement; the
-    climb stops when it reaches `patience`. JSON through payload converters, as ucb.to_dict / from_dict."""
-    best: Any = None
-    best_reward: float = -math.inf
-    iteration: int = 0
-    stale: int = 0
-
-    def to_json(self, payload_to_json: Callable[[Any], Any] | None = None) -> dict:
-        best = payload_to_json(self.best) if payload_to_json else self.best
-        return {"best": best, "best_reward": self.best_reward, "iteration": self.iteration, "stale": self.stale}
-
-    @classmethod
-    def from_json(cls, data: dict, payload_from_json: Callable[[Any], Any] | None = None) -> "HillClimbState":
-        return cls(**{**data, "best": payload_from_json(data["best"]) if payload_from_json else data["best"]})
-
-    def record(self, candidate: Any, reward: float | None, accepted: bool) -> None:
-        """One iteration done: an accepted candidate becomes the best (stale back to 0), else stale += 1."""
-        if accepted:
-            self.best, self.best_reward, self.stale = candidate, reward, 0
-        else:
-            self.stale += 1
-        self.iteration += 1
-
-
-# ----------------------------------------------------------------------------------------------------------
 # The search
 
 @dataclass
 class MasaConfig:
-    lam_nh: float = 0.1            # λ of R = SR − λ·NHR
+    lam_nh: float = LAM_NH         # λ of R = SR − λ·NHR (rollout.LAM_NH)
     iterations: int = 2            # I: hill-climbing iterations on the general skills (paper: 10)
     patience: int = 3              # p: stop after this many iterations without a strict improvement
     tree_iterations: int = 1       # J: UCB1 iterations per task type (paper: 10)
@@ -315,18 +284,11 @@ class MasaConfig:
     gate: str = "strict"           # acceptance gate of the climb and of each tree's result (minskill/gates.py)
     gate_alpha: float = 0.1        # α of the paired gate's sign test
 
-    @classmethod
-    def from_json(cls, data: dict) -> "MasaConfig":
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
-
 
 @dataclass(eq=False)
 class Candidate:
-    """One skill set of the search: the payload of the hill climb and of the tree nodes, and one record
-    of the search log. `parent` is the id of the candidate it was rewritten from; `node` its tree node's
-    id (tree phase); once evaluated it holds its reward R, metrics and the failed episodes that the
-    teacher is shown when it is rewritten."""
+    """One skill set of the search (module docstring). `parent`: the id of the candidate it was rewritten from;
+    `node`: its tree node's id; `failures`: once evaluated, the failed episodes the teacher is shown."""
     id: int
     phase: str                      # "base" | "general" | "tree"
     skills: SkillSet
@@ -341,15 +303,19 @@ class Candidate:
     failures: list[dict] = field(default_factory=list)
     gate: dict | None = None        # the gate's decision on it, when it challenged an incumbent (gates.py)
 
-    def to_json(self) -> dict:
-        return {"id": self.id, "phase": self.phase, "task_type": self.task_type, "parent": self.parent,
-                "iteration": self.iteration, "node": self.node, "skills": self.skills.to_json(),
-                "reward": self.reward, "metrics": self.metrics, "attribution": self.attribution,
-                "accepted": self.accepted, "failures": self.failures, "gate": self.gate}
 
-    @classmethod
-    def from_json(cls, data: dict) -> "Candidate":
-        return cls(**{**data, "skills": SkillSet.from_json(data["skills"])})
+# a Candidate in the search's state (MasaSearch.to_json, state.json), its fields in this order
+CANDIDATE_KEYS = ("id", "phase", "task_type", "parent", "iteration", "node", "skills", "reward", "metrics",
+                  "attribution", "accepted", "failures", "gate")
+
+
+@dataclass
+class HillClimbState:
+    """The hill climb's progress: its best Candidate, the iterations done, and `stale`, the consecutive iterations
+    without a strict improvement (the climb stops when it reaches `patience`)."""
+    best: Candidate
+    iteration: int = 0
+    stale: int = 0
 
 
 @dataclass
@@ -372,19 +338,12 @@ def rollouts(target, tasks: list, skills: SkillSet | None, config: MasaConfig, b
 
 
 def failure_records(tasks, trajectories, limit: int) -> list[dict]:
-    """Up to `limit` failed trajectories as short records for the teacher, taken round-robin over task
-    types so that every type is represented."""
-    by_id = {t.id: t for t in tasks}
-    by_type: dict[str, list] = {}
+    """Up to `limit` failed trajectories as short records for the teacher, round-robin over the task types."""
+    by_id, by_type = {t.id: t for t in tasks}, {}
     for traj in trajectories:
         if not traj.success:
             by_type.setdefault(traj.task_type, []).append(traj)
-    chosen, queues = [], [list(v) for _, v in sorted(by_type.items())]
-    while len(chosen) < limit and any(queues):
-        for queue in queues:
-            if queue and len(chosen) < limit:
-                chosen.append(queue.pop(0))
-    return [episode_record(by_id.get(traj.task_id), traj) for traj in chosen]
+    return [episode_record(by_id.get(traj.task_id), traj) for traj in interleave(by_type, sorted(by_type))[:limit]]
 
 
 def episode_record(task, traj) -> dict:
@@ -410,19 +369,18 @@ class MasaSearch:
 
     The search holds `candidates` (every skill set it made, in order: the search log), `climb` (the hill
     climb; its best is a Candidate), `trees` (per task type, nodes holding Candidates), `events` (skipped
-    teacher replies) and `phase`. `run()` yields the state (`to_json()`) after every iteration, for the caller
-    to save; a search built with that state (`state=`, or `restore`) continues where it stopped. Model calls
-    go through the given clients (CachingClient for the budget and cache); BudgetExhausted propagates to
-    the caller, who can roll back to the last state yielded (`last_checkpoint`)."""
+    teacher replies) and `phase`. `run()` yields a progress line after every iteration; the caller prints it
+    (and the teacher replies skipped meanwhile, in `events`) and saves the state, `checkpoint()`: a search built
+    with that state (`state=`, or `restore`) continues where it stopped. Model calls go through the given clients
+    (CachingClient for the budget and cache); BudgetExhausted propagates to the caller, who can roll back to the
+    last state saved (`last_checkpoint`)."""
 
     def __init__(self, target, teacher, card: ModelCard, tasks: list, base_skills: SkillSet, config: MasaConfig,
-                 state: dict | None = None, log: Callable[[str], None] | None = None,
-                 budget: CallBudget | None = None, gate_tasks=()):
+                 state: dict | None = None, budget: CallBudget | None = None, gate_tasks=()):
         if not tasks:
             raise ValueError("MasaSearch: no search tasks")
         self.target, self.teacher, self.card, self.tasks, self.config = target, teacher, card, tasks, config
         self.base_skills, self.budget, self.gate_tasks = base_skills, budget, list(gate_tasks)  # --gate fresh
-        self.log = log or (lambda line: None)
         self.types = sorted({t.type for t in tasks})
         self.candidates: list[Candidate] = []
         self.climb: HillClimbState | None = None
@@ -432,17 +390,17 @@ class MasaSearch:
             self.restore(state)
         self.last_checkpoint = copy.deepcopy(self.to_json())
 
-    def run(self) -> Iterator[dict]:
-        """Both phases, from wherever the search stands, yielding the state after every iteration (and after
-        the base skills, each root and each phase). Raises BudgetExhausted when the budget runs out."""
+    def run(self) -> Iterator[str | None]:
+        """Both phases, from wherever the search stands, yielding after every iteration (and after the base skills,
+        each root and each phase: None) its progress line. Raises BudgetExhausted when the budget runs out."""
         c = self.config
         if self.phase == "general":     # phase 1: hill climbing on the general skills, on all the search tasks
             if self.climb is None:
                 yield self.start_climb()
-            while self.climb.iteration < c.iterations and self.climb.stale < c.patience and self.climb.best_reward < 1:
+            while self.climb.iteration < c.iterations and self.climb.stale < c.patience and self.climb.best.reward < 1:
                 yield self.climb_iteration()
             self.phase = "trees"
-            yield self.checkpoint()
+            yield None
         if self.phase == "trees":       # phase 2: one UCB1 tree per task type, the climb's general skills fixed
             for task_type in self.types:
                 tasks = self.type_tasks(task_type)
@@ -452,35 +410,33 @@ class MasaSearch:
                 while tree.iterations < c.tree_iterations and ucb.best_node(tree.root).reward < 1:
                     yield self.tree_iteration(tree, task_type, tasks)
             self.phase = "done"
-            yield self.checkpoint()
+            yield None
 
     # ---- phase 1: hill climbing on the general skills ------------------------------------------------------
-    def start_climb(self) -> dict:
+    def start_climb(self) -> str:
         base = self.add_candidate(self.base_skills, "base")
         self.evaluate_candidate(base, self.tasks)
         base.accepted = True
-        self.climb = HillClimbState(best=base, best_reward=base.reward)
-        self.log(f"[general] base skills: R = {base.reward:.3f} on {len(self.tasks)} tasks  calls {self.calls()}")
-        return self.checkpoint()
+        self.climb = HillClimbState(best=base)
+        return f"[general] base skills: R = {base.reward:.3f} on {len(self.tasks)} tasks  calls {self.calls()}"
 
-    def climb_iteration(self) -> dict:
-        """Propose a rewrite of the best set's general skills, evaluate it on all the search tasks, and keep it
-        if the gate accepts it (strict: R above the best's). Returns the state to save."""
+    def climb_iteration(self) -> str:
+        """Phase 1's iteration: a rewrite of the best set's general skills, kept if the gate accepts it."""
         climb, accepted = self.climb, False
         candidate = self.propose_general(climb)
         if candidate is not None:
             self.evaluate_candidate(candidate, self.tasks)
             candidate.accepted = accepted = self.gate(candidate, climb.best, "climb")
-        climb.record(candidate, None if candidate is None else candidate.reward, accepted)
+        climb.iteration += 1
+        climb.best, climb.stale = (candidate, 0) if accepted else (climb.best, climb.stale + 1)
         verdict = "skipped" if candidate is None else f"R = {candidate.reward:.3f} " + \
             ("accepted" if accepted else "rejected")
-        self.log(f"[general] iteration {climb.iteration}/{self.config.iterations}: candidate {verdict}; "
-                 f"best R = {climb.best_reward:.3f}; calls {self.calls()}")
-        return self.checkpoint()
+        return (f"[general] iteration {climb.iteration}/{self.config.iterations}: candidate {verdict}; "
+                f"best R = {climb.best.reward:.3f}; calls {self.calls()}")
 
     def propose_general(self, climb: HillClimbState) -> Candidate | None:
-        """The teacher attributes the best set's failures, then rewrites its general skills, shown the top-5
-        sets of the whole history by R. None when a reply was skipped."""
+        """The teacher attributes the best set's failures, then rewrites its general skills (shown the top-5 sets of
+        the whole history by R); None when a reply was skipped."""
         best, it = climb.best, climb.iteration + 1
         attribution = self.ask(attribution_messages(self.card, best.skills, best.failures, best.reward),
                                parse_attribution, "attribution", it)
@@ -491,25 +447,23 @@ class MasaSearch:
         new = self.ask(messages, parse_skillset_reply, "general rewrite", it)
         if new is None:
             return None
-        general = _unique(new.general or [s for group in new.task_specific.values() for s in group])
+        general = _unique(new.general or new.skills())   # a reply without general skills: its task-specific ones
         skills = SkillSet(general=general, task_specific=dict(best.skills.task_specific),
                           common_mistakes=new.common_mistakes or best.skills.common_mistakes)
         return self.add_candidate(skills, "general", best, it, attribution=attribution)
 
     # ---- phase 2: one UCB1 tree per task type ---------------------------------------------------------------
-    def plant_tree(self, task_type: str, tasks: list) -> dict:
+    def plant_tree(self, task_type: str, tasks: list) -> str:
         """The root: the climb's best set, evaluated on the type's episodes (before iteration 1)."""
         best = self.climb.best
         root = ucb.Node(payload=self.add_candidate(best.skills, "tree", best, 0, task_type))
         reward = ucb.set_reward(root, self.evaluate_node(root, tasks))
         ucb.backpropagate(root, reward)
         self.trees[task_type] = Tree(root)
-        self.log(f"[tree {task_type}] root: R = {reward:.3f} on {len(tasks)} episodes  calls {self.calls()}")
-        return self.checkpoint()
+        return f"[tree {task_type}] root: R = {reward:.3f} on {len(tasks)} episodes  calls {self.calls()}"
 
-    def tree_iteration(self, tree: Tree, task_type: str, tasks: list) -> dict:
-        """One UCB1 iteration (ucb.py): select a node, expand it with the teacher's rewrite of the type's skills,
-        evaluate the child (R on the type's first N search tasks), backpropagate. Returns the state to save."""
+    def tree_iteration(self, tree: Tree, task_type: str, tasks: list) -> str:
+        """Phase 2's iteration (ucb.py): select a node, expand it by the teacher's rewrite, evaluate, backpropagate."""
         c = self.config
         selected = ucb.select(tree.root, c.c, c.max_children)
         candidate = self.propose_task_skills(selected.payload, task_type, tasks, tree.iterations + 1)
@@ -517,15 +471,13 @@ class MasaSearch:
         if child is not None:
             ucb.backpropagate(child, ucb.set_reward(child, self.evaluate_node(child, tasks)))
         tree.iterations += 1
-        self.tree_result(tree)   # decided (and checkpointed) as the best node changes
+        self.tree_result(tree)   # decided (and saved) as the best node changes
         verdict = "skipped" if child is None else f"R = {child.reward:.3f}"
-        self.log(f"[tree {task_type}] iteration {tree.iterations}/{c.tree_iterations}: expanded node {selected.id}, "
-                 f"child {verdict}; best R = {ucb.best_node(tree.root).reward:.3f}; calls {self.calls()}")
-        return self.checkpoint()
+        return (f"[tree {task_type}] iteration {tree.iterations}/{c.tree_iterations}: expanded node {selected.id}, "
+                f"child {verdict}; best R = {ucb.best_node(tree.root).reward:.3f}; calls {self.calls()}")
 
     def propose_task_skills(self, parent: Candidate, task_type: str, tasks: list, it: int) -> Candidate | None:
-        """Expansion: the teacher attributes the node's failures, then rewrites the skills of `task_type`.
-        None when a reply was skipped (the iteration makes no child)."""
+        """Expansion: the teacher attributes the node's failures, then rewrites `task_type`'s skills; None: skipped."""
         attribution = self.ask(attribution_messages(self.card, parent.skills, parent.failures, parent.reward,
                                                     task_type), parse_attribution, "attribution", task_type, it)
         messages = task_rewrite_messages(self.card, parent.skills, task_type, parent.reward, attribution,
@@ -541,17 +493,17 @@ class MasaSearch:
 
     def gate(self, candidate: Candidate, incumbent: Candidate, use: str) -> bool:
         """Whether `candidate` may replace `incumbent` under --gate (minskill/gates.py; the decision is recorded
-        on the candidate). Paired re-evaluates the incumbent on the candidate's tasks it lacks; fresh rolls both
+        on the candidate). Paired compares both on the tasks both were scored on; fresh rolls both
         out on the gate tasks (in a tree: those of its type), which the teacher never sees."""
         c, gate_tasks = self.config, [t for t in self.gate_tasks if candidate.task_type in (None, t.type)]
         rewards = lambda skills, tasks: self.evaluate(skills, tasks)[0]["task_rewards"]  # noqa: E731
-        candidate.gate = gates.masa_decision(candidate, incumbent, c.gate, c.gate_alpha, use, rewards, self.tasks,
-                                             gate_tasks, self.candidates)
+        candidate.gate = gates.masa_decision(candidate, incumbent, c.gate, c.gate_alpha, use, rewards, gate_tasks,
+                                             self.candidates)
         return candidate.gate["accepted"]
 
     def tree_result(self, tree: Tree) -> Candidate:
-        """The tree's result: its best node's candidate (ucb.best_node), if the gate lets it replace the root's
-        (strict: always, its own reward being the highest); else the root's."""
+        """The tree's result: its best node's candidate if the gate lets it replace the root's (strict: it does),
+        else the root's."""
         best, root = ucb.best_node(tree.root).payload, tree.root.payload
         if best is root:
             return root
@@ -570,19 +522,15 @@ class MasaSearch:
     def add_candidate(self, skills: SkillSet, phase: str, parent: Candidate | None = None, iteration: int = 0,
                       task_type: str | None = None, attribution: dict | None = None) -> Candidate:
         # the candidate holds its skills as the log records them (a JSON round trip, which drops resource
-        # files; the base skills' come back by name), so a resumed search shows the same prompts
-        candidate = Candidate(len(self.candidates), phase, self.as_logged(skills.to_json()),
-                              None if parent is None else parent.id, iteration, task_type, attribution=attribution)
+        # files; the base skills' come back by name, skills.py), so a resumed search shows the same prompts
+        logged = SkillSet.from_json(skills.to_json()).carry_resources(self.base_skills)
+        candidate = Candidate(len(self.candidates), phase, logged, None if parent is None else parent.id, iteration,
+                              task_type, attribution=attribution)
         self.candidates.append(candidate)
         return candidate
 
-    def as_logged(self, skills_json: dict) -> SkillSet:
-        """A candidate's skills from their MASA JSON, with the base skills' resource files (skills.py) by name."""
-        return SkillSet.from_json(skills_json).carry_resources(self.base_skills)
-
     def evaluate(self, skills: SkillSet, tasks: list) -> tuple[dict, list[dict]]:
-        """Roll the target out on `tasks` under `skills`: (metrics, failure records). metrics holds R as
-        `adjusted_reward` (rollout.summarize: R = SR − λ·NHR) and each task's reward as `task_rewards`."""
+        """(metrics, failure records) of `skills` on `tasks`: R is `adjusted_reward`, a task's in `task_rewards`."""
         trajectories = rollouts(self.target, tasks, skills, self.config, self.budget)
         metrics = _metrics(summarize(trajectories, lam_nh=self.config.lam_nh), trajectories)
         return metrics, failure_records(tasks, trajectories, self.config.max_failures)
@@ -599,25 +547,24 @@ class MasaSearch:
                            temperature=c.teacher_temperature, max_tokens=c.teacher_max_tokens,
                            seed=teacher_seed(c.seed, what, *seed_parts), on_skip=self._skip)
 
-    def _skip(self, event: dict) -> None:
-        event = {"event": "teacher_skip", "phase": self.phase, **event}
-        self.events.append(event)
-        self.log(f"  teacher reply skipped ({event['what']}): {event['attempts']} attempts did not parse; "
-                 f"last error: {event['errors'][-1][:160] if event['errors'] else '?'}")
+    def _skip(self, event: dict) -> None:   # the caller prints it with the iteration's progress line
+        self.events.append({"event": "teacher_skip", "phase": self.phase, **event})
 
     # ---- checkpoints ----------------------------------------------------------------------------------------
     def calls(self) -> int:
         return self.budget.spent if self.budget is not None else 0
 
-    def checkpoint(self) -> dict:   # the state to save, kept for a rollback
+    def checkpoint(self) -> dict:   # the state to save (the caller's, after each iteration), kept for a rollback
         self.last_checkpoint = copy.deepcopy(self.to_json())
         return self.last_checkpoint
 
     def to_json(self) -> dict:
         """The search as plain JSON: the candidates, and the climb and trees with candidate ids as payloads."""
-        by_id = lambda candidate: candidate.id  # noqa: E731
-        return {"candidates": [x.to_json() for x in self.candidates],
-                "general": None if self.climb is None else self.climb.to_json(by_id),
+        by_id, climb = (lambda candidate: candidate.id), self.climb   # noqa: E731
+        return {"candidates": [{k: x.skills.to_json() if k == "skills" else getattr(x, k) for k in CANDIDATE_KEYS}
+                               for x in self.candidates],
+                "general": None if climb is None else {"best": climb.best.id, "best_reward": climb.best.reward,
+                                                       "iteration": climb.iteration, "stale": climb.stale},
                 "trees": {t: {"root": ucb.to_dict(tree.root, by_id), "iterations": tree.iterations}
                           for t, tree in self.trees.items()},
                 "events": list(self.events), "phase": self.phase}
@@ -625,10 +572,10 @@ class MasaSearch:
     def restore(self, state: dict) -> None:
         """Set the search to a state written by to_json (a checkpoint)."""
         state = copy.deepcopy(state)   # the caller keeps its checkpoint as it was
-        self.candidates = [replace(c, skills=c.skills.carry_resources(self.base_skills))   # as_logged
-                           for c in map(Candidate.from_json, state["candidates"])]
-        by_id = self.candidates.__getitem__
-        self.climb = None if state["general"] is None else HillClimbState.from_json(state["general"], by_id)
+        self.candidates = [Candidate(**{**x, "skills": SkillSet.from_json(x["skills"]).carry_resources(
+            self.base_skills)}) for x in state["candidates"]]   # the skills as add_candidate holds them
+        by_id, climb = self.candidates.__getitem__, state["general"]
+        self.climb = None if climb is None else HillClimbState(by_id(climb["best"]), climb["iteration"], climb["stale"])
         self.trees = {t: Tree(ucb.from_dict(tree["root"], by_id), tree["iterations"])
                       for t, tree in state["trees"].items()}
         self.events, self.phase = state["events"], state["phase"]

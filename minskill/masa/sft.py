@@ -580,7 +580,8 @@ def train_sft(model: Transformer, tokenizer: Tokenizer, train_examples: list[Exa
     if finished:
         save_checkpoint(out_dir / "final", model, tokenizer)
     log(f"sft: {'done' if finished else 'stopped'} at step {step}/{total_steps}; "
-        f"{'model in ' + str(out_dir / 'final') if finished else 'resume with --resume'}; "
+        f"{'model in ' + str(out_dir / 'final') if finished else 'resume with --resume'}"
+        f"{f' --max-steps N (N > {step}: --resume keeps the saved one)' if not finished and cfg.max_steps else ''}; "
         f"metrics {metrics_path}, loss curve {out_dir / 'loss.svg'}")
     return {"step": step, "total_steps": total_steps, "finished": finished, "train_loss": train_loss,
             "val_loss": val_loss, "out_dir": str(out_dir)}

@@ -28,8 +28,7 @@ def _quote(text: str, limit: int = 300) -> str:
 
 
 def _json_in(reply: str):
-    """The JSON value in a reply (replies.extract_json: a fenced block, else the first object or array that
-    decodes in the prose), or TeacherReplyError quoting the reply."""
+    """The JSON value in a reply (replies.extract_json), or TeacherReplyError quoting the reply."""
     try:
         return extract_json(reply)
     except ValueError as e:   # its reason ("no JSON object in the reply", and why: nested too deeply) + the reply
@@ -37,10 +36,7 @@ def _json_in(reply: str):
 
 
 def _strings(value, limit: int = 20) -> list[str]:
-    if value is None:
-        return []
-    if isinstance(value, str):
-        value = [value]
+    value = [] if value is None else [value] if isinstance(value, str) else value
     if not isinstance(value, list):
         raise TeacherReplyError(f"expected a list of strings, got {value!r:.200}")
     return [str(v).strip()[:500] for v in value if str(v).strip()][:limit]
@@ -50,15 +46,13 @@ def parse_attribution(reply: str) -> dict:
     """{"failure_categories": [{"category", "count", "evidence": [..], "suggested_fix"}], "summary"} from
     a teacher reply (a bare list of categories is accepted too)."""
     data = _json_in(reply)
-    if isinstance(data, list):
-        data = {"failure_categories": data}
+    data = {"failure_categories": data} if isinstance(data, list) else data
     cats = data.get("failure_categories", data.get("categories"))
     if not isinstance(cats, list):
         raise TeacherReplyError(f"the attribution has no 'failure_categories' list: {_quote(json.dumps(data))}")
     out = []
     for i, cat in enumerate(cats[:10]):
-        if isinstance(cat, str):
-            cat = {"category": cat}
+        cat = {"category": cat} if isinstance(cat, str) else cat
         if not isinstance(cat, dict) or not str(cat.get("category", "")).strip():
             raise TeacherReplyError(f"failure_categories[{i}] needs a 'category': {cat!r:.200}")
         count = cat.get("count", 0)
@@ -86,28 +80,26 @@ MAX_SKILL_CHARS = 6000       # nor one whose skill body is longer
 
 
 def parse_skillset_reply(reply: str) -> SkillSet:
-    """A skill set from a teacher reply: MASA JSON (general_skills / task_specific_skills) anywhere in the
-    reply, else the Markdown skill format of skillsets.py (`SkillSet.to_markdown`; replies.parse_skillset)."""
-    skills = None
+    """A skill set from a teacher reply: MASA JSON (general_skills / task_specific_skills) anywhere in it, else
+    the Markdown skill format of skillsets.py (`SkillSet.to_markdown`; replies.parse_skillset)."""
     try:
-        data = _json_in(reply)
-        if isinstance(data, dict) and ("general_skills" in data or "task_specific_skills" in data):
+        data = extract_json(reply)
+    except ValueError:   # no JSON in the reply: the Markdown format
+        data = None
+    if isinstance(data, dict) and ("general_skills" in data or "task_specific_skills" in data):
+        try:
             skills = SkillSet.from_json(data)
-    except TeacherReplyError:
-        pass
-    except (ValueError, TypeError, KeyError) as e:
-        raise TeacherReplyError(f"the JSON skill library in the reply is malformed: {e}") from None
-    if skills is None:
-        # replies.parse_skillset turns any prose into a skill; a rewrite must at least have the asked-for
-        # structure (a SKILL.md front matter or a Markdown heading), else it is not a reply to the request
-        if not _SKILL_STRUCTURE.search(reply or ""):
-            raise TeacherReplyError(f"no skill in the asked-for format (front matter 'name:' / 'description:' "
-                                    f"or a '#' heading) in the reply {_quote(reply)}")
+        except (ValueError, TypeError, KeyError) as e:
+            raise TeacherReplyError(f"the JSON skill library in the reply is malformed: {e}") from None
+    elif _SKILL_STRUCTURE.search(reply or ""):   # the asked-for structure (parse_skillset makes a skill of any prose)
         try:
             skills = parse_skillset(reply)
         except (SkillParseError, ValueError) as e:
             raise TeacherReplyError(str(e)) from None
-    every = skills.general + [s for group in skills.task_specific.values() for s in group]
+    else:
+        raise TeacherReplyError(f"no skill in the asked-for format (front matter 'name:' / 'description:' or a "
+                                f"'#' heading) in the reply {_quote(reply)}")
+    every = skills.skills()
     if not every:
         raise TeacherReplyError(f"the reply holds no skill: {_quote(reply)}")
     if len(every) > MAX_SKILLS:

@@ -45,9 +45,8 @@ from typing import Any, Callable, Iterator
 
 @dataclass(eq=False)
 class Node:
-    """A tree node. id is the path from the root ("0", "0.1", "0.1.0": child indices), unique in its tree.
-    visits/value_sum cover the subtree; reward is this node's own evaluation (None until evaluated);
-    info is free-form (e.g. the teacher's attribution) and goes into the logs."""
+    """A tree node. id: its path of child indices from the root ("0", "0.1", "0.1.0"); visits/value_sum cover the
+    subtree; reward: its own evaluation (None until evaluated); info: free-form, into the logs."""
     payload: Any
     parent: "Node | None" = field(default=None, repr=False)
     children: list["Node"] = field(default_factory=list, repr=False)
@@ -58,33 +57,19 @@ class Node:
     id: str = "0"
 
     @property
-    def mean(self) -> float:
-        """R̄(n): mean reward over the node and its descendants (0.0 when unvisited)."""
+    def mean(self) -> float:   # R̄(n): mean reward over the node and its descendants (0.0 when unvisited)
         return self.value_sum / self.visits if self.visits else 0.0
 
     @property
     def depth(self) -> int:
-        return len(self.path()) - 1
-
-    def path(self) -> list["Node"]:
-        """Nodes from the root down to this one."""
-        nodes, node = [], self
-        while node is not None:
-            nodes.append(node)
-            node = node.parent
-        return nodes[::-1]
+        return 0 if self.parent is None else self.parent.depth + 1
 
 
 def ucb1(mean: float, visits: int, parent_visits: int, c: float = 1.4) -> float:
     """UCB1 = mean + c · sqrt(ln(parent_visits) / visits); +inf for an unvisited node (visits == 0)."""
-    if visits < 0 or parent_visits < 0:
-        raise ValueError(f"ucb1: visits ({visits}) and parent_visits ({parent_visits}) must be >= 0")
-    if visits == 0:
-        return math.inf
-    if parent_visits < visits:
-        raise ValueError(f"ucb1: parent_visits ({parent_visits}) must be >= visits ({visits}): a parent's "
-                         "count includes its children's")
-    return mean + c * math.sqrt(math.log(parent_visits) / visits)
+    if visits < 0 or parent_visits < visits:   # a parent's count includes its children's
+        raise ValueError(f"ucb1: visits ({visits}) must be >= 0 and parent_visits ({parent_visits}) >= visits")
+    return math.inf if visits == 0 else mean + c * math.sqrt(math.log(parent_visits) / visits)
 
 
 def ucb_score(node: Node, c: float = 1.4) -> float:
@@ -95,21 +80,14 @@ def ucb_score(node: Node, c: float = 1.4) -> float:
 
 
 def select(root: Node, c: float = 1.4, max_children: int | None = None) -> Node:
-    """Descend from root by UCB1 to the node to expand (the stopping rule is in the module docstring).
-    max_children None means no limit: descend until a node without children."""
+    """Descend from root by UCB1 to the node to expand (module docstring; max_children None: to a leaf)."""
     if max_children is not None and max_children < 1:
         raise ValueError(f"select: max_children must be >= 1 or None, got {max_children}")
     node = root
     while node.visits > 0 and node.children:
         if max_children is not None and len(node.children) < max_children:
             return node
-        best = node.children[0]
-        best_score = ucb_score(best, c)
-        for child in node.children[1:]:
-            score = ucb_score(child, c)
-            if score > best_score:  # strict: ties keep the earliest child
-                best, best_score = child, score
-        node = best
+        node = max(node.children, key=lambda child: ucb_score(child, c))   # ties: the earliest child (max's first)
     return node
 
 
@@ -140,17 +118,11 @@ def iter_nodes(root: Node) -> Iterator[Node]:
         stack.extend(reversed(node.children))
 
 
-def _sibling_indices(node: Node) -> tuple[int, ...]:
-    """Child indices from the root down to node: a structural key that orders nodes deterministically."""
-    return tuple(n.parent.children.index(n) for n in node.path()[1:])
-
-
 def best_node(root: Node) -> Node | None:
-    """The evaluated node of highest own reward; ties -> shallower, then smaller id. None if none evaluated."""
+    """The evaluated node of highest own reward; ties -> shallower, then earlier in pre-order (the sibling made
+    first: min keeps the first of equal keys). None if none evaluated."""
     evaluated = [n for n in iter_nodes(root) if n.reward is not None]
-    if not evaluated:
-        return None
-    return min(evaluated, key=lambda n: (-n.reward, n.depth, _sibling_indices(n)))
+    return min(evaluated, key=lambda n: (-n.reward, n.depth)) if evaluated else None
 
 
 def set_reward(node: Node, reward) -> float:

@@ -327,18 +327,22 @@ def add_lora_arguments(group) -> None:
                        "(default 2·R)")
     group.add_argument("--lora-dropout", type=float, default=0.0, help="dropout on the adapters' input (default 0, "
                        "PEFT's default; in GRPO it would also make the ratio of two passes noisy)")
-    group.add_argument("--lora-targets", default=",".join(DEFAULT_TARGETS), help="comma-separated projections to "
+    group.add_argument("--lora-targets", default=",".join(DEFAULT_TARGETS), type=target_list, help="comma-separated projections to "
                        f"adapt (default all attention and MLP projections: {','.join(DEFAULT_TARGETS)})")
     group.add_argument("--lora-base-dtype", choices=tuple(BASE_DTYPES), default="float32", help="storage of the "
                        "frozen base weights with LoRA: bfloat16 halves their memory (for a GPU); the adapters and "
                        "their AdamW state stay float32 (default float32)")
 
 
+def target_list(targets: str) -> list[str]:
+    """--lora-targets "q_proj, v_proj" as the list every run saves (so a resumed run compares like with like)."""
+    return [t.strip() for t in targets.split(",") if t.strip()]
+
+
 def lora_settings(args: argparse.Namespace) -> LoraConfig | None:
     """The LoraConfig the flags ask for (None: --lora-rank 0), after normalising args in place (alpha filled
     in, targets as a list); ValueError naming the flag for a bad value."""
-    targets = [t.strip() for t in str(args.lora_targets).split(",") if t.strip()] \
-        if isinstance(args.lora_targets, str) else list(args.lora_targets)
+    targets = target_list(args.lora_targets) if isinstance(args.lora_targets, str) else list(args.lora_targets)
     args.lora_targets = targets
     if args.lora_rank < 0:
         raise ValueError(f"--lora-rank must be >= 0 (0: no LoRA), got {args.lora_rank}")

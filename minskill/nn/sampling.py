@@ -245,10 +245,9 @@ def _decode_step(model, cache, cache_rows: list[int], next_tokens: dict[int, int
 def generate(model, prompts: list[list[int]], *, n=1, max_new_tokens=128, temperature=1.0, top_k=0,
              top_p=1.0, stop_token_ids=(), stop_strings=(), seed=None, tokenizer=None, pad_id=0,
              should_stop=None, on_token=None) -> list[Sample]:
-    """len(prompts) * n samples, prompt-major. See the module docstring; parameters may be per-prompt lists.
-
-    should_stop(prompt_index) -> bool, asked before each decoding step, ends that prompt's samples early
-    (finish_reason "cancelled"): a server stops work whose client has gone; on_token(row, token_id) streams."""
+    """len(prompts) * n samples, prompt-major (module docstring); parameters may be per-prompt lists. A server's:
+    should_stop(prompt_index), asked before each decoding step, ends that prompt's samples early (finish_reason
+    "cancelled": its client has gone); on_token(row, token_id) streams."""
     if len(prompts) == 0:
         return []
     opts = _options(prompts, n, max_new_tokens, temperature, top_k, top_p, seed, stop_token_ids, stop_strings,
@@ -267,10 +266,7 @@ def generate(model, prompts: list[list[int]], *, n=1, max_new_tokens=128, temper
     logits = logits[active]                                                         # logits rows follow `active`
     while active:
         if should_stop is not None:
-            keep = [i for i, r in enumerate(active) if not should_stop(rows.prompt[r])]
-            for i in sorted(set(range(len(active))) - set(keep)):
-                rows.finish[active[i]] = "cancelled"
-            active, logits = [active[i] for i in keep], logits[keep]
+            active, logits = _drop_cancelled(rows, active, logits, should_stop)
             if not active:
                 break
         index = torch.tensor(active, device=model.device)
@@ -283,6 +279,14 @@ def generate(model, prompts: list[list[int]], *, n=1, max_new_tokens=128, temper
         cache, cache_rows, logits = _decode_step(model, cache, cache_rows, dict(zip(active, tokens)), still, pad_id)
         active = still
     return [rows.sample(r, opts, tokenizer) for r in range(len(rows.prompt))]
+
+
+def _drop_cancelled(rows, active: list[int], logits, should_stop):
+    """generate's should_stop: the rows whose prompt should stop end as "cancelled"; (rows left, their logits)."""
+    keep = [i for i, r in enumerate(active) if not should_stop(rows.prompt[r])]
+    for i in sorted(set(range(len(active))) - set(keep)):
+        rows.finish[active[i]] = "cancelled"
+    return [active[i] for i in keep], logits[keep]
 
 
 def _chunk_logprobs(hidden, targets, weight, temperature):

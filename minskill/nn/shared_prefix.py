@@ -14,9 +14,10 @@ computation (tests/test_shared_prefix.py compares every parameter's gradient wit
 Completions are right-padded: under causal attention a real token never sees a later pad, and pad keys
 are masked; pad positions give values that the returned mask marks invalid.
 
-`grouped_logprobs(model, prompts, completions)` is the drop-in for sampling.completion_logprobs that
-train_grpo.policy_update uses (`--shared-prefix`, on by default): rows with the same prompt form a group,
-each group runs through `shared_prefix_logprobs`, and the rows come back in their order, padded alike.
+train_grpo.policy_update (`--shared-prefix`, on by default) calls `shared_prefix_logprobs` on each micro-batch,
+which holds one prompt. `grouped_logprobs(model, prompts, completions)` is the drop-in for
+sampling.completion_logprobs on rows of several prompts (the --eval KL): rows with the same prompt form a
+group, each group runs through `shared_prefix_logprobs`, and the rows come back in their order, padded alike.
 
 The keys and values live in `DifferentiableKV`, which has the interface the model's attention uses on a
 KV cache (`update(layer, k, v)` returns the keys and values to attend to, plus `length`, `key_mask`,
@@ -24,6 +25,8 @@ KV cache (`update(layer, k, v)` returns the keys and values to attend to, plus `
 one shared buffer would invalidate the tensors autograd saved for the backward pass.
 """
 from __future__ import annotations
+
+import copy
 
 import torch
 import torch.nn.functional as F
@@ -39,8 +42,7 @@ class DifferentiableKV:
         self.v: list[torch.Tensor | None] = [None] * num_layers
         self.key_mask = torch.zeros(batch_size, max_len, dtype=torch.bool, device=device)
         self.next_position = torch.zeros(batch_size, dtype=torch.long, device=device)
-        self.length = 0
-        self.max_len = max_len
+        self.length, self.max_len = 0, max_len
 
     @property
     def batch_size(self) -> int:
@@ -55,12 +57,9 @@ class DifferentiableKV:
 
     def expand(self, n: int) -> "DifferentiableKV":
         """The same prefix for n rows (a view: no copy, and gradients flow back to the one prefix)."""
-        new = DifferentiableKV.__new__(DifferentiableKV)
-        new.k = [t.expand(n, *t.shape[1:]) for t in self.k]
-        new.v = [t.expand(n, *t.shape[1:]) for t in self.v]
-        new.key_mask = self.key_mask.expand(n, -1).clone()
-        new.next_position = self.next_position.expand(n).clone()
-        new.length, new.max_len = self.length, self.max_len
+        new = copy.copy(self)   # length and max_len as they are
+        new.k, new.v = [t.expand(n, *t.shape[1:]) for t in self.k], [t.expand(n, *t.shape[1:]) for t in self.v]
+        new.key_mask, new.next_position = self.key_mask.expand(n, -1).clone(), self.next_position.expand(n).clone()
         return new
 
 

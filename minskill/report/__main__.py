@@ -14,8 +14,9 @@ with their rewards and the tasks gained and lost against no skill (minskill/repo
 hill-climbing trajectory, each UCB1 tree drawn as a tree and every candidate with the teacher's failure
 attribution and the failed episodes that motivated it (minskill/report/masa.py); for --compare the three skill
 sets side by side (minskill/report/rewrite.py).
-Whatever the run did not record (e.g. a folder written before a field existed) is shown as "not recorded by
-this run", never guessed, and no model is run.
+Whatever the run did not record (e.g. a run that stopped before its end) is shown as "not recorded by this
+run", never guessed, and no model is run. It reads the folders the current scripts write (no release came
+before them): a file they always write that is missing is an error naming it.
 
 This module reads the run (provenance.load_run), hands it to the renderer of its kind and writes the page
 atomically (files.write_text_atomic); the renderers build on the escaping helpers of minskill/report/html.py.

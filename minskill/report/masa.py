@@ -70,27 +70,18 @@ def masa_curves(candidates: list[dict]) -> Safe:
 
 def masa_costs(run: dict) -> Safe:
     info, spent = run["run"] or {}, run["state"].get("calls_spent")
-    usage = info.get("usage") or run["state"].get("usage")
-    if usage:
-        target, teacher = usage.get("target") or {}, usage.get("teacher") or {}
-        tokens = sum(u.get(k, 0) for u in (target, teacher) for k in ("prompt_tokens", "completion_tokens"))
-        return join(tag("h2", "Cost per role"), cost_table([
-            usage_row("target (task model)", target, f"calls that missed the cache; {target.get('cache_hits', 0)} "
-                      "answered by the cache at no call, token or second"),
-            usage_row("teacher", teacher, "attribution, rewrites, model summary, one-shot rewrite"),
-            ["editor", "n/a", "n/a", "n/a", "MASA stage 1 has no editor (the rewriter is rewrite.py's)"],
-            ["whole run", spent, tokens, float(usage.get("wall_seconds", 0.0)),
-             f"calls charged to --max-calls; wall seconds over {usage.get('sessions', 1)} session(s)"
-             + ("" if run["run"] else " (to the last checkpoint: the run did not finish)")]]),
-            tag("p", SECONDS_NOTE + ". Counts continue across --resume.", cls="muted small"))
-    hits = info.get("target_cache_hits")
+    usage = info.get("usage") or run["state"]["usage"]   # state.json's: to the last checkpoint
+    target, teacher = usage.get("target") or {}, usage.get("teacher") or {}
+    tokens = sum(u.get(k, 0) for u in (target, teacher) for k in ("prompt_tokens", "completion_tokens"))
     return join(tag("h2", "Cost per role"), cost_table([
-        ["target (task model)", info.get("target_calls"), None, None,
-         f"calls that missed the cache; {hits} answered by target_cache.jsonl" if hits is not None else
-         "run.json not written (the run did not finish)"],
-        ["teacher", info.get("teacher_calls"), None, None, "attribution, rewrites, model summary, one-shot rewrite"],
+        usage_row("target (task model)", target, f"calls that missed the cache; {target.get('cache_hits', 0)} "
+                  "answered by the cache at no call, token or second"),
+        usage_row("teacher", teacher, "attribution, rewrites, model summary, one-shot rewrite"),
         ["editor", "n/a", "n/a", "n/a", "MASA stage 1 has no editor (the rewriter is rewrite.py's)"],
-        ["whole run", spent, None, info.get("seconds"), "calls charged to --max-calls; wall seconds"]]))
+        ["whole run", spent, tokens, float(usage.get("wall_seconds", 0.0)),
+         f"calls charged to --max-calls; wall seconds over {usage.get('sessions', 1)} session(s)"
+         + ("" if run["run"] else " (to the last checkpoint: the run did not finish)")]]),
+        tag("p", SECONDS_NOTE + ". Counts continue across --resume.", cls="muted small"))
 
 
 # ---------------------------------------------------------------------------------------------- hill climb
@@ -318,15 +309,12 @@ def render_masa(run: dict) -> str:
     args = state.get("args") or {}
     c = float(args.get("c", 1.4))
     best_nodes = {_payload(t["root"], chosen_node_id(t["root"], by_id)) for t in (search.get("trees") or {}).values()}
-    recorded = (run["run"] or {}).get("usage") or state.get("usage")
-    missing = [] if recorded else ["tokens and seconds per role (run.json counts calls; the clients did not time "
-                                   "or count tokens)"]
+    missing = []
     if candidates and not any(task_rewards(x) for x in candidates):
         missing.append("per-task rewards of each candidate (metrics.task_rewards, recorded by runs of this version "
                        "on): tasks gained and lost")
     if run["run"] is None:
-        missing.append("run.json (the run did not finish): " + ("the cost per role is state.json's, to the last "
-                                                                "checkpoint" if recorded else "calls per role and seconds"))
+        missing.append("run.json (the run did not finish): the cost per role is state.json's, to the last checkpoint")
     card = run["card"] or {}
     info = run["run"] or {}
     summary = (f"target {info.get('target_model') or args.get('task_model') or args.get('model_spec')}, teacher "

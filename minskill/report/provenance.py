@@ -1,5 +1,5 @@
 """Edit provenance: what a run folder records about where each skill came from, read back for the HTML report
-(minskill/report/), and the format of the lineage a Skill-R1 run adds (skill_r1/loop.py:lineage_records).
+(minskill/report/), and the format of the lineage a Skill-R1 run adds (skill_r1/records.py:lineage_records).
 
 The report never re-runs a model: it only reads what the runs wrote. `load_run(folder)` tells the kind of a
 run folder by the files it holds and reads them, with errors naming the file (and FILE:LINE for a JSONL line)
@@ -25,7 +25,7 @@ the folder (a symbolic link out of it) is refused: the page shows the run's own 
 The cost per role is what the runs record with minskill/serve/client.py's Usage (calls, prompt and completion
 tokens, summed request seconds, busy wall seconds): MASA's run.json / state.json `usage` (target and teacher,
 the target's cache hits apart), a Skill-R1 metrics row's task_* and seconds_* fields, eval.json's and
-compare.json's `costs`. Folders written before a field existed lack it; the report says so.
+compare.json's `costs`.
 
 Derived here, from recorded data only:
 
@@ -44,7 +44,7 @@ Derived here, from recorded data only:
 * the trajectories that motivated an edit: the failed episodes of its parent (`failures` of the parent
   candidate), which is what masa.attribution_messages showed the teacher.
 
-Skill-R1 lineage (`lineage_records` of minskill/skill_r1/loop.py: one JSON line per instance and training
+Skill-R1 lineage (`lineage_records` of minskill/skill_r1/records.py: one JSON line per instance and training
 step in OUT/lineage.jsonl):
 
     {"step", "instance", "task_type", "task_ids": [...], "questions": [...],
@@ -57,8 +57,7 @@ step in OUT/lineage.jsonl):
      "editor_prompts": [{"generation", "current", "history": [ids, newest first], "prompt_tokens",
                          "outcomes_per_entry"}]}
 
-train_grpo.py's log_step appends these records every step; a run folder from before it did has no
-lineage.jsonl, and the report then says so.
+train_grpo.py appends these records every step (skill_r1/records.py's log_step).
 The history is what the prompt offered: editor_messages drops the oldest entries when the prompt would
 exceed --context-tokens, which `prompt_tokens` lets a reader judge.
 """
@@ -73,6 +72,7 @@ from minskill.masa import ucb
 from minskill.masa.transfer_record import check_matrix
 
 NOT_RECORDED = "not recorded by this run"
+EVAL_VERSION = 2   # of eval.json, as skill_r1.evaluate.eval_record writes it
 
 
 class NotARun(ValueError):
@@ -107,8 +107,8 @@ CANDIDATE = {"id": int, "phase": str, "skills": object, "parent?": (None, int), 
                                  "task_rewards?": (None, {str: float})}),
              "failures?": (None, [object]), "gate?": (None, {"p?": float})}
 NODE = {"id": str, "reward?": (None, float), "visits?": (None, int), "value_sum?": float, "children?": [dict]}
-MASA_STATE = {"args": {"c?": float}, "usage?": (None, {"target?": (None, USAGE), "teacher?": (None, USAGE),
-                                                      "wall_seconds?": float}),
+MASA_STATE = {"args": {"c?": float}, "usage": {"target?": (None, USAGE), "teacher?": (None, USAGE),
+                                               "wall_seconds?": float},
               "events?": (None, [dict]), "card?": (None, dict),
               "search?": (None, {"candidates?": (None, [CANDIDATE]), "events?": (None, [dict]),
                                  "trees?": (None, {str: {"root": NODE, "iterations?": int}})})}
@@ -128,9 +128,9 @@ EVAL = {"rows": [{"name": str, "success": (None, float), "scores": [[float]], "c
                   "per_generation?": (None, [(None, float)]), "skills?": (None, [EVAL_SKILLS]),
                   "costs?": (None, {"editor?": (None, {"sampled_tokens": float, "seconds": float,
                                                         "kl_seconds?": (None, float)})})}],
-        "version?": int, "flags?": (None, {"generations?": int}), "usage?": (None, USAGE), "wall_seconds?": float,
+        "version": int, "flags?": (None, {"generations?": int}), "usage?": (None, USAGE), "wall_seconds?": float,
         "paired?": (None, [{"row": object, "against": object, "difference": float, "ci95": [float, float],
-                            "p": float}]),
+                            "p": float, "per_task_gained": int, "per_task_lost": int}]),
         "instances?": (None, [{"id": object, "eval_tasks": [str], "eval_questions?": (None, [str]),
                                "evolve_tasks?": (None, [str])}])}
 
@@ -235,10 +235,10 @@ def _trainer_flags(folder: Path) -> dict | None:
 
 def _load_skill_r1(folder: Path) -> dict:
     rows = read_rows(folder / "metrics.jsonl", ("step", "reward_per_generation"), SKILL_R1_ROW)
-    lineage_path = folder / "lineage.jsonl"
-    lineage = (read_rows(lineage_path, ("step", "instance", "skills", "carried"), LINEAGE_ROW)
-               if lineage_path.is_file() else None)
-    files = ["metrics.jsonl"] + (["lineage.jsonl"] if lineage is not None else [])
+    if not (folder / "lineage.jsonl").is_file():
+        raise NotARun(f"{folder / 'lineage.jsonl'}: missing (train_grpo.py writes it when a training run starts)")
+    lineage = read_rows(folder / "lineage.jsonl", ("step", "instance", "skills", "carried"), LINEAGE_ROW)
+    files = ["metrics.jsonl", "lineage.jsonl"]
     flags = _trainer_flags(folder)
     if flags is not None:
         files.append("checkpoint/trainer_state.pt")
@@ -289,7 +289,11 @@ def _load_eval(folder: Path) -> dict:
             not all(isinstance(r, dict) and {"name", "scores", "success"} <= set(r) for r in record["rows"]):
         raise NotARun(f"{folder / 'eval.json'}: not a train_grpo.py --eval record (no 'rows' with name, scores "
                       f"and success)")
-    return {"files": ["eval.json"], "eval": _shape(record, EVAL, str(folder / "eval.json"))}
+    _shape(record, EVAL, str(folder / "eval.json"))
+    if record["version"] != EVAL_VERSION:
+        raise NotARun(f"{folder / 'eval.json'}: version {record['version']}; the report reads version {EVAL_VERSION}, "
+                      f"what train_grpo.py --eval writes (evaluate again)")
+    return {"files": ["eval.json"], "eval": record}
 
 
 def _load_rewriter(folder: Path) -> dict:

@@ -43,20 +43,14 @@ def skill_r1_costs(rows: list[dict]) -> Safe:
         values = [r[key] * (r[scale] if scale else 1) for r in rows if key in r and (scale is None or scale in r)]
         return sum(values) if values else None
     probes = [p for r in rows for p in r.get("probes") or []]
-    split = split_task_seconds(rows)
     probe_usage = [p["task_usage"] for p in probes if p.get("task_usage")]
-    task_row = (usage_row("task model (training rollouts)", {
+    task_row = usage_row("task model (training rollouts)", {
         "calls": total("task_calls"), "prompt_tokens": total("task_prompt_tokens"),
         "completion_tokens": total("task_completion_tokens"), "request_seconds": total("task_request_seconds"),
-        "busy_seconds": total("task_seconds")}, SECONDS_NOTE) if split else
-        ["task model (training rollouts)", total("task_calls"), total("task_tokens"), None,
-         "its seconds are not separate: they are in the editor's sampling row"])
-    sampling = (["editor: sampling", "n/a (local)", total("editor_sampled_tokens"), total("seconds_editor_sampling"),
-                 "tokens = sampled skill tokens; seconds = the sampling phase's wall time minus the task model's "
-                 "busy seconds in it"] if split else
-                ["editor: sampling + task rollouts", "n/a (local)",
-                 total("editor_sample_tokens_per_s", "seconds_sampling_and_rollouts"),
-                 total("seconds_sampling_and_rollouts"), "tokens = sampled skill tokens"])
+        "busy_seconds": total("task_seconds")}, SECONDS_NOTE)
+    sampling = ["editor: sampling", "n/a (local)", total("editor_sampled_tokens"), total("seconds_editor_sampling"),
+                "tokens = sampled skill tokens; seconds = the sampling phase's wall time minus the task model's "
+                "busy seconds in it"]
     return join(tag("h2", "Cost per role"), cost_table([
         task_row, sampling,
         ["editor: policy update", "n/a (local)", total("train_tokens_per_s", "seconds_update"), total("seconds_update"),
@@ -65,11 +59,6 @@ def skill_r1_costs(rows: list[dict]) -> Safe:
          sum(u["prompt_tokens"] + u["completion_tokens"] for u in probe_usage) if probe_usage else None,
          sum(p.get("seconds", 0) for p in probes) if probes else None, f"{len(probes)} probes; wall seconds"],
         ["teacher", "n/a", "n/a", "n/a", "Skill-R1 has no teacher"]]))
-
-
-def split_task_seconds(rows: list[dict]) -> bool:
-    """Whether the metrics rows time the task model apart from the editor (runs of this version on)."""
-    return bool(rows) and all("task_seconds" in r and "seconds_editor_sampling" in r for r in rows)
 
 
 def lineage_card(skill: dict, by_id: dict, task_ids: list[str], questions: dict, carried: set) -> Safe:
@@ -121,15 +110,6 @@ def lineage_block(rec: dict, open_: bool) -> Safe:
 
 def skill_r1_lineage(run: dict) -> Safe:
     lineage = run["lineage"]
-    if lineage is None:
-        rows = run["rows"]
-        best = table(["step", "instance", "best carried skill", "reward", "gain over its seed skill"],
-                     [[r["step"] + 1, r.get("best_skill_instance", "?"), pre(r.get("best_skill", ""), 800),
-                       num(r.get("best_skill_reward")), num(r.get("best_skill_gain"))] for r in rows], numeric=(0, 3, 4))
-        return join(tag("h2", "Skill lineage"),
-                    tag("p", not_recorded("lineage.jsonl: the parent, text, reward and per-task scores of every "
-                                          "candidate; skill_r1.loop.lineage_records"), ". What metrics.jsonl records: "
-                        "the best carried skill of each step (no parent, no per-task outcome)."), best)
     blocks = [lineage_block(rec, open_=i in (0, len(lineage) - 1)) for i, rec in enumerate(lineage)]
     return join(tag("h2", "Skill lineage (each instance, generation by generation)"),
                 tag("p", "Each skill is diffed against its parent, the skill carried into its generation (the "
@@ -152,12 +132,8 @@ def skill_r1_probes(rows: list[dict]) -> Safe | None:
 
 def render_skill_r1(run: dict) -> str:
     rows, flags = run["rows"], run["flags"]
-    missing = ([] if run["lineage"] is not None else
-               ["the skill lineage (parent, text, reward, per-task scores and editor prompt of every candidate): "
-                "train_grpo.py writes no lineage.jsonl yet (skill_r1.loop.lineage_records is the record)"])
-    if not split_task_seconds(rows):
-        missing.append("the task model's seconds apart from the editor's sampling (one timer covers both)")
-    if flags is None:
+    missing = []
+    if flags is None:   # a run before its first checkpoint
         missing.append("the run's flags (no readable checkpoint/trainer_state.pt)")
     if not rows:
         return page("Skill-R1 training", run["folder"], [missing_box(missing), tag("p", "metrics.jsonl has no step yet.")])
@@ -182,13 +158,9 @@ def eval_tables(record: dict) -> Safe:
     table_rows = [[r["name"], num(r["success"]), "–".join(f"{x:.2f}" for x in r.get("ci95") or []),
                    *(num(x) for x in (r.get("per_generation") or [None] * g)), r.get("evolve_calls"),
                    r.get("eval_calls"), num(r.get("kl"), 4)] for r in rows]
-    # eval.json version 2 tests by instance (skill_r1.evaluate.eval_record); a version-1 record's p is the per-task
-    # sign test and its interval a bootstrap over instances: shown as such
-    by_task = record.get("version", 1) < 2
-    paired = [[c["row"], c["against"], f"{c['difference']:+.3f} ({c['ci95'][0]:+.2f} to {c['ci95'][1]:+.2f})"
-               + (" bootstrap" if by_task else ""), f"{c['p']:.3f}" + (" per task" if by_task else ""),
-               f"{c.get('per_task_gained', c.get('gained'))} / {c.get('per_task_lost', c.get('lost'))}"]
-              for c in record.get("paired") or []]
+    # eval.json tests by instance (skill_r1.evaluate.eval_record)
+    paired = [[c["row"], c["against"], f"{c['difference']:+.3f} ({c['ci95'][0]:+.2f} to {c['ci95'][1]:+.2f})",
+               f"{c['p']:.3f}", f"{c['per_task_gained']} / {c['per_task_lost']}"] for c in record.get("paired") or []]
     return join(tag("h2", "Results (as printed)"),
                 table(["method", "success", "95% CI", *(f"g={k + 1}" for k in range(g)), "task calls: evolve",
                        "task calls: evaluate", "KL to the frozen editor"], table_rows,
@@ -203,10 +175,7 @@ def eval_tables(record: dict) -> Safe:
                 tag("p", "by instance: each instance carries its own evolved skill, so the instances are the units: "
                     "the mean per-instance difference, the two-sided sign-flip permutation test on the "
                     "per-instance differences and the interval that inverts it. per task: tasks scored higher / "
-                    "lower, a description only (the tasks of an instance share one skill)." if not by_task else
-                    "This record is of eval.json version 1: its p is the per-task sign test, which treats the "
-                    "tasks of one instance as independent and overstates significance, and its interval a "
-                    "percentile bootstrap over instances; evaluate again for the test by instance.",
+                    "lower, a description only (the tasks of an instance share one skill).",
                     cls="muted small") if paired else None)
 
 

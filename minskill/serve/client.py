@@ -13,6 +13,7 @@ Contract
 * `chat(messages, n, temperature, top_p, max_tokens, stop, seed) -> ChatResult` with the `n` reply
   texts in choice order, their finish reasons and the token usage the server reported.
 * `chat_many(requests)` runs many `chat` calls on a bounded thread pool; results come back in order.
+* `chat_as_completed(client, requests)` runs them the same way and yields each result as it arrives.
 * `embed(texts) -> list[list[float]]`: `POST {base_url}/embeddings`, one vector per text (retrieval).
 * `max_workers` bounds the client's requests in flight, client-wide: however many threads call `chat`
   (callers stack thread pools), at most `max_workers` requests are out at once; the others wait for a
@@ -71,7 +72,7 @@ import re
 import socket
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from urllib.parse import urlsplit
@@ -613,3 +614,23 @@ class ChatClient:
 
     def __repr__(self):
         return f"ChatClient({self.base_url!r}, model={self.model!r})"
+
+
+def chat_as_completed(client, requests: list[dict]):
+    """Yield (index, ChatResult or exception) as each `client.chat(**request)` finishes, at most
+    `client.max_workers` in flight (the bound chat_many uses). If the consumer stops (an exception, Ctrl-C,
+    SIGTERM), pending requests are cancelled and in-flight ones are not waited for, so an embedded server can
+    be shut down at once. A client without `chat` is served by one `chat_many` call."""
+    if not requests:
+        return
+    if not hasattr(client, "chat"):
+        yield from enumerate(client.chat_many(requests, return_exceptions=True))
+        return
+    pool = ThreadPoolExecutor(max_workers=min(getattr(client, "max_workers", 8), len(requests)))
+    try:
+        futures = {pool.submit(client.chat, **request): k for k, request in enumerate(requests)}
+        for future in as_completed(futures):
+            error = future.exception()
+            yield futures[future], (error if error is not None else future.result())
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)

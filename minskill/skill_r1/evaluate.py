@@ -59,8 +59,8 @@ from minskill.rollout import load_skills, run_rollouts, skill_text, wilson_inter
 from minskill.runs import TRAINER_STATE, check_run_folder, load_trainer_state, open_run_folder
 from minskill.serve.client import usage_delta
 from minskill.serve.server import embedded_client
-from minskill.skill_r1.loop import (EvolveConfig, Instance, all_zero_note, autocast, device, evolve_batch, load_tasks,
-                                    step_seed)
+from minskill.skill_r1.loop import (EvolveConfig, Instance, all_zero_note, autocast, check_config, device, evolve_batch,
+                                    load_tasks, step_seed)
 from minskill.tasks import load_suite
 
 
@@ -307,6 +307,7 @@ def editor_row(client, name: str, spec: str, evo: list[Instance], seed_skills: l
                args) -> dict:
     """One editor's row: evolve a skill on every instance, then score the skill carried after each generation."""
     editor, tokenizer = load_model(spec, dtype=torch.float32, device=device())
+    check_config(editor, EvolveConfig.from_args(args))
     editor.eval()
     c0, u0, t0 = client.stats["calls"], client.usage, time.time()
     with torch.no_grad(), autocast(args.bf16):

@@ -58,144 +58,100 @@ AGGREGATIONS = ("token_mean", "seq_mean", "dr_grpo")
 def _as_reward_tensor(rewards, where: str) -> torch.Tensor:
     """Rewards (list or tensor) as a 1-D float32 tensor; raises ValueError naming `where`."""
     r = torch.as_tensor(rewards, dtype=torch.float32).detach()
-    if r.dim() != 1 or r.numel() == 0:
-        raise ValueError(f"{where}: rewards must be a non-empty 1-D sequence, got shape {tuple(r.shape)}")
-    if not torch.isfinite(r).all():
-        raise ValueError(f"{where}: rewards must be finite, got {r.tolist()}")
+    if r.dim() != 1 or r.numel() == 0 or not torch.isfinite(r).all():
+        raise ValueError(f"{where}: rewards must be a non-empty 1-D sequence of finite numbers, got {r.tolist()}")
     return r
-
-
-def _sample_std(r: torch.Tensor) -> torch.Tensor:
-    """Bessel-corrected std (TRL/verl convention); 0 for a single value instead of NaN."""
-    return r.std(unbiased=True) if r.numel() > 1 else torch.zeros((), dtype=r.dtype)
 
 
 def intra_advantages(rewards, scale_by_std: bool = False, eps: float = 1e-4) -> torch.Tensor:
     """A_intra(i) = r_i − mean(r)  [/ (std(r) + eps) when scale_by_std]. Returns float32 (K,)."""
     r = _as_reward_tensor(rewards, "intra_advantages")
     centred = r - r.mean()
-    if scale_by_std:
-        centred = centred / (_sample_std(r) + eps)
+    if scale_by_std:   # the sample std (TRL/verl's); a single value has std 0, not NaN
+        centred = centred / ((r.std(unbiased=True) if r.numel() > 1 else 0.0) + eps)
     return centred
 
 
 def inter_advantage(rewards, prev_mean: float | None) -> float:
     """A_inter = mean(r) − prev_mean; 0.0 when prev_mean is None (no earlier generation to compare with)."""
     r = _as_reward_tensor(rewards, "inter_advantage")
-    if prev_mean is None:
-        return 0.0
-    prev_mean = float(prev_mean)
-    if not math.isfinite(prev_mean):
+    if prev_mean is not None and not math.isfinite(float(prev_mean)):
         raise ValueError(f"inter_advantage: prev_mean must be finite, got {prev_mean}")
-    return float(r.mean()) - prev_mean
+    return 0.0 if prev_mean is None else float(r.mean()) - float(prev_mean)
 
 
 def bilevel_advantages(rewards, prev_mean: float | None, lam: float, scale_by_std: bool = False,
                        eps: float = 1e-4) -> torch.Tensor:
-    """A(i) = A_intra(i) + λ · A_inter for the K candidate skills of one generation.
-
-    rewards: K mean verifier scores (list or tensor). prev_mean: the previous generation's mean reward
-    (the seed skill's score for the first generation; None -> A_inter = 0). Returns float32 (K,).
-    Only the intra part is divided by the std when scale_by_std: A_inter is already on the reward scale.
-    """
-    lam = float(lam)
-    if not math.isfinite(lam):
+    """A(i) = A_intra(i) + λ · A_inter for the K candidate skills of one generation; prev_mean: the previous
+    generation's mean reward (the seed skill's for the first; None: A_inter = 0). Only A_intra is divided by the
+    std: A_inter is already on the reward scale. Returns float32 (K,)."""
+    if not math.isfinite(float(lam)):
         raise ValueError(f"bilevel_advantages: lam must be finite, got {lam}")
-    return intra_advantages(rewards, scale_by_std, eps) + lam * inter_advantage(rewards, prev_mean)
+    return intra_advantages(rewards, scale_by_std, eps) + float(lam) * inter_advantage(rewards, prev_mean)
 
 
 def _check_loss_inputs(logp, old_logp, advantages, mask, ref_logp, eps_low, eps_high, beta, agg, max_new_tokens):
-    """Raise ValueError naming the first argument of policy_loss that does not fit (shapes, ranges, agg)."""
+    """Raise ValueError naming the first argument of policy_loss that does not fit (agg, ranges, shapes)."""
     if agg not in AGGREGATIONS:
         raise ValueError(f"policy_loss: unknown agg {agg!r}; choose one of {', '.join(AGGREGATIONS)}")
+    if not (0.0 <= eps_low < 1.0 and eps_high >= 0.0 and beta >= 0.0):
+        raise ValueError(f"policy_loss: need 0 <= eps_low < 1, eps_high >= 0 and beta >= 0, got eps_low={eps_low}, "
+                         f"eps_high={eps_high}, beta={beta}")
     if logp.dim() != 2:
         raise ValueError(f"policy_loss: logp must be (B, T), got shape {tuple(logp.shape)}")
     for name, t in (("old_logp", old_logp), ("mask", mask), ("ref_logp", ref_logp)):
         if t is not None and t.shape != logp.shape:
-            raise ValueError(f"policy_loss: {name} must have logp's shape {tuple(logp.shape)}, "
-                             f"got {tuple(t.shape)}")
+            raise ValueError(f"policy_loss: {name} must have logp's shape {tuple(logp.shape)}, got {tuple(t.shape)}")
     if advantages.shape != (logp.shape[0],):
-        raise ValueError(f"policy_loss: advantages must be (B,) = ({logp.shape[0]},), "
-                         f"got {tuple(advantages.shape)}")
-    if not (0.0 <= eps_low < 1.0):
-        raise ValueError(f"policy_loss: eps_low must be in [0, 1), got {eps_low}")
-    if eps_high < 0.0:
-        raise ValueError(f"policy_loss: eps_high must be >= 0, got {eps_high}")
-    if beta < 0.0:
-        raise ValueError(f"policy_loss: beta must be >= 0, got {beta}")
+        raise ValueError(f"policy_loss: advantages must be (B,) = ({logp.shape[0]},), got {tuple(advantages.shape)}")
     if beta > 0.0 and ref_logp is None:
         raise ValueError("policy_loss: beta > 0 needs ref_logp (the frozen reference model's log-probs)")
     if agg == "dr_grpo":
-        if max_new_tokens is None:
-            raise ValueError("policy_loss: agg='dr_grpo' needs max_new_tokens (the sampling limit)")
         longest = int(mask.bool().sum(-1).max()) if logp.shape[0] else 0
-        if int(max_new_tokens) <= 0 or longest > int(max_new_tokens):
-            raise ValueError(f"policy_loss: max_new_tokens={max_new_tokens} must be positive and at least "
-                             f"the longest completion ({longest} valid tokens)")
+        if max_new_tokens is None or int(max_new_tokens) <= 0 or longest > int(max_new_tokens):
+            raise ValueError(f"policy_loss: agg='dr_grpo' needs max_new_tokens (the sampling limit), positive and at "
+                             f"least the longest completion ({longest} valid tokens), got {max_new_tokens}")
 
 
 def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
-                ref_logp: torch.Tensor | None = None, eps_low: float = 0.2, eps_high: float = 0.2,
-                beta: float = 0.0, agg: str = "token_mean",
-                max_new_tokens: int | None = None) -> tuple[torch.Tensor, dict]:
-    """Clipped GRPO surrogate with optional k3 KL, aggregated by `agg` (see the module docstring).
-
-    logp, old_logp (detached here), mask (True at completion tokens; elsewhere values may be anything, even
-    inf) and ref_logp (the frozen reference's, or None) are (B, T); advantages (B,), one per sequence. The KL is
-    added only when beta > 0 (which needs ref_logp) but reported whenever ref_logp is given. dr_grpo divides
-    by max_new_tokens, the generation limit, not T. Returns (loss, stats: ratio_mean, clip_frac_low,
-    clip_frac_high, clip_frac, kl_mean, num_tokens as floats, means over valid tokens)."""
+                ref_logp: torch.Tensor | None = None, eps_low: float = 0.2, eps_high: float = 0.2, beta: float = 0.0,
+                agg: str = "token_mean", max_new_tokens: int | None = None) -> tuple[torch.Tensor, dict]:
+    """The clipped GRPO surrogate with optional k3 KL, aggregated by `agg` (module docstring). logp, old_logp,
+    mask (True at completion tokens; elsewhere values may be anything, even inf) and ref_logp (or None) are
+    (B, T); advantages (B,). Returns (loss, stats: _loss_stats's means over valid tokens)."""
     # the advantages come from rewards computed on the CPU; the log-probs live where the model does
     advantages = torch.as_tensor(advantages, dtype=torch.float32, device=logp.device)
     mask = mask.to(logp.device)
     _check_loss_inputs(logp, old_logp, advantages, mask, ref_logp, eps_low, eps_high, beta, agg, max_new_tokens)
     valid = mask.bool()
     weight = valid.to(logp.dtype)
-    batch_size = logp.shape[0]
-
     adv = advantages.detach().to(logp.dtype).unsqueeze(1)                      # (B, 1)
     # Zero the log-ratio at masked positions so padding garbage cannot turn into inf * 0 = nan.
-    log_ratio = torch.where(valid, logp - old_logp.detach(), torch.zeros_like(logp))
-    ratio = torch.exp(log_ratio)
-    clipped = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high)
-    surrogate = torch.minimum(ratio * adv, clipped * adv)
-    per_token = -surrogate
-
+    ratio = torch.exp(torch.where(valid, logp - old_logp.detach(), torch.zeros_like(logp)))
+    per_token = -torch.minimum(ratio * adv, torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high) * adv)
     kl = None
-    if ref_logp is not None:
+    if ref_logp is not None:   # reported whenever given; in the loss only when beta > 0
         ref_minus_logp = torch.where(valid, ref_logp.detach() - logp, torch.zeros_like(logp))
         kl = torch.exp(ref_minus_logp) - ref_minus_logp - 1.0
         if beta > 0.0:
             per_token = per_token + beta * kl
-
     masked = per_token * weight
     if agg == "token_mean":
         loss = masked.sum() / weight.sum().clamp(min=1.0)
     elif agg == "seq_mean":
         loss = (masked.sum(-1) / weight.sum(-1).clamp(min=1.0)).mean()
-    else:  # dr_grpo
-        loss = masked.sum() / (batch_size * int(max_new_tokens))
-
+    else:  # dr_grpo: the generation limit, not T
+        loss = masked.sum() / (logp.shape[0] * int(max_new_tokens))
     return loss, _loss_stats(ratio, adv, kl, weight, eps_low, eps_high)
 
 
 @torch.no_grad()
 def _loss_stats(ratio, adv, kl, weight, eps_low: float, eps_high: float) -> dict:
     """policy_loss's stats: means over the valid tokens (weight = 1) of the ratio, of the clip indicators
-    (module docstring: where the clipped term wins the min) and of the KL."""
-    n_valid = weight.sum().clamp(min=1.0)
-
+    (module docstring: where the clipped term wins the min) and of the KL; and the number of valid tokens."""
     def valid_mean(x: torch.Tensor) -> float:
-        return float((x.to(weight.dtype) * weight).sum() / n_valid)
-
-    low = (ratio < 1.0 - eps_low) & (adv < 0)
-    high = (ratio > 1.0 + eps_high) & (adv > 0)
-    return {
-        "ratio_mean": valid_mean(ratio),
-        "clip_frac_low": valid_mean(low),
-        "clip_frac_high": valid_mean(high),
-        "clip_frac": valid_mean(low | high),
-        "kl_mean": valid_mean(kl) if kl is not None else 0.0,
-        "num_tokens": float(weight.sum()),
-    }
-
+        return float((x.to(weight.dtype) * weight).sum() / weight.sum().clamp(min=1.0))
+    low, high = (ratio < 1.0 - eps_low) & (adv < 0), (ratio > 1.0 + eps_high) & (adv > 0)
+    return {"ratio_mean": valid_mean(ratio), "clip_frac_low": valid_mean(low), "clip_frac_high": valid_mean(high),
+            "clip_frac": valid_mean(low | high), "kl_mean": valid_mean(kl) if kl is not None else 0.0,
+            "num_tokens": float(weight.sum())}

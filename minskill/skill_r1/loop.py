@@ -117,11 +117,9 @@ class Candidate:
     text: str
     skill: str | None              # the skill as the task model reads it; None when the reply did not parse
     parse_error: str | None
-    finish_reason: str = "stop"
     reward: float = 0.0
     advantage: float = 0.0
     outcomes: list[Outcome] = field(default_factory=list)
-    task_calls: int = 0
 
 
 @dataclass
@@ -155,7 +153,6 @@ class Evolution:
     seed_reward: float
     seed_outcomes: list[Outcome]
     generations: list[Generation] = field(default_factory=list)
-    task_calls: int = 0            # task-model requests spent on this instance (seed skill included)
 
     @property
     def final_skill(self) -> str:  # the skill carried so far: the seed skill until a candidate beats it
@@ -178,12 +175,9 @@ class Evolution:
 
 
 def parse_candidate(reply: str, task_type: str) -> tuple[str | None, str | None]:
-    """(the skill text the task model reads, None), or (None, why the reply is not a skill).
-
-    replies.parse_skill reads the reply leniently (fences, missing front matter and chatter are tolerated).
-    A skill with front matter is rendered as any skill set is (rollout.skill_text: title, description,
-    body); for a reply without front matter, the description and title parse_skill derives from the text
-    would repeat it, so the task model reads the body alone."""
+    """(the skill text the task model reads, None), or (None, why the reply is not a skill) (module docstring).
+    Without front matter the task model reads the body alone: the title and description parse_skill derives
+    from the text would repeat it."""
     try:
         skill = parse_skill(reply)
     except SkillParseError as error:
@@ -260,23 +254,21 @@ def editor_messages(instance: Instance, current_skill: str, current_reward: floa
 
 
 def score_skills(client, jobs: list[tuple[Instance, str | None, int]],
-                 cfg: EvolveConfig) -> list[tuple[float, list[Outcome], int]]:
-    """(r, outcomes in task order, task-model requests) for each job (instance, skill, seed): r = mean verifier
-    score of n rollouts of every task of the instance under the skill (a failed rollout scores 0); a None skill
-    (the reply did not parse) scores 0 without a call."""
+                 cfg: EvolveConfig) -> list[tuple[float, list[Outcome]]]:
+    """(r, outcomes in task order) for each job (instance, skill, seed): r = mean verifier score of n rollouts of
+    every task of the instance under the skill (a failed rollout scores 0); a None skill (the reply did not
+    parse) scores 0 without a call."""
     def score(job):
         instance, skill, seed = job
         if skill is None:
-            return 0.0, [], 0
+            return 0.0, []
         trajectories = run_rollouts(client, instance.tasks, skill or None, n=cfg.rollouts, seed=seed,
                                     temperature=cfg.task_temperature, max_tokens=cfg.task_max_tokens)
         task = {t.id: t for t in instance.tasks}
         outcomes = [Outcome(task[tr.task_id].question, float(tr.reward),
                             tr.reply or (f"error: {tr.error}" if tr.error else ""), max(tr.steps, 1))
                     for tr in trajectories]          # run_rollouts keeps task order, a task's samples together
-        # a single-turn task is one request for all n rollouts; a multi-turn episode is one request a step
-        calls = sum(tr.steps if task[tr.task_id].multi_turn else int(tr.sample == 0) for tr in trajectories)
-        return sum(o.reward for o in outcomes) / max(len(outcomes), 1), outcomes, calls
+        return sum(o.reward for o in outcomes) / max(len(outcomes), 1), outcomes
 
     # concurrent, so that the task-model server batches the requests of all candidates together
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(len(jobs), 16))) as pool:
@@ -291,11 +283,12 @@ def evolve_batch(editor, tokenizer, client, instances: list[Instance], cfg: Evol
                  seed_skills: list[str] | None = None) -> list[Evolution]:
     """G generations of K candidates on each instance, in lock-step; the editor is only sampled. seeds[j] seeds
     instance j's editor samples (generation g: seeds[j] * 1000 + g) and its task-model rollouts."""
-    _check_batch(editor, instances, cfg, seeds)
+    if len(seeds) != len(instances):
+        raise ValueError(f"evolve_batch: {len(seeds)} seeds for {len(instances)} instances")
     seed_skills = list(seed_skills) if seed_skills is not None else [""] * len(instances)
     scored = score_skills(client, list(zip(instances, seed_skills, seeds)), cfg)      # H_0: the seed skills
-    evolutions = [Evolution(x, skill, reward, outcomes, task_calls=calls)
-                  for x, skill, (reward, outcomes, calls) in zip(instances, seed_skills, scored)]
+    evolutions = [Evolution(x, skill, reward, outcomes)
+                  for x, skill, (reward, outcomes) in zip(instances, seed_skills, scored)]
     K = cfg.candidates
 
     def count_tokens(messages):
@@ -311,14 +304,13 @@ def evolve_batch(editor, tokenizer, client, instances: list[Instance], cfg: Evol
                            stop_token_ids=tokenizer.stop_token_ids, seed=[s * 1000 + g for s in seeds],
                            tokenizer=tokenizer, pad_id=tokenizer.pad_token_id)
         groups = [[Candidate(g, prompts[j], list(s.token_ids), list(s.logprobs), s.text,
-                             *parse_candidate(s.text, ev.instance.type), s.finish_reason)
+                             *parse_candidate(s.text, ev.instance.type))
                    for s in samples[j * K:(j + 1) * K]] for j, ev in enumerate(evolutions)]
         jobs = [(ev.instance, c.skill, seed) for ev, group, seed in zip(evolutions, groups, seeds) for c in group]
         scores = iter(score_skills(client, jobs, cfg))
         for ev, group in zip(evolutions, groups):
             for c in group:
-                c.reward, c.outcomes, c.task_calls = next(scores)
-                ev.task_calls += c.task_calls
+                c.reward, c.outcomes = next(scores)
             ev.generations.append(_carry(ev, g, group, cfg))
     return evolutions
 
@@ -337,57 +329,12 @@ def assign_advantages(evolutions: list[Evolution], lam: float, scale_by_std: boo
     """Set A(g,i) = A_intra(g,i) + λ·A_inter(g) on every candidate (grpo.bilevel_advantages; generation 0's
     mean is the seed skill's reward). Returns all candidates: instance by instance, generation by generation."""
     for ev in evolutions:
-        prev_mean = ev.seed_reward
-        for gen in ev.generations:
-            rewards = [c.reward for c in gen.candidates]
-            for c, a in zip(gen.candidates, bilevel_advantages(rewards, prev_mean, lam, scale_by_std).tolist()):
+        prev_means = [ev.seed_reward] + [gen.mean_reward for gen in ev.generations]
+        for gen, prev_mean in zip(ev.generations, prev_means):
+            advantages = bilevel_advantages([c.reward for c in gen.candidates], prev_mean, lam, scale_by_std)
+            for c, a in zip(gen.candidates, advantages.tolist()):
                 c.advantage = a
-            prev_mean = gen.mean_reward
     return [c for ev in evolutions for c in ev.candidates()]
-
-
-def lineage_records(step: int, evolutions: list) -> list[dict]:
-    """One lineage.jsonl record per instance of a training step, from Evolution objects after assign_advantages
-    (the format, and how the report reads it: minskill/report/provenance.py's docstring)."""
-    records = []
-    for ev in evolutions:
-        task_ids = [t.id for t in ev.instance.tasks]
-        skills = [{"id": "g0", "generation": 0, "parent": None, "text": ev.seed_skill, "reply": None,
-                   "parse_error": None, "reward": ev.seed_reward, "advantage": None,
-                   "task_scores": gates.per_task_means(ev.seed_outcomes, len(task_ids))}]
-        carried, history, prompts, reward = ["g0"], ["g0"], [], ev.seed_reward
-        for gen in ev.generations:
-            ids = [f"g{gen.g}.{i}" for i in range(len(gen.candidates))]
-            prompts.append({"generation": gen.g, "current": carried[-1], "history": history[::-1],
-                            "prompt_tokens": len(gen.candidates[0].prompt_ids) if gen.candidates else 0,
-                            "outcomes_per_entry": OUTCOMES_SHOWN})
-            for sid, c in zip(ids, gen.candidates):
-                skills.append({"id": sid, "generation": gen.g, "parent": carried[-1], "text": c.skill,
-                               "reply": c.text if c.skill is None else None, "parse_error": c.parse_error,
-                               "reward": c.reward, "advantage": c.advantage,
-                               "task_scores": gates.per_task_means(c.outcomes, len(task_ids))})
-            history += ids
-            # the carry gate's decision (_carry); without one, strict: a new reward is a new skill
-            took = gen.gate["accepted"] if gen.gate is not None else gen.current_reward != reward
-            carried.append(ids[gen.best_index] if took else carried[-1])
-            reward = gen.current_reward
-        records.append({"step": step, "instance": ev.instance.id, "task_type": ev.instance.type,
-                        "task_ids": task_ids, "questions": [t.question[:300] for t in ev.instance.tasks],
-                        "skills": skills, "carried": carried, "editor_prompts": prompts,
-                        "gates": [gen.gate for gen in ev.generations]})
-    return records
-
-
-def _check_batch(editor, instances, cfg: EvolveConfig, seeds) -> None:
-    if len(seeds) != len(instances):
-        raise ValueError(f"evolve_batch: {len(seeds)} seeds for {len(instances)} instances")
-    if cfg.generations < 1 or cfg.candidates < 1 or cfg.rollouts < 1:
-        raise ValueError(f"evolve_batch: generations, candidates and rollouts must be >= 1, got "
-                         f"{cfg.generations}, {cfg.candidates}, {cfg.rollouts}")
-    limit = getattr(getattr(editor, "config", None), "max_position_embeddings", None)
-    if limit is not None and cfg.context_tokens + cfg.max_skill_tokens > limit:
-        raise ValueError(f"evolve_batch: context_tokens + max_skill_tokens = "
-                         f"{cfg.context_tokens + cfg.max_skill_tokens} exceeds the editor's context of {limit} tokens")
 
 
 def make_instances(tasks: list, tasks_per_instance: int, prefix: str = "x") -> list[Instance]:
@@ -409,6 +356,17 @@ def make_instances(tasks: list, tasks_per_instance: int, prefix: str = "x") -> l
 
 # ----------------------------------------------------------------------------------------------------------
 # Run helpers that train_grpo.py (training) and evaluate.py (--eval) share
+
+
+def check_config(editor, cfg: EvolveConfig) -> None:
+    """At set-up, once: the loop's knobs make sense and the editor's prompt and skill fit its context (ValueError)."""
+    if cfg.generations < 1 or cfg.candidates < 1 or cfg.rollouts < 1:
+        raise ValueError(f"EvolveConfig: generations, candidates and rollouts must be >= 1, got "
+                         f"{cfg.generations}, {cfg.candidates}, {cfg.rollouts}")
+    limit = getattr(getattr(editor, "config", None), "max_position_embeddings", None)
+    if limit is not None and cfg.context_tokens + cfg.max_skill_tokens > limit:
+        raise ValueError(f"EvolveConfig: context_tokens + max_skill_tokens = "
+                         f"{cfg.context_tokens + cfg.max_skill_tokens} exceeds the editor's context of {limit} tokens")
 
 
 def step_seed(seed: int, step: int, j: int) -> int:
