@@ -38,7 +38,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from minskill import gates
-from minskill.cli import add_task_model_args, add_teacher_args
+from minskill.cli import (DefaultsHelpFormatter, add_device_args, add_task_model_args, add_teacher_args, client_args,
+                          with_extra_body)
 from minskill.files import ShapeError, check_shape, read_json, write_json_atomic, write_jsonl_atomic, write_text_atomic
 from minskill.masa import data as masa_data, search as masa
 from minskill.masa.model_card import ModelCard, target_model_card
@@ -64,8 +65,8 @@ EMBEDDED_TEACHER = {"teacher_retries": 0, "teacher_max_tokens": 384}
 # grow); every other flag is the saved run's, and given with another value is refused: the same search continues.
 RESUMABLE_OVERRIDES = ("max_calls", "no_cache", "cache", "task_url", "task_model", "task_api_key",
                        "teacher_url", "teacher_model", "teacher_api_key", "task_concurrency", "timeout",
-                       "startup_timeout",
-                       "embed_url", "embed_model")
+                       "startup_timeout", "task_extra_body", "teacher_extra_body",
+                       "embed_url", "embed_model", "device")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -75,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="MASA stage 1: hill climbing on general skills and UCB1 tree search on task-specific skills "
                     "for one target model, driven by a teacher LLM. With no endpoints, the target and the "
                     "teacher are both the embedded offline default model (one local server).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=DefaultsHelpFormatter)
     m = p.add_argument_group("main options")
     g = p.add_argument_group("tasks and skills")
     m.add_argument("--suite", default=d.suite, help="qa | household | webwalk | PATH.jsonl")
@@ -98,8 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--model-spec", default=d.model_spec, help="model of the embedded server (no URL given)")
     g.add_argument("--timeout", type=float, default=d.timeout,
                    help="seconds to wait for one reply (a 135M teacher on a busy CPU writes slowly)")
-    g.add_argument("--startup-timeout", type=float, default=d.startup_timeout,
-                   help="seconds to wait for the embedded server")
+    g.add_argument("--startup-timeout", type=float, default=d.startup_timeout, help="seconds to wait for the embedded server")
+    add_device_args(g, bf16=False, what="the embedded server (target and teacher) runs")
     g = p.add_argument_group("search")
     m.add_argument("--lam-nh", type=float, default=d.lam_nh, help="λ of R = SR − λ·NHR")
     m.add_argument("--iterations", type=int, default=d.iterations, help="I: hill-climbing iterations (paper: 10)")
@@ -385,13 +386,11 @@ def connect(run: Run):
     kw = dict(max_workers=args.task_concurrency, startup_timeout=args.startup_timeout, model_spec=args.model_spec,
               timeout=args.timeout, quantize=args.task_quantize)
     with contextlib.ExitStack() as stack:
-        target_raw = stack.enter_context(embedded_client(url=args.task_url, model=args.task_model,
-                                                         api_key=args.task_api_key, **kw))
-        if args.teacher_url is None and args.task_url is None:
-            teacher_raw = target_raw  # one embedded server serves both
+        target_raw = stack.enter_context(embedded_client(**client_args(args, "task"), **kw))
+        if args.teacher_url is None and args.task_url is None:   # one embedded server serves both
+            teacher_raw = with_extra_body(target_raw, args.teacher_extra_body)
         else:
-            teacher_raw = stack.enter_context(embedded_client(url=args.teacher_url, model=args.teacher_model,
-                                                              api_key=args.teacher_api_key, **kw))
+            teacher_raw = stack.enter_context(embedded_client(**client_args(args, "teacher"), **kw))
         saved = getattr(run, "usage_before", {})   # --resume: the counts continue
         try:
             target = CachingClient(target_raw, run.cache_path, run.budget, usage=saved.get("target"))
@@ -401,8 +400,8 @@ def connect(run: Run):
         teacher = CachingClient(teacher_raw, None, run.budget, usage=saved.get("teacher"))
         getattr(run, "roles", {}).update(target=target, teacher=teacher)   # for run_usage
         c = run.config
-        log(f"MASA stage 1 -> {run.out}: target {target.model} ({args.task_url or 'embedded'}), teacher "
-            f"{teacher.model} ({args.teacher_url or 'embedded'}); {len(run.tasks)} search tasks of types "
+        log(f"MASA stage 1 -> {run.out}: target {target.model} ({args.task_url or f'embedded, {args.device}'}), teacher "
+            f"{teacher.model} ({args.teacher_url or f'embedded, {args.device}'}); {len(run.tasks)} search tasks of types "
             f"{sorted({t.type for t in run.tasks})}, {len(run.heldout)} held-out; I={c.iterations} p={c.patience} "
             f"J={c.tree_iterations} N={c.episodes} C={c.c} λ={c.lam_nh} gate={c.gate}"
             f"{f' α={c.gate_alpha}' if c.gate != 'strict' else ''}"

@@ -41,7 +41,9 @@ from pathlib import Path
 
 import torch
 
-from minskill.cli import add_task_model_args, add_teacher_args
+from minskill import distributed
+from minskill.cli import (add_device_args, add_task_model_args, add_teacher_args, check_resumed_device, client_args,
+                          resolve_bf16, set_up_device, with_extra_body)
 from minskill.files import check_shape, read_json, write_text_atomic
 from minskill.masa import sft
 from minskill.masa.data import task_description
@@ -76,10 +78,6 @@ class ApplyConfig:
     lam_nh: float = MasaConfig.lam_nh
 
 # ----------------------------------------------------------------------------------------------- helpers
-
-
-def _default_device() -> str:
-    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def load_input_skills(spec: str, suite: str | None):
@@ -128,6 +126,7 @@ def restore_train_flags(parser: argparse.ArgumentParser, args, argv: list[str]) 
         return
     config = check_shape(read_json(path, f"--resume: {path}"), {"args": dict}, f"--resume: {path}")
     resume_flags(args, config["args"], given_flags(parser, argv), RESUME_MAY_CHANGE, "rewrite.py train")
+    check_resumed_device(parser, args)
 
 
 def cmd_train(args) -> int:
@@ -136,19 +135,21 @@ def cmd_train(args) -> int:
     cfg = sft.SFTConfig(lr=args.lr, warmup_ratio=args.warmup_ratio, min_lr_ratio=args.min_lr_ratio,
                         epochs=args.epochs, batch_size=args.batch_size, micro_batch_size=args.micro_batch,
                         max_length=args.max_length, too_long=args.too_long, weight_decay=args.weight_decay,
-                        grad_clip=args.grad_clip, bf16=args.bf16, gradient_checkpointing=args.grad_checkpointing,
+                        grad_clip=args.grad_clip, bf16=resolve_bf16(args), gradient_checkpointing=args.grad_checkpointing,
                         chunk_tokens=args.chunk_tokens, val_fraction=args.val_fraction, eval_every=args.eval_every,
                         save_every=args.save_every, keep_checkpoints=args.keep_checkpoints,
                         log_every=args.log_every, seed=args.seed, max_steps=args.max_steps)
     lora = lora_settings(args)      # before anything is read: a bad --lora-* flag is a ValueError naming it
-    check_run_folder(args.out, bool(args.resume), args.overwrite, "rewrite.py train")
+    if distributed.is_main():   # torchrun: rank 0 alone checks and writes the run folder (the others would see
+        check_run_folder(args.out, bool(args.resume), args.overwrite, "rewrite.py train")   # its writes)
     resume = False if not args.resume else (True if args.resume == "latest" else args.resume)
     if resume:
-        sft.resume_candidates(args.out, resume)   # nothing to resume: refused before anything loads or is written
-    warn = lambda message: print(message, file=sys.stderr, flush=True)   # noqa: E731
+        with distributed.main_first():   # rank 0 first puts back a checkpoint that a kill left aside
+            sft.resume_candidates(args.out, resume)   # nothing to resume: refused before anything loads or is written
+    warn = lambda message: print(message, file=sys.stderr, flush=True) if distributed.is_main() else None  # noqa: E731
     records, problems = sft.read_records(args.data, warn=warn)
     if args.val_file:
-        val_records, val_problems = sft.read_records(args.val_file, warn=warn)
+        val_records, val_problems = sft.read_records([args.val_file], warn=warn)   # one file
         problems += val_problems
         train_records = records
     else:
@@ -159,8 +160,7 @@ def cmd_train(args) -> int:
         return 1
 
     base = resolve_model(args.base_model)
-    model, tokenizer = load_model(str(base), dtype=BASE_DTYPES[args.lora_base_dtype],
-                                  device=args.device or _default_device())
+    model, tokenizer = load_model(str(base), dtype=BASE_DTYPES[args.lora_base_dtype], device=args.device)
     if lora is not None:   # the base frozen, float32 adapters trained; every checkpoint: merged + adapter/
         apply_lora(model, lora.rank, lora.alpha, lora.dropout, lora.targets, seed=args.seed,
                    base_model_name_or_path=str(Path(base).resolve()))
@@ -171,7 +171,18 @@ def cmd_train(args) -> int:
     print(f"data: {len(records) + (len(val_records) if args.val_file else 0)} records read, "
           f"{len(problems)} malformed lines skipped, {too_long} longer than {cfg.max_length} tokens skipped, "
           f"{truncated} truncated -> {len(train)} train / {len(val)} validation examples", flush=True)
-    out = open_run_folder(args.out, bool(args.resume), args.overwrite, "rewrite.py train")
+    out = Path(args.out)
+    if distributed.is_main():
+        write_run_config(args, cfg, open_run_folder(out, bool(args.resume), args.overwrite, "rewrite.py train"),
+                         records, problems, train, val, too_long, truncated)
+    summary = sft.train_sft(model, tokenizer, train, out, cfg, val_examples=val, resume=resume,
+                            log=lambda line: print(line, flush=True))
+    distributed.close()
+    return 0 if summary["step"] > 0 or summary["finished"] else 1
+
+
+def write_run_config(args, cfg, out: Path, records, problems, train, val, too_long: int, truncated: int) -> None:
+    """OUT/run_config.json: the command, the data and their counts, the flags (what --resume restores)."""
     write_text_atomic(out / "run_config.json", json.dumps(
         {"command": "python rewrite.py " + " ".join(args.argv), "data": args.data, "val_file": args.val_file,
          "args": {k: v for k, v in vars(args).items() if k not in NOT_FLAGS},   # what --resume restores
@@ -180,9 +191,6 @@ def cmd_train(args) -> int:
                                                 "lora_base_dtype")},
          "data_counts": {"records": len(records), "malformed_lines": len(problems), "too_long_skipped": too_long,
                          "truncated": truncated, "train": len(train), "validation": len(val)}}, indent=2) + "\n")
-    summary = sft.train_sft(model, tokenizer, train, out, cfg, val_examples=val, resume=resume,
-                            log=lambda line: print(line, flush=True))
-    return 0 if summary["step"] > 0 or summary["finished"] else 1
 
 
 # ----------------------------------------------------------------------------------------------- apply
@@ -229,14 +237,14 @@ def cmd_apply(args) -> int:
     skills = load_input_skills(args.skills, args.suite)
     dtype = torch.bfloat16 if args.dtype == "bfloat16" else torch.float32
     rewriter_path = resolve_rewriter(args.rewriter)
-    model, tokenizer = load_model(rewriter_path, dtype=dtype, device=args.device or _default_device())
+    model, tokenizer = load_model(rewriter_path, dtype=dtype, device=args.device)
     model.eval()
     started = time.perf_counter()
     text, finish_reason = rewrite_with_model(model, tokenizer, card, skills, args.task, args.max_new_tokens,
                                              args.temperature, args.seed)
     rewriter_cost = {"calls": 1, "completion_tokens": len(tokenizer.encode(text)),
                      "wall_seconds": time.perf_counter() - started, "finish_reason": finish_reason}
-    print(f"rewriter {rewriter_path}: {rewriter_cost['completion_tokens']} tokens in "
+    print(f"rewriter {rewriter_path} ({args.device}, {args.dtype}): {rewriter_cost['completion_tokens']} tokens in "
           f"{rewriter_cost['wall_seconds']:.1f}s (finish: {finish_reason})", file=sys.stderr)
     del model
     raw_path = out.parent / f"{out.name}.raw.txt"
@@ -270,12 +278,13 @@ def compare(args, card: dict, skills, rewritten, rewriter_cost: dict | None = No
     report_dir = open_run_folder(compare_folder(args), False, args.overwrite, "rewrite.py apply --compare")
     log = lambda message: print(message, file=sys.stderr, flush=True)   # noqa: E731
 
-    with embedded_client(url=args.task_url, model=args.task_model, api_key=args.task_api_key, model_spec=args.model_spec,
+    with embedded_client(**client_args(args, "task"), model_spec=args.model_spec,
                          quantize=args.task_quantize, max_workers=args.task_concurrency) as task_client:
         if args.teacher_url:
-            teacher_client = ChatClient(args.teacher_url, model=args.teacher_model, api_key=args.teacher_api_key)
-        else:
-            teacher_client = task_client     # one embedded server (or the --task-url one) serves both
+            teacher_client = ChatClient(args.teacher_url, model=args.teacher_model, api_key=args.teacher_api_key,
+                                        extra_body=args.teacher_extra_body)
+        else:   # one embedded server (or the --task-url one) serves both
+            teacher_client = with_extra_body(task_client, args.teacher_extra_body)
         costs, (u0, t0) = {"rewriter": rewriter_cost}, (teacher_client.usage, time.perf_counter())
         teacher, teacher_raw = teacher_oneshot_rewrite(teacher_client, card, skills, args.task,
                                                        retries=args.teacher_retries,
@@ -351,7 +360,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="what to do with longer records (default skip; both are counted)")
     to.add_argument("--weight-decay", type=float, default=d.weight_decay, help=f"AdamW (default {d.weight_decay:g})")
     to.add_argument("--grad-clip", type=float, default=d.grad_clip, help=f"max gradient norm, 0 = off (default {d.grad_clip:g})")
-    to.add_argument("--bf16", action="store_true", help="bf16 autocast (weights and optimizer stay float32)")
+    to.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None, help="bf16 autocast (weights and "
+                    "optimizer stay float32; default: on for CUDA, off for the CPU)")
     to.add_argument("--grad-checkpointing", action="store_true", help="recompute layer activations in backward")
     add_lora_arguments(to)
     to.add_argument("--chunk-tokens", type=int, default=d.chunk_tokens, help="logit rows per loss chunk")
@@ -361,7 +371,7 @@ def build_parser() -> argparse.ArgumentParser:
     to.add_argument("--log-every", type=int, default=d.log_every, help="progress line every N steps")
     to.add_argument("--max-steps", type=int, default=None, help="stop after N optimizer steps (resume later)")
     to.add_argument("--seed", type=int, default=d.seed, help="data order and validation split")
-    tm.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda when available)")
+    add_device_args(tm, bf16=False, what="the rewriter trains")
     tm.add_argument("--resume", nargs="?", const="latest", default=None, metavar="CHECKPOINT",
                    help="continue from the latest checkpoint in --out (or the given checkpoint folder); a "
                    "damaged one is reported and the one before it used; refused when --out holds none (the resume policy: "
@@ -396,7 +406,7 @@ def build_parser() -> argparse.ArgumentParser:
     ao.add_argument("--temperature", type=float, default=c.temperature, help="rewriter temperature (default 0 = greedy)")
     ao.add_argument("--seed", type=int, default=c.seed)
     ao.add_argument("--dtype", choices=("float32", "bfloat16"), default=c.dtype)
-    ao.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda when available)")
+    add_device_args(ao, bf16=False, what="the rewriter runs (and the embedded task model with --compare)")
     g = a.add_argument_group("--compare: evaluate input vs rewritten vs teacher one-shot skills")
     am.add_argument("--compare", action="store_true", help="evaluate the three skill sets and print one table")
     am.add_argument("--suite", default=None, help="qa | household | webwalk | PATH.jsonl (also names 'base' skills)")
@@ -421,9 +431,16 @@ def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     args.argv = argv
+    if args.command != "train" and distributed.requested() > 1:
+        print(f"rewrite.py {args.command}: runs in one process (python, not torchrun; only train is "
+              f"data-parallel)", file=sys.stderr)
+        return 1
     try:
+        if args.command == "train":
+            distributed.init()   # torchrun: data-parallel SFT (minskill.distributed); nothing in one process
         if args.command == "train" and args.resume:
             restore_train_flags(parser, args, argv)
+        set_up_device(args.device)   # TF32 on CUDA (docs/gpu.md)
         return args.func(args)
     except (FileNotFoundError, ValueError) as e:
         print(f"rewrite.py {args.command}: {e}", file=sys.stderr)

@@ -43,6 +43,9 @@ reuse the first pass's values, so the ratio and the clip act as in PPO.
 Aggregation across micro-batches equals aggregating the whole batch at once: token_mean weights each
 micro-batch's loss by its share of all completion tokens, seq_mean and dr_grpo by its share of sequences.
 Candidates with A = 0 (and β = 0) have no gradient and are skipped, but still count in those totals.
+Past one GPU (`torchrun --nproc_per_node N train_grpo.py ...`, minskill.distributed) each rank evolves its share
+of the step's instances; the totals are the whole step's (summed over the ranks) and the gradients are summed
+after the backward passes, so every rank takes the one-process step; rank 0 alone writes the run folder.
 
 Shared prefix (a speed trick, on by default: on the reading path). The K candidates of a generation share one editor
 prompt; micro-batches never mix two prompts (which bounds the update's memory to one prompt's activations),
@@ -68,7 +71,9 @@ from pathlib import Path
 
 import torch
 
-from minskill.cli import add_task_model_args
+from minskill import distributed
+from minskill.cli import (add_device_args, add_task_model_args, check_resumed_device, client_args, precision_label,
+                          resolve_bf16, set_up_device)
 from minskill.files import check_shape, read_jsonl, write_jsonl_atomic
 from minskill.gates import GATES
 from minskill.nn.lora import (ADAPTER_DIR, BASE_DTYPES, AdaptersOff, add_lora_arguments, apply_lora,
@@ -79,14 +84,14 @@ from minskill.nn.shared_prefix import shared_prefix_logprobs
 from minskill.nn.weights import load_model, resolve_model
 from minskill.rollout import load_skills, skill_text
 from minskill.runs import (TRAINER_STATE, check_run_folder, given_flags, load_trainer_state, open_run_folder,
-                           recover_checkpoint, resume_flags, save_checkpoint, set_rng_state)
-from minskill.serve.client import usage_delta
+                           older_checkpoints, recover_checkpoint, resume_flags, save_checkpoint,
+                           set_rng_state)
 from minskill.serve.server import embedded_client
 from minskill.skill_r1.evaluate import check_heldout, evaluate, probe, probe_instances
 from minskill.skill_r1.grpo import policy_loss
 from minskill.skill_r1.loop import (EvolveConfig, Instance, all_zero_note, assign_advantages, autocast, check_config,
-                                    device, SuiteError, evolve_batch, load_tasks, make_instances, step_seed)
-from minskill.skill_r1.records import log_step, metrics_row, no_reward_yet
+                                    SuiteError, evolve_batch, load_tasks, make_instances, step_seed)
+from minskill.skill_r1.records import log_step, metrics_row, no_reward_yet, step_over_ranks
 
 # --resume (minskill.runs.resume_flags): flags that, given, must equal the checkpoint's, or the continued run would
 # not be the same run; every other flag may change (where and how fast it runs, how far, what it writes)
@@ -105,7 +110,7 @@ class TrainConfig(EvolveConfig):
     """Every default of this script's flags, written once (argparse reads them; the loop's own knobs are
     EvolveConfig's fields, inherited with their defaults; the --lora-* flags' defaults are minskill.nn.lora's)."""
     editor: str = "smollm2-135m"
-    task_concurrency: int = 16        # the embedded server's batch
+    task_concurrency: int | None = None   # None: one generation's requests (K × tasks per instance × instances)
     task_quantize: str = "none"
     suite: str = "qa"
     seed_skills: str = "none"
@@ -160,20 +165,21 @@ def train(args) -> int:
     """The Skill-R1 training loop: each step computes (`train_step`), then the loop records it (metrics.jsonl,
     lineage.jsonl, the curve: minskill.skill_r1.records) and saves the checkpoint every --save-every steps."""
     run, cfg = setup(args), EvolveConfig.from_args(args)
-    with embedded_client(args.task_url, args.task_model, api_key=args.task_api_key,
-                         quantize=args.task_quantize, max_workers=args.task_concurrency) as client:
+    with distributed.shared_client(embedded_client, **client_args(args, "task"), quantize=args.task_quantize,
+                                   max_workers=args.task_concurrency) as client:   # torchrun: one for all ranks
         t_run = time.time()
         probes = [held_out_probe(run, client, args, after_steps=0)] if run.start_step == 0 and args.probe_every else []
         for step in range(run.start_step, args.steps):
             t0, usage0, lr = time.time(), client.usage, run.optimizer.param_groups[0]["lr"]   # the update's lr
             evolutions, candidates, stats, t_sampled = train_step(run, args, cfg, client, step)
-            row = metrics_row(step, evolutions, candidates, stats, usage_delta(client.usage, usage0), t0, t_sampled, lr)
+            evolutions, candidates, stats, usage = step_over_ranks(evolutions, candidates, stats, client.usage, usage0)
+            row = metrics_row(step, evolutions, candidates, stats, usage, t0, t_sampled, lr)
             if args.probe_every and ((step + 1) % args.probe_every == 0 or step + 1 == args.steps):
                 probes.append(held_out_probe(run, client, args, after_steps=step + 1))
             log_step(run, args, {**row, "probes": probes}, t0, t_run, evolutions)
             probes = []
-            if (step + 1) % args.save_every == 0 or step + 1 == args.steps:
-                save_checkpoint(run.out / "checkpoint", run.editor, run.tokenizer, {
+            if distributed.is_main() and ((step + 1) % args.save_every == 0 or step + 1 == args.steps):
+                save_checkpoint(run.out / "checkpoint", run.editor, run.tokenizer, keep=args.keep_checkpoints, state={
                     "step": step + 1, "optimizer": run.optimizer.state_dict(), "scheduler": run.scheduler.state_dict(),
                     "args": vars(args), "editor_spec": run.editor_spec, "metrics": run.rows})
         calls = client.stats["calls"]
@@ -184,13 +190,14 @@ def train(args) -> int:
 def train_step(run: Run, args, cfg: EvolveConfig, client, step: int) -> tuple[list, list, dict, float]:
     """One Skill-R1 step: evolve skills on a batch of instances, advantages, one GRPO update. Returns what it did
     for the loop to record: (evolutions, candidates, the update's stats, the time its sampling ended)."""
-    # 1. pick this step's instances
+    # 1. pick this step's instances (torchrun: this rank's share; j, an instance's place in the step, seeds it)
     batch = [run.instances[i] for i in instance_order(len(run.instances), step, args.instances_per_step, args.seed)]
+    batch, places = distributed.share(batch)
     # 2. evolve: G generations of K candidate skills on each, scored by the frozen task model
     run.editor.eval()
-    with autocast(args.bf16):
+    with autocast(args.bf16, run.editor.device):
         evolutions = evolve_batch(run.editor, run.tokenizer, client, batch, cfg,
-                                  seeds=[step_seed(args.seed, step, j) for j in range(len(batch))],
+                                  seeds=[step_seed(args.seed, step, j) for j in places],
                                   seed_skills=[skill_text(run.seed_skills, x.type) for x in batch])
     t_sampled = time.time()
     # 3. advantages: A = A_intra + λ·A_inter on every candidate
@@ -203,7 +210,10 @@ def train_step(run: Run, args, cfg: EvolveConfig, client, step: int) -> tuple[li
 
 
 def held_out_probe(run: Run, client, args, after_steps: int) -> dict:
-    """The current editor scored on the fixed held-out probe instances (skill_r1.evaluate.probe); printed."""
+    """The current editor scored on the fixed held-out probe instances (skill_r1.evaluate.probe); printed.
+    torchrun: rank 0 alone probes (its editor equals every rank's) and records it; the others get {}."""
+    if not distributed.is_main():
+        return {}
     run.editor.eval()
     result = {"after_steps": after_steps, **probe(run.editor, run.tokenizer, client, run.probe_instances,
                                                   [skill_text(run.seed_skills, x.type) for x in run.probe_instances],
@@ -241,7 +251,7 @@ def policy_update(editor, ref_model, optimizer, candidates, args) -> dict:
     micro-batch weights). Returns token-weighted means of policy_loss's stats."""
     beta = args.beta if ref_model is not None else 0.0
     seqs = [c for c in candidates if c.token_ids]
-    total_tokens, total_seqs = sum(len(c.token_ids) for c in seqs), len(seqs)
+    total_tokens, total_seqs = distributed.sum_over_ranks(sum(len(c.token_ids) for c in seqs), len(seqs))
     # a candidate with A = 0 has zero policy gradient; without a KL term it would only cost compute
     train = [c for c in seqs if c.advantage != 0.0 or beta > 0]
     n_tok = sum(len(c.token_ids) for c in train)
@@ -258,7 +268,7 @@ def policy_update(editor, ref_model, optimizer, candidates, args) -> dict:
     for epoch in range(args.ppo_epochs):
         optimizer.zero_grad(set_to_none=True)
         for k, mb in enumerate(micro_batches(train, args.micro_batch)):
-            with autocast(args.bf16):
+            with autocast(args.bf16, editor.device):
                 logp, mask = logprobs(editor, mb)
                 with torch.no_grad():   # the frozen reference's log-probs, for the KL term
                     ref_logp = logprobs(ref_model, mb)[0] if beta > 0 else None
@@ -276,6 +286,7 @@ def policy_update(editor, ref_model, optimizer, candidates, args) -> dict:
             loss += float(mb_loss.detach()) * weight
             for key in keys:
                 sums[key] += st[key] * mb_tokens
+        distributed.all_reduce_grads(editor)   # torchrun: summed over the ranks, so every rank steps alike
         params = [p for p in editor.parameters() if p.grad is not None]
         norm = torch.nn.utils.clip_grad_norm_(params, args.grad_clip if args.grad_clip > 0 else math.inf)
         grad_norm += float(norm) / args.ppo_epochs
@@ -292,7 +303,9 @@ def setup(args) -> Run:
     """Refuse a bad --out, build the editor (and the reference model when β > 0), the optimizer and its schedule,
     or restore them with --resume; cut the suite into instances; open the run folder and print what will run."""
     out = Path(args.out)
-    check_run_folder(out, args.resume, args.overwrite, "train_grpo.py")   # before any model is loaded
+    set_up_device(args.device)   # TF32 on CUDA for what stays float32 (docs/gpu.md)
+    if distributed.is_main():   # torchrun: rank 0 alone checks and writes the run folder (the others would see
+        check_run_folder(out, args.resume, args.overwrite, "train_grpo.py")   # its writes); before any model loads
     ckpt, state = resume_state(out) if args.resume else (None, None)
     editor_spec = state["editor_spec"] if state else args.editor
     try:
@@ -326,10 +339,14 @@ def setup(args) -> Run:
               probe_instances(args) if args.probe_every else [], rows, start_step)
     lineage = out / "lineage.jsonl"
     kept_lineage = lineage_before(lineage, start_step) if args.resume else []   # checked before anything is written
-    open_run_folder(out, args.resume, args.overwrite, "train_grpo.py")
-    write_jsonl_atomic(out / "metrics.jsonl", rows)  # exactly the steps the checkpoint holds
-    write_jsonl_atomic(lineage, kept_lineage)
+    if distributed.is_main():
+        open_run_folder(out, args.resume, args.overwrite, "train_grpo.py")
+        write_jsonl_atomic(out / "metrics.jsonl", rows)  # exactly the steps the checkpoint holds
+        write_jsonl_atomic(lineage, kept_lineage)
     print_plan(run, args)
+    if distributed.world() > 1:
+        print(f"data-parallel over {distributed.world()} ranks (torchrun): each evolves its share of a step's "
+              f"{args.instances_per_step} instances; the gradients are summed over the ranks", flush=True)
     return run
 
 
@@ -353,17 +370,17 @@ def build_editor(args, ckpt: Path | None, editor_spec: str):
     lora = lora_settings(args)
     if lora is not None:
         base = resolve_model(editor_spec)
-        editor, tokenizer = load_model(str(base), dtype=BASE_DTYPES[args.lora_base_dtype], device=device())
+        editor, tokenizer = load_model(str(base), dtype=BASE_DTYPES[args.lora_base_dtype], device=args.device)
         apply_lora(editor, lora.rank, lora.alpha, lora.dropout, lora.targets, seed=args.seed,
                    base_model_name_or_path=str(Path(base).resolve()))
         if ckpt is not None:
             load_peft_adapter(editor, ckpt / ADAPTER_DIR)
         ref_model = AdaptersOff(editor) if args.beta > 0 else None
     else:
-        editor, tokenizer = load_model(str(ckpt) if ckpt else args.editor, dtype=torch.float32, device=device())
+        editor, tokenizer = load_model(str(ckpt) if ckpt else args.editor, dtype=torch.float32, device=args.device)
         ref_model = None
         if args.beta > 0:  # the reference is the editor before any training (not the resumed checkpoint)
-            ref_model = load_model(editor_spec, dtype=torch.float32, device=device())[0] if ckpt \
+            ref_model = load_model(editor_spec, dtype=torch.float32, device=args.device)[0] if ckpt \
                 else copy.deepcopy(editor)
             ref_model.eval().requires_grad_(False)
     editor.gradient_checkpointing = args.grad_checkpointing
@@ -396,7 +413,10 @@ def restore_flags(args, given: set[str]) -> None:
 
 
 def damaged_checkpoint_hint(ckpt: Path) -> str:
-    """What to do about a checkpoint that cannot be loaded: a run keeps one checkpoint, so none is older."""
+    """What to do about a checkpoint that cannot be loaded: fall back to an older one (--keep-checkpoints), if any."""
+    if older_checkpoints(ckpt):
+        return (f"{ckpt} is damaged; the run kept older checkpoints ({', '.join(p.name for p in older_checkpoints(ckpt))}):"
+                f" move {ckpt.name} aside and rename the newest of them {ckpt.name} to resume from its step")
     return (f"{ckpt} is damaged and the run keeps no earlier checkpoint to fall back to: restore it from a copy, "
             f"or start the run again with --overwrite")
 
@@ -420,13 +440,13 @@ def print_plan(run: Run, args) -> None:
           f"{args.task_url or f'embedded default (smollm2-135m, --task-quantize {args.task_quantize}, greedy)'}; suite {args.suite}: "
           f"{len(run.instances)} training instances of {args.tasks_per_instance} tasks; "
           f"{args.steps} steps x {args.instances_per_step} instances x G={args.generations} x K={args.candidates} "
-          f"candidates, n={args.rollouts}; λ={args.lam} β={args.beta} agg={args.agg} lr={args.lr}"
-          f"{' bf16' if args.bf16 else ''}; reference model: {reference} -> {run.out}", flush=True)
+          f"candidates, n={args.rollouts}; λ={args.lam} β={args.beta} agg={args.agg} lr={args.lr}; "
+          f"{precision_label(args.device, args.bf16)}; reference model: {reference} -> {run.out}", flush=True)
 
 
 def summarize(run: Run, args, calls: int) -> None:
     """The end of the run: first and last step's rewards, the best edited skill, what was written."""
-    rows = run.rows
+    rows, calls = run.rows, distributed.sum_over_ranks(calls)   # torchrun: every rank's calls; rank 0 prints
     if rows:
         first, last = rows[0], rows[-1]
         print(f"\ndone: {len(rows)} steps. Mean candidate reward per generation (g=0 is the seed skill): first "
@@ -522,8 +542,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     t.add_argument("--warmup-ratio", type=float, default=d.warmup_ratio, help="share of steps with linear warmup, then "
                    "cosine decay to 0 (default %(default)s)")
     t.add_argument("--grad-clip", type=float, default=d.grad_clip, help="clip the gradient norm to this (0 = off)")
-    t.add_argument("--bf16", action="store_true", help="bfloat16 autocast for sampling and training "
-                   "(weights and optimizer stay float32; a LoRA base may be stored in bf16: --lora-base-dtype)")
+    add_device_args(t, what="the editor and the embedded task model run")   # --device, --bf16/--no-bf16 (docs/gpu.md)
     add_lora_arguments(t)
     t.add_argument("--grad-checkpointing", action="store_true", help="recompute each layer in the backward "
                    "pass (less memory, more time)")
@@ -542,6 +561,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    "in one generation from the seed skill's feedback (default %(default)s)")
     t.add_argument("--save-every", type=int, default=d.save_every,
                    help="write the checkpoint every N steps and at the end")
+    t.add_argument("--keep-checkpoints", type=int, default=1, help="checkpoints kept: OUT/checkpoint is the newest, "
+                   "older ones OUT/checkpoint-step-S (default 1: each save replaces the last)")
     m.add_argument("--out", default=None, help="output folder: training: checkpoint/, metrics.jsonl, lineage.jsonl, "
                    "reward_curve.svg (default runs/skill-r1); --eval: eval.json (default runs/skill-r1-eval-TIME)")
     m.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint; the next steps equal "
@@ -572,9 +593,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.out = "runs/skill-r1"   # --eval names its folder by the time (skill_r1.evaluate.evaluate)
     if args.resume and not args.eval:   # the saved run's flags, before they are checked (the resume policy)
         restore_flags(args, given_flags(p, argv))
+    resolve_run_device(p, args)
     for name in ("generations", "candidates", "rollouts", "steps", "instances_per_step", "micro_batch",
                  "tasks_per_instance", "ppo_epochs", "max_skill_tokens", "context_tokens", "task_max_tokens",
-                 "save_every", "eval_instances", "eval_tasks", "probe_instances", "probe_candidates", "task_concurrency"):
+                 "save_every", "keep_checkpoints", "eval_instances", "eval_tasks", "probe_instances", "probe_candidates",
+                 "task_concurrency"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
     if args.probe_every < 0:
@@ -600,13 +623,31 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
+def resolve_run_device(p, args) -> None:
+    """--device (a --resume restores the saved one unless given: checked again here), --bf16 following it when not
+    set (on for CUDA), and --task-concurrency's default: the task-model requests of one generation."""
+    check_resumed_device(p, args)
+    resolve_bf16(args)
+    if args.task_concurrency is None:
+        args.task_concurrency = args.candidates * args.tasks_per_instance * args.instances_per_step
+
+
 def main(argv=None) -> int:
-    args = parse_args(argv)
+    distributed.init()   # torchrun's ranks; nothing in one process
+    with distributed.main_first():   # rank 0 first: --resume may finish a checkpoint save that a kill interrupted
+        args = parse_args(argv)
+    if distributed.world() > 1 and args.eval:
+        sys.exit("train_grpo.py: --eval runs in one process (python, not torchrun)")
+    if args.instances_per_step < distributed.world():
+        sys.exit(f"train_grpo.py: --instances-per-step {args.instances_per_step} < {distributed.world()} ranks: "
+                 f"each rank evolves at least one instance a step")
     release_freed_memory()
     if args.threads:
         torch.set_num_threads(args.threads)
         os.environ["OMP_NUM_THREADS"] = str(args.threads)  # inherited by the embedded task-model server
-    return evaluate(args) if args.eval else train(args)
+    code = evaluate(args) if args.eval else train(args)
+    distributed.close()
+    return code
 
 
 if __name__ == "__main__":

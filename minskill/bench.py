@@ -25,11 +25,14 @@ Figures (all on the same weights, same inputs, same thread count):
 
 `bench gpu` (exit code 2 without CUDA; `--device cpu --config tiny` is a smoke test of the code path):
 
-    decode tok/s         = B · N / seconds, greedy, bf16 weights, batch B ∈ {1, 16}
-    Skill-R1 update      = seconds of one policy update (shared-prefix log-probs, clipped loss, backward,
-                           clip, AdamW step) over K candidates of --skill-tokens after a --context-tokens
-                           prompt, bf16 autocast; "full": float32 weights + AdamW on all of them (≈ 16 bytes
-                           per parameter); "LoRA": bf16 base, r = 16, α = 32 adapters on the 7 projections
+    decode tok/s         = rows · N / seconds, bf16 weights: greedy at batch 1 and 8, and n = K samples of one
+                           prompt (also under bf16 autocast over float32 weights, as the editor samples)
+    Skill-R1 update      = seconds of one policy update (shared-prefix log-probs, clipped loss, backward, clip,
+                           AdamW step) over K candidates of --skill-tokens after a --context-tokens prompt,
+                           bf16 autocast: all K at once; in --micro-batch pieces with β > 0 (a reference
+                           forward each); masked (a prompt per candidate, padded: --no-shared-prefix's path).
+                           "full": float32 weights + AdamW (≈ 16 bytes per parameter); "LoRA": bf16 base,
+                           r = 16, α = 32 adapters on the 7 projections
     SFT                  = tokens/s of full SFT steps (minskill.masa.sft.sft_throughput) on one --sft-length
                            sequence (default 4096), bf16 autocast, gradient checkpointing; full and LoRA
     peak memory          = torch.cuda.max_memory_allocated during the workload (the CPU smoke test: RSS)
@@ -43,6 +46,7 @@ completions of N tokens (ignore_eos) through its server loop with B slots, after
 from __future__ import annotations
 
 import argparse
+import copy
 import ctypes
 import gc
 import statistics
@@ -55,7 +59,9 @@ from pathlib import Path
 import torch
 
 from minskill.masa.sft import sft_throughput
-from minskill.nn.lora import apply_lora, trainable_parameters
+from minskill.cli import resolve_device, set_up_device
+from minskill.nn.lora import AdaptersOff, apply_lora, trainable_parameters
+from minskill.nn.memory import QWEN3_COMMON, QWEN3_CONFIGS, UpdateShape, memory_report
 from minskill.nn.model import Transformer
 from minskill.nn.quantize import QUANTIZE_CHOICES, quantize_int8
 from minskill.nn.sampling import completion_logprobs, generate
@@ -444,23 +450,9 @@ def bench_sft(args) -> None:
 
 # ----------------------------------------------------------------------------------------------- gpu
 
-# The published config.json of Qwen/Qwen3-0.6B, -1.7B, -4B and -8B (head_dim 128, vocab 151936, rope_theta 1e6,
-# q/k RMSNorm: model_type qwen3). "tiny" is the same architecture small enough for a CPU smoke test.
-QWEN3_COMMON = dict(model_type="qwen3", vocab_size=151936, head_dim=128, rope_theta=1000000.0, rms_norm_eps=1e-6,
-                    max_position_embeddings=40960, attention_bias=False, hidden_act="silu")
-GPU_CONFIGS = {
-    "qwen3-0.6b": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
-                       num_key_value_heads=8, tie_word_embeddings=True),
-    "qwen3-1.7b": dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
-                       num_key_value_heads=8, tie_word_embeddings=True),
-    "qwen3-4b": dict(hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32,
-                     num_key_value_heads=8, tie_word_embeddings=True),
-    "qwen3-8b": dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
-                     num_key_value_heads=8, tie_word_embeddings=False),
-    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, head_dim=32, vocab_size=512, tie_word_embeddings=True),
-}
+GPU_CONFIGS = QWEN3_CONFIGS   # the published Qwen3 architectures (minskill.nn.memory), and "tiny"
 GPU_LORA_RANK = 16
+GPU_BETA = 0.04       # the KL weight of the micro-batched update's row (a reference model's forward per micro-batch)
 
 
 def random_model(name: str, device, dtype=torch.float32) -> Transformer:
@@ -519,49 +511,65 @@ def _sync(device) -> None:
 
 
 def gpu_decode(args, device) -> dict:
-    """Greedy decode tok/s of the bf16 model at batch 1 and 16 (B · N / seconds, median of --repeats)."""
-    model = random_model(args.config, device, torch.bfloat16).eval()
-    V, N = model.config.vocab_size, args.decode_tokens
+    """Decode tok/s (rows · N / seconds, median of --repeats) of the bf16 model at batch 1 and 8 (greedy) and of
+    n = K samples of one prompt (as the editor samples), the last also as the editor runs: bf16 autocast over
+    float32 weights."""
+    V, N, K = random_model(args.config, "meta").config.vocab_size, args.decode_tokens, args.candidates
     g = torch.Generator().manual_seed(0)
     rows = {}
-    for batch in (1, 16):
+    for dtype, label, batch, n in ((torch.bfloat16, "batch 1", 1, 1), (torch.bfloat16, "batch 8", 8, 1),
+                                   (torch.bfloat16, f"n = K = {K} from one prompt", 1, K),
+                                   (torch.float32, f"n = K = {K}, bf16 autocast, float32 weights", 1, K)):
+        model = random_model(args.config, device, dtype).eval()
         prompts = torch.randint(10, V, (batch, 16), generator=g).tolist()
 
         def run():
-            generate(model, prompts, max_new_tokens=N, temperature=0.0, stop_token_ids=())
+            with torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=dtype != torch.bfloat16):
+                generate(model, prompts, n=n, max_new_tokens=N, temperature=1.0 if n > 1 else 0.0, seed=0)
             _sync(device)
-        rows[f"decode tok/s, batch {batch} (bf16 weights)"] = batch * N / _timed(run, args.repeats)
-    del model
-    _free(device)
+        rows[f"decode tok/s, {label}" + (" (bf16 weights)" if dtype == torch.bfloat16 else "")] = \
+            batch * n * N / _timed(run, args.repeats)
+        del model
+        _free(device)
     return rows
 
 
-def gpu_update(args, device, lora: bool) -> tuple[float, float]:
-    """(seconds, peak MiB) of one Skill-R1 policy update; see the module docstring for full vs LoRA."""
+def gpu_update(args, device, lora: bool, beta: float = 0.0, micro_batch: int | None = None,
+               masked: bool = False) -> tuple[float, float]:
+    """(seconds, peak MiB) of one Skill-R1 policy update (module docstring: full vs LoRA) over K candidates in
+    micro-batches of `micro_batch` (None: all K at once); β > 0 adds the KL to a frozen reference (LoRA: the
+    adapters off; full: a copy); masked: each candidate has its own prompt, all of other lengths, so the update
+    runs the padded, masked forward of --no-shared-prefix (sampling.completion_logprobs) instead of the shared one."""
     model = random_model(args.config, device, torch.bfloat16 if lora else torch.float32)
     if lora:
         apply_lora(model, GPU_LORA_RANK)
+    ref = (AdaptersOff(model) if lora else copy.deepcopy(model).requires_grad_(False)) if beta > 0 else None
     model.gradient_checkpointing = args.grad_checkpointing
     model.train()
     optimizer = torch.optim.AdamW(trainable_parameters(model), lr=1e-6, betas=(0.9, 0.99))
     g = torch.Generator().manual_seed(0)
     V, K = model.config.vocab_size, args.candidates
     prompt = torch.randint(10, V, (args.context_tokens,), generator=g).tolist()
+    prompts = [prompt[:max(1, len(prompt) - 13 * i)] if masked else prompt for i in range(K)]
     completions = torch.randint(10, V, (K, args.skill_tokens), generator=g).tolist()
-    advantages = torch.linspace(-1.0, 1.0, K)
+    advantages, M = torch.linspace(-1.0, 1.0, K), micro_batch or K
+    logprobs = completion_logprobs if masked else grouped_logprobs
 
     def step():
-        with torch.autocast(torch.device(device).type, dtype=torch.bfloat16):
-            logp, mask = grouped_logprobs(model, [prompt] * K, completions)
-            loss, _ = policy_loss(logp, logp.detach(), advantages, mask)
-        loss.backward()
+        for i in range(0, K, M):
+            with torch.autocast(torch.device(device).type, dtype=torch.bfloat16):
+                logp, mask = logprobs(model, prompts[i:i + M], completions[i:i + M])
+                with torch.no_grad():
+                    ref_logp = logprobs(ref, prompts[i:i + M], completions[i:i + M])[0] if ref is not None else None
+                loss, _ = policy_loss(logp, logp.detach(), advantages[i:i + M], mask, ref_logp=ref_logp, beta=beta)
+            (loss * len(logp) / K).backward()
         torch.nn.utils.clip_grad_norm_(trainable_parameters(model), 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         _sync(device)
     with DeviceMemory(device) as mem:   # the first step allocates AdamW's moments: inside the peak
         seconds = _timed(step, args.repeats)
-    del model, optimizer
+    del model, optimizer, ref
     _free(device)
     return seconds, mem.peak_mib
 
@@ -583,10 +591,10 @@ def gpu_sft(args, device, lora: bool) -> tuple[float, float]:
     return tps, mem.peak_mib
 
 
-def _guarded(fn, *a) -> tuple:
-    """fn(*a), or (None, None) when the GPU runs out of memory (a full fine-tune of 4B+ on a smaller card)."""
+def _guarded(fn, *a, **kw) -> tuple:
+    """fn(*a, **kw), or (None, None) when the GPU runs out of memory (a full fine-tune of 4B+ on a smaller card)."""
     try:
-        return fn(*a)
+        return fn(*a, **kw)
     except torch.cuda.OutOfMemoryError:
         _free(a[1])
         return None, None
@@ -594,7 +602,8 @@ def _guarded(fn, *a) -> tuple:
 
 def bench_gpu(args) -> None:
     """One GPU, no weights: decode, a Skill-R1 update and SFT on a random model of --config (module docstring)."""
-    device = args.device or "cuda"
+    device = args.device or "cuda"   # --device was resolved at parse time (minskill.cli): cuda without a GPU stops there
+    set_up_device(device)
     if torch.device(device).type == "cuda" and not torch.cuda.is_available():
         raise BenchUnavailable("bench gpu needs a CUDA GPU, and torch sees none (for a smoke test of the code path "
                                "on a CPU: --device cpu --config tiny)")
@@ -605,10 +614,15 @@ def bench_gpu(args) -> None:
           f"{args.context_tokens}-token prompt; SFT: {args.sft_batch or 1} x {args.sft_length or 4096} tokens; "
           f"median of {args.repeats}", flush=True)
     rows = gpu_decode(args, device)
+    updates = (("", {}), (f", micro-batch {args.micro_batch}, β = {GPU_BETA}",
+                           dict(beta=GPU_BETA, micro_batch=args.micro_batch)),
+               (", masked: a prompt per candidate", dict(masked=True)))
     for lora in (False, True):
         mode = f"LoRA r={GPU_LORA_RANK}, bf16 base" if lora else "full, float32 weights + AdamW"
-        seconds, peak = _guarded(gpu_update, args, device, lora)
-        rows[f"Skill-R1 update s ({mode})"], rows[f"Skill-R1 update peak MiB ({mode})"] = seconds, peak
+        for label, kw in updates:
+            seconds, peak = _guarded(gpu_update, args, device, lora, **kw)
+            rows[f"Skill-R1 update s{label} ({mode})"] = seconds
+            rows[f"Skill-R1 update peak MiB{label} ({mode})"] = peak
         tps, peak = _guarded(gpu_sft, args, device, lora)
         rows[f"SFT tok/s, grad checkpointing ({mode})"], rows[f"SFT peak MiB ({mode})"] = tps, peak
     print("| measurement | value |\n|---|---|")
@@ -616,25 +630,40 @@ def bench_gpu(args) -> None:
         print(f"| {name} | {'out of memory' if value is None else f'{value:.2f}' if value < 100 else f'{value:.0f}'} |")
 
 
+def bench_memory(args) -> None:
+    """The predicted peak of one Skill-R1 update (minskill.nn.memory) and the largest micro-batch that fits."""
+    print(memory_report(args.config, UpdateShape(
+        candidates=args.candidates, prompt_tokens=args.context_tokens, skill_tokens=args.skill_tokens,
+        micro_batch=args.micro_batch, lora_rank=args.lora_rank, lora_base_bytes=2 if args.lora_base_dtype == "bfloat16"
+        else 4, bf16=args.bf16, grad_checkpointing=args.grad_checkpointing), args.gpu_gib))
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="python -m minskill.bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("what", choices=["model", "server", "grpo", "sft", "gpu"])
+    p.add_argument("what", choices=["model", "server", "grpo", "sft", "gpu", "memory"])
     p.add_argument("--model", default="smollm2-135m", help="model spec (HF folder or smollm2-135m)")
     p.add_argument("--decode-tokens", type=int, default=64, help="new tokens per decode measurement")
     p.add_argument("--repeats", type=int, default=3, help="timed repetitions (median is reported)")
-    p.add_argument("--candidates", type=int, default=4, help="grpo: K")
+    p.add_argument("--candidates", "-K", type=int, default=4, help="grpo: K")
     p.add_argument("--skill-tokens", type=int, default=64, help="grpo: editor tokens per candidate (default 64, "
                    "as train_grpo.py's --max-skill-tokens)")
-    p.add_argument("--context-tokens", type=int, default=512, help="grpo: the editor prompt's budget (default 512, "
+    p.add_argument("--context-tokens", "--prompt-tokens", type=int, default=512, help="grpo: the editor prompt's budget (default 512, "
                    "as train_grpo.py)")
     p.add_argument("--sft-batch", type=int, default=None, help="sequences per SFT step (default 4; gpu: 1)")
     p.add_argument("--sft-length", type=int, default=None, help="tokens per SFT sequence (default 256; gpu: 4096)")
     p.add_argument("--config", choices=sorted(GPU_CONFIGS), default="qwen3-0.6b", help="gpu: the published "
                    "architecture to build with random weights (default qwen3-0.6b; tiny: a CPU smoke test)")
-    p.add_argument("--device", default=None, help="gpu: the device (default cuda; cpu only to smoke-test the code)")
-    p.add_argument("--grad-checkpointing", action="store_true", help="gpu: also recompute layers in the Skill-R1 "
-                   "update (SFT always does)")
+    p.add_argument("--device", type=resolve_device, default=None, help="gpu: the device (default cuda; cpu only to "
+                   "smoke-test the code)")
+    p.add_argument("--grad-checkpointing", action="store_true", help="gpu, memory: also recompute layers in the "
+                   "Skill-R1 update (SFT always does)")
+    p.add_argument("--micro-batch", type=int, default=4, help="memory, gpu: candidates per micro-batch (default 4)")
+    p.add_argument("--lora-rank", type=int, default=0, help="memory: LoRA adapters of rank R (default 0: full)")
+    p.add_argument("--lora-base-dtype", choices=["float32", "bfloat16"], default="float32", help="memory: the "
+                   "frozen LoRA base's storage")
+    p.add_argument("--bf16", action="store_true", help="memory: bf16 autocast over float32 weights")
+    p.add_argument("--gpu-gib", type=float, default=80.0, help="memory: the GPU's memory (default 80)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--quantize", choices=QUANTIZE_CHOICES, default="none", help="server, grpo: the embedded "
                    "server's weights (default none = float)")
@@ -645,7 +674,7 @@ def main(argv=None) -> None:
         torch.set_num_threads(args.threads)
     try:
         {"model": bench_model, "server": bench_server, "grpo": bench_grpo, "sft": bench_sft,
-         "gpu": bench_gpu}[args.what](args)
+         "gpu": bench_gpu, "memory": bench_memory}[args.what](args)
     except BenchUnavailable as e:
         print(e, file=sys.stderr)
         sys.exit(2)

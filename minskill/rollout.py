@@ -68,7 +68,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Protocol, runtime_checkable
 
 from minskill.files import append_jsonl, read_jsonl, write_json_atomic, write_jsonl_atomic
-from minskill.cli import QUANTIZE_HELP
+from minskill.cli import QUANTIZE_HELP, add_extra_body_arg, client_args
 from minskill.nn.quantize import QUANTIZE_CHOICES
 from minskill.retrieval import (RetrievalError, add_retrieval_args, check_retrieval_args, retriever_from_args,
                                 with_retrieval)
@@ -97,6 +97,8 @@ class Trajectory:
     nothing_happens: int = 0             # steps answered with exactly "Nothing happens."
     error: str | None = None             # HTTP / verifier / environment failure; None when the run was clean
     sample: int = 0                      # index of this rollout among the n of its task
+    reasoning: str = ""                  # what the model thought before its answer (client.split_reasoning), kept
+    #                                      for the report; never scored (multi-turn: each step's, blank-line apart)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -375,7 +377,7 @@ def _run_single_turn(client, single: list, system: list, finish: Callable, *, n,
             elif j >= len(answer.texts):
                 traj.error = f"server returned {len(answer.texts)} choices, asked for {n}"
             else:
-                traj.reply = answer.texts[j] or ""
+                traj.reply, traj.reasoning = answer.texts[j] or "", (getattr(answer, "reasonings", 0) or [""] * n)[j]
                 traj.messages.append({"role": "assistant", "content": traj.reply})
                 traj.reward, traj.error = _score(task, traj.reply)
                 traj.success = traj.reward >= 1.0
@@ -420,6 +422,7 @@ def _run_multi_turn(client, multi: list, system: list, finish: Callable, *, n, t
                 ep.fail(_chat_error(answer))
             else:
                 try:
+                    ep.traj.reasoning = "\n\n".join(filter(None, (ep.traj.reasoning, getattr(answer, "reasoning", ""))))
                     ep.advance(answer.texts[0] if answer.texts else "")
                 except Exception as e:
                     ep.fail(f"environment failed at step {ep.traj.steps}: {type(e).__name__}: {e}")
@@ -524,6 +527,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--n", type=int, default=1, help="rollouts per task (default 1; greedy makes more useless)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed sent with each request")
     p.add_argument("--task-max-tokens", type=int, default=256, help="reply budget of a single-turn answer")
+    add_extra_body_arg(p, "task")
     p.add_argument("--action-max-tokens", type=int, default=64, help="reply budget of one agent action")
     p.add_argument("--max-steps", type=int, default=None, help="override the tasks' step budget")
     p.add_argument("--history", type=int, default=8, help="past exchanges kept in an agent prompt")
@@ -595,7 +599,7 @@ def main(argv=None) -> int:
     n_multi = sum(t.multi_turn for t in tasks)
     print(f"{suite_name}/{args.split}: {len(tasks)} tasks ({n_multi} multi-turn) x {args.n}, "
           f"skills={args.skills}, temperature={args.temperature} -> {out_dir}", file=sys.stderr, flush=True)
-    with embedded_client(url=args.task_url, model=args.task_model, api_key=args.task_api_key,
+    with embedded_client(**client_args(args, "task"),
                          model_spec=args.model_spec, max_workers=args.task_concurrency, timeout=args.timeout,
                          server_args=("--max-batch", str(args.task_concurrency), "--dtype", args.dtype),
                          quantize=args.task_quantize) as client:

@@ -43,6 +43,10 @@ it: minskill/files.py):
   checkpoint is read or written, undoes what a kill between those renames left: the old checkpoint comes
   back when the new one never arrived, and stale staging folders are removed. So at every moment one
   complete checkpoint exists under NAME or `.old-NAME`.
+  Before it writes anything it checks the disk holds the new checkpoint beside the old one (`checkpoint_bytes`,
+  `check_disk_space`: a DiskSpaceError names the folder, the need and the free space). With `keep=N` (> 1) the
+  replaced checkpoint moves to `NAME-step-S` (S = its trainer state's step) and only the newest N - 1 of those
+  stay: NAME is always the newest, what --resume and --eval read.
 * `rng_state()` / `set_rng_state(state)`: Python's and torch's generators (CUDA's too where present), so a
   resumed run draws the same numbers as an uninterrupted one.
 """
@@ -244,12 +248,15 @@ def recover_checkpoint(folder: str | Path) -> None:
         shutil.rmtree(stale, ignore_errors=True)
 
 
-def save_checkpoint(folder: str | Path, model, tokenizer, state: dict | None = None) -> Path:
+def save_checkpoint(folder: str | Path, model, tokenizer, state: dict | None = None, keep: int = 1) -> Path:
     """Write model + tokenizer (HF layout; with LoRA merged, plus adapter/) and, when `state` is given, trainer_state.pt = state plus
-    {"rng": rng_state()} into `folder`, replacing an earlier checkpoint there atomically."""
+    {"rng": rng_state()} into `folder`, replacing an earlier checkpoint there atomically. First checks that the disk
+    holds it (`check_disk_space`). keep > 1: the checkpoint it replaces moves to NAME-step-S (S: its saved step), and
+    of those only the newest keep - 1 stay (`older_checkpoints`)."""
     folder = Path(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
     recover_checkpoint(folder)
+    check_disk_space(folder, checkpoint_bytes(model, state))
     tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".tmp-{folder.name}-"))
     old = folder.with_name(f".old-{folder.name}")
     try:
@@ -266,8 +273,76 @@ def save_checkpoint(folder: str | Path, model, tokenizer, state: dict | None = N
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    shutil.rmtree(old, ignore_errors=True)
+    _retire(old, folder, keep)
     return folder
+
+
+class DiskSpaceError(SystemExit):
+    """A checkpoint the disk cannot hold, refused before anything is written (a SystemExit, like RunFolderError)."""
+
+
+def _size(n: int) -> str:
+    return f"{n / 2 ** 30:.2f} GiB" if n >= 2 ** 30 else f"{n / 2 ** 20:.1f} MiB"
+
+
+def _tensor_bytes(obj, seen: set) -> int:
+    if isinstance(obj, torch.Tensor):
+        storage = obj.untyped_storage()
+        if storage.data_ptr() in seen:
+            return 0
+        seen.add(storage.data_ptr())
+        return storage.nbytes()
+    if isinstance(obj, dict):
+        obj = list(obj.values())
+    return sum(_tensor_bytes(v, seen) for v in obj) if isinstance(obj, (list, tuple)) else 0
+
+
+def checkpoint_bytes(model, state: dict | None = None) -> int:
+    """What save_checkpoint writes, estimated from above: the weights as saved (each parameter once, in its dtype;
+    with LoRA the merged model in float32 plus the adapter), the tensors of `state` (each storage once: what
+    torch.save writes), and 64 MiB + 2% for the tokenizer, the configs and the pickled rest."""
+    params = list(model.parameters())     # a tied embedding is one parameter
+    if has_lora(model):
+        weights = sum(4 * p.numel() for p in params)
+    else:
+        weights = sum(p.numel() * p.element_size() for p in params)
+    total = weights + (_tensor_bytes(state, set()) if state is not None else 0)
+    return total + 64 * 2 ** 20 + total // 50
+
+
+def check_disk_space(folder: str | Path, need: int) -> None:
+    """DiskSpaceError naming the folder, the space a save needs and the space free, when the disk lacks it. The
+    earlier checkpoint stays until the new one is complete, so the new one must fit beside it."""
+    free = shutil.disk_usage(Path(folder).parent).free
+    if free < need:
+        raise DiskSpaceError(f"{folder}: not saved: the checkpoint needs about {_size(need)} and "
+                             f"{Path(folder).parent} has {_size(free)} free. The previous checkpoint is kept; free "
+                             f"some space (or keep fewer checkpoints) and continue with --resume")
+
+
+def older_checkpoints(folder: str | Path) -> list[Path]:
+    """The NAME-step-S folders beside checkpoint `folder` (what keep > 1 leaves), newest first."""
+    folder = Path(folder)
+    found = [(int(p.name.rsplit("-", 1)[1]), p) for p in folder.parent.glob(f"{folder.name}-step-*")
+             if p.name.rsplit("-", 1)[1].isdigit() and p.is_dir()]
+    return [p for _, p in sorted(found, reverse=True)]
+
+
+def _retire(old: Path, folder: Path, keep: int) -> None:
+    """The checkpoint a save replaced (now `old`): deleted, or with keep > 1 renamed NAME-step-S; then only the
+    newest keep - 1 of those stay."""
+    if keep > 1 and (old / TRAINER_STATE).is_file():
+        try:
+            step = int(torch.load(old / TRAINER_STATE, map_location="cpu", weights_only=True, mmap=True)["step"])
+        except Exception:   # no readable step: it cannot be named, so it goes
+            step = None
+        if step is not None:
+            target = folder.with_name(f"{folder.name}-step-{step}")
+            shutil.rmtree(target, ignore_errors=True)   # a run resumed before step S saves S again
+            os.replace(old, target)
+    shutil.rmtree(old, ignore_errors=True)
+    for stale in older_checkpoints(folder)[max(keep - 1, 0):]:
+        shutil.rmtree(stale, ignore_errors=True)
 
 
 def load_trainer_state(folder: str | Path, restore_rng: bool = True, required: tuple[str, ...] = (),

@@ -106,8 +106,8 @@ def crash_after_checkpoint(monkeypatch, flags: list[str], step: int, error: type
     checkpoint is written, as a killed run would; the real save_checkpoint is put back afterwards."""
     save = train_grpo.save_checkpoint
 
-    def save_then_crash(folder, editor, tokenizer, state):
-        save(folder, editor, tokenizer, state)
+    def save_then_crash(folder, editor, tokenizer, state, keep=1):
+        save(folder, editor, tokenizer, state, keep=keep)
         if state["step"] == step:
             raise error
 

@@ -29,7 +29,7 @@ def test_bench_gpu_prints_its_rows_on_a_cpu_smoke_run():
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         bench.main(["gpu", "--device", "cpu", "--config", "tiny", "--decode-tokens", "4", "--repeats", "1",
-                    "--sft-length", "64", "--skill-tokens", "8", "--context-tokens", "32"])
+                    "--sft-length", "64", "--skill-tokens", "8", "--context-tokens", "32", "--micro-batch", "2"])
     text = out.getvalue()
     assert text.startswith("bench gpu: tiny (") and "on CPU" in text
     rows = dict(re.findall(r"^\| (.+?) \| ([0-9.]+) \|$", text, flags=re.M))
@@ -37,8 +37,11 @@ def test_bench_gpu_prints_its_rows_on_a_cpu_smoke_run():
         for name in (f"Skill-R1 update s ({mode})", f"Skill-R1 update peak MiB ({mode})",
                      f"SFT tok/s, grad checkpointing ({mode})", f"SFT peak MiB ({mode})"):
             assert name in rows, name
-    for batch in (1, 16):
-        assert float(rows[f"decode tok/s, batch {batch} (bf16 weights)"]) > 0
+        for update in (", micro-batch 2, β = 0.04", ", masked: a prompt per candidate"):   # issue 24's paths
+            assert float(rows[f"Skill-R1 update s{update} ({mode})"]) > 0
+    for decode in ("batch 1 (bf16 weights)", "batch 8 (bf16 weights)", "n = K = 4 from one prompt (bf16 weights)",
+                   "n = K = 4, bf16 autocast, float32 weights"):
+        assert float(rows[f"decode tok/s, {decode}"]) > 0
     assert float(rows["Skill-R1 update s (full, float32 weights + AdamW)"]) > 0
     assert float(rows["SFT tok/s, grad checkpointing (LoRA r=16, bf16 base)"]) > 0
 

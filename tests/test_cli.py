@@ -2,16 +2,19 @@
 and each script's defaults are its config dataclass's."""
 import dataclasses
 
+import pytest
+
 import evolve_masa
 import rewrite
 import train_grpo
 from minskill import rollout
+from minskill.cli import client_args
 from minskill.masa import transfer
 from minskill.masa.run_config import MasaRunConfig
 
 TASK_MODEL = ["--task-url", "--task-model", "--task-api-key", "--task-quantize", "--task-concurrency",
-              "--task-max-tokens"]
-TEACHER = ["--teacher-url", "--teacher-model", "--teacher-api-key", "--teacher-retries"]
+              "--task-max-tokens", "--task-extra-body"]
+TEACHER = ["--teacher-url", "--teacher-model", "--teacher-api-key", "--teacher-retries", "--teacher-extra-body"]
 APPLY = ["apply", "--rewriter", "r", "--model-card", "c", "--skills", "s", "--task", "t", "--out", "o"]
 
 
@@ -48,7 +51,9 @@ def test_the_rollout_and_transfer_commands_use_the_same_task_model_flags():
 
 def test_defaults_come_from_the_config_dataclasses():
     args, config = train_grpo.parse_args([]), train_grpo.TrainConfig()
-    assert {f.name: getattr(args, f.name) for f in dataclasses.fields(config)} == dataclasses.asdict(config)
+    resolved = {"task_concurrency": config.candidates * config.tasks_per_instance * config.instances_per_step}
+    assert {f.name: getattr(args, f.name) for f in dataclasses.fields(config)} == {**dataclasses.asdict(config),
+                                                                                   **resolved}
     args, config = evolve_masa.build_parser().parse_args([]), MasaRunConfig()
     shared = [f.name for f in dataclasses.fields(config) if hasattr(args, f.name)]
     assert {"lam_nh", "iterations", "tree_iterations", "episodes", "n_train", "task_concurrency"} <= set(shared)
@@ -68,3 +73,24 @@ def test_compare_scores_the_reward_the_search_optimises():
 def test_apply_defaults_come_from_apply_config():
     args, config = rewrite.build_parser().parse_args(APPLY), rewrite.ApplyConfig()
     assert {f.name: getattr(args, f.name) for f in dataclasses.fields(config)} == dataclasses.asdict(config)
+
+
+def test_extra_request_fields_are_a_json_object_named_by_their_flag(capsys):
+    off = '{"chat_template_kwargs": {"enable_thinking": false}}'
+    args = train_grpo.parse_args(["--task-extra-body", off])
+    assert {k: client_args(args, "task")[k] for k in ("url", "model", "api_key", "extra_body")} == {
+        "url": None, "model": None, "api_key": None, "extra_body": {"chat_template_kwargs": {"enable_thinking": False}}}
+    args = subparser("apply").parse_args([*APPLY[1:], "--teacher-extra-body", off, "--teacher-url", "http://t/v1"])
+    assert client_args(args, "teacher")["extra_body"] == {"chat_template_kwargs": {"enable_thinking": False}}
+    for value, problem in (("{nope", "--teacher-extra-body is not JSON"), ("[1]", "must be a JSON object"),
+                           ('{"n": 4}', "may not set n")):
+        with pytest.raises(SystemExit):
+            evolve_masa.build_parser().parse_args(["--teacher-extra-body", value])
+        assert problem in capsys.readouterr().err
+    # the transfer matrix: one flag for every target, LABEL= for one
+    targets = transfer.load_targets(transfer.build_parser().parse_args(
+        ["--targets", "a=smollm2-135m", "b=http://h:1/v1", "--task-extra-body", '{"x": 1}', 'b={"y": 2}']))
+    assert [t.extra_body for t in targets] == [{"x": 1}, {"x": 1, "y": 2}]
+    with pytest.raises(transfer.TransferError, match="LABEL one of a"):
+        transfer.load_targets(transfer.build_parser().parse_args(
+            ["--targets", "a=smollm2-135m", "--task-extra-body", 'c={"y": 2}']))

@@ -548,3 +548,38 @@ def test_caching_client_counts_cache_hits_apart_at_no_cost_and_continues_saved_c
         assert again["calls"] == 5 and again["cache_hits"] == 4 and first.usage["calls"] == 4
         assert again["prompt_tokens"] == after["prompt_tokens"] + sent[0].prompt_tokens
         assert inner.usage["calls"] == 5                     # the inner client saw every call sent
+
+
+# ---- reasoning models -------------------------------------------------------------------------------
+def test_extra_body_is_merged_into_the_request_and_reasoning_fields_are_set_apart(script_server):
+    body = ok_body(["Paris", "<think>\nRome?\n</think>\n\nParis"], completion_tokens=40)
+    body["choices"][0]["message"]["reasoning_content"] = "France: Paris"     # vLLM --reasoning-parser
+    body["usage"]["completion_tokens_details"] = {"reasoning_tokens": 30}    # reported: counted as given
+    server = script_server(("json", 200, body, {}), ("json", 200, ok_body(["<think>a b c d e f</think>42"]), {}),
+                           ("json", 200, ok_body(["42"]), {}))
+    client = ChatClient(server.url, model="m", extra_body={"chat_template_kwargs": {"enable_thinking": False},
+                                                           "top_k": 20})
+    result = client.chat(MESSAGES, n=2, max_tokens=64)
+    assert server.seen[0]["body"] == {"model": "m", "messages": MESSAGES, "n": 2, "temperature": 0.0, "top_p": 1.0,
+                                      "max_tokens": 64, "chat_template_kwargs": {"enable_thinking": False}, "top_k": 20}
+    assert (result.texts, result.reasonings) == (["Paris", "Paris"], ["France: Paris", "Rome?"])
+    assert result.reasoning_tokens == 30
+    estimated = client.chat(MESSAGES)   # not reported: completion_tokens (1) × 11 reasoning chars / 13 chars
+    assert (estimated.text, estimated.reasoning, estimated.reasoning_tokens) == ("42", "a b c d e f", 1)
+    assert client.usage["reasoning_tokens"] == 31
+    plain = ChatClient(server.url, model="m").chat(MESSAGES)
+    assert plain.reasonings is None and plain.reasoning == "" and plain.reasoning_tokens == 0
+
+
+def test_the_cache_keys_on_the_extra_body_and_keeps_the_reasoning(tmp_path):
+    from minskill.serve.caching import CachingClient, request_key
+
+    request = {"messages": MESSAGES}
+    assert request_key("m", request) == request_key("m", request, {}) != request_key("m", request, {"a": 1})
+    with start_server(ScriptedBackend(lambda messages, request: "<think>hmm hmm hmm</think>yes")) as server:
+        for extra in (None, {"chat_template_kwargs": {"enable_thinking": False}}):
+            CachingClient(server.client(extra_body=extra), tmp_path / "cache.jsonl").chat(MESSAGES)
+        reread = CachingClient(server.client(), tmp_path / "cache.jsonl")
+        hit = reread.chat(MESSAGES)
+    assert reread.stats == {"calls": 0, "cache_hits": 1, "cached_entries": 2}   # two keys: one per extra body
+    assert (hit.text, hit.reasoning, hit.reasoning_tokens) == ("yes", "hmm hmm hmm", 2)   # 3 words × 11 / 14 chars

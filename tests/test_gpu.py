@@ -3,6 +3,12 @@ bf16 base), SFT steps with gradient checkpointing (full and LoRA), greedy genera
 CPU for a float32 model, the server on CUDA (in process and as the embedded subprocess) answering the official
 `openai` client, `rewrite.py apply` on CUDA, and `bench gpu` on a tiny config.
 
+And on a randomly initialised Qwen3-0.6B (its published shapes: 28 layers, 16/8 heads of 128, q/k-norm, a 151,936
+vocabulary; issue 24): a full train_grpo.py step against a scripted task server with the CUDA defaults (bf16
+autocast, TF32), full and LoRA with β > 0; the masked attention paths (padded sampling, both update paths) with
+SDPA restricted to the fused flash / memory-efficient kernels; gradient checkpointing lowering the update's peak
+memory on both update paths; SFT steps, full and LoRA. tests/gpu_check.sh runs this file and `bench gpu`.
+
 The CPU stand-in for the device-placement part of these checks is tests/test_device_placement.py (and the
 LoRA case in tests/test_lora.py); this file runs the real thing where a GPU is there. Run it alone with
     python -m pytest -q tests/test_gpu.py
@@ -20,8 +26,10 @@ import rewrite
 import train_grpo
 from helpers import common_flags, keyword_task_model, read_rows, write_keyword_suite
 from minskill import bench
-from minskill.nn.lora import ADAPTER_DIR
-from minskill.nn.sampling import generate
+from minskill.masa.sft import sft_throughput
+from minskill.nn.lora import ADAPTER_DIR, apply_lora
+from minskill.nn.sampling import completion_logprobs, generate
+from minskill.nn.shared_prefix import shared_prefix_logprobs
 from minskill.nn.weights import load_model
 from minskill.serve.server import ModelBackend, ScriptedBackend, embedded_client, start_server
 from minskill.skillsets import SkillSet
@@ -32,6 +40,22 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 MESSAGES = [{"role": "user", "content": "What is six times seven?"}]
 TASK = "Sums of small numbers."
 TARGET = {"common_mistakes": ["Carry the one."]}
+
+
+# the published config.json of Qwen/Qwen3-0.6B, as make_tiny_model_dir's overrides (its tokenizer stays the tiny one:
+# ids past it decode to nothing, which a random editor's reply may hold)
+QWEN3_06B = dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+                 num_key_value_heads=8, head_dim=128, vocab_size=151936, rope_theta=1000000.0,
+                 max_position_embeddings=40960, tie_word_embeddings=True)
+
+
+@pytest.fixture
+def no_tf32():
+    """float32 matmuls in float32: train_grpo.py's set-up turns TF32 on for the whole process (docs/gpu.md)."""
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
 
 @pytest.fixture(scope="module")
@@ -147,7 +171,7 @@ def test_rewrite_apply_on_cuda_writes_the_memorised_skills(trained_rewriter, sft
 # ------------------------------------------------------------------------------------------ sampling, server
 
 
-def test_greedy_generation_is_the_same_on_cuda_and_cpu(tiny_dir):
+def test_greedy_generation_is_the_same_on_cuda_and_cpu(tiny_dir, no_tf32):
     cpu, tokenizer = load_model(str(tiny_dir), dtype=torch.float32, device="cpu")
     cuda, _ = load_model(str(tiny_dir), dtype=torch.float32, device="cuda")
     prompts = [tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
@@ -162,7 +186,7 @@ def test_greedy_generation_is_the_same_on_cuda_and_cpu(tiny_dir):
     assert [s.token_ids for s in on_cuda] == [s.token_ids for s in on_cpu]
 
 
-def test_the_server_on_cuda_answers_the_openai_client(tiny_dir):
+def test_the_server_on_cuda_answers_the_openai_client(tiny_dir, no_tf32):
     openai = pytest.importorskip("openai")
     model, tokenizer = load_model(str(tiny_dir), dtype=torch.float32, device="cuda")
     with start_server(ModelBackend(model.eval(), tokenizer, name="tiny")) as server:
@@ -172,7 +196,8 @@ def test_the_server_on_cuda_answers_the_openai_client(tiny_dir):
     assert isinstance(in_process, str) and reply.choices[0].finish_reason in ("stop", "length")
     assert 0 < reply.usage.completion_tokens <= 8 and reply.usage.prompt_tokens > 0
     # the embedded server (a subprocess, as the scripts start it) on CUDA gives the same greedy reply
-    with embedded_client(model_spec=str(tiny_dir), api_key="gpu-test", server_args=("--device", "cuda")) as client:
+    with embedded_client(model_spec=str(tiny_dir), api_key="gpu-test", device="cuda",
+                         server_args=("--dtype", "float32")) as client:   # its CUDA default: bf16 weights
         reply = openai.OpenAI(base_url=client.base_url, api_key="gpu-test").chat.completions.create(
             model=client.model, messages=MESSAGES, max_tokens=8, temperature=0)
     assert reply.choices[0].message.content == in_process
@@ -186,3 +211,113 @@ def test_bench_gpu_runs_on_cuda():
     text = printed.getvalue()
     assert torch.cuda.get_device_name() in text and "out of memory" not in text
     assert "| Skill-R1 update peak MiB (LoRA r=16, bf16 base) |" in text
+
+
+# ------------------------------------------------------------------------------------------ Qwen3-0.6B shapes
+
+
+@pytest.fixture(scope="module")
+def qwen3_dir(tmp_path_factory):
+    return make_tiny_model_dir(tmp_path_factory.mktemp("gpu-qwen3") / "qwen3-0.6b", family="qwen3",
+                               chat_format="chatml", init_std=0.02, **QWEN3_06B)
+
+
+@pytest.fixture(scope="module")
+def qwen3(qwen3_dir):
+    """The float32 master copy on the GPU, as train_grpo.py loads its editor."""
+    model, tokenizer = load_model(str(qwen3_dir), dtype=torch.float32, device="cuda")
+    return model, tokenizer
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora-beta"])
+def test_a_train_grpo_step_on_qwen3_shapes_with_the_cuda_defaults(qwen3_dir, suite_file, task_url, tmp_path, lora):
+    """No --bf16 and no --device: on CUDA the step runs bf16 autocast over float32 weights, with TF32, and says so."""
+    out = tmp_path / "run"
+    flags = common_flags(qwen3_dir, suite_file, task_url, out) + ["--steps", "1", "--lr", "1e-5"]
+    if lora:
+        flags += ["--lora-rank", "8", "--lora-base-dtype", "bfloat16", "--beta", "0.04"]
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert train_grpo.main(flags) == 0
+    assert "device cuda, bf16 autocast compute, float32 weights + TF32" in printed.getvalue()
+    assert torch.backends.cuda.matmul.allow_tf32
+    [row] = read_rows(out)
+    assert math.isfinite(row["loss"]) and math.isfinite(row["grad_norm"]) and row["logp_mismatch"] < 0.5
+    assert math.isfinite(row["kl"]) and (out / "checkpoint" / ADAPTER_DIR).is_dir() == lora
+
+
+def fused_only():
+    """SDPA restricted to the fused kernels: a call that only the math kernel could run raises."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION])
+
+
+def test_masked_attention_runs_on_fused_kernels(qwen3):
+    """Padded batched sampling (masked prefill and decode) and both update paths (the shared-prefix completion pass,
+    the padded --no-shared-prefix pass), forward and backward, under bf16 autocast, with no math kernel; the KV cache
+    is bf16."""
+    model, _ = qwen3
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(10, 151936, (n,), generator=g).tolist() for n in (300, 17, 128)]
+    completions = torch.randint(10, 151936, (4, 24), generator=g).tolist()
+    made, new_cache = [], model.new_cache
+    model.new_cache = lambda *a, **k: made.append(new_cache(*a, **k)) or made[-1]
+    try:
+        with fused_only(), torch.autocast("cuda", dtype=torch.bfloat16):
+            samples = generate(model, prompts, n=2, max_new_tokens=12, temperature=1.0, seed=0)
+            model.train()
+            logp, mask = shared_prefix_logprobs(model, prompts[0], completions)
+            logp2, mask2 = completion_logprobs(model, [prompts[0], prompts[1], prompts[2], prompts[1]], completions)
+            ((logp * mask).sum() + (logp2 * mask2).sum()).backward()
+    finally:
+        model.new_cache = new_cache
+        model.eval().zero_grad(set_to_none=True)
+    assert [len(s.token_ids) for s in samples] == [12] * 6 and made[0].k.dtype == torch.bfloat16
+    assert torch.isfinite(logp[mask]).all() and torch.isfinite(logp2[mask2]).all()
+    # the same values as the unrestricted (math-capable) kernels, to bf16 rounding
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        ref, _ = completion_logprobs(model, [prompts[0]] * 4, completions)
+    torch.testing.assert_close(logp.detach(), ref, atol=0.15, rtol=0.05)
+
+
+@pytest.mark.parametrize("path", ["shared-prefix", "no-shared-prefix"])
+def test_gradient_checkpointing_lowers_the_update_peak(qwen3_dir, path):
+    """The update's peak above the weights (LoRA r = 8 on a bf16 base: the adapters' gradients are small, so the
+    peak is the saved activations and the logits chunks): with --grad-checkpointing at most 60% of without, on both
+    update paths (the shared-prefix one passes a cache: issue 24, problem 2)."""
+    model, _ = load_model(str(qwen3_dir), dtype=torch.bfloat16, device="cuda")
+    apply_lora(model, 8)
+    model.train()
+    g = torch.Generator().manual_seed(1)
+    prompt = torch.randint(10, 151936, (1024,), generator=g).tolist()
+    completions = torch.randint(10, 151936, (8, 128), generator=g).tolist()
+    peaks = {}
+    for checkpointing in (False, True):
+        model.gradient_checkpointing = checkpointing
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            if path == "shared-prefix":
+                logp, mask = shared_prefix_logprobs(model, prompt, completions)
+            else:
+                logp, mask = completion_logprobs(model, [prompt] * 8, completions)
+        (logp * mask).sum().backward()
+        torch.cuda.synchronize()
+        peaks[checkpointing] = torch.cuda.max_memory_allocated() - base
+        model.zero_grad(set_to_none=True)
+        del logp, mask
+    assert peaks[True] < 0.6 * peaks[False], {k: f"{v / 2**20:.0f} MiB" for k, v in peaks.items()}
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_sft_steps_on_qwen3_shapes(qwen3_dir, lora):
+    model, _ = load_model(str(qwen3_dir), dtype=torch.bfloat16 if lora else torch.float32, device="cuda")
+    if lora:
+        apply_lora(model, 16)
+    ids = torch.randint(10, 151936, (2, 1024), generator=torch.Generator().manual_seed(2))
+    loss_mask = torch.zeros_like(ids, dtype=torch.bool)
+    loss_mask[:, 512:] = True
+    result = sft_throughput(model, ids, loss_mask, steps=2, bf16=True, gradient_checkpointing=True)
+    assert result["tokens_per_s"] > 0 and math.isfinite(result["loss"])
+    assert all(torch.isfinite(p).all() for p in model.parameters() if p.requires_grad)

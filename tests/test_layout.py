@@ -15,7 +15,8 @@ PACKAGE = ROOT / "minskill"
 
 # bottom to top; a layer is a list of parts (a module or a subpackage, named without "minskill.")
 LAYERS = [
-    ["files", "skills", "skillsets", "paired", "gates", "tasks", "replies", "plot"],   # shared by both papers
+    ["files", "skills", "skillsets", "paired", "gates", "tasks", "replies", "plot",   # shared by both papers
+     "distributed"],                     # data-parallel ranks (torchrun)
     ["nn"],                              # the model: weights, tokenizer, sampling, LoRA, int8, shared prefix
     ["serve", "cli"],                    # the task model behind HTTP, its client, and the flags naming them
     ["runs", "retrieval", "rollout"],    # run folders, skill retrieval, rollouts and their rewards

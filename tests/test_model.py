@@ -274,3 +274,34 @@ def test_kvcache_shapes():
     cache = KVCache(config, batch_size=3, max_len=10, dtype=torch.bfloat16, device="cpu")
     assert cache.k[0].shape == (3, 2, 10, 8) and cache.k.dtype == torch.bfloat16
     assert cache.key_mask.shape == (3, 10) and cache.next_position.tolist() == [0, 0, 0] and cache.length == 0
+
+
+def test_masked_attention_with_kv_repeated_per_head_equals_the_gqa_call(monkeypatch):
+    """On CUDA a masked GQA attention repeats k/v to the query heads (fused memory-efficient kernel instead of the
+    math one); the same code forced on the CPU gives the CPU's GQA results (padded prefill, decode, a cache)."""
+    from minskill.nn import model as model_module
+    config = config_from_hf(dict(model_type="qwen3", vocab_size=97, hidden_size=64, intermediate_size=96,
+                                 num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=2, head_dim=16))
+    torch.manual_seed(0)
+    m = model_module.Transformer(config).eval()
+    ids, mask = left_pad([[5, 6, 7, 8, 9, 10], [11, 12], [13, 14, 15]])
+    calls = []
+    original = model_module.F.scaled_dot_product_attention
+    monkeypatch.setattr(model_module.F, "scaled_dot_product_attention",
+                        lambda q, k, v, **kw: calls.append((q.shape[1], k.shape[1], kw.get("enable_gqa"))) or
+                        original(q, k, v, **kw))
+
+    def run():
+        with torch.no_grad():
+            cache = m.new_cache(3, 10)
+            prefill = m(ids, mask, cache)
+            step = m(torch.tensor([[1], [2], [3]]), cache=cache)
+            return prefill, step, generate(m, [[5, 6, 7], [8]], n=2, max_new_tokens=4, temperature=1.0, seed=0)
+    gqa = run()
+    assert (8, 2, True) in calls and (8, 8, False) not in calls
+    calls.clear()
+    monkeypatch.setattr(model_module, "EXPAND_KV_FOR_MASK", ("cuda", "cpu"))
+    repeated = run()
+    assert (8, 8, False) in calls and (8, 2, True) not in calls    # the masked prefill took the repeated path
+    assert torch.allclose(gqa[0], repeated[0], atol=1e-5) and torch.allclose(gqa[1], repeated[1], atol=1e-5)
+    assert [s.token_ids for s in gqa[2]] == [s.token_ids for s in repeated[2]]

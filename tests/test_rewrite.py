@@ -28,6 +28,14 @@ def test_train_reports_bad_lines_and_writes_a_resumable_hf_run(trained, files):
     assert config["data_counts"]["malformed_lines"] == 1 and config["config"]["lr"] == 2e-2
 
 
+def test_train_reads_its_val_file(files, tmp_path):
+    """--val-file is one file; its path was read as a list of paths, one a character ("file not found: /")."""
+    code, stdout, stderr = train_briefly(files, tmp_path / "run", "--val-file", str(files["data"]), "--max-steps", "1")
+    assert code == 0, stderr
+    assert "-> 2 train / 2 validation examples" in stdout
+    assert "val_loss" in (tmp_path / "run" / "metrics.jsonl").read_text()
+
+
 def train_briefly(files, out, *extra):
     """6 optimizer steps, a checkpoint every 2 (the last 2 kept)."""
     return run_rewrite(["train", str(files["data"]), "--base-model", str(files["base"]), "--out", str(out), "--lr", "1e-2",

@@ -190,6 +190,9 @@ class Saves:
     def save_pretrained(self, folder):
         (Path(folder) / "weights.txt").write_text(self.tag)
 
+    def parameters(self):   # what runs.checkpoint_bytes counts: none
+        return []
+
 
 @pytest.fixture
 def saves(monkeypatch):
@@ -315,3 +318,125 @@ def test_given_flags_and_resume_flags_apply_the_one_resume_policy():
     with pytest.raises(RunFolderError, match=r"^s.py: --resume .* --lr 0.5 -> 0.1, --bf16 True -> False;") as caught:
         resume_flags(args, saved, {"lr", "bf16", "steps"}, {"steps"}, "s.py")
     assert "--steps" not in str(caught.value)
+
+
+# ------------------------------------------------------------------ checkpoint size, disk space, keeping N
+
+@pytest.fixture(scope="module")
+def tiny_editor(tmp_path_factory):
+    import torch
+    from minskill.nn.weights import load_model
+    from tiny import make_tiny_model_dir
+    folder = make_tiny_model_dir(tmp_path_factory.mktemp("ckpt"), family="qwen3")
+    return load_model(str(folder), dtype=torch.float32)
+
+
+def _trained_state(model):
+    """One AdamW step's state, as train_grpo.train saves it."""
+    import torch
+    from minskill.nn.lora import trainable_parameters
+    params = trainable_parameters(model)
+    optimizer = torch.optim.AdamW(params, lr=1e-3)
+    for p in params:
+        p.grad = torch.ones_like(p)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return {"step": 1, "optimizer": optimizer.state_dict(), "args": {"lr": 1e-3}}
+
+
+def _bytes(folder: Path) -> dict[str, int]:
+    return {str(p.relative_to(folder)): p.stat().st_size for p in folder.rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_checkpoint_holds_the_weights_in_the_training_dtype_and_the_optimizer_state_once(tmp_path, tiny_editor,
+                                                                                          dtype):
+    import copy
+    import torch
+    from minskill.runs import TRAINER_STATE, checkpoint_bytes, save_checkpoint
+    model, tokenizer = copy.deepcopy(tiny_editor[0]).to(getattr(torch, dtype)), tiny_editor[1]
+    state = _trained_state(model)
+    params = sum(p.numel() for p in model.parameters())
+    folder = save_checkpoint(tmp_path / "checkpoint", model, tokenizer, state)
+    sizes = _bytes(folder)
+    weights = params * model.dtype.itemsize
+    assert weights <= sizes["model.safetensors"] < weights + 64 * 1024      # one copy, in the training dtype
+    moments = 2 * params * model.dtype.itemsize                              # AdamW's two moments, once
+    assert moments <= sizes[TRAINER_STATE] < 1.1 * moments + 64 * 1024
+    assert sum(sizes.values()) <= checkpoint_bytes(model, state)            # the estimate covers the files
+    assert checkpoint_bytes(model, state) < sum(sizes.values()) * 1.05 + 65 * 2 ** 20
+
+
+def test_a_lora_checkpoint_is_the_merged_float32_model_the_adapter_and_its_state(tmp_path, tiny_editor):
+    import copy
+    import torch
+    from minskill.nn.lora import apply_lora, trainable_parameters
+    from minskill.runs import TRAINER_STATE, checkpoint_bytes, save_checkpoint
+    model = apply_lora(copy.deepcopy(tiny_editor[0]), 4, 8, base_dtype=torch.bfloat16)
+    state = _trained_state(model)
+    adapters = sum(p.numel() for p in trainable_parameters(model))
+    base = sum(p.numel() for p in model.parameters()) - adapters
+    folder = save_checkpoint(tmp_path / "checkpoint", model, tiny_editor[1], state)
+    sizes = _bytes(folder)
+    assert 4 * base <= sizes["model.safetensors"] < 4 * base + 64 * 1024    # merged, float32 (see lora.py)
+    assert 4 * adapters <= sizes["adapter/adapter_model.safetensors"] < 4 * adapters + 64 * 1024
+    assert 8 * adapters <= sizes[TRAINER_STATE] < 8 * adapters + 64 * 1024  # the adapters' moments only
+    assert sum(sizes.values()) <= checkpoint_bytes(model, state)
+
+
+def test_a_save_the_disk_cannot_hold_is_refused_before_writing_and_keeps_the_previous_one(tmp_path, tiny_editor,
+                                                                                         monkeypatch):
+    from collections import namedtuple
+    from minskill import runs
+    model, tokenizer = tiny_editor
+    folder = runs.save_checkpoint(tmp_path / "checkpoint", model, tokenizer, {"step": 1})
+    before = snapshot(tmp_path)
+    need = runs.checkpoint_bytes(model, {"step": 2})
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(runs.shutil, "disk_usage", lambda path: usage(2 ** 40, 2 ** 40 - 5 * 2 ** 20, 5 * 2 ** 20))
+    with pytest.raises(runs.DiskSpaceError) as refused:
+        runs.save_checkpoint(folder, model, tokenizer, {"step": 2})
+    message = str(refused.value)
+    assert str(folder) in message and f"{need / 2 ** 20:.1f} MiB" in message and "5.0 MiB free" in message
+    assert "previous checkpoint is kept" in message
+    assert snapshot(tmp_path) == before and runs.load_trainer_state(folder)["step"] == 1
+
+
+def test_keep_checkpoints_keeps_the_newest_n_with_checkpoint_the_newest(tmp_path, saves):
+    from minskill.runs import load_trainer_state, older_checkpoints, save_checkpoint
+    folder = tmp_path / "checkpoint"
+    for step in range(1, 6):
+        save_checkpoint(folder, Saves(f"s{step}"), Saves(f"s{step}"), {"step": step}, keep=3)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint", "checkpoint-step-3", "checkpoint-step-4"]
+    assert load_trainer_state(folder, restore_rng=False)["step"] == 5 and (folder / "weights.txt").read_text() == "s5"
+    assert [p.name for p in older_checkpoints(folder)] == ["checkpoint-step-4", "checkpoint-step-3"]
+    assert (tmp_path / "checkpoint-step-4" / "weights.txt").read_text() == "s4"
+    save_checkpoint(folder, Saves("s6"), Saves("s6"), {"step": 6}, keep=1)     # fewer kept on resume: pruned
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint"]
+
+
+def test_train_grpo_takes_keep_checkpoints():
+    assert train_grpo.parse_args(["--keep-checkpoints", "3"]).keep_checkpoints == 3
+    assert train_grpo.parse_args([]).keep_checkpoints == 1
+    with pytest.raises(SystemExit):
+        train_grpo.parse_args(["--keep-checkpoints", "0"])
+
+
+def test_train_grpo_keeps_the_newest_checkpoints_and_resumes_from_checkpoint(tmp_path, capsys):
+    from helpers import common_flags, keyword_task_model, write_keyword_suite
+    from minskill.runs import load_trainer_state
+    from minskill.serve.server import ScriptedBackend, start_server
+    from tiny import make_tiny_model_dir
+    editor = make_tiny_model_dir(tmp_path / "editor", family="llama", chat_format="chatml",
+                                 max_position_embeddings=1024)
+    suite, out = write_keyword_suite(tmp_path / "keywords.jsonl"), tmp_path / "run"
+    with start_server(ScriptedBackend(keyword_task_model, name="keywords")) as server:
+        flags = common_flags(editor, suite, server.url, out) + ["--save-every", "1", "--keep-checkpoints", "2"]
+        assert train_grpo.main(flags + ["--steps", "3"]) == 0
+        assert sorted(p.name for p in out.glob("checkpoint*")) == ["checkpoint", "checkpoint-step-2"]
+        assert load_trainer_state(out / "checkpoint", restore_rng=False)["step"] == 3
+        assert load_trainer_state(out / "checkpoint-step-2", restore_rng=False)["step"] == 2
+        assert train_grpo.main(["--out", str(out), "--resume", "--steps", "4"]) == 0   # reads checkpoint/: step 3
+    assert "resuming" in capsys.readouterr().out
+    assert sorted(p.name for p in out.glob("checkpoint*")) == ["checkpoint", "checkpoint-step-3"]
+    assert load_trainer_state(out / "checkpoint", restore_rng=False)["step"] == 4

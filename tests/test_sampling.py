@@ -217,3 +217,49 @@ def test_chat_command_prints_the_reply(model, monkeypatch, capsys):
     expected = generate(model, [PROMPTS[0]], max_new_tokens=6, temperature=0, stop_token_ids=[0],
                         tokenizer=ChatTokenizer())[0].text
     assert capsys.readouterr().out.strip() == expected.strip() and loaded == [("tiny", torch.float32)]
+
+
+MIXED = dict(n=3, seed=[4, 7, 5], temperature=[0.0, 1.0, 0.8], top_p=[1.0, 0.9, 1.0], top_k=[0, 0, 5],
+             max_new_tokens=[4, 13, 11])
+
+
+@pytest.mark.parametrize("sync_every", [2, 5, 8, 64])
+def test_samples_do_not_depend_on_how_often_the_host_looks(model, sync_every):
+    """A GPU decodes blocks of sync_every tokens between two looks at the host: the samples (tokens, stop by token
+    and by string, lengths, streamed tokens; log-probs to rounding) are the CPU's token-by-token ones."""
+    tok = CharTokenizer()
+    greedy = generate(model, PROMPTS, max_new_tokens=12, temperature=0)
+    kw = dict(MIXED, stop_token_ids=[greedy[0].token_ids[5]], tokenizer=tok,
+              stop_strings=[[], [tok.decode(greedy[1].token_ids[2:4])], ["q"]])
+    streamed = {1: [], sync_every: []}
+    by_step = generate(model, PROMPTS, sync_every=1, on_token=lambda r, t: streamed[1].append((r, t)), **kw)
+    blocks = generate(model, PROMPTS, sync_every=sync_every,
+                      on_token=lambda r, t: streamed[sync_every].append((r, t)), **kw)
+    assert [(s.token_ids, s.text, s.finish_reason) for s in blocks] == \
+        [(s.token_ids, s.text, s.finish_reason) for s in by_step] and streamed[1] == streamed[sync_every]
+    for a, b in zip(blocks, by_step):   # finished rows leave the batch at other steps: float rounding only
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
+    assert {s.finish_reason for s in by_step} == {"stop", "length"}     # both ways of ending are exercised
+
+
+def test_a_decoding_block_reads_the_device_once(model, monkeypatch):
+    """No per-token host sync: with sync_every=8, 24 tokens of sampled (top-k) and greedy rows read device values
+    on the host a few times per block (tokens and log-probs), not several times a token as before."""
+    reads = []
+    for name in ("tolist", "item", "__bool__"):
+        original = getattr(torch.Tensor, name)
+        monkeypatch.setattr(torch.Tensor, name, lambda self, *a, _o=original, _n=name: reads.append(_n) or _o(self, *a))
+    generate(model, PROMPTS, n=2, max_new_tokens=24, temperature=[1.0, 0.0, 0.7], top_k=[0, 0, 8], seed=1,
+             sync_every=8)
+    assert len(reads) <= 3 * 4 + 2                   # 3 blocks x (tokens, log-probs, a cache drop) + the prefill
+
+
+def test_under_bf16_autocast_the_kv_cache_is_kept_in_bf16(model, monkeypatch):
+    made = []
+    original = model.new_cache
+    monkeypatch.setattr(model, "new_cache", lambda *a, **k: made.append(original(*a, **k)) or made[-1])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        samples = generate(model, PROMPTS, n=2, max_new_tokens=6, temperature=1.0, seed=0)
+    assert made[0].k.dtype == torch.bfloat16 and [len(s.token_ids) for s in samples] == [6] * 6
+    generate(model, PROMPTS, max_new_tokens=2, temperature=0)
+    assert made[1].k.dtype == torch.float32              # no autocast: the weights' dtype, as before

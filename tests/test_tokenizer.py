@@ -65,6 +65,21 @@ def test_chat_template_matches_hf(tokenizers, template, conversation, add_genera
     assert list(encoded) == ids
 
 
+@pytest.mark.parametrize("conversation", sorted(CONVERSATIONS))
+@pytest.mark.parametrize("template", sorted(TEMPLATES))
+def test_enable_thinking_matches_hf(tokenizers, template, conversation):
+    """enable_thinking=True (minskill.serve's chat_template_kwargs): Qwen3's reply prompt without the empty think
+    block, as HF renders the template with enable_thinking true; templates without it ignore it."""
+    mine, hf = tokenizers[template]
+    messages = CONVERSATIONS[conversation]
+    kwargs = LLAMA_DATE if template in ("llama3", "llama3.1") else {}
+    text = hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, enable_thinking=True, **kwargs)
+    assert mine.render_chat(messages, enable_thinking=True, **kwargs) == text
+    assert mine.apply_chat_template(messages, enable_thinking=True, **kwargs) == hf(text, add_special_tokens=False)[
+        "input_ids"]
+    assert (template == "qwen3") == (text != hf_ids(hf, messages, True, **kwargs)[0])   # only Qwen3's differs
+
+
 def test_format_details(tokenizers):
     smol, qwen25, qwen3 = tokenizers["chatml"][0], tokenizers["qwen2.5"][0], tokenizers["qwen3"][0]
     user = CONVERSATIONS["single"]

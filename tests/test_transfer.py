@@ -378,11 +378,11 @@ def partial(matrix, tmp_path):
 
 
 @pytest.mark.parametrize("extra, names", [
-    (["--n-heldout", 5], "--n-heldout 5 contradicts the saved run's --n-heldout 10"),
-    (["--task-max-tokens", 64], "--task-max-tokens 64 contradicts"),
-    (["--libraries", "none"], "--libraries ['none'] contradicts"),
-    (["--retrieve", "keyword"], "--retrieve 'keyword' contradicts"),
-    (["--target-model", "alpha=other-model"], "--target-model ['alpha=other-model'] contradicts"),
+    (["--n-heldout", 5], "--n-heldout 10 -> 5"),
+    (["--task-max-tokens", 64], "--task-max-tokens 128 -> 64"),
+    (["--libraries", "none"], "-> ['none']"),
+    (["--retrieve", "keyword"], "-> 'keyword'"),
+    (["--target-model", "alpha=other-model"], "-> ['alpha=other-model']"),
     (["--targets", "alpha=http://127.0.0.1:9/v1"], "--targets alpha=http://127.0.0.1:9/v1 contradicts"),
     (["--targets", "a=http://127.0.0.1:9/v1", "beta=http://127.0.0.1:9/v1", "other=http://127.0.0.1:9/v1"],
      "give the same labels in the same order"),

@@ -45,8 +45,14 @@ batches and continues exactly where the interrupted one stopped.
 Bad data never crashes a run: malformed JSONL lines are reported as `file:line: reason` and skipped;
 records longer than max_length are skipped (or truncated, keeping the head) and counted.
 
+Past one GPU (`torchrun --nproc_per_node N rewrite.py train ...`, minskill.distributed): every rank reads all the
+data and takes its contiguous share of each effective batch; the loss is still divided by the whole batch's target
+tokens, the gradients are summed over the ranks before clipping, so each rank takes the one-process step; the
+validation loss is summed over the ranks' shares; rank 0 alone writes the output folder.
+
 This module imports minskill.nn.model, minskill.nn.tokenizer, minskill.plot, minskill.files (atomic writes),
-minskill.runs (checkpoints), minskill.nn.optim (the schedule) and minskill.nn.lora (resuming an adapted model).
+minskill.runs (checkpoints), minskill.nn.optim (the schedule), minskill.nn.lora (resuming an adapted model) and
+minskill.distributed (the ranks).
 """
 from __future__ import annotations
 
@@ -65,6 +71,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from minskill import distributed
 from minskill.files import TOO_DEEP, read_jsonl, write_jsonl_atomic
 from minskill.nn.lora import ADAPTER_DIR, has_lora, load_peft_adapter, trainable_parameters
 from minskill.nn.model import Transformer
@@ -400,6 +407,14 @@ def _forward_backward(model, examples, pad_id, device, cfg: SFTConfig, n_targets
 def evaluate_loss(model: Transformer, examples: list[Example], pad_id: int, micro_batch_size: int = 1,
                   bf16: bool = False, chunk_tokens: int = 1024) -> float:
     """Mean target-token NLL over `examples` (the same L as training, without gradients)."""
+    total, count = _nll_sums(model, examples, pad_id, micro_batch_size, bf16, chunk_tokens)
+    return total / max(1, count)
+
+
+@torch.no_grad()
+def _nll_sums(model: Transformer, examples: list[Example], pad_id: int, micro_batch_size: int, bf16: bool,
+              chunk_tokens: int) -> tuple[float, int]:
+    """(Σ target-token NLL, number of target tokens) over `examples`."""
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
@@ -410,6 +425,14 @@ def evaluate_loss(model: Transformer, examples: list[Example], pad_id: int, micr
             nll, n = target_nll(model, input_ids, loss_mask, chunk_tokens)
         total, count = total + float(nll), count + n
     model.train(was_training)
+    return total, count
+
+
+def _validation_loss(model: Transformer, examples: list[Example], pad_id: int, cfg: SFTConfig) -> float:
+    """evaluate_loss over every rank's share of `examples` (torchrun), the sums added up."""
+    share = distributed.share(examples)[0]
+    total, count = distributed.sum_over_ranks(*_nll_sums(model, share, pad_id, cfg.micro_batch_size, cfg.bf16,
+                                                          cfg.chunk_tokens))
     return total / max(1, count)
 
 
@@ -501,8 +524,10 @@ def _optimizer_step(model: Transformer, optimizer, batch: list[Example], pad_id:
     for group in optimizer.param_groups:
         group["lr"] = lr
     optimizer.zero_grad(set_to_none=True)
-    n_targets = sum(e.num_target_tokens for e in batch)
-    nll_sum = _forward_backward(model, batch, pad_id, device, cfg, n_targets)
+    n_targets = sum(e.num_target_tokens for e in batch)   # the whole batch's, also when it is shared by ranks
+    nll_sum = _forward_backward(model, distributed.share(batch)[0], pad_id, device, cfg, n_targets)
+    distributed.all_reduce_grads(model)   # torchrun: the sum over the ranks' shares, so every rank steps alike
+    nll_sum = distributed.sum_over_ranks(nll_sum)
     params = [p for p in model.parameters() if p.grad is not None]
     grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip if cfg.grad_clip > 0 else float("inf")))
     optimizer.step()
@@ -519,8 +544,9 @@ def train_sft(model: Transformer, tokenizer: Tokenizer, train_examples: list[Exa
     (a path: from that checkpoint); the result equals an uninterrupted run with the same data and config."""
     if not train_examples:
         raise ValueError("no training examples (all records were malformed or too long?)")
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir, main = Path(out_dir), distributed.is_main()   # torchrun: rank 0 alone writes out_dir
+    if main:
+        out_dir.mkdir(parents=True, exist_ok=True)
     device = next(model.parameters()).device
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     model.gradient_checkpointing = cfg.gradient_checkpointing
@@ -532,18 +558,20 @@ def train_sft(model: Transformer, tokenizer: Tokenizer, train_examples: list[Exa
     metrics_path = out_dir / "metrics.jsonl"
     step = _resume(model, optimizer, out_dir, resume, cfg, fingerprint, total_steps, log)
     # Drop metric rows from beyond the resumed step (an interrupted run may have logged past its checkpoint).
-    write_jsonl_atomic(metrics_path, _read_metrics(metrics_path, step))
+    if main:
+        write_jsonl_atomic(metrics_path, _read_metrics(metrics_path, step))
 
     n_params, n_trained = (sum(p.numel() for p in ps) for ps in (model.parameters(), trainable_parameters(model)))
     log(f"sft: {len(train_examples)} train / {len(val_examples)} validation examples, {n_params / 1e6:.1f}M params "
         f"({'LoRA: ' + format(n_trained / 1e6, '.2f') + 'M trained' if has_lora(model) else 'all trained'}), "
         f"{total_steps} steps ({steps_per_epoch}/epoch x {cfg.epochs:g} epochs), batch {cfg.batch_size} = "
         f"{cfg.micro_batch_size} x {cfg.batch_size // cfg.micro_batch_size} accumulation, lr {cfg.lr:g}, "
-        f"{'bf16 autocast' if cfg.bf16 else 'float32'}{', gradient checkpointing' if cfg.gradient_checkpointing else ''}")
+        f"{'bf16 autocast' if cfg.bf16 else 'float32'} on {device}"
+        f"{', gradient checkpointing' if cfg.gradient_checkpointing else ''}")
     model.train()
     started, tokens_seen, steps_done = time.perf_counter(), 0, 0
     train_loss = val_loss = None
-    with open(metrics_path, "a", encoding="utf-8") as metrics:
+    with open(metrics_path if main else os.devnull, "a", encoding="utf-8") as metrics:
         while step < stop_step:
             epoch, index = divmod(step, steps_per_epoch)
             order = epoch_order(len(train_examples), cfg.seed, epoch)
@@ -558,7 +586,7 @@ def train_sft(model: Transformer, tokenizer: Tokenizer, train_examples: list[Exa
                    "grad_norm": grad_norm, "target_tokens": sum(e.num_target_tokens for e in batch),
                    "tokens_per_s": tokens_seen / elapsed}
             if val_examples and ((cfg.eval_every and step % cfg.eval_every == 0) or step == stop_step):
-                val_loss = evaluate_loss(model, val_examples, pad_id, cfg.micro_batch_size, cfg.bf16, cfg.chunk_tokens)
+                val_loss = _validation_loss(model, val_examples, pad_id, cfg)
                 row["val_loss"] = val_loss
             row["seconds"] = time.perf_counter() - step_started   # the step and its validation, for the report
             metrics.write(json.dumps(row) + "\n")
@@ -568,7 +596,7 @@ def train_sft(model: Transformer, tokenizer: Tokenizer, train_examples: list[Exa
                 log(f"step {step}/{total_steps} | loss {train_loss:.4f}"
                     + (f" | val {row['val_loss']:.4f}" if "val_loss" in row else "")
                     + f" | lr {lr:.2e} | {row['tokens_per_s']:.0f} tok/s | ETA {_format_seconds(eta)}")
-            if step % cfg.save_every == 0 or step == stop_step:
+            if main and (step % cfg.save_every == 0 or step == stop_step):
                 state = {"step": step, "optimizer": optimizer.state_dict(),
                          "config": asdict(cfg), "data_fingerprint": fingerprint,
                          "schedule": {"total_steps": total_steps, "peak_lr": cfg.lr,
@@ -577,7 +605,7 @@ def train_sft(model: Transformer, tokenizer: Tokenizer, train_examples: list[Exa
                 _prune_checkpoints(out_dir, cfg.keep_checkpoints)
                 plot_metrics(metrics_path, out_dir / "loss.svg")     # so an interrupted run has its curve too
     finished = step >= total_steps
-    if finished:
+    if finished and main:
         save_checkpoint(out_dir / "final", model, tokenizer)
     log(f"sft: {'done' if finished else 'stopped'} at step {step}/{total_steps}; "
         f"{'model in ' + str(out_dir / 'final') if finished else 'resume with --resume'}"

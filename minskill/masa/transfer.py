@@ -81,12 +81,12 @@ from minskill import paired
 from minskill.files import inside, read_json, write_json_atomic, write_jsonl_atomic, write_text_atomic
 from minskill.masa import data as masa_data, rewriter
 from minskill.masa.transfer_record import LABEL, REWRITTEN, check_matrix
-from minskill.nn.quantize import QUANTIZE_CHOICES
+from minskill.cli import LABELLED_EXTRA_BODY_HELP, QUANTIZE_CHOICES, add_device_args, labelled_json_objects, set_up_device
 from minskill.nn.weights import DEFAULT_MODEL, load_model
 from minskill.retrieval import (RetrievalError, add_retrieval_args, check_retrieval_args, retriever_from_args,
                                 with_retrieval)
 from minskill.rollout import load_skills, run_rollouts, summarize
-from minskill.runs import check_run_folder, open_run_folder
+from minskill.runs import check_run_folder, given_flags, open_run_folder, resume_flags
 from minskill.serve.client import ChatError
 from minskill.serve.server import embedded_client
 from minskill.skills import SkillFormatError
@@ -120,6 +120,7 @@ class Target:
     model_spec: str | None = None
     quantize: str = "none"
     model: str | None = None        # the name asked for at `url`; after connecting, the served name
+    extra_body: dict | None = None  # --task-extra-body: fields merged into every request to it
     card: dict | None = None        # the model card (only with --rewriter)
 
 
@@ -242,6 +243,8 @@ def load_targets(args) -> list[Target]:
             raise TransferError(f"--target-model {label}={model}: target {label!r} is the embedded server, "
                                 f"which serves one model; a model name is for a URL target")
         target.model = model
+    for label, body in labelled_json_objects(args.task_extra_body, labels, "--task-extra-body", TransferError).items():
+        targets[labels.index(label)].extra_body = body
     if args.model_card and not args.rewriter:
         raise TransferError("--model-card is for --rewriter (the card the rewriter adapts a library to)")
     if args.rewriter and not args.resume:     # on --resume the rewrites are read back: no cards needed
@@ -289,8 +292,8 @@ def rewritten_rows(args, libraries: list[Library], targets: list[Target], out: P
     """One "L+rw" row per library with skills: the rewriter's greedy rewrite of L for each target's card,
     validated and saved in OUT/rewritten/F/L/ (what does not parse: OUT/rewritten/F/L.raw.txt)."""
     import torch
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    model, tokenizer = load_model(rewriter.resolve_rewriter(args.rewriter), dtype=torch.float32, device=device)
+    set_up_device(args.device)   # --device, resolved at parse time (minskill.cli); TF32 on CUDA
+    model, tokenizer = load_model(rewriter.resolve_rewriter(args.rewriter), dtype=torch.float32, device=args.device)
     model.eval()
     task, rows = task_description(args), []
     for library in (lib for lib in libraries if lib.skills is not None):
@@ -328,22 +331,22 @@ def log(line: str) -> None:
 @contextlib.contextmanager
 def connect(targets: list[Target], args):
     """{target label: ChatClient}: URL targets directly, embedded ones through one server per distinct
-    (model spec, quantisation), all stopped when the block exits. Each client knows its model's name."""
+    (model spec, quantisation, extra body), all stopped when the block exits. Each client knows its model's name."""
     with contextlib.ExitStack() as stack:
         servers, clients = {}, {}
-        kw = dict(max_workers=args.task_concurrency, timeout=args.timeout)
         for target in targets:
+            kw = dict(max_workers=args.task_concurrency, timeout=args.timeout, extra_body=target.extra_body)
             if target.url is not None:
                 client = stack.enter_context(embedded_client(url=target.url, model=target.model,
                                                              api_key=args.task_api_key, **kw))
                 client.resolve_model()        # an unreachable endpoint fails here, before any cell
             else:
-                key = (target.model_spec, target.quantize)
+                key = (target.model_spec, target.quantize, json.dumps(target.extra_body, sort_keys=True))
                 if key not in servers:
-                    log(f"starting the embedded server: {target.model_spec} (quantize {target.quantize})")
+                    log(f"starting the embedded server: {target.model_spec} (quantize {target.quantize}, device {args.device})")
                     servers[key] = stack.enter_context(embedded_client(
                         model_spec=target.model_spec, quantize=target.quantize, startup_timeout=args.startup_timeout,
-                        server_args=("--max-batch", str(args.task_concurrency)), **kw))
+                        server_args=("--max-batch", str(args.task_concurrency)), device=args.device, **kw))
                 client = servers[key]
             target.model = client.model
             clients[target.label] = client
@@ -474,8 +477,7 @@ def matrix_table(run: dict) -> str:
             texts.append(f"**{text}**" if bold else text)
         lines.append(f"| {row['label']} | " + " | ".join(texts) + " |")
     lines += ["", *(f"- target {t['label']}: {t['url'] or 'embedded ' + t['spec']}, model {t['model']}"
-                    for t in targets),
-              *(f"- library {r['label']}: {r['spec']}" for r in run["libraries"])]
+                    for t in targets), *(f"- library {r['label']}: {r['spec']}" for r in run["libraries"])]
     return "\n".join(lines)
 
 
@@ -498,17 +500,12 @@ def resume_args(argv: list[str], args) -> tuple[argparse.Namespace, dict]:
         check_matrix(run, f"--resume: {path}", resume=True)
     except (FileNotFoundError, ValueError) as e:
         raise TransferError(str(e)) from None
-    quiet = build_parser()           # parses only what the command line gives: no defaults
-    for action in quiet._actions:
-        action.default = argparse.SUPPRESS
-    saved, given = run["args"], vars(quiet.parse_args(argv))
-    for key, value in given.items():
-        if key not in (*RUN_SETTINGS, "resume", "out", "targets") and value != saved.get(key):
-            name = "--" + key.replace("_", "-")
-            raise TransferError(f"--resume: {name} {value!r} contradicts the saved run's {name} {saved.get(key)!r}; "
-                                f"it defines the cells, so the kept cells would not match new ones: drop {name}, "
-                                f"or start a new matrix in another --out")
-    wanted, old = given.get("targets", saved["targets"]), run["targets"]
+    saved, given, resumed = run["args"], given_flags(build_parser(), argv), argparse.Namespace(**vars(args))
+    try:   # the one resume policy (minskill.runs): a flag that defines the cells only with its saved value
+        resume_flags(resumed, {k: v for k, v in saved.items() if k != "targets"}, given, RUN_SETTINGS, PROG)
+    except SystemExit as e:
+        raise TransferError(str(e).removeprefix(f"{PROG}: ")) from None
+    wanted, old = args.targets if "targets" in given else saved["targets"], run["targets"]
     new = [parse_target(t) for t in wanted]
     if len(new) != len(old) or any(n.label != o["label"] or (n.url is None) != (o["url"] is None)
                                    or (n.url is None and n.spec != o["spec"]) for n, o in zip(new, old)):
@@ -517,8 +514,8 @@ def resume_args(argv: list[str], args) -> tuple[argparse.Namespace, dict]:
                             f"embedded target with its saved spec; only a URL target's URL may change (LABEL=URL)")
     saved["targets"] = [f"{t.label}={t.spec}" for t in new]      # a moved URL is the one a later resume uses
     run.setdefault("resumed", []).append(command_line(argv))
-    return argparse.Namespace(**{**vars(args), **saved, **{k: given[k] for k in RUN_SETTINGS if k in given},
-                                 "resume": True}), run
+    resumed.targets, resumed.resume = saved["targets"], True
+    return resumed, run
 
 
 def check_resumable(run: dict, tasks: list, libraries: list[Library]) -> None:
@@ -580,6 +577,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target-model", nargs="+", default=None, metavar="LABEL=NAME",
                    help="the model name to ask a URL target for (default: the first it lists)")
     p.add_argument("--task-api-key", default=None, help="API key of the URL targets (default $OPENAI_API_KEY)")
+    p.add_argument("--task-extra-body", nargs="+", metavar="[LABEL=]JSON", help=LABELLED_EXTRA_BODY_HELP)
     p.add_argument("--suite", default="qa", help="qa | household | webwalk | PATH.jsonl (default qa)")
     p.add_argument("--n-heldout", type=int, default=40, help="held-out tasks (evolve_masa.py's; default 40)")
     p.add_argument("--task-seed", type=int, default=0, help="seed of the generated suite (default 0)")
@@ -594,7 +592,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--task", default=None, help="task description given to the rewriter, or a suite's name for the "
                    "description evolve_masa.py's SFT records hold for it (default: --suite's)")
     g.add_argument("--rewriter-max-tokens", type=int, default=1536, help="reply budget of the rewriter")
-    g.add_argument("--device", default=None, help="the rewriter's device (default cuda when available)")
+    add_device_args(g, bf16=False, what="the rewriter and the embedded targets run")
     g = p.add_argument_group("run")
     g.add_argument("--task-concurrency", type=int, default=16, help="requests in flight per target")
     g.add_argument("--timeout", type=float, default=600.0, help="seconds one reply may take")

@@ -109,7 +109,8 @@ class KVCache:
 
     All rows share one write offset `length` (batches are left padded); `key_mask` marks which cached slots
     hold real tokens and `next_position` is each row's next RoPE position. Attention uses a cache through
-    `update(layer, k, v)` and those fields only, so another store of keys/values can stand in for it.
+    `update(layer, k, v)` and those fields only (gradient checkpointing also reads slots 0..length-1 of `k[layer]`,
+    `v[layer]`: `checkpointed_layer`), so another store of keys/values can stand in for it.
     """
 
     def __init__(self, config: ModelConfig, batch_size: int, max_len: int, dtype=torch.float32, device=None):
@@ -119,6 +120,7 @@ class KVCache:
         self.key_mask = torch.zeros(batch_size, max_len, dtype=torch.bool, device=device)
         self.next_position = torch.zeros(batch_size, dtype=torch.long, device=device)
         self.length, self.max_len = 0, max_len
+        self.has_pads = False   # a slot below `length` holds a pad: kept on the host, so decoding never asks the device
 
     @property
     def batch_size(self) -> int:
@@ -135,7 +137,7 @@ class KVCache:
         new = KVCache.__new__(KVCache)
         new.k, new.v = pick(self.k, 1), pick(self.v, 1)
         new.key_mask, new.next_position = pick(self.key_mask, 0), pick(self.next_position, 0)
-        new.length, new.max_len = self.length, self.max_len
+        new.length, new.max_len, new.has_pads = self.length, self.max_len, self.has_pads
         return new
 
     def repeat_interleave(self, n: int) -> "KVCache":
@@ -145,7 +147,17 @@ class KVCache:
     def select(self, rows) -> "KVCache":
         """A cache holding only the given rows (in that order): drops finished samples from a batch."""
         index = torch.as_tensor(rows, dtype=torch.long, device=self.k.device)
-        return self._with_rows(lambda t, dim: t.index_select(dim, index))
+        new = self._with_rows(lambda t, dim: t.index_select(dim, index))
+        new.has_pads = not bool(new.key_mask[:, :new.length].all())   # the padded rows may be gone
+        return new
+
+    def mark_keys(self, T: int, attention_mask) -> bool:
+        """Slots length..length+T-1 hold these tokens (all real when attention_mask is None); returns whether every
+        key so far is real. Only a padded input looks at the device (once, at prefill), not a decoding step."""
+        self.key_mask[:, self.length:self.length + T] = True if attention_mask is None else attention_mask
+        if attention_mask is not None:
+            self.has_pads = self.has_pads or not bool(attention_mask.all())
+        return not self.has_pads
 
 
 # ----------------------------------------------------------------------------------------------- layers
@@ -188,8 +200,12 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q = apply_rope(q.transpose(1, 2), cos, sin)                                     # (B, n_h, T, d)
         k = apply_rope(k.transpose(1, 2), cos, sin)                                     # (B, n_kv, T, d)
+        # one compute dtype for q, k, v: under autocast v_proj's output is bf16 while RoPE and q/k-norm left q and
+        # k in float32; the fused SDPA kernels take one dtype (and a cache in that dtype is not re-cast each step)
+        q, k = q.to(v.dtype), k.to(v.dtype)
         if cache is not None:  # the cache keeps this step's keys/values and returns all of them
             k, v = cache.update(layer, k, v)                                            # (B, n_kv, S, d)
+            k, v = k.to(q.dtype), v.to(q.dtype)      # a no-op unless a caller made the cache in another dtype
         if T == 1 and self.group > 1:
             # One new token: the `group` query heads sharing a kv head become `group` query rows of that
             # head (same keys, same mask) -- one small matmul instead of a GQA kernel; fastest on CPU.
@@ -197,10 +213,25 @@ class Attention(nn.Module):
                                                attn_mask=mask)
             o = o.reshape(B, 1, self.n_heads * self.head_dim)
         else:
-            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
-                                               enable_gqa=self.group > 1)              # (B, n_h, T, d)
+            o = attend(q, k, v, mask, is_causal, self.group)                            # (B, n_h, T, d)
             o = o.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim)
         return self.o_proj(o)
+
+
+# devices where a masked GQA attention repeats k/v to the query heads: a mask with enable_gqa rules out CUDA's
+# fused kernels (flash takes no mask, memory-efficient no GQA), leaving the math kernel and its float32 (B, H, T, S)
+# scores; on the CPU the GQA call is as fast and stays as it was (tests/test_model.py checks both agree)
+EXPAND_KV_FOR_MASK = ("cuda",)
+
+
+def attend(q, k, v, mask, is_causal: bool, group: int):
+    """SDPA of q (B, n_h, T, d) over k, v (B, n_kv, S, d), n_h = group * n_kv; mask: None or bool, broadcast to
+    (B, n_h, T, S). With a mask on CUDA, k and v are repeated per query head so that the memory-efficient kernel
+    can run (docs/gpu.md); without one, flash takes GQA directly."""
+    if group > 1 and mask is not None and q.device.type in EXPAND_KV_FOR_MASK:
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        group = 1
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, enable_gqa=group > 1)
 
 
 class MLP(nn.Module):
@@ -238,13 +269,14 @@ class Backbone(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
 
-def attention_mask_for(key_mask: torch.Tensor | None, T: int, offset: int):
+def attention_mask_for(key_mask: torch.Tensor | None, T: int, offset: int, all_real: bool | None = None):
     """(mask, is_causal) for SDPA: T queries at slots offset..offset+T-1 over keys 0..offset+T-1.
 
-    key_mask (B, S) marks real keys (None = all real). Returns None masks where SDPA's fast paths apply.
+    key_mask (B, S) marks real keys (None = all real; all_real: whether it is all True, when the caller knows).
+    Returns None masks where SDPA's fast paths apply.
     """
     device = key_mask.device if key_mask is not None else None
-    if key_mask is None or bool(key_mask.all()):
+    if key_mask is None or (bool(key_mask.all()) if all_real is None else all_real):
         if T == 1:
             return None, False          # a single new token may see every cached one
         if offset == 0:
@@ -258,6 +290,40 @@ def attention_mask_for(key_mask: torch.Tensor | None, T: int, offset: int):
         return allowed, False
     allowed = (allowed & key_mask[:, None, :]) | (k_pos == q_pos)             # (B, T, S); pads see themselves
     return allowed[:, None], False                                             # (B, 1, T, S)
+
+
+class _NewKeysValues:
+    """Stands in for a cache inside a checkpointed layer: attention sees the cached keys/values plus this
+    step's, nothing is stored, and this step's keys/values are kept for the caller to store (once)."""
+
+    def __init__(self, past_k, past_v):
+        self.past_k, self.past_v, self.new = past_k, past_v, None
+
+    def update(self, layer, k, v):
+        self.new = (k, v)
+        if self.past_k is None:
+            return k, v
+        return torch.cat([self.past_k, k], dim=2), torch.cat([self.past_v, v], dim=2)
+
+
+def checkpointed_layer(layer: DecoderLayer, x, cos, sin, mask, is_causal, cache, i: int) -> torch.Tensor:
+    """`layer(x, ...)` with its activations recomputed in the backward instead of kept (gradient checkpointing).
+
+    With a cache, the recomputation must not store this step's keys/values a second time, so the checkpointed
+    function has no side effect: it takes the cached keys/values (slots 0..length-1 of `cache.k[i]`,
+    `cache.v[i]`: KVCache and shared_prefix.DifferentiableKV both keep them so) as inputs and returns the layer
+    output with this step's keys/values, which the cache stores here, outside the checkpoint."""
+    if cache is None:
+        return checkpoint(layer, x, cos, sin, mask, is_causal, use_reentrant=False)
+    past = (cache.k[i][:, :, :cache.length], cache.v[i][:, :, :cache.length]) if cache.length else (None, None)
+
+    def run(x, cos, sin, mask, past_k, past_v):
+        step_kv = _NewKeysValues(past_k, past_v)
+        return (layer(x, cos, sin, mask, is_causal, step_kv, i), *step_kv.new)
+
+    out, k, v = checkpoint(run, x, cos, sin, mask, *past, use_reentrant=False)
+    cache.update(i, k, v)
+    return out
 
 
 # ------------------------------------------------------------------------------------------------ model
@@ -294,14 +360,17 @@ class Transformer(nn.Module):
                 raise ValueError(f"attention_mask shape {tuple(attention_mask.shape)} != input_ids shape "
                                  f"{tuple(input_ids.shape)}")
             attention_mask = attention_mask.to(device=input_ids.device, dtype=torch.bool)
-        offset = 0
+        offset, all_real = 0, None
         if cache is not None:
             offset = cache.length
             if cache.batch_size != B:
                 raise ValueError(f"cache holds {cache.batch_size} rows but input_ids has {B}")
             if offset + T > cache.max_len:
                 raise ValueError(f"cache overflow: {offset} cached + {T} new tokens > max_len {cache.max_len}")
-            cache.key_mask[:, offset:offset + T] = True if attention_mask is None else attention_mask
+            if isinstance(cache, KVCache):
+                all_real = cache.mark_keys(T, attention_mask)
+            else:   # another store of keys/values (nn/shared_prefix.py): attention_mask_for looks
+                cache.key_mask[:, offset:offset + T] = True if attention_mask is None else attention_mask
             key_mask = cache.key_mask[:, :offset + T]
         else:
             key_mask = attention_mask
@@ -320,11 +389,11 @@ class Transformer(nn.Module):
         angles = positions[:, None, :, None].float() * self.rope_inv_freq        # (B, 1, T, d/2), once per call
         x = self.model.embed_tokens(input_ids)                                   # (B, T, H)
         cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
-        mask, is_causal = attention_mask_for(key_mask, T, offset)
+        mask, is_causal = attention_mask_for(key_mask, T, offset, all_real)
 
         for i, layer in enumerate(self.model.layers):
-            if self.gradient_checkpointing and self.training and torch.is_grad_enabled() and cache is None:
-                x = checkpoint(layer, x, cos, sin, mask, is_causal, use_reentrant=False)
+            if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
+                x = checkpointed_layer(layer, x, cos, sin, mask, is_causal, cache, i)
             else:
                 x = layer(x, cos, sin, mask, is_causal, cache, i)
         if cache is not None:

@@ -12,6 +12,14 @@ A draw uses one uniform u from the sample's own torch.Generator (seeded from the
 sample's index): token = first index whose cumulative probability exceeds u, so a seeded request gives the
 same tokens whatever else shares the batch.
 
+Host syncs. A decoding step runs on the device alone: the host looks at the chosen tokens (stop tokens, stop
+strings, lengths, should_stop, streaming) once every `sync_every` tokens (1 on the CPU, SYNC_EVERY on a GPU,
+where each look stalls the device). A sample that stopped inside such a block decodes on until its end and those
+tokens are dropped, so the tokens are the same for any sync_every (log-probs to float rounding: finished rows
+leave the batch at other steps); each block's uniforms are drawn at its start
+from the rows' generators (one copy to the device). top_p < 1 without a top-k of at most 64 still looks once a
+token (_filtered_choice sizes its candidate window by the probability mass).
+
 completion_logprobs(): log p(c_t | prompt, c_<t) / T for given completions, differentiable. Logits are
 computed only at completion positions, in chunks of `chunk_tokens`, each chunk recomputed in the backward
 pass, so the full (B, T, V) float32 logits never exist (Qwen vocabularies have 151,936 entries).
@@ -29,6 +37,7 @@ from torch.utils.checkpoint import checkpoint
 
 from minskill.nn.weights import load_model
 
+SYNC_EVERY = 8              # decoding steps between two looks at the host on a GPU (a finished sample wastes < 8)
 _SEED_MIX = 0x9E3779B97F4A7C15  # odd 64-bit constant: sample j of seed s gets seed s * MIX + j (mod 2^63)
 
 
@@ -79,11 +88,12 @@ def _left_pad(seqs: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor,
     return torch.tensor(ids, dtype=torch.long, device=device), torch.tensor(mask, dtype=torch.long, device=device)
 
 
-def _filtered_choice(probs, top_k, top_p, u, total):
+def _filtered_choice(probs, top_k, top_p, u, total, check_cover=True):
     """Inverse-CDF draw from the top-k / top-p restricted distribution, candidates in descending order.
 
     Only the K most likely tokens are sorted (torch.topk), K growing until it covers every row's kept set:
-    a full sort of a 150k vocabulary costs as much as a decoding step.
+    a full sort of a 150k vocabulary costs as much as a decoding step. check_cover=False: the caller knows every
+    row keeps at most 64 tokens (top-k), so the window needs no look at the device.
     """
     V = probs.shape[1]
     no_k = (top_k <= 0) | (top_k >= V)
@@ -92,7 +102,7 @@ def _filtered_choice(probs, top_k, top_p, u, total):
     while True:
         top, index = probs.topk(K, dim=-1)                                          # (R, K), descending
         covered = (k_eff <= K) | (no_k & (top.sum(-1) >= top_p * total))
-        if K == V or bool(covered.all()):
+        if K == V or not check_cover or bool(covered.all()):
             break
         K = min(V, 4 * K)
     rank = torch.arange(K, device=probs.device)
@@ -104,27 +114,40 @@ def _filtered_choice(probs, top_k, top_p, u, total):
     return index.gather(1, choice).squeeze(1)
 
 
-def _sample_step(logits, temperature, top_k, top_p, generators):
-    """logits (R, V) float32 -> (tokens (R,), logprobs (R,)); per-row parameters are (R,) tensors.
+def _sample_step(logits, temperature, top_k, top_p, plan: "_Plan", u=None):
+    """logits (R, V) float32 -> (tokens (R,), logprobs (R,)); per-row parameters are (R,) tensors, u (R,) the
+    rows' uniforms (None when every row is greedy: `plan`, worked out on the host, says which rows draw).
 
     Which path a row takes depends only on its own parameters, so its draw never depends on its companions.
     """
     greedy = temperature == 0
     logprobs = torch.log_softmax(logits / torch.where(greedy, 1.0, temperature)[:, None], dim=-1)
     tokens = logits.argmax(-1)
-    if not bool(greedy.all()):
+    if plan.sampled:
         probs = logprobs.exp()
         cdf = probs.cumsum(-1)                                                      # vocabulary order
-        # the generators live on the CPU (the same draws on every device), so their numbers are drawn there
-        u = torch.cat([torch.rand(1, generator=g, device="cpu") for g in generators]).to(cdf.device)
         choice = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).squeeze(1)
         choice = choice.clamp(max=cdf.shape[1] - 1)
-        filtered = ~greedy & ((top_k > 0) | (top_p < 1))
-        if bool(filtered.any()):
-            rows = filtered.nonzero().squeeze(1)
-            choice[rows] = _filtered_choice(probs[rows], top_k[rows], top_p[rows], u[rows], cdf[rows, -1])
+        if plan.filtered is not None:
+            rows = plan.filtered
+            choice[rows] = _filtered_choice(probs[rows], top_k[rows], top_p[rows], u[rows], cdf[rows, -1],
+                                            plan.check_cover)
         tokens = torch.where(greedy, tokens, choice)
     return tokens, logprobs.gather(1, tokens[:, None]).squeeze(1)
+
+
+@dataclass
+class _Plan:
+    """What the rows of one decoding block do, known on the host from their parameters (no look at the device)."""
+    sampled: bool                     # some row draws (temperature > 0)
+    filtered: torch.Tensor | None     # the rows that restrict to top-k / top-p, or None
+    check_cover: bool                 # _filtered_choice must look at the probability mass (a top-p row, no small k)
+
+    @classmethod
+    def of(cls, temperature: list[float], top_k: list[int], top_p: list[float], device) -> "_Plan":
+        rows = [i for i, (t, k, p) in enumerate(zip(temperature, top_k, top_p)) if t > 0 and (k > 0 or p < 1)]
+        check = any(not 0 < top_k[i] <= 64 for i in rows)
+        return cls(any(t > 0 for t in temperature), torch.tensor(rows, device=device) if rows else None, check)
 
 
 @dataclass
@@ -177,10 +200,17 @@ def _generators(seeds: list[int | None], n: int) -> list[torch.Generator]:
     return generators
 
 
+def compute_dtype(model) -> torch.dtype:
+    """The dtype attention computes in: autocast's (bf16) when it is on for the model's device, else the weights'.
+    The KV cache is kept in it, so a decoding step does not re-cast the whole cache."""
+    kind = model.device.type
+    return torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else model.dtype
+
+
 def _prefill(model, prompts, n: int, pad_id: int, new_tokens: int):
     """Prefill each prompt once, then give each of its n samples a copy of the cache: (cache, logits (R, V))."""
     ids, mask = _left_pad(prompts, pad_id, model.device)
-    cache = model.new_cache(len(prompts), ids.shape[1] + new_tokens)
+    cache = model.new_cache(len(prompts), ids.shape[1] + new_tokens, dtype=compute_dtype(model))
     last_hidden = model.hidden_states(ids, mask, cache)[:, -1]                        # (P, H)
     logits = model.lm_head(last_hidden).float().repeat_interleave(n, dim=0)            # (R, V)
     return (cache.repeat_interleave(n) if n > 1 else cache), logits
@@ -198,6 +228,19 @@ class _Rows:
     def start(cls, n_prompts: int, n: int) -> "_Rows":
         R = n_prompts * n
         return cls([r // n for r in range(R)], [[] for _ in range(R)], [[] for _ in range(R)], ["length"] * R)
+
+    def append_block(self, active, tokens, logprobs, opts: _Options, tokenizer) -> list[int]:
+        """A block's tokens (steps × rows of `active`, as host lists), step by step: a row's tokens after it
+        stopped are dropped. Returns the rows that go on decoding."""
+        still = active
+        for step_tokens, step_logprobs in zip(tokens, logprobs):
+            alive = set(still)
+            keep = [i for i, r in enumerate(active) if r in alive]
+            still = self.append([active[i] for i in keep], [step_tokens[i] for i in keep],
+                                [step_logprobs[i] for i in keep], opts, tokenizer)
+            if not still:
+                break
+        return still
 
     def append(self, active, tokens, logprobs, opts: _Options, tokenizer) -> list[int]:
         """Add this step's token to each active row; returns the rows that go on decoding."""
@@ -227,27 +270,61 @@ class _Rows:
                       finish_reason=self.finish[r])
 
 
-def _decode_step(model, cache, cache_rows: list[int], next_tokens: dict[int, int], still: list[int], pad_id: int):
-    """Feed each row still decoding its last token: (cache, rows held in the cache, logits of `still`)."""
+def _feed(model, cache, n_cached: int, slots, tokens, pad_id: int):
+    """One decoding step: `tokens` (device) into cache slots `slots`, a pad token into the others (rows that
+    finished; their outputs are ignored). Returns the logits of the fed rows, float32."""
+    step_ids = torch.full((n_cached, 1), pad_id, dtype=torch.long, device=model.device)
+    step_ids[slots, 0] = tokens
+    return model(step_ids, cache=cache)[:, -1].float()[slots]                       # (fed rows, V)
+
+
+def _decode_block(model, cache, cache_rows: list[int], logits, active: list[int], steps: int, opts: _Options,
+                  rows: _Rows, generators, pad_id: int):
+    """`steps` tokens for every row of `active`, on the device: (tokens, logprobs), each (steps, rows) on the
+    device. The block's last tokens are not fed yet: the host first says who goes on (_decode_step)."""
+    params = [[getattr(opts, name)[rows.prompt[r]] for r in active] for name in ("temperature", "top_k", "top_p")]
+    plan = _Plan.of(*params, device=model.device)
+    temp, top_k, top_p = (torch.tensor(v, dtype=d, device=model.device)
+                          for v, d in zip(params, (torch.float32, torch.long, torch.float32)))
+    # the generators live on the CPU (the same draws on every device): the block's uniforms, one copy over
+    u = torch.stack([torch.rand(steps, generator=generators[r], device="cpu") for r in active], 1).to(model.device) \
+        if plan.sampled else None
+    slot = {r: i for i, r in enumerate(cache_rows)}
+    slots = torch.tensor([slot[r] for r in active], device=model.device)
+    tokens, logprobs = [], []
+    for i in range(steps):
+        token, logprob = _sample_step(logits, temp, top_k, top_p, plan, None if u is None else u[i])
+        tokens.append(token)
+        logprobs.append(logprob)
+        if i < steps - 1:
+            logits = _feed(model, cache, len(cache_rows), slots, token, pad_id)
+    return torch.stack(tokens), torch.stack(logprobs)
+
+
+def _decode_step(model, cache, cache_rows: list[int], active: list[int], last, still: list[int], pad_id: int):
+    """Feed each row of `active` that is still cached its last token `last` (device, aligned with `active`):
+    (cache, rows held in the cache, logits of `still`)."""
     if len(still) <= len(cache_rows) // 2:
         # half the cached rows are finished: drop them (one copy of the cache) so steps get cheaper
         slot = {r: i for i, r in enumerate(cache_rows)}
         cache = cache.select([slot[r] for r in still])
         cache_rows = still
-    # finished rows still in the cache are fed a pad token; their outputs are ignored
-    step_ids = torch.tensor([[next_tokens.get(r, pad_id)] for r in cache_rows], device=model.device)
-    step_logits = model(step_ids, cache=cache)[:, -1].float()                         # (rows in cache, V)
     slot = {r: i for i, r in enumerate(cache_rows)}
-    return cache, cache_rows, step_logits[torch.tensor([slot[r] for r in still], device=model.device)]
+    fed = [(slot[r], i) for i, r in enumerate(active) if r in slot]
+    index = torch.tensor(fed, device=model.device).T                                  # (2, fed rows)
+    logits = _feed(model, cache, len(cache_rows), index[0], last[index[1]], pad_id)
+    back = {r: j for j, (i, _) in enumerate(fed) for r in [cache_rows[i]]}
+    return cache, cache_rows, logits[torch.tensor([back[r] for r in still], device=model.device)]
 
 
 @torch.no_grad()
 def generate(model, prompts: list[list[int]], *, n=1, max_new_tokens=128, temperature=1.0, top_k=0,
              top_p=1.0, stop_token_ids=(), stop_strings=(), seed=None, tokenizer=None, pad_id=0,
-             should_stop=None, on_token=None) -> list[Sample]:
+             should_stop=None, on_token=None, sync_every=None) -> list[Sample]:
     """len(prompts) * n samples, prompt-major (module docstring); parameters may be per-prompt lists. A server's:
-    should_stop(prompt_index), asked before each decoding step, ends that prompt's samples early (finish_reason
-    "cancelled": its client has gone); on_token(row, token_id) streams."""
+    should_stop(prompt_index), asked before each block of decoding steps, ends that prompt's samples early
+    (finish_reason "cancelled": its client has gone); on_token(row, token_id) streams. sync_every: tokens per
+    look at the host (default 1 on the CPU, SYNC_EVERY elsewhere); the samples do not depend on it."""
     if len(prompts) == 0:
         return []
     opts = _options(prompts, n, max_new_tokens, temperature, top_k, top_p, seed, stop_token_ids, stop_strings,
@@ -255,12 +332,7 @@ def generate(model, prompts: list[list[int]], *, n=1, max_new_tokens=128, temper
     rows = _Rows.start(len(prompts), n)
     generators = _generators(opts.seed, n)
     cache, logits = _prefill(model, prompts, n, pad_id, max(max(opts.max_new_tokens), 1))
-
-    def row_tensor(values, dtype):
-        return torch.tensor([values[p] for p in rows.prompt], dtype=dtype, device=model.device)
-
-    temp_t, top_k_t = row_tensor(opts.temperature, torch.float32), row_tensor(opts.top_k, torch.long)
-    top_p_t = row_tensor(opts.top_p, torch.float32)
+    every = sync_every or (1 if model.device.type == "cpu" else SYNC_EVERY)
     active = [r for r, p in enumerate(rows.prompt) if opts.max_new_tokens[p] > 0]   # rows still decoding
     cache_rows = list(range(len(rows.prompt)))                                      # row held in each cache slot
     logits = logits[active]                                                         # logits rows follow `active`
@@ -269,14 +341,12 @@ def generate(model, prompts: list[list[int]], *, n=1, max_new_tokens=128, temper
             active, logits = _drop_cancelled(rows, active, logits, should_stop)
             if not active:
                 break
-        index = torch.tensor(active, device=model.device)
-        tokens, lps = _sample_step(logits, temp_t[index], top_k_t[index], top_p_t[index],
-                                   [generators[r] for r in active])
-        tokens = tokens.tolist()
-        still = rows.append(active, tokens, lps.tolist(), opts, tokenizer)
+        steps = min(every, max(opts.max_new_tokens[rows.prompt[r]] - len(rows.tokens[r]) for r in active))
+        tokens, lps = _decode_block(model, cache, cache_rows, logits, active, steps, opts, rows, generators, pad_id)
+        still = rows.append_block(active, tokens.tolist(), lps.tolist(), opts, tokenizer)
         if not still:
             break
-        cache, cache_rows, logits = _decode_step(model, cache, cache_rows, dict(zip(active, tokens)), still, pad_id)
+        cache, cache_rows, logits = _decode_step(model, cache, cache_rows, active, tokens[-1], still, pad_id)
         active = still
     return [rows.sample(r, opts, tokenizer) for r in range(len(rows.prompt))]
 

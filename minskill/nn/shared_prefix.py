@@ -42,7 +42,7 @@ class DifferentiableKV:
         self.v: list[torch.Tensor | None] = [None] * num_layers
         self.key_mask = torch.zeros(batch_size, max_len, dtype=torch.bool, device=device)
         self.next_position = torch.zeros(batch_size, dtype=torch.long, device=device)
-        self.length, self.max_len = 0, max_len
+        self.length, self.max_len, self.keeps_new = 0, max_len, True
 
     @property
     def batch_size(self) -> int:
@@ -50,15 +50,15 @@ class DifferentiableKV:
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.k[layer] is not None:
-            k = torch.cat([self.k[layer], k], dim=2)
-            v = torch.cat([self.v[layer], v], dim=2)
-        self.k[layer], self.v[layer] = k, v
+            k, v = torch.cat([self.k[layer], k], dim=2), torch.cat([self.v[layer], v], dim=2)
+        if self.keeps_new:   # an expanded cache makes the last pass: keeping its rows' keys would only hold memory
+            self.k[layer], self.v[layer] = k, v
         return k, v
 
     def expand(self, n: int) -> "DifferentiableKV":
-        """The same prefix for n rows (a view: no copy, and gradients flow back to the one prefix)."""
+        """The same prefix for n rows (a view: no copy; gradients flow back to the one prefix), for a last pass."""
         new = copy.copy(self)   # length and max_len as they are
-        new.k, new.v = [t.expand(n, *t.shape[1:]) for t in self.k], [t.expand(n, *t.shape[1:]) for t in self.v]
+        new.k, new.v, new.keeps_new = [t.expand(n, -1, -1, -1) for t in self.k], [t.expand(n, -1, -1, -1) for t in self.v], False
         new.key_mask, new.next_position = self.key_mask.expand(n, -1).clone(), self.next_position.expand(n).clone()
         return new
 

@@ -13,7 +13,10 @@ ChatML (Qwen2/2.5, Qwen3, SmolLM2), one turn per message:
        Qwen2.5: "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.");
     * Qwen3 (thinking off): the reply prompt is `<|im_start|>assistant\\n<think>\\n\\n</think>\\n\\n`; an
       assistant turn after the last user turn is written with its (possibly empty) `<think>` block, earlier
-      ones with their reasoning removed — exactly what Qwen3's template does.
+      ones with their reasoning removed — exactly what Qwen3's template does. `enable_thinking=True` (a chat
+      template kwarg: minskill.serve honours `chat_template_kwargs`) leaves the empty block out, so the model
+      thinks, as the template does with enable_thinking true or undefined; minskill's default is False (its
+      scripts score answers, not thinking). A template without `enable_thinking` ignores it, as Jinja would.
 
 Llama 3:
 
@@ -199,12 +202,13 @@ class Tokenizer:
         return self.backend.token_to_id(token)
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, *,
-                            date_string: str | None = None) -> list[int]:
+                            date_string: str | None = None, enable_thinking: bool = False) -> list[int]:
         """Token ids of the rendered chat: the format's control tokens as special ids, all other text (the
         message contents) with special tokens off. HF's ids for the same template, unless a content holds
-        special-token text (see the module docstring)."""
+        special-token text (see the module docstring). `enable_thinking`: Qwen3's reply prompt without the
+        empty think block (module docstring)."""
         ids, text = [], ""
-        for part in self._render_parts(messages, add_generation_prompt, date_string):
+        for part in self._render_parts(messages, add_generation_prompt, date_string, enable_thinking):
             if isinstance(part, _Control):
                 ids += self.encode(text, special_tokens=False) + self.encode(part)
                 text = ""
@@ -213,22 +217,23 @@ class Tokenizer:
         return ids + self.encode(text, special_tokens=False)
 
     def render_chat(self, messages: list[dict], add_generation_prompt: bool = True, *,
-                    date_string: str | None = None) -> str:
-        """The chat as text. `date_string` overrides the date in Llama 3.1+ system turns."""
-        return "".join(self._render_parts(messages, add_generation_prompt, date_string))
+                    date_string: str | None = None, enable_thinking: bool = False) -> str:
+        """The chat as text. `date_string` overrides the date in Llama 3.1+ system turns; enable_thinking as in
+        apply_chat_template."""
+        return "".join(self._render_parts(messages, add_generation_prompt, date_string, enable_thinking))
 
-    def _render_parts(self, messages, add_generation_prompt, date_string) -> list[str]:
+    def _render_parts(self, messages, add_generation_prompt, date_string, enable_thinking=False) -> list[str]:
         """The rendered chat as a list of strings; the format's own control tokens are _Control strings."""
         _check_messages(messages)
         if self.chat_format == CHATML:
-            return self._render_chatml(messages, add_generation_prompt)
+            return self._render_chatml(messages, add_generation_prompt, enable_thinking)
         if self.chat_format == LLAMA3:
             return self._render_llama3(messages, add_generation_prompt, date_string)
         where = f" of {self.source_dir}" if self.source_dir else ""
         raise ValueError(f"the tokenizer{where} has no chat format minskill knows "
                          f"(supported: ChatML '<|im_start|>' and Llama 3 '<|start_header_id|>' templates)")
 
-    def _render_chatml(self, messages: list[dict], add_generation_prompt: bool) -> list[str]:
+    def _render_chatml(self, messages: list[dict], add_generation_prompt: bool, enable_thinking: bool) -> list[str]:
         start, end = _Control("<|im_start|>"), _Control("<|im_end|>")
         parts = []
         if messages[0]["role"] != "system" and self.default_system is not None:
@@ -257,7 +262,7 @@ class Tokenizer:
             parts += [start, f"{role}\n{content}", end, "\n"]
         if add_generation_prompt:
             parts += [start, "assistant\n"]
-            if self.empty_think_prompt:  # Qwen3 with enable_thinking=False
+            if self.empty_think_prompt and not enable_thinking:  # Qwen3 with enable_thinking=False
                 parts.append("<think>\n\n</think>\n\n")
         return parts
 

@@ -14,6 +14,13 @@ that request only); one that also has `embedding_tokens(text)` and `embed(reques
 `parse_chat_request(payload, backend)` turns a decoded /v1/chat/completions body into a
 CompletionRequest, or raises BackendError(400/404, ...) naming the field at fault.
 
+Chat template kwargs. `chat_template_kwargs` (an object, as vLLM and SGLang take it) may carry `enable_thinking`
+(true, false or null): true renders a Qwen3 template's reply prompt without the empty `<think>` block, so the
+model thinks (minskill.nn.tokenizer; default false, thinking off: unlike vLLM, whose default is the template's,
+on). Other keys are ignored, as vLLM ignores the kwargs a template does not use; a template without
+enable_thinking ignores it too. A backend gets it as `count_prompt_tokens(messages, enable_thinking=True)`
+(passed only when true) and as `CompletionRequest.enable_thinking`.
+
 Content parts. A message's `content` is a string or, as OpenAI's API also allows, a list of
 {"type": "text", "text": ...} parts; the parts' texts are joined with "\n", as vLLM and TensorRT-LLM join
 them, so that a prompt reaches the model the same here and behind those engines (OpenAI does not document
@@ -66,6 +73,7 @@ class CompletionRequest:
     # set when the client has gone (it timed out or was killed): its reply would be lost, so stop working on it
     cancelled: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
     stream: bool = False          # "stream": true: answered with server-sent events (minskill.serve.sse)
+    enable_thinking: bool = False  # chat_template_kwargs.enable_thinking (module docstring)
     include_usage: bool = False   # stream_options.include_usage: a last chunk with the usage
     on_text: Callable[[int, str], None] | None = field(default=None, repr=False, compare=False)
 
@@ -75,13 +83,14 @@ class Choice:
     text: str
     finish_reason: str            # "stop" | "length"
     completion_tokens: int        # generated tokens, counting the stop token that ended the reply
+    reasoning: str | None = None  # sent as message.reasoning_content, as vLLM's --reasoning-parser does (scripted)
 
 
 class Backend(Protocol):
     name: str
     max_context: int
 
-    def count_prompt_tokens(self, messages: list[dict]) -> int: ...
+    def count_prompt_tokens(self, messages: list[dict], enable_thinking: bool = False) -> int: ...
 
     def complete(self, requests: list[CompletionRequest]) -> list[list[Choice]]: ...
 
@@ -96,7 +105,9 @@ class ScriptedBackend:
     Tokens are whitespace-separated words: prompt_tokens = words in all message contents,
     completion_tokens = words in the reply. A reply is cut at the first stop string
     (finish_reason "stop") and after max_tokens words (finish_reason "length").
-    `request.sample_index` tells fn which of the n choices it is producing.
+    `request.sample_index` tells fn which of the n choices it is producing. fn may return (reasoning, text):
+    the reply then carries the reasoning apart, as `message.reasoning_content` (a reasoning model behind vLLM
+    with --reasoning-parser; not streamed), uncounted.
     With `embed_fn(text) -> [float, ...]` it serves /v1/embeddings too (vectors as fn gives them);
     without, /v1/embeddings answers 400.
     """
@@ -105,19 +116,20 @@ class ScriptedBackend:
                  max_context: int = 4096, embed_fn: Callable[[str], list[float]] | None = None):
         self.fn, self.name, self.max_context, self.embed_fn = fn, name, max_context, embed_fn
 
-    def count_prompt_tokens(self, messages):
+    def count_prompt_tokens(self, messages, enable_thinking: bool = False):
         return sum(len(message["content"].split()) for message in messages)
 
-    def _choice(self, text, request) -> Choice:
-        if not isinstance(text, str):
-            raise TypeError(f"scripted fn returned {type(text).__name__}, expected str")
+    def _choice(self, reply, request) -> Choice:
+        reasoning, text = reply if isinstance(reply, tuple) and len(reply) == 2 else (None, reply)
+        if not isinstance(text, str) or not isinstance(reasoning, str | None):
+            raise TypeError(f"scripted fn returned {type(reply).__name__}, expected str or (reasoning, text)")
         cuts = [text.find(stop) for stop in request.stop if stop in text]
         if cuts:
             text = text[:min(cuts)]
         words = text.split()
         if len(words) > request.max_tokens:
-            return Choice(" ".join(words[:request.max_tokens]), "length", request.max_tokens)
-        return Choice(text, "stop", len(words))
+            return Choice(" ".join(words[:request.max_tokens]), "length", request.max_tokens, reasoning)
+        return Choice(text, "stop", len(words), reasoning)
 
     def complete(self, requests):
         results = []
@@ -163,8 +175,9 @@ class ModelBackend:
         suffix = "-int8" if any(isinstance(m, Int8Linear) for m in model.modules()) else ""
         return cls(model, tokenizer, name or (Path(str(spec).rstrip("/")).name or str(spec)) + suffix)
 
-    def count_prompt_tokens(self, messages):
-        return len(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True))
+    def count_prompt_tokens(self, messages, enable_thinking: bool = False):
+        return len(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+                                                      enable_thinking=enable_thinking))
 
     def embedding_tokens(self, text: str) -> list[int]:
         """The text's tokens as plain characters (no chat template, no BOS): what its embedding pools."""
@@ -197,7 +210,8 @@ class ModelBackend:
             for n, indices in by_n.items():
                 group = [requests[i] for i in indices]
                 samples = generate(
-                    self.model, [self.tokenizer.apply_chat_template(r.messages) for r in group], n=n,
+                    self.model, [self.tokenizer.apply_chat_template(r.messages, enable_thinking=r.enable_thinking)
+                                 for r in group], n=n,
                     should_stop=lambda k, group=group: group[k].cancelled.is_set(),
                     max_new_tokens=[r.max_tokens for r in group], temperature=[r.temperature for r in group],
                     top_p=[r.top_p for r in group], stop_strings=[list(r.stop) for r in group],
@@ -306,6 +320,21 @@ def _stream_options(payload) -> tuple[bool, bool]:
     return True, bool(include_usage)
 
 
+def _enable_thinking(payload) -> bool:
+    """chat_template_kwargs.enable_thinking (module docstring): an object's boolean, other keys ignored."""
+    kwargs = payload.get("chat_template_kwargs")
+    if kwargs is None:
+        return False
+    if not isinstance(kwargs, dict):
+        raise bad_request(f"'chat_template_kwargs' must be an object, got {type(kwargs).__name__}",
+                          "chat_template_kwargs")
+    thinking = kwargs.get("enable_thinking")
+    if thinking is not None and not isinstance(thinking, bool):
+        raise bad_request(f"'chat_template_kwargs.enable_thinking' must be true or false, got {thinking!r:.100}",
+                          "chat_template_kwargs.enable_thinking")
+    return bool(thinking)
+
+
 def parse_chat_request(payload, backend: Backend) -> CompletionRequest:
     """Validate a decoded /v1/chat/completions body; raise BackendError(400, ...) naming the problem."""
     check_body_and_model(payload, backend)
@@ -323,6 +352,7 @@ def parse_chat_request(payload, backend: Backend) -> CompletionRequest:
                                f"messages[{i}].content")
     messages = [{"role": m["role"], "content": _content_text(m["content"], i)} for i, m in enumerate(messages)]
     stream, include_usage = _stream_options(payload)
+    thinking = _enable_thinking(payload)
     temperature = _number(payload, "temperature", 1.0, 0.0, 2.0)
     top_p = _number(payload, "top_p", 1.0, 0.0, 1.0, low_open=True)
     n = _integer(payload, "n", 1, 1, MAX_N)
@@ -339,7 +369,7 @@ def parse_chat_request(payload, backend: Backend) -> CompletionRequest:
                            f"non-empty strings, got {payload.get('stop')!r:.200}", "stop")
 
     try:
-        prompt_tokens = backend.count_prompt_tokens(messages)
+        prompt_tokens = backend.count_prompt_tokens(messages, **({"enable_thinking": True} if thinking else {}))
     except (ValueError, KeyError) as error:  # e.g. a chat template that refuses this message order
         raise bad_request(f"cannot format these messages for the model: {error}", "messages")
     if prompt_tokens >= context:
@@ -347,4 +377,4 @@ def parse_chat_request(payload, backend: Backend) -> CompletionRequest:
                            f"(and the reply needs at least one)", "messages", "context_length_exceeded")
     room = context - prompt_tokens
     return CompletionRequest(messages, n, temperature, top_p, min(max_tokens or room, room), stop, seed,
-                             prompt_tokens, stream=stream, include_usage=include_usage)
+                             prompt_tokens, stream=stream, include_usage=include_usage, enable_thinking=thinking)

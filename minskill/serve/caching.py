@@ -7,6 +7,9 @@ calls are the same call when their key is:
 
     key = sha256(model, exact messages, n, temperature, top_p, max_tokens, stop, seed)     `request_key`
 
+(plus the inner client's `extra_body` when it has one: `{"chat_template_kwargs": {"enable_thinking": ...}}`
+changes the answers). A cached answer keeps its reasoning (client.split_reasoning) and reasoning tokens.
+
 `CallBudget` bounds the calls a whole run pays for (calls that miss the cache, and teacher calls): a
 charge that does not fit raises `BudgetExhausted`, which a search catches to stop cleanly with what it
 has. The wrapper has the same `chat` / `chat_many` interface as `ChatClient`, so code that takes a
@@ -30,7 +33,8 @@ from minskill.serve.client import ChatResult, Usage
 
 # a cache line (what _store writes); a line of another shape is an error naming FILE:LINE, not a crash at its hit
 CACHE_LINE = {"key": str, "result": {"texts": [str], "finish_reasons": [(None, str)], "prompt_tokens": (None, int),
-                                     "completion_tokens": (None, int)}}
+                                     "completion_tokens": (None, int), "reasonings?": (None, [str]),
+                                     "reasoning_tokens?": (None, int)}}
 
 
 class BudgetExhausted(RuntimeError):
@@ -61,12 +65,13 @@ class CallBudget:
             self.spent += calls
 
 
-def request_key(model: str, request: dict) -> str:
-    """sha256 of (model, exact messages, sampling parameters, seed): what makes two calls the same call."""
-    keyed = {"model": model, "messages": request["messages"], "n": request.get("n", 1),
-             "temperature": request.get("temperature", 0.0), "top_p": request.get("top_p", 1.0),
-             "max_tokens": request.get("max_tokens", 256), "stop": request.get("stop"),
-             "seed": request.get("seed")}
+def request_key(model: str, request: dict, extra_body: dict | None = None) -> str:
+    """sha256 of (model, exact messages, sampling parameters, seed, extra body fields if any): what makes two
+    calls the same call (no extra fields: the key earlier versions wrote, so their caches still hit)."""
+    keyed = {**({"extra_body": extra_body} if extra_body else {}), "model": model, "messages": request["messages"],
+             "n": request.get("n", 1), "temperature": request.get("temperature", 0.0),
+             "top_p": request.get("top_p", 1.0), "max_tokens": request.get("max_tokens", 256),
+             "stop": request.get("stop"), "seed": request.get("seed")}
     return hashlib.sha256(json.dumps(keyed, sort_keys=True, ensure_ascii=False).encode("utf-8")).hexdigest()
 
 
@@ -93,7 +98,8 @@ class CachingClient:
             for lineno, record in read_jsonl(self.cache_path):
                 if isinstance(record, dict) and "key" in record and "result" in record:
                     result = check_shape(record, CACHE_LINE, f"{self.cache_path}:{lineno}")["result"]
-                    self._cache[record["key"]] = {k: result[k] for k in CACHE_LINE["result"]}
+                    self._cache[record["key"]] = {k.rstrip("?"): result[k.rstrip("?")] for k in CACHE_LINE["result"]
+                                                  if k.rstrip("?") in result}
 
     @property
     def model(self) -> str:
@@ -132,6 +138,8 @@ class CachingClient:
     def _store(self, key: str, result) -> None:
         record = {"texts": list(result.texts), "finish_reasons": list(result.finish_reasons),
                   "prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens}
+        if getattr(result, "reasonings", None):
+            record.update(reasonings=list(result.reasonings), reasoning_tokens=result.reasoning_tokens)
         with self._lock:
             self._cache[key] = record
             if self.cache_path is not None:
@@ -150,7 +158,8 @@ class CachingClient:
 
     def chat_many(self, requests: list[dict], return_exceptions=False) -> list:
         caching = self.cache_path is not None
-        keys = [request_key(self.model, r) if caching else None for r in requests]
+        extra = getattr(self.inner, "extra_body", None)
+        keys = [request_key(self.model, r, extra) if caching else None for r in requests]
         results: list = [self._lookup(k) if caching else None for k in keys]
         missing = [i for i, r in enumerate(results) if r is None]
         if not missing:

@@ -6,12 +6,17 @@ It imports nothing from the rest of minskill, so it can be copied alone into ano
 
 Contract
 --------
-* `ChatClient(base_url, model, api_key)`; each may come from `OPENAI_BASE_URL`, `OPENAI_MODEL`,
-  `OPENAI_API_KEY`. `base_url` is the API root, e.g. `http://127.0.0.1:8000/v1` (a trailing "/" is
-  ignored; a bare `http://host:port` gets `/v1` appended). With no model name the client asks
-  `GET {base_url}/models` once and uses the first model listed.
+* `ChatClient(base_url, model, api_key, extra_body=None)`; the first three may come from `OPENAI_BASE_URL`,
+  `OPENAI_MODEL`, `OPENAI_API_KEY`; `extra_body` (a dict) is merged into every chat request body, e.g.
+  `{"chat_template_kwargs": {"enable_thinking": false}}` turns a Qwen3's thinking off behind vLLM, SGLang or
+  llama.cpp (a key the client sets itself, e.g. "n", is a ValueError). `base_url` is the API root, e.g.
+  `http://127.0.0.1:8000/v1` (a trailing "/" is ignored; a bare `http://host:port` gets `/v1` appended). With no
+  model name the client asks `GET {base_url}/models` once and uses the first model listed.
 * `chat(messages, n, temperature, top_p, max_tokens, stop, seed) -> ChatResult` with the `n` reply
   texts in choice order, their finish reasons and the token usage the server reported.
+* Reasoning is set apart (`split_reasoning`): `texts` hold only the answers, so no verifier, parser or skill
+  reads a model's thinking; `reasonings` hold it per choice, and `reasoning_tokens` counts it (the server's
+  `usage.completion_tokens_details.reasoning_tokens`, else completion_tokens split by characters).
 * `chat_many(requests)` runs many `chat` calls on a bounded thread pool; results come back in order.
 * `chat_as_completed(client, requests)` runs them the same way and yields each result as it arrives.
 * `embed(texts) -> list[list[float]]`: `POST {base_url}/embeddings`, one vector per text (retrieval).
@@ -53,7 +58,8 @@ Contract
 * `stats` (thread-safe): calls (successful chat calls), prompt_tokens, completion_tokens,
   retries (re-sent requests), failures (chat calls that raised ChatError).
 * `usage` (thread-safe, a `Usage` snapshot; what a run writes as its cost per role): calls, failures,
-  prompt_tokens, completion_tokens and two kinds of seconds of the chat calls:
+  prompt_tokens, completion_tokens (reasoning_tokens: the part of them that was reasoning) and two kinds of
+  seconds of the chat calls:
 
       request_seconds = Σ_calls (end − start)          start: the call holds its slot; end: it returns
       busy_seconds    = |∪_calls [start, end]|           wall seconds with at least one call in flight
@@ -103,11 +109,18 @@ class ChatResult:
     prompt_tokens: int
     completion_tokens: int
     seconds: float = 0.0        # this call's request seconds (0: not sent, e.g. answered from a cache)
+    reasonings: list[str] | None = None   # each choice's reasoning, set apart from its text (None: none at all)
+    reasoning_tokens: int = 0   # of completion_tokens, those of the reasoning (the server's figure, or estimated)
 
     @property
     def text(self) -> str:
         """The first (for n=1: the only) reply."""
         return self.texts[0]
+
+    @property
+    def reasoning(self) -> str:
+        """The first reply's reasoning ("" without)."""
+        return self.reasonings[0] if self.reasonings else ""
 
 
 class _Retryable(Exception):
@@ -228,12 +241,47 @@ def normalize_base_url(base_url: str) -> str:
     return base_url if parts.path else base_url + "/v1"
 
 
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+REASONING_FIELDS = ("reasoning_content", "reasoning")   # vLLM/SGLang --reasoning-parser, DeepSeek; OpenRouter
+_THINK_BLOCK = re.compile(f"{THINK_OPEN}(.*?){THINK_CLOSE}", re.DOTALL)
+
+
+def split_reasoning(content: str) -> tuple[str, str]:
+    """(answer, reasoning) of a reply's content: `<think>…</think>` blocks are reasoning; so is all of it after a
+    leading `<think>` that never closes (cut by max_tokens: no answer), and what precedes a `</think>` with no
+    opening one (a template that opens the block in the prompt: DeepSeek-R1). A content without the tags is its
+    answer, unchanged. (A server's reasoning parser sends it apart instead: REASONING_FIELDS, read by _parse.)"""
+    if THINK_OPEN not in content and THINK_CLOSE not in content:
+        return content, ""
+    reasoning = []
+    head, closed, tail = content.partition(THINK_CLOSE)
+    if closed and THINK_OPEN not in head:
+        reasoning.append(head)
+        content = tail
+    answer = _THINK_BLOCK.sub(lambda block: reasoning.append(block.group(1)) or "", content).lstrip()
+    if answer.startswith(THINK_OPEN):
+        reasoning.append(answer[len(THINK_OPEN):])
+        answer = ""
+    return answer, "\n".join(part.strip() for part in reasoning if part.strip())
+
+
+def _reasoning_tokens(usage: dict, completion_tokens: int, texts: list[str], reasonings: list[str]) -> int:
+    """The server's count of reasoning tokens, else completion_tokens split in proportion to the characters."""
+    details = usage.get("completion_tokens_details")
+    reported = details.get("reasoning_tokens") if isinstance(details, dict) else None
+    if type(reported) is int and reported >= 0:
+        return reported
+    thought = sum(map(len, reasonings))
+    return round(completion_tokens * thought / (thought + sum(map(len, texts))))
+
+
 # ---- cost accounting -------------------------------------------------------------------------------
 class Usage:
     """Thread-safe counters of one role's model calls (module docstring: `usage`). `t0 = start()` when a call (or
     a batch of calls) goes out, `seconds = stop(t0)` when it is back, then `add(result, seconds)` per call
     (result None: it failed); `snapshot()` is a dict of FIELDS; `Usage(**saved)` continues saved counts."""
-    FIELDS = ("calls", "failures", "prompt_tokens", "completion_tokens", "request_seconds", "busy_seconds")
+    FIELDS = ("calls", "failures", "prompt_tokens", "completion_tokens", "reasoning_tokens", "request_seconds",
+              "busy_seconds")
 
     def __init__(self, **start):
         self._lock = threading.Lock()
@@ -268,6 +316,7 @@ class Usage:
                 self._counts["calls"] += 1
                 self._counts["prompt_tokens"] += result.prompt_tokens
                 self._counts["completion_tokens"] += result.completion_tokens
+                self._counts["reasoning_tokens"] += getattr(result, "reasoning_tokens", 0)
 
     def snapshot(self) -> dict:
         """The counts now (busy_seconds includes the calls still in flight)."""
@@ -358,8 +407,10 @@ class _WatchedAdapter(HTTPAdapter):
 
 # ---- the client ------------------------------------------------------------------------------------
 class ChatClient:
+    SETS = ("model", "messages", "n", "temperature", "top_p", "max_tokens", "stop", "seed")  # no extra_body key
+
     def __init__(self, base_url=None, model=None, api_key=None, timeout=120.0, max_retries=5,
-                 max_workers=8, backoff_base=0.5, backoff_max=30.0, attempt_timeout=None):
+                 max_workers=8, backoff_base=0.5, backoff_max=30.0, attempt_timeout=None, extra_body=None):
         base_url = base_url or os.environ.get("OPENAI_BASE_URL")
         if not base_url:
             raise ValueError("no endpoint: pass base_url (e.g. http://127.0.0.1:8000/v1) "
@@ -370,6 +421,11 @@ class ChatClient:
                              f"attempt_timeout > 0 (or None) and backoff >= 0, got max_retries={max_retries}, "
                              f"max_workers={max_workers}, timeout={timeout}, attempt_timeout={attempt_timeout}, "
                              f"backoff_base={backoff_base}, backoff_max={backoff_max}")
+        if extra_body is not None and not isinstance(extra_body, dict):
+            raise ValueError(f"extra_body must be a JSON object (a dict), got {type(extra_body).__name__}")
+        if clash := sorted(set(extra_body or ()) & set(self.SETS)):
+            raise ValueError(f"extra_body may not set {', '.join(clash)}: the client sets it (its own arguments)")
+        self.extra_body = dict(extra_body or {})
         self.base_url = normalize_base_url(base_url)
         self.endpoint = self.base_url + "/chat/completions"
         self.model = model or os.environ.get("OPENAI_MODEL") or None
@@ -516,7 +572,7 @@ class ChatClient:
     def _chat(self, messages, n, temperature, top_p, max_tokens, stop, seed) -> ChatResult:
         deadline = time.monotonic() + self.timeout
         try:
-            payload = {"model": self._resolve_model(deadline), "messages": messages, "n": n,
+            payload = {**self.extra_body, "model": self._resolve_model(deadline), "messages": messages, "n": n,
                        "temperature": temperature, "top_p": top_p, "max_tokens": max_tokens}
             if stop is not None:
                 payload["stop"] = [stop] if isinstance(stop, str) else list(stop)
@@ -541,7 +597,7 @@ class ChatClient:
             raise wrong_shape("a choice that is not an object")
         if not all(type(choice.get("index", 0)) is int for choice in choices):
             raise wrong_shape("a choice 'index' that is not an integer")
-        texts, reasons = [], []
+        texts, reasons, reasonings = [], [], []
         for choice in sorted(choices, key=lambda choice: choice.get("index", 0)):
             message = choice.get("message")
             if not isinstance(message, dict) or "content" not in message:
@@ -551,7 +607,10 @@ class ChatClient:
                 raise wrong_shape("a non-string 'message.content'")
             if not isinstance(reason, str | None):
                 raise wrong_shape("a non-string 'finish_reason'")
-            texts.append(text or "")      # null content -> ""
+            answer, thought = split_reasoning(text or "")      # null content -> ""
+            field = next((message[k].strip() for k in REASONING_FIELDS if isinstance(message.get(k), str)), "")
+            texts.append(answer)
+            reasonings.append("\n".join(part for part in (field, thought) if part))
             reasons.append(reason or "stop")
         usage = body.get("usage") or {}
         if not isinstance(usage, dict):
@@ -559,7 +618,9 @@ class ChatClient:
         counts = [usage.get(key) or 0 for key in ("prompt_tokens", "completion_tokens")]  # absent/null: 0
         if not all(type(count) is int and count >= 0 for count in counts):  # (type: not bool, float, NaN)
             raise wrong_shape(f"'usage' token counts that are not non-negative integers: {counts}")
-        return ChatResult(texts, reasons, *counts)
+        thought = any(reasonings)
+        return ChatResult(texts, reasons, *counts, reasonings=reasonings if thought else None,
+                          reasoning_tokens=_reasoning_tokens(usage, counts[1], texts, reasonings) if thought else 0)
 
     def embed(self, texts: list[str]) -> list[list[float]]:
         """`POST {base_url}/embeddings` with `input` = texts: one vector per text, in order. The same slots,

@@ -6,7 +6,8 @@
                               [--request-timeout 30] [--max-connections 256]
 
 Endpoints: `GET /health`, `GET /v1/models`, `POST /v1/chat/completions` (messages, n, temperature,
-top_p, max_tokens, stop, seed, stream, stream_options), `POST /v1/embeddings` (input, encoding_format).
+top_p, max_tokens, stop, seed, stream, stream_options, chat_template_kwargs: its enable_thinking, for Qwen3
+templates, as vLLM honours it; minskill.serve.backends), `POST /v1/embeddings` (input, encoding_format).
 Replies have OpenAI's shape, so the official client, curl and minskill.serve.client.ChatClient all work against
 it. Standard library only for HTTP (http.server). A message's content may be a string or a list of text
 parts (joined with "\n"; minskill.serve.backends). `"stream": true` is answered with server-sent events, token by
@@ -90,6 +91,7 @@ from urllib.parse import urlsplit
 import requests
 import torch
 
+from minskill.cli import add_device_args, is_cuda, set_up_device
 from minskill.nn.quantize import QUANTIZE_CHOICES
 from minskill.serve.backends import (Backend, Choice, ClientGone, CompletionRequest, ModelBackend,  # noqa: F401
                                      ScriptedBackend, parse_chat_request)
@@ -434,10 +436,17 @@ class _Handler(BaseHTTPRequestHandler):
         self._send_json(200, {
             "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
             "model": state.backend.name,
-            "choices": [{"index": i, "message": {"role": "assistant", "content": choice.text},
+            "choices": [{"index": i, "message": {"role": "assistant", "content": choice.text,
+                                                 **_reasoning_field(choice)},
                          "logprobs": None, "finish_reason": choice.finish_reason} for i, choice in enumerate(choices)],
             "usage": {"prompt_tokens": request.prompt_tokens, "completion_tokens": completion_tokens,
                       "total_tokens": request.prompt_tokens + completion_tokens}})
+
+
+def _reasoning_field(choice) -> dict:
+    """{"reasoning_content": ...} for a choice with its reasoning apart (ScriptedBackend's (reasoning, text))."""
+    reasoning = getattr(choice, "reasoning", None)
+    return {} if reasoning is None else {"reasoning_content": reasoning}
 
 
 @dataclass
@@ -532,7 +541,7 @@ URL_LINE = re.compile(r"(https?://\S+/v1)\s*$")
 
 @contextmanager
 def embedded_client(url=None, model=None, api_key=None, model_spec="smollm2-135m", startup_timeout=600.0,
-                    server_args=(), quantize: str = "none", **client_kwargs):
+                    server_args=(), quantize: str = "none", device: str | None = None, **client_kwargs):
     """Yield a ChatClient: for `url` if given, else for a fresh local server on `model_spec`.
 
     `model` is the name to ask `url` for; a local server is asked for the one model it serves (its name
@@ -541,7 +550,8 @@ def embedded_client(url=None, model=None, api_key=None, model_spec="smollm2-135m
     The local server is `python -m minskill.serve --model model_spec --port 0 --quantize quantize` on
     127.0.0.1 (quantize="int8" or "auto": int8 weights, minskill.nn.quantize) with a random API key (passed through the environment); it is terminated when the block
     exits, also on an exception. If it dies or is not healthy within startup_timeout seconds, RuntimeError shows
-    the tail of its stderr. The yielded client's `server_process` is the subprocess.Popen.
+    the tail of its stderr. The yielded client's `server_process` is the subprocess.Popen. `device`: the server's
+    --device (the script's own, resolved; None: the server's default, auto).
     """
     if url is not None:
         yield ChatClient(url, model=model, api_key=api_key, **client_kwargs)
@@ -551,7 +561,7 @@ def embedded_client(url=None, model=None, api_key=None, model_spec="smollm2-135m
     env = dict(os.environ, **{API_KEY_ENV: api_key, PARENT_PID_ENV: str(os.getpid())})
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
     command = [sys.executable, "-m", "minskill.serve", "--model", str(model_spec), "--port", "0",
-               "--quantize", quantize, *server_args]
+               "--quantize", quantize, *(("--device", str(device)) if device else ()), *server_args]
     with tempfile.TemporaryFile("w+b") as stderr_file:
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr_file, env=env, text=True,
                                    stdin=subprocess.DEVNULL)
@@ -608,12 +618,13 @@ def main(argv=None):
     parser.add_argument("--port", type=int, default=8000, help="0 picks a free port")
     parser.add_argument("--api-key", default=None, help=f"require this bearer key (or set {API_KEY_ENV})")
     parser.add_argument("--max-batch", type=int, default=16, help="most samples served in one batch")
-    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    parser.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto",
+                        help="the weights' dtype: auto (default) = bfloat16 on CUDA, float32 on the CPU")
     parser.add_argument("--quantize", choices=QUANTIZE_CHOICES, default="none",
                         help="int8: int8 weights with per-output-channel scales and bf16 activations "
                              "(minskill.nn.quantize; a frozen model only); auto: int8 on a CPU, else none; "
                              "default none")
-    parser.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda when available)")
+    add_device_args(parser, bf16=False, what="the served model runs")
     parser.add_argument("--served-model-name", default=None, help="model id reported to clients")
     parser.add_argument("--log-requests", action="store_true", help="log one line per batch on stderr")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice; "
@@ -634,10 +645,13 @@ def main(argv=None):
     if args.threads:
         torch.set_num_threads(args.threads)
     threads = torch.get_num_threads()
-    print(f"minskill.serve: {threads} torch thread{'s' if threads != 1 else ''}", file=sys.stderr, flush=True)
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    set_up_device(args.device)
+    auto = torch.bfloat16 if is_cuda(args.device) else torch.float32
+    dtype = auto if args.dtype == "auto" else getattr(torch, args.dtype)
+    print(f"minskill.serve: {threads} torch thread{'s' if threads != 1 else ''}, device {args.device}, "
+          f"{str(dtype).removeprefix('torch.')} weights", file=sys.stderr, flush=True)
     try:
-        backend = ModelBackend.from_spec(args.model, dtype=getattr(torch, args.dtype), device=device,
+        backend = ModelBackend.from_spec(args.model, dtype=dtype, device=args.device,
                                          name=args.served_model_name, quantize=args.quantize)
     except (ValueError, OSError) as error:
         print(f"minskill.serve: cannot load model {args.model!r}: {error}", file=sys.stderr)

@@ -51,6 +51,7 @@ from pathlib import Path
 
 import torch
 
+from minskill.cli import client_args
 from minskill.files import write_json_atomic
 from minskill.nn.shared_prefix import grouped_logprobs
 from minskill.nn.weights import load_model
@@ -59,7 +60,7 @@ from minskill.rollout import load_skills, run_rollouts, skill_text, wilson_inter
 from minskill.runs import TRAINER_STATE, check_run_folder, load_trainer_state, open_run_folder
 from minskill.serve.client import usage_delta
 from minskill.serve.server import embedded_client
-from minskill.skill_r1.loop import (EvolveConfig, Instance, all_zero_note, autocast, check_config, device, evolve_batch,
+from minskill.skill_r1.loop import (EvolveConfig, Instance, all_zero_note, autocast, check_config, evolve_batch,
                                     load_tasks, step_seed)
 from minskill.tasks import load_suite
 
@@ -261,7 +262,7 @@ def probe(editor, tokenizer, client, instances: list[Instance], seed_skills: lis
     on these instances."""
     c0, u0, t0 = client.stats["calls"], client.usage, time.time()
     cfg = dataclasses.replace(EvolveConfig.from_args(args), generations=1, candidates=args.probe_candidates)
-    with torch.no_grad(), autocast(args.bf16):
+    with torch.no_grad(), autocast(args.bf16, editor.device):
         evolutions = evolve_batch(editor, tokenizer, client, instances, cfg,
                                   seeds=[step_seed(args.seed, 10**6 + 1, k) for k in range(len(instances))],
                                   seed_skills=seed_skills)
@@ -306,11 +307,11 @@ def skill_row(client, name: str, skills: list[str], evo: list[Instance], test: l
 def editor_row(client, name: str, spec: str, evo: list[Instance], seed_skills: list[str], test: list[list],
                args) -> dict:
     """One editor's row: evolve a skill on every instance, then score the skill carried after each generation."""
-    editor, tokenizer = load_model(spec, dtype=torch.float32, device=device())
+    editor, tokenizer = load_model(spec, dtype=torch.float32, device=args.device)
     check_config(editor, EvolveConfig.from_args(args))
     editor.eval()
     c0, u0, t0 = client.stats["calls"], client.usage, time.time()
-    with torch.no_grad(), autocast(args.bf16):
+    with torch.no_grad(), autocast(args.bf16, editor.device):
         evolutions = evolve_batch(editor, tokenizer, client, evo, EvolveConfig.from_args(args),
                                   seeds=[step_seed(args.seed, 10**6, k) for k in range(len(evo))],
                                   seed_skills=seed_skills)
@@ -353,10 +354,10 @@ def written_skills(ev) -> dict:
 def kl_to_frozen(editor, frozen_spec: str, evolutions, args) -> float:
     """Mean over the sampled skill tokens of log π_θ(y) − log π_0(y), π_0 the untrained editor: the Monte-Carlo
     estimate of KL(π_θ ‖ π_0) at the sampling temperature (exact in expectation for --editor-top-p 1)."""
-    frozen = load_model(frozen_spec, dtype=torch.float32, device=device())[0].eval()
+    frozen = load_model(frozen_spec, dtype=torch.float32, device=editor.device)[0].eval()
     cands = [c for ev in evolutions for c in ev.candidates() if c.token_ids]
     total, n = 0.0, 0
-    with torch.no_grad(), autocast(args.bf16):
+    with torch.no_grad(), autocast(args.bf16, editor.device):
         for i in range(0, len(cands), 8):
             prompts, completions = [c.prompt_ids for c in cands[i:i + 8]], [c.token_ids for c in cands[i:i + 8]]
             logp, mask = grouped_logprobs(editor, prompts, completions, temperature=args.editor_temperature)
@@ -377,7 +378,7 @@ def evaluate(args) -> int:
     seed_skillset = load_skills(args.seed_skills, args.suite)
     seed_skills = [skill_text(seed_skillset, inst.type) for inst in evo]
     rows, record, started = [], eval_record(args, evo, test), time.time()
-    with embedded_client(args.task_url, args.task_model, api_key=args.task_api_key,
+    with embedded_client(**client_args(args, "task"),
                          quantize=args.task_quantize, max_workers=args.task_concurrency) as client:
 
         def done(label: str, row: dict, lam: float | None = None) -> None:
@@ -426,9 +427,7 @@ def eval_record(args, evo: list[Instance], test: list[list]) -> dict:
                     "n" (tasks), "per_task_gained", "per_task_lost" (descriptive counts, not a test)}],
          "usage": the task model's client.Usage counts, "wall_seconds", "finished"}
 
-    Version 2: the paired statistic is by instance (minskill.paired.compare). A version-1 record's "p" is the
-    per-task sign test and its "ci95" a bootstrap over instances, with "gained" / "lost" per task.
-    Rewritten after each row (finished false until the paired table is in)."""
+    Version 2: the paired statistic is by instance (minskill.paired.compare). Rewritten after each row (finished false until the paired table is in)."""
     flags = {k: v for k, v in vars(args).items() if isinstance(v, (str, int, float, bool, list, type(None)))}
     return {"kind": "skill-r1-eval", "version": 2, "flags": flags, "finished": False,
             "task_model": args.task_model or args.task_url or

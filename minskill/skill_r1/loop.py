@@ -270,8 +270,8 @@ def score_skills(client, jobs: list[tuple[Instance, str | None, int]],
                     for tr in trajectories]          # run_rollouts keeps task order, a task's samples together
         return sum(o.reward for o in outcomes) / max(len(outcomes), 1), outcomes
 
-    # concurrent, so that the task-model server batches the requests of all candidates together
-    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(len(jobs), 16))) as pool:
+    # concurrent (up to the client's cap on requests in flight), so that the server batches all candidates' requests
+    with concurrent.futures.ThreadPoolExecutor(max(1, min(len(jobs), getattr(client, "max_workers", 16)))) as pool:
         return list(pool.map(score, jobs))
 
 
@@ -374,14 +374,10 @@ def step_seed(seed: int, step: int, j: int) -> int:
     return seed * 1_000_003 + step * 1009 + j
 
 
-def device() -> str:
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def autocast(bf16: bool):
-    """bf16 autocast when asked: matmuls in bfloat16, weights and AdamW state in float32 (pure bf16 weights
-    would round away updates of lr·1 relative size below 2^-8)."""
-    return torch.autocast(device(), dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+def autocast(bf16: bool, device):
+    """bf16 autocast on `device` (the resolved --device) when asked: matmuls in bfloat16, weights and AdamW state in
+    float32 (pure bf16 weights would round away updates of lr·1 relative size below 2^-8): docs/gpu.md."""
+    return torch.autocast(torch.device(device).type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
 
 
 class SuiteError(ValueError):

@@ -3,16 +3,43 @@
 
 This is the run loop's bookkeeping, not the algorithm: train_grpo.train calls it between steps, after
 train_step has computed (the reading path of a step, tests/reading_path.py, therefore leaves it out).
+Under torchrun (minskill.distributed) `step_over_ranks` first puts the ranks' shares of the step together, so
+every rank holds the global figures; rank 0 alone writes them, once.
 """
 from __future__ import annotations
 
 import time
 from pathlib import Path
 
-from minskill import gates
+from minskill import distributed, gates
 from minskill.files import append_jsonl
 from minskill.plot import write_svg_plot
+from minskill.serve.client import usage_delta
 from minskill.skill_r1.loop import OUTCOMES_SHOWN, all_zero_note
+
+
+# policy_update's stats that are means over its trained tokens; the others are sums but for grad_norm (the norm of
+# the gradient summed over the ranks: the same on each)
+TOKEN_MEANS = ("ratio_mean", "clip_frac_low", "clip_frac_high", "kl_mean", "logp_mismatch")
+
+
+def step_over_ranks(evolutions, cands, st, usage_now: dict, usage_before: dict):
+    """(evolutions, candidates, update stats, task-model usage since usage_before) of the whole step: in one
+    process the rank's own; under torchrun every rank's evolutions and candidates in rank order (the step's
+    instance order), the stats as one process computes them (token means weighted by each rank's trained tokens;
+    the loss, each rank's part of the one loss, and the counts summed) and the usage summed, but busy_seconds: the
+    most of any rank (the ranks' calls overlap in time: their union is at least that)."""
+    usage = usage_delta(usage_now, usage_before)
+    if distributed.world() == 1:
+        return evolutions, cands, st, usage
+    parts = distributed.gather((evolutions, cands))
+    tokens, sequences, loss, *weighted = distributed.sum_over_ranks(
+        st["train_tokens"], st["trained_sequences"], st["loss"], *(st[k] * st["train_tokens"] for k in TOKEN_MEANS))
+    st = {**st, "train_tokens": tokens, "trained_sequences": sequences, "loss": loss,
+          **{k: w / tokens if tokens else 0.0 for k, w in zip(TOKEN_MEANS, weighted)}}
+    busy = distributed.max_over_ranks(usage["busy_seconds"])
+    usage = {**dict(zip(usage, distributed.sum_over_ranks(*usage.values()))), "busy_seconds": busy}
+    return [ev for evs, _ in parts for ev in evs], [c for _, cs in parts for c in cs], st, usage
 
 
 def metrics_row(step, evolutions, cands, st, usage, t0, t_sampled, lr) -> dict:
@@ -64,6 +91,8 @@ def log_step(run, args, row: dict, t0: float, t_run: float, evolutions) -> None:
     """Append the step's row to metrics.jsonl (and run.rows), its skill lineage to lineage.jsonl; redraw the
     curve; print the progress line (run: train_grpo.Run)."""
     run.rows.append(row)
+    if not distributed.is_main():   # torchrun: rank 0 alone writes the run folder (and prints)
+        return
     append_jsonl(run.out / "metrics.jsonl", row)
     for record in lineage_records(row["step"], evolutions):
         append_jsonl(run.out / "lineage.jsonl", record)
