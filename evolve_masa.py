@@ -40,15 +40,15 @@ from pathlib import Path
 from minskill import gates
 from minskill.cli import (DefaultsHelpFormatter, add_device_args, add_task_model_args, add_teacher_args, client_args,
                           with_extra_body)
-from minskill.files import ShapeError, check_shape, read_json, write_json_atomic, write_jsonl_atomic, write_text_atomic
+from minskill.files import read_json, write_json_atomic, write_jsonl_atomic, write_text_atomic
 from minskill.masa import data as masa_data, search as masa
 from minskill.masa.model_card import ModelCard, target_model_card
-from minskill.masa.run_config import MasaRunConfig
+from minskill.masa.run_config import MasaRunConfig, check_state
 from minskill.masa.search import MasaConfig, MasaSearch
 from minskill.plot import write_svg_plot
 from minskill.retrieval import (RetrievalError, add_retrieval_args, check_retrieval_args, retriever_from_args,
                                 with_retrieval)
-from minskill.rollout import load_skills, summarize
+from minskill.rollout import fit_to_suite, load_skills, summarize
 from minskill.runs import check_run_folder, given_flags, open_run_folder, resume_flags
 from minskill.serve.caching import BudgetExhausted, CachingClient, CallBudget
 from minskill.serve.client import ChatError
@@ -186,48 +186,6 @@ def run_usage(run: Run) -> dict:
             **{role: client.usage for role, client in run.roles.items()},
             "wall_seconds": round(saved.get("wall_seconds", 0.0) + time.time() - STARTED, 3),
             "sessions": saved.get("sessions", 0) + 1}
-
-
-# What --resume reads of state.json (minskill.files.check_shape; check_state): every field MasaSearch.restore,
-# the budget and the usage counters take, as to_json wrote them (a candidate field with a default may be absent)
-USAGE_SHAPE = {f"{k}?": (None, float) for k in ("calls", "failures", "prompt_tokens", "completion_tokens",
-                                                 "request_seconds", "busy_seconds")}
-CANDIDATE_SHAPE = {"id": int, "phase": str, "skills": dict, "task_type?": (None, str), "parent?": (None, int),
-                   "iteration?": int, "node?": (None, str), "reward?": (None, float), "metrics?": (None, dict),
-                   "attribution?": object, "accepted?": (None, bool), "failures?": [dict], "gate?": (None, dict)}
-NODE_SHAPE = {"payload": int, "visits": int, "value_sum": float, "reward": (None, float), "info": dict,
-              "children": [dict]}
-STATE_SHAPE = {"args": dict, "calls_spent": int, "events": [dict], "card": (None, dict), "gate_tasks?": [str],
-               "usage?": (None, {"target?": USAGE_SHAPE, "teacher?": USAGE_SHAPE, "wall_seconds?": float,
-                                 "sessions?": int}),
-               "search": (None, {"phase": str, "candidates": [CANDIDATE_SHAPE], "events": [dict],
-                                 "general": (None, {"best": int, "best_reward": float, "iteration": int, "stale": int}),
-                                 "trees": {str: {"root": NODE_SHAPE, "iterations": int}}})}
-
-
-def check_state(state, where: str) -> dict:
-    """`state` (a parsed state.json) when --resume can continue it: STATE_SHAPE, candidate ids counting from 0
-    with no field the search does not know, and the climb's and every tree node's candidate among them (the
-    trees walked in a loop); else ShapeError naming `where` and the field."""
-    check_shape(state, STATE_SHAPE, where)
-    search = state["search"] or {"candidates": [], "general": None, "trees": {}}
-    n = len(search["candidates"])
-    for i, candidate in enumerate(search["candidates"]):
-        unknown = sorted(set(candidate) - {k.rstrip("?") for k in CANDIDATE_SHAPE})
-        if candidate["id"] != i or unknown:
-            raise ShapeError(f"{where}: field search.candidates[{i}]: " + (f"id {candidate['id']}, expected {i} "
-                             f"(ids count the candidates)" if not unknown else f"unknown field {unknown[0][:40]!r}"))
-    if search["general"] is not None and not 0 <= search["general"]["best"] < n:
-        raise ShapeError(f"{where}: field search.general.best: {search['general']['best']} is no candidate's id")
-    for task_type, tree in search["trees"].items():
-        stack = [(tree["root"], f"search.trees[{task_type[:40]!r}].root")]
-        while stack:
-            node, at = stack.pop()
-            check_shape(node, NODE_SHAPE, f"{where}: {at}")
-            if not 0 <= node["payload"] < n:
-                raise ShapeError(f"{where}: field {at}.payload: {node['payload']} is no candidate's id")
-            stack.extend((child, f"{at}.children[{i}]") for i, child in enumerate(node["children"]))
-    return state
 
 
 def resume_args(parser: argparse.ArgumentParser, args: argparse.Namespace, out: Path, argv=None):
@@ -368,10 +326,9 @@ def load_gate_tasks(args, used: list) -> list:
 
 def load_base_skills(args):
     if args.base_skills:
-        return SkillSet.load(args.base_skills)
+        return fit_to_suite(SkillSet.load(args.base_skills), args.suite, f"--base-skills {args.base_skills}")
     try:
-        suite = Path(args.suite).stem if args.suite.endswith(".jsonl") else args.suite
-        skills = load_skills("base", suite)
+        skills = load_skills("base", args.suite)   # a JSONL suite: the base skills of its task types
     except FileNotFoundError as e:
         log(f"no built-in base skills for suite {args.suite!r} ({e}); starting from an empty library")
         skills = None
@@ -424,17 +381,36 @@ def checkpoint(run: Run, search_state: dict) -> None:
 
 def teacher_skipped(run: Run, event: dict) -> None:
     run.state["events"].append({"event": "teacher_skip", **event})
-    log(f"  teacher reply skipped ({event['what']}) after {event['attempts']} attempts")
+    log(teacher_event_line(event))
+
+
+def teacher_event_line(event: dict) -> str:
+    """A teacher event (minskill.masa.fitting: a reply skipped, a prompt sent trimmed) as a progress line."""
+    last = f"last error: {event['errors'][-1][:160] if event.get('errors') else '?'}"
+    if event.get("event") == "teacher_trim":
+        return (f"  teacher prompt ({event['what']}) refused as too long for the server's context; sent trimmed to "
+                f"level {event['trim']} (less history first, then fewer examples)")
+    why = {"prompt too long": "the server refused the prompt as too long for its context at every trim level (a "
+                              "smaller --teacher-max-tokens or a larger server context leaves it room)",
+           "budget spent": "the call budget was spent before a retry"}.get(event.get("reason"), "did not parse")
+    return f"  teacher reply skipped ({event['what']}): {event['attempts']} attempts; {why}; {last}"
 
 
 def log_progress(search: MasaSearch, shown: int, line: str | None = None) -> int:
-    """Print the search's teacher skips (its events after the first `shown`), then `line`; returns its event count."""
+    """Print the search's teacher events (after the first `shown`), then `line`; returns its event count."""
     for event in search.events[shown:]:
-        log(f"  teacher reply skipped ({event['what']}): {event['attempts']} attempts did not parse; "
-            f"last error: {event['errors'][-1][:160] if event['errors'] else '?'}")
+        log(teacher_event_line(event))
     if line is not None:
         log(line)
     return len(search.events)
+
+
+def keep_cut_events(run: Run, search: MasaSearch) -> None:
+    """The teacher events of the iteration cut short (by the budget, a failing endpoint, Ctrl-C), whose work is rolled
+    back to the last checkpoint and redone on --resume: their calls were paid, so they stay in the run's events
+    (state.json, search_log.jsonl) and in its count of skipped replies, marked "cut_short"."""
+    done = len(search.last_checkpoint["events"])
+    run.state["events"].extend({**event, "cut_short": True} for event in search.events[done:])
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -483,6 +459,7 @@ def run_search(run: Run, target, teacher) -> tuple[MasaSearch | None, str | None
     except BudgetExhausted as e:
         if search is not None:
             log_progress(search, shown)   # the skipped replies of the iteration cut short
+            keep_cut_events(run, search)
             search.restore(search.last_checkpoint)
             checkpoint(run, search.last_checkpoint)
         run.state["events"].append({"event": "budget_stop", "message": str(e)})
@@ -491,6 +468,7 @@ def run_search(run: Run, target, teacher) -> tuple[MasaSearch | None, str | None
     except (ChatError, KeyboardInterrupt):
         if search is not None:
             log_progress(search, shown)
+            keep_cut_events(run, search)
             checkpoint(run, search.last_checkpoint)
         raise
     return search, None
@@ -631,6 +609,21 @@ def reward_plot(out: Path, state: dict) -> None:
                    xlabel="iteration", ylabel="R = SR − λ·NHR")
 
 
+def calls_lines(run: Run, target, teacher, skips: int) -> str:
+    """The calls of this session (they add up: target + teacher, each call sent, failed or not, as the budget counts
+    it) and, after a --resume, of the whole run (the budget's count); then the whole run's cost per role (failed
+    calls, e.g. prompts refused as too long, apart)."""
+    usage, session = run.state["usage"], run.budget.spent_this_session
+    whole = f", {run.budget.spent} in the whole run ({usage['sessions']} sessions)" if usage["sessions"] > 1 else ""
+    per_role = "; ".join(f"{role} {u['calls']} calls" + (f" (+{u['failures']} failed)" if u.get("failures") else "")
+                         + f", {u['prompt_tokens'] + u['completion_tokens']} tokens, {u['busy_seconds']:.0f} s busy"
+                         for role, u in usage.items() if isinstance(u, dict))
+    return (f"calls: {session} model calls ({target.calls} target, {target.cache_hits} target cache hits, "
+            f"{teacher.calls} teacher) this session{whole}; {skips} teacher replies skipped"
+            f"{' in the whole run' if whole else ''}; {time.time() - STARTED:.0f} s\n"
+            f"whole run: {per_role}; {usage['wall_seconds']:.0f} s wall")
+
+
 def print_summary(run: Run, search: MasaSearch, target, teacher, written: dict) -> None:
     """What the run did, on stdout."""
     s, results, table = run.state["search"], written["results"], written["table"]
@@ -642,12 +635,7 @@ def print_summary(run: Run, search: MasaSearch, target, teacher, written: dict) 
     print(f"base skills R = {results['base_reward']:.3f}; best general R = {search.climb.best.reward:.3f} "
           f"({n_general} general candidates, {accepted} accepted); {n_tree} tree nodes over {len(s['trees'])} task "
           f"types; evolved library R = {results['reward_out']:.3f} on the {len(run.tasks)} search tasks")
-    print(f"calls: {run.budget.spent} model calls ({target.calls} target, {target.cache_hits} target cache hits, "
-          f"{teacher.calls} teacher) this session; {skips} teacher replies skipped; {time.time() - STARTED:.0f} s")
-    usage = run.state["usage"]
-    print("whole run: " + "; ".join(f"{role} {u['calls']} calls, {u['prompt_tokens'] + u['completion_tokens']} "
-                                    f"tokens, {u['busy_seconds']:.0f} s busy" for role, u in usage.items()
-                                    if isinstance(u, dict)) + f"; {usage['wall_seconds']:.0f} s wall")
+    print(calls_lines(run, target, teacher, skips))
     if table:
         print(f"\nheld-out ({len(run.heldout)} tasks), base vs evolved skills:\n{table}")
     notes = list(results["notes"])

@@ -82,7 +82,7 @@ from minskill.nn.optim import lr_factor, release_freed_memory
 from minskill.nn.sampling import completion_logprobs
 from minskill.nn.shared_prefix import shared_prefix_logprobs
 from minskill.nn.weights import load_model, resolve_model
-from minskill.rollout import load_skills, skill_text
+from minskill.rollout import SkillsNotFound, load_skills, skill_text
 from minskill.runs import (TRAINER_STATE, check_run_folder, given_flags, load_trainer_state, open_run_folder,
                            older_checkpoints, recover_checkpoint, resume_flags, save_checkpoint,
                            set_rng_state)
@@ -653,5 +653,5 @@ def main(argv=None) -> int:
 if __name__ == "__main__":
     try:
         sys.exit(main())
-    except SuiteError as e:      # a bad --suite file: a usage error, before any model call
+    except (SuiteError, SkillsNotFound) as e:   # a bad --suite file, --seed-skills naming none: usage errors
         sys.exit(f"train_grpo.py: {e}")

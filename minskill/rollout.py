@@ -63,6 +63,7 @@ import signal
 import sys
 import threading
 import time
+import warnings
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Callable, Iterable, Protocol, runtime_checkable
@@ -76,7 +77,8 @@ from minskill.runs import clean_staging
 from minskill.serve.client import chat_as_completed
 from minskill.serve.server import embedded_client
 from minskill.skillsets import SkillSet
-from minskill.tasks import BASE_SKILLS_DIR, load_suite, make_env
+from minskill.tasks import (BASE_SKILLS_DIR, SUITES, TaskWarning, is_task_file, load_suite, make_env, skill_key_type,
+                            suite_types)
 from minskill.tasks.base import NOTHING_HAPPENS
 
 
@@ -365,7 +367,7 @@ def run_rollouts(client, tasks, skills=None, *, n: int = 1, temperature: float =
 
 def _run_single_turn(client, single: list, system: list, finish: Callable, *, n, temperature, max_tokens, seed):
     """Every request in flight at once (n choices each), each task finished the moment its reply arrives."""
-    requests = [dict(messages=_with_system(system[i], [{"role": "user", "content": t.question}]),
+    requests = [dict(messages=_with_system(system[i], [{"role": "user", "content": t.prompt or t.question}]),
                      n=n, temperature=temperature, max_tokens=max_tokens, seed=seed) for i, t in single]
     for k, answer in chat_as_completed(client, requests):
         position, task = single[k]
@@ -479,22 +481,67 @@ def format_table(summary: dict) -> str:
 # ----------------------------------------------------------------------------------------------------------
 # The evaluation command
 
+class SkillsNotFound(FileNotFoundError):
+    """--skills / --seed-skills names no file or folder, or "base" for a suite without base skills."""
+
+
 def load_skills(spec: str | None, suite: str):
-    """--skills: "none" -> None; "base" -> the suite's hand-written base skills; a folder or .json ->
-    SkillSet.load; any other file -> its text, used as-is."""
+    """--skills: "none" -> None; "base" -> the suite's hand-written base skills (`base_skills`); a folder or
+    .json -> SkillSet.load, read for the suite (`fit_to_suite`); any other file -> its text, used as-is.
+    Raises SkillsNotFound naming what is missing."""
     if spec is None or spec.lower() in ("", "none"):
         return None
     if spec.lower() == "base":
-        for candidate in (BASE_SKILLS_DIR / suite, BASE_SKILLS_DIR / f"{suite}.json"):
-            if candidate.exists():
-                return SkillSet.load(candidate)
-        raise FileNotFoundError(f"--skills base: no base skills for suite {suite!r} under {BASE_SKILLS_DIR}")
+        return base_skills(suite)
     path = Path(spec)
     if not path.exists():
-        raise FileNotFoundError(f"--skills {spec}: no such file or folder (or use 'none' / 'base')")
+        raise SkillsNotFound(f"--skills {spec}: no such file or folder (or use 'none' / 'base')")
     if path.is_dir() or path.suffix.lower() == ".json":
-        return SkillSet.load(path)
+        return fit_to_suite(SkillSet.load(path), suite, spec)
     return path.read_text(encoding="utf-8-sig")
+
+
+def base_skills(suite: str) -> SkillSet:
+    """A built-in suite's base skills (BASE_SKILLS_DIR/<suite>); for a JSONL suite, those of its task types
+    from every built-in base skill set that has some (its general skills, its skills for those types, its
+    common mistakes). SkillsNotFound, naming the file and its types, when none has any."""
+    if not is_task_file(suite):
+        if suite in SUITES and (BASE_SKILLS_DIR / suite).is_dir():
+            return SkillSet.load(BASE_SKILLS_DIR / suite)
+        raise SkillsNotFound(f"--skills base: no base skills for suite {suite!r} under {BASE_SKILLS_DIR}")
+    types, general, task_specific, mistakes = suite_types(suite), [], {}, []
+    for folder in sorted(p for p in BASE_SKILLS_DIR.iterdir() if p.is_dir()):
+        base = SkillSet.load(folder)
+        keys = [key for key in base.task_specific if skill_key_type(key, types)]
+        if keys:
+            general += [s for s in base.general if s.name not in {g.name for g in general}]
+            task_specific.update({key: base.task_specific[key] for key in keys})
+            mistakes += [m for m in base.common_mistakes if m not in mistakes]
+    if not task_specific:
+        raise SkillsNotFound(f"--skills base: {suite}: no built-in base skills for its task types "
+                             f"({', '.join(types)}); give a skill-set folder or .json, or 'none'")
+    return fit_to_suite(SkillSet(general=general, task_specific=task_specific, common_mistakes=mistakes), suite,
+                        "base")
+
+
+def fit_to_suite(skills: SkillSet, suite: str, where: str) -> SkillSet:
+    """A library as `suite` reads it: task-specific skills keyed by another name of one of its types
+    (tasks.skill_key_type: ALFWorld's and MASA's household names) moved under that type (a skill whose name
+    the type already holds is left out); a TaskWarning names the keys that match no type of the suite
+    (their skills are never shown). Every loader of a library for a suite calls this."""
+    types = suite_types(suite)
+    target = {key: skill_key_type(key, types) for key in skills.task_specific}
+    unmatched = [key for key, task_type in target.items() if task_type is None]
+    if unmatched:
+        warnings.warn(f"{where}: task-specific skills for {', '.join(map(repr, unmatched))} match no task type "
+                      f"of suite {suite} ({', '.join(types)}); they are never shown", TaskWarning, stacklevel=2)
+    if all(task_type in (key, None) for key, task_type in target.items()):
+        return skills
+    keyed: dict[str, list] = {}
+    for key, group in skills.task_specific.items():
+        held = keyed.setdefault(target[key] or key, [])
+        held += [s for s in group if s.name not in {h.name for h in held}]
+    return dataclasses.replace(skills, task_specific=keyed).validate()
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -578,10 +625,10 @@ def main(argv=None) -> int:
         tasks = load_suite(args.suite, split=args.split, seed=args.task_seed, n=args.n_tasks)
     except (ValueError, FileNotFoundError) as e:
         p.error(str(e))
-    skills = load_skills(args.skills, args.suite)
     try:
+        skills = load_skills(args.skills, args.suite)
         check_retrieval_args(args)
-    except RetrievalError as e:
+    except (RetrievalError, SkillsNotFound, ValueError) as e:   # (SkillFormatError is a ValueError)
         p.error(str(e))
     suite_name = Path(args.suite).stem if args.suite.endswith(".jsonl") else args.suite
     out_dir = Path(args.out or f"runs/eval-{suite_name}-{time.strftime('%Y%m%d-%H%M%S')}")

@@ -8,28 +8,36 @@ a folder whose name is the skill's name, holding `SKILL.md` = YAML front matter 
     ---
     name: count-carefully            1-64 chars of a-z 0-9 -, no leading/trailing/double hyphen,
     description: Use when ...        equal to the folder name; description 1-1024 chars
-    metadata:                        optional mapping of string keys to string values
-      title: Count carefully
+    metadata:                        optional mapping of text keys to text (or to lists and
+      title: Count carefully         mappings of text, nested as deep as YAML allows here)
     ---
     Markdown body
-    scripts/  references/  assets/   optional resource folders (any files below them)
+    scripts/  references/  ...       any other files and folders (resources)
 
 (`license`, `compatibility` (<= 500 chars) and `allowed-tools` are accepted as the spec allows; any other
 top-level field is an error, as in the spec's reference validator.)
+
+YAML. Front matter (and MASA's YAML model cards) are read by PyYAML's safe loader (`read_yaml`), composing
+nodes only: every scalar is the text written (no types, as the spec's validator reads it), anchors, aliases
+and tags are refused, nesting is bounded (MAX_YAML_DEPTH = 16), and the file is size-bounded before it is
+parsed; an error names the file and line. One leniency: a one-line plain value holding ': ' (`description:
+Use when: ...`), which YAML refuses, is read as if quoted. What minskill writes is plain or JSON-quoted
+YAML that any YAML reader reads back as written.
 
 Sizes. A SKILL.md file (and a skill's body) is at most MAX_FILE_BYTES = 256 KiB: the only size that
 refuses a SKILL.md. The spec *recommends* a body under 500 lines and under 5,000 tokens; a longer body
 loads with a `SkillWarning` (warnings.warn), tokens approximated as approx_tokens(body) = ceil(chars/4).
 
-Resources. Files under a skill's `scripts/`, `references/` and `assets/` (`Skill.resources`: relative POSIX
-path -> bytes) travel with it: read on load, written back byte for byte on save (file modes are not kept:
-minskill never executes them), at most MAX_RESOURCE_FILES = 100 files and MAX_RESOURCE_BYTES = 10 MiB per
-skill. A symbolic link anywhere below them is an error naming it; dot-files and dot-folders are skipped
-(editor droppings, our own temp files); other entries beside SKILL.md are not kept (a warning names them).
-Prompts list the resources by name (`resource_note`); no LLM ever rewrites them, and none of their bytes
-is ever shown to one or run. A resource path is validated (`validate_resource_path`) before it becomes a
-file name: its first part is one of the three folders, no part is empty, '.', '..', hidden or over 255
-bytes, at most MAX_RESOURCE_DEPTH = 8 parts; a skill set bounds all its resources at 100 MiB (skillsets.py).
+Resources. Every other file of a skill's folder (`Skill.resources`: relative POSIX path -> bytes; scripts/,
+references/, assets/, LICENSE.txt, any folder the body names) travels with it: read on load, written back
+byte for byte on save with its exec bit (an executable's bytes are `ExecutableBytes`: mode 0o755, others
+0o644; minskill never runs them), at most MAX_RESOURCE_FILES = 1,000 files and MAX_RESOURCE_BYTES = 50 MiB
+per skill. A symbolic link anywhere in the folder is an error naming it (it could point outside); dot-files
+and dot-folders are skipped (.git, editor droppings, our own temp files). Prompts list the resources by name
+(`resource_note`); no LLM ever rewrites them, and none of their bytes is ever shown to one or run. A
+resource path is validated (`validate_resource_path`) before it becomes a file name: not SKILL.md, no part
+empty, '.', '..', hidden, with a control character or over 255 bytes, at most MAX_RESOURCE_DEPTH = 16
+parts; a skill set bounds all its resources together (skillsets.py).
 
 Rendering for a task model's system prompt (`Skill.render(task_type, max_tokens)`, as `SkillSet.render`:
 the one interface the rollout code uses): the skill as a set of that one skill, i.e. `## title`, the
@@ -37,10 +45,8 @@ description, the body and the resource_note line (when it has resources); when c
 defaults to `approx_tokens`, ceil(len(text) / 4), about right for English with BPE tokenizers.
 
 Text written by an LLM is untrusted: names are validated (`validate_name`) or repaired (`slugify`) before
-they become paths, sizes are bounded, nothing from it is executed. The YAML reader is a small parser for
-the subset SKILL.md uses (key: value scalars, quoted strings, one nested `metadata` mapping, simple `|`
-and `>` block scalars); anything else raises SkillFormatError naming the file and line. Files are
-written atomically (temp file + os.replace); a SKILL.md that is a symbolic link is never read.
+they become paths, sizes are bounded, nothing from it is executed. Files are written atomically (temp file
++ os.replace); a SKILL.md that is a symbolic link is never read.
 """
 from __future__ import annotations
 
@@ -53,9 +59,12 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
+
 __all__ = ["Skill", "SkillFormatError", "SkillParseError", "validate_name", "validate_task_type", "slugify",
            "split_front_matter", "approx_tokens", "resource_note", "validate_resource_path", "SkillWarning",
-           "MAX_NAME_CHARS", "MAX_DESCRIPTION_CHARS", "MAX_BODY_CHARS", "MAX_FILE_BYTES", "RESOURCE_DIRS"]
+           "MAX_NAME_CHARS", "MAX_DESCRIPTION_CHARS", "MAX_BODY_CHARS", "MAX_FILE_BYTES", "ExecutableBytes",
+           "read_yaml"]
 
 MAX_NAME_CHARS = 64
 MAX_DESCRIPTION_CHARS = 1024
@@ -64,10 +73,9 @@ MAX_BODY_CHARS = 20_000              # the longest body an LLM may *write* (repl
 MAX_FILE_BYTES = 256 * 1024          # a SKILL.md or SKILLSET.md (or a skill's body) larger than this is refused
 RECOMMENDED_BODY_LINES = 500         # the spec's recommendation: above it a body loads with a warning
 RECOMMENDED_BODY_TOKENS = 5000       # ... tokens counted by approx_tokens (chars / 4)
-RESOURCE_DIRS = ("scripts", "references", "assets")
-MAX_RESOURCE_FILES = 100             # per skill, the three folders together
-MAX_RESOURCE_BYTES = 10 * 1024 * 1024
-MAX_RESOURCE_DEPTH = 8               # path parts below the skill folder
+MAX_RESOURCE_FILES = 1000            # per skill: every file of its folder but SKILL.md (public skills: up to 83)
+MAX_RESOURCE_BYTES = 50 * 1024 * 1024   # ... together (public skills: up to 5.5 MB, mostly fonts)
+MAX_RESOURCE_DEPTH = 16              # path parts below the skill folder (public skills: up to 6)
 SPEC_FIELDS = ("name", "description", "license", "compatibility", "metadata", "allowed-tools")
 
 
@@ -76,8 +84,7 @@ class SkillFormatError(ValueError):
 
 
 class SkillWarning(UserWarning):
-    """A skill loads, but not as the spec recommends: a body of 500+ lines or 5,000+ tokens, or files beside
-    SKILL.md that a skill does not carry."""
+    """A skill loads, but not as the spec recommends: a body of 500+ lines or 5,000+ tokens."""
 
 
 class SkillParseError(ValueError):
@@ -133,184 +140,138 @@ def validate_task_type(task_type, where: str = "task type") -> str:
     return task_type
 
 
-# --------------------------------------------------------------------------- the YAML subset
+# --------------------------------------------------------------------------- YAML (PyYAML's safe loader)
 
-_KEY_LINE = re.compile(r"([A-Za-z0-9_][A-Za-z0-9_.-]*)\s*:(?:[ \t]+(.*?))?[ \t]*$")
-_DQ_ESCAPES = {"0": "\0", "a": "\a", "b": "\b", "t": "\t", "\t": "\t", "n": "\n", "v": "\v", "f": "\f",
-               "r": "\r", "e": "\x1b", " ": " ", '"': '"', "/": "/", "\\": "\\", "N": "\x85",
-               "_": "\xa0", "L": "\u2028", "P": "\u2029"}
+MAX_YAML_DEPTH = 16      # mappings and lists nested deeper than this are refused (never a RecursionError)
 
 
-def _decode_double_quoted(raw: str, where: str) -> tuple[str, str]:
-    """Decode a YAML double-quoted scalar starting at raw[0] == '"'; return (value, rest of line)."""
-    out, i = [], 1
-    while i < len(raw):
-        ch = raw[i]
-        if ch == '"':
-            return "".join(out), raw[i + 1:]
-        if ch != "\\":
-            out.append(ch)
-            i += 1
-            continue
-        if i + 1 >= len(raw):
-            break
-        code = raw[i + 1]
-        if code in _DQ_ESCAPES:
-            out.append(_DQ_ESCAPES[code])
-            i += 2
-            continue
-        width = {"x": 2, "u": 4, "U": 8}.get(code)
-        digits = raw[i + 2:i + 2 + width] if width else ""
-        if not width or len(digits) != width or not re.fullmatch(r"[0-9A-Fa-f]+", digits):
-            raise SkillFormatError(f"{where}: unknown escape '\\{code}' in a double-quoted string")
-        point = int(digits, 16)
-        i += 2 + width
-        if 0xD800 <= point < 0xDC00 and raw[i:i + 2] == "\\u":  # a JSON-style surrogate pair
-            low = int(raw[i + 2:i + 6], 16)
-            point = 0x10000 + ((point - 0xD800) << 10) + (low - 0xDC00)
-            i += 6
-        out.append(chr(point))
-    raise SkillFormatError(f"{where}: double-quoted string is not closed on its line "
-                           f"(multi-line quoted strings are not supported; use a | block)")
+class _TextLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, used to compose nodes only: no Python object is ever built from the text, and
+    every scalar stays the text written (no types: `version: 1.10`, `name: yes` are strings, as the spec's
+    reference validator, strictyaml, reads them). Refused as strictyaml refuses them: anchors and aliases
+    (so no document grows as it is read) and tags; nesting deeper than MAX_YAML_DEPTH."""
+
+    depth = 0
+
+    def compose_node(self, parent, index):
+        event, problem = self.peek_event(), None
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
+            problem = "YAML anchors and aliases (&, *) are not supported"
+        elif getattr(event, "tag", None) is not None:
+            problem = "YAML tags (!...) are not supported"
+        elif self.depth >= MAX_YAML_DEPTH:
+            problem = f"nested more than {MAX_YAML_DEPTH} levels deep"
+        if problem:
+            raise yaml.composer.ComposerError(problem=problem, problem_mark=event.start_mark)
+        self.depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
 
 
-def _decode_single_quoted(raw: str, where: str) -> tuple[str, str]:
-    out, i = [], 1
-    while i < len(raw):
-        if raw[i] == "'":
-            if raw[i + 1:i + 2] == "'":
-                out.append("'")
-                i += 2
-                continue
-            return "".join(out), raw[i + 1:]
-        out.append(raw[i])
-        i += 1
-    raise SkillFormatError(f"{where}: single-quoted string is not closed on its line")
+def _node_data(node, at):
+    """A composed node as str / list / dict (keys text, each once)."""
+    if isinstance(node, yaml.ScalarNode):
+        return node.value
+    if isinstance(node, yaml.SequenceNode):
+        return [_node_data(item, at) for item in node.value]
+    mapping = {}
+    for key_node, value_node in node.value:
+        if not isinstance(key_node, yaml.ScalarNode):
+            raise SkillFormatError(f"{at(key_node)}: a key must be text, not a list or mapping")
+        if key_node.value in mapping:
+            raise SkillFormatError(f"{at(key_node)}: duplicate key {key_node.value[:80]!r}")
+        mapping[key_node.value] = _node_data(value_node, at)
+    return mapping
 
 
-def _inline_scalar(raw: str, where: str) -> str:
-    """A scalar written on the key's line: quoted, or plain with an optional ' # comment'."""
-    if raw.startswith('"') or raw.startswith("'"):
-        value, rest = (_decode_double_quoted if raw[0] == '"' else _decode_single_quoted)(raw, where)
-        if rest.strip() and not rest.strip().startswith("#"):
-            raise SkillFormatError(f"{where}: unexpected text after the quoted string: {rest.strip()[:40]!r}")
-        return value
-    if raw[0] in "[{":
-        raise SkillFormatError(f"{where}: flow collections ([...] or {{...}}) are not supported")
-    if raw[0] in "&*!%@`":
-        raise SkillFormatError(f"{where}: YAML anchors, aliases, tags and directives are not supported")
-    if raw.startswith("- ") or raw == "-":
-        raise SkillFormatError(f"{where}: lists are not supported")
-    comment = re.search(r"\s#", raw)
-    return (raw[:comment.start()] if comment else raw).strip()
+def read_yaml(text: str, where: str, first_line: int = 1):
+    """The YAML document `text` as str / list / dict of text (see _TextLoader), {} when it is empty. Errors
+    name `where` and the line (`first_line` is the number of the text's first line in its file)."""
+    def at(node_or_mark) -> str:
+        mark = getattr(node_or_mark, "start_mark", node_or_mark)
+        return f"{where}, line {first_line + mark.line}" if mark is not None else where
 
-
-def _block_scalar(header: str, lines: list[str], start: int, parent_indent: int, where: str
-                  ) -> tuple[str, int]:
-    """A `|` (literal) or `>` (folded) block scalar whose content starts at lines[start]."""
-    match = re.fullmatch(r"([|>])([+-]?)\s*(?:#.*)?", header)
-    if not match:
-        raise SkillFormatError(f"{where}: unsupported block scalar header {header!r} (use |, |-, |+, >, >-, >+)")
-    style, chomp = match.groups()
-    end, indent, content = start, None, []
-    while end < len(lines):
-        line = lines[end]
-        if line.strip():
-            this_indent = len(line) - len(line.lstrip(" "))
-            if this_indent <= parent_indent:
-                break
-            if indent is None:
-                indent = this_indent
-            if this_indent < indent:
-                raise SkillFormatError(f"{where}: block scalar line {end - start + 1} is less indented "
-                                       f"than its first line")
-            content.append(line[indent:])
-        else:
-            content.append("")
-        end += 1
-    while content and content[-1] == "" and chomp != "+":
-        content.pop()  # trailing blank lines belong to the block only with the keep indicator '+'
-    if style == "|":
-        text = "\n".join(content)
-    else:  # folded: single newlines become spaces, blank lines become newlines
-        paragraphs, current = [], []
-        for line in content:
-            if line == "":
-                paragraphs.append(" ".join(current))
-                current = []
-            else:
-                current.append(line)
-        paragraphs.append(" ".join(current))
-        text = "\n".join(paragraphs)
-    if content and chomp != "-":
-        text += "\n"
-    return text, end
+    try:
+        node = yaml.compose(text, Loader=_TextLoader)
+    except yaml.MarkedYAMLError as error:
+        problem = ", ".join(filter(None, (error.context, error.problem))) or "not valid YAML"
+        hint = " (quote a value that holds ': ')" if "mapping values are not allowed" in problem else ""
+        raise SkillFormatError(f"{at(error.context_mark or error.problem_mark)}: not valid YAML: "
+                               f"{problem}{hint}") from None
+    except yaml.reader.ReaderError as error:           # a character YAML does not allow
+        line = first_line + text.count("\n", 0, error.position)
+        raise SkillFormatError(f"{where}, line {line}: not valid YAML: character U+{error.character:04X} is not "
+                               f"allowed (write it as an escape in a double-quoted string)") from None
+    except yaml.YAMLError as error:
+        raise SkillFormatError(f"{where}: not valid YAML: {error}") from None
+    return {} if node is None else _node_data(node, at)
 
 
 def parse_front_matter(lines: list[str], where: str, first_line: int = 2) -> dict:
-    """Parse the YAML subset of a SKILL.md front matter (the lines between the '---' markers):
-    `key: value` lines whose values are scalars, or (top level only) a mapping of scalars."""
-    def at(index: int) -> str:
-        return f"{where}, line {first_line + index}"
+    """The front matter of a SKILL.md (the lines between the '---' markers) as a dict (read_yaml). A one-line
+    plain value holding ': ' (`description: Use when: ...`), which YAML refuses, is read as if quoted."""
+    try:
+        data = read_yaml("\n".join(lines) + "\n", where, first_line)
+    except SkillFormatError as error:
+        quoted = _quote_colon_values(lines)
+        if quoted == lines:
+            raise
+        try:
+            data = read_yaml("\n".join(quoted) + "\n", where, first_line)
+        except SkillFormatError:
+            raise error from None                  # the error of the text as written
+    if not isinstance(data, dict):
+        raise SkillFormatError(f"{where}, line {first_line}: expected 'key: value' lines (a YAML mapping), "
+                               f"got {'a list' if isinstance(data, list) else 'one value'}")
+    return data
 
-    result, i = _parse_mapping(lines, 0, 0, at, nested_allowed=True)
-    if i < len(lines):
-        raise SkillFormatError(f"{at(i)}: unexpected indentation: {lines[i].strip()[:60]!r}")
-    return result
+
+_COLON_VALUE = re.compile(r"([A-Za-z0-9_][A-Za-z0-9_.-]*):[ \t]+([^\s\"'|>\[{&*!%@`#].*?: .*?)[ \t]*")
 
 
-def _indent(line: str) -> int:
-    return len(line) - len(line.lstrip(" "))
+def _quote_colon_values(lines: list[str]) -> list[str]:
+    """Top-level one-line plain values that hold ': ' written as quoted scalars (a ' #' comment dropped)."""
+    out = []
+    for i, line in enumerate(lines):
+        match = _COLON_VALUE.fullmatch(line)
+        continued = i + 1 < len(lines) and lines[i + 1][:1] in (" ", "\t") and lines[i + 1].strip()
+        if match and not continued:
+            value = re.split(r"\s#", match.group(2), maxsplit=1)[0].strip()
+            line = f"{match.group(1)}: {_yaml_scalar(value)}"
+        out.append(line)
+    return out
 
 
-def _parse_mapping(lines: list[str], i: int, indent: int, at, nested_allowed: bool) -> tuple[dict, int]:
-    """`key: value` lines at exactly `indent` spaces from lines[i] on; stops at a less-indented line."""
-    mapping: dict = {}
-    while i < len(lines):
-        line = lines[i]
-        if not line.strip() or line.lstrip().startswith("#"):
-            i += 1
-            continue
-        if "\t" in line[:len(line) - len(line.lstrip())]:
-            raise SkillFormatError(f"{at(i)}: tabs are not allowed for indentation in YAML")
-        if _indent(line) < indent:
-            break
-        if _indent(line) > indent:
-            if indent:
-                raise SkillFormatError(f"{at(i)}: nested mappings deeper than one level are not supported")
-            raise SkillFormatError(f"{at(i)}: unexpected indentation: {line.strip()[:60]!r}")
-        body = line[indent:]
-        if body.startswith("- ") or body == "-":
-            raise SkillFormatError(f"{at(i)}: lists are not supported, expected 'key: value'")
-        match = _KEY_LINE.fullmatch(body)
-        if not match:
-            raise SkillFormatError(f"{at(i)}: expected 'key: value', got {body[:60]!r}")
-        key, raw = match.group(1), (match.group(2) or "")
-        if key in mapping:
-            raise SkillFormatError(f"{at(i)}: duplicate key {key!r}")
-        i += 1
-        if raw and raw[0] in "|>":
-            mapping[key], i = _block_scalar(raw, lines, i, indent, at(i - 1))
-        elif raw == "{}" and nested_allowed:
-            mapping[key] = {}
-        elif raw and not raw.startswith("#"):
-            value = _inline_scalar(raw, at(i - 1))
-            if raw[0] not in "\"'":  # a plain scalar may go on over more-indented lines (joined by spaces)
-                while i < len(lines) and lines[i].strip() and _indent(lines[i]) > indent:
-                    value += " " + lines[i].strip()
-                    i += 1
-            mapping[key] = value
-        else:  # nothing after the colon: an indented mapping follows, or the value is empty
-            following = next((j for j in range(i, len(lines))
-                              if lines[j].strip() and not lines[j].lstrip().startswith("#")), None)
-            if following is not None and _indent(lines[following]) > indent:
-                if not nested_allowed:
-                    raise SkillFormatError(f"{at(following)}: nested mappings deeper than one level are "
-                                           f"not supported")
-                mapping[key], i = _parse_mapping(lines, following, _indent(lines[following]), at, False)
-            else:
-                mapping[key] = ""
-    return mapping, i
+def _yaml_block(value, indent: int = 0) -> list[str]:
+    """The block YAML lines of a non-empty mapping or list of text (read back by read_yaml as `value`)."""
+    pad, lines = " " * indent, []
+    items = value.items() if isinstance(value, dict) else ((None, item) for item in value)
+    for key, item in items:
+        lead = f"{pad}-" if key is None else f"{pad}{_yaml_scalar(key)}:"
+        if isinstance(item, str):
+            lines.append(f"{lead} {_yaml_scalar(item)}")
+        elif not item:
+            lines.append(f"{lead} {'{}' if isinstance(item, dict) else '[]'}")
+        else:
+            lines.append(lead)
+            lines.extend(_yaml_block(item, indent + 2))
+    return lines
+
+
+def _check_yaml_text(value, where: str, depth: int = 1) -> None:
+    """`value` is text, or a list / mapping (text keys) of such, nested at most MAX_YAML_DEPTH deep."""
+    if isinstance(value, str):
+        return
+    if depth > MAX_YAML_DEPTH or not isinstance(value, (list, dict)):
+        raise SkillFormatError(f"{where}: must be text, or lists and mappings of text nested at most "
+                               f"{MAX_YAML_DEPTH} deep; got {type(value).__name__}")
+    for key, item in (value.items() if isinstance(value, dict) else enumerate(value)):
+        if isinstance(value, dict) and (not isinstance(key, str) or len(_yaml_scalar(key)) > 1000):
+            raise SkillFormatError(f"{where}: key {str(key)[:80]!r} must be text of at most 1,000 characters "
+                                   f"as written")
+        _check_yaml_text(item, f"{where}[{key!r}]", depth + 1)
 
 
 _PLAIN_UNSAFE = re.compile(r"^[\s\-?:,\[\]{}#&*!|>'\"%@`]|: |\s#|\s$|[\x00-\x1f\x7f\x85\u2028\u2029]|:$")
@@ -338,7 +299,7 @@ def _atomic_write_text(path: Path, text: str) -> None:
     _atomic_write_bytes(path, text.encode("utf-8"))
 
 
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
+def _atomic_write_bytes(path: Path, data: bytes, mode: int = 0o644) -> None:
     path = Path(path)
     handle, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -346,7 +307,7 @@ def _atomic_write_bytes(path: Path, data: bytes) -> None:
             out.write(data)
             out.flush()
             os.fsync(out.fileno())
-        os.chmod(temp, 0o644)
+        os.chmod(temp, mode)
         os.replace(temp, path)
     except BaseException:
         if os.path.exists(temp):
@@ -368,74 +329,78 @@ def _read_text(path: Path, max_bytes: int = MAX_FILE_BYTES) -> str:
 
 # --------------------------------------------------------------------------- resources
 
+class ExecutableBytes(bytes):
+    """The bytes of a skill's file that is executable: read from a file with an exec bit, saved with mode
+    0o755 (others 0o644). Equal to the same bytes (a Skill's == ignores modes); minskill never runs it."""
+
+    __slots__ = ()
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
 def validate_resource_path(rel, where: str = "resource") -> str:
-    """Return `rel` if it is a safe resource path (`scripts/...`, `references/...`, `assets/...`), else raise."""
+    """Return `rel` if it is a safe path of a file in a skill folder (any file but SKILL.md), else raise."""
     if not isinstance(rel, str):
         raise SkillFormatError(f"{where}: a resource path must be a string, got {type(rel).__name__}")
     parts = rel.split("/")
-    if parts[0] not in RESOURCE_DIRS or len(parts) < 2:
-        raise SkillFormatError(f"{where}: {rel[:80]!r} is not a file under {', '.join(RESOURCE_DIRS)}")
+    if rel == "SKILL.md":
+        raise SkillFormatError(f"{where}: 'SKILL.md' is the skill itself, not one of its files")
     if len(parts) > MAX_RESOURCE_DEPTH:
         raise SkillFormatError(f"{where}: {rel[:80]!r} is {len(parts)} folders deep; at most {MAX_RESOURCE_DEPTH}")
     for part in parts:
-        if not part or part.startswith(".") or "\\" in part or "\0" in part or len(part.encode()) > 255:
-            raise SkillFormatError(f"{where}: {rel[:80]!r} has an empty, hidden, '..' or over-long part {part!r}")
+        if not part or part.startswith(".") or "\\" in part or _CONTROL.search(part) or len(part.encode()) > 255:
+            raise SkillFormatError(f"{where}: {rel[:80]!r} has an empty, hidden, '..', over-long or control-"
+                                   f"character part {part[:80]!r}")
     return rel
 
 
 def _check_resources(resources, where: str) -> None:
-    """Types, paths and the bounds (files, bytes) of a skill's resources."""
+    """Types, paths and the bounds (files, bytes) of a skill's resources; no path is a folder of another."""
     if not isinstance(resources, dict):
         raise SkillFormatError(f"{where}: resources must be a mapping of relative paths to bytes")
     if len(resources) > MAX_RESOURCE_FILES:
         raise SkillFormatError(f"{where}: {len(resources)} resource files; at most {MAX_RESOURCE_FILES}")
-    total = 0
+    total, folders = 0, set()
     for rel, data in resources.items():
         validate_resource_path(rel, f"{where}: resource")
         if not isinstance(data, (bytes, bytearray)):
             raise SkillFormatError(f"{where}: resource {rel!r} must be bytes, got {type(data).__name__}")
         total += len(data)
+        folders.update("/".join(rel.split("/")[:i]) for i in range(1, rel.count("/") + 1))
     if total > MAX_RESOURCE_BYTES:
         raise SkillFormatError(f"{where}: resources are {total} bytes; at most {MAX_RESOURCE_BYTES}")
+    if clash := sorted(folders & set(resources)):
+        raise SkillFormatError(f"{where}: resource {clash[0]!r} is a file and a folder of other resources")
 
 
 def _load_resources(folder: Path) -> dict[str, bytes]:
-    """The files under folder/scripts, references, assets (sorted), within the bounds; links refused."""
+    """Every file of the skill folder but SKILL.md (sorted; dot-files and dot-folders skipped), within the
+    bounds, executables as ExecutableBytes; a symbolic link anywhere is refused, naming it."""
     resources, total = {}, 0
-    for top in RESOURCE_DIRS:
-        root = folder / top
-        if root.is_symlink():
-            raise SkillFormatError(f"{root}: symbolic links are refused in a skill's resources")
-        if not root.exists():
-            continue
-        if not root.is_dir():
-            raise SkillFormatError(f"{root}: expected a folder (a skill's {top}/ holds files)")
-        for dirpath, dirnames, filenames in os.walk(root):   # never follows links (followlinks=False)
-            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-            for name in dirnames + sorted(f for f in filenames if not f.startswith(".")):
-                path = Path(dirpath) / name
-                if path.is_symlink():
-                    raise SkillFormatError(f"{path}: symbolic links are refused in a skill's resources")
-                if name in dirnames:
-                    continue
-                if not path.is_file():
-                    raise SkillFormatError(f"{path}: not a regular file")
-                rel = validate_resource_path(path.relative_to(folder).as_posix(), str(path))
-                total += path.stat().st_size
-                if len(resources) >= MAX_RESOURCE_FILES or total > MAX_RESOURCE_BYTES:
-                    raise SkillFormatError(f"{folder}: resources exceed {MAX_RESOURCE_FILES} files or "
-                                           f"{MAX_RESOURCE_BYTES} bytes (at {rel})")
-                resources[rel] = path.read_bytes()
-    others = sorted(p.name for p in folder.iterdir()
-                    if p.name != "SKILL.md" and p.name not in RESOURCE_DIRS and not p.name.startswith("."))
-    if others:
-        warnings.warn(f"{folder}: {others[:5]} not kept: a skill carries SKILL.md, scripts/, references/ "
-                      f"and assets/ only", SkillWarning, stacklevel=3)
+    for dirpath, dirnames, filenames in os.walk(folder):   # never follows links (followlinks=False)
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        for name in dirnames + sorted(f for f in filenames if not f.startswith(".")):
+            path = Path(dirpath) / name
+            if path.is_symlink():
+                raise SkillFormatError(f"{path}: symbolic links are refused in a skill's files")
+            if name in dirnames or path == folder / "SKILL.md":
+                continue
+            if not path.is_file():
+                raise SkillFormatError(f"{path}: not a regular file")
+            rel = validate_resource_path(path.relative_to(folder).as_posix(), str(path))
+            total += path.stat().st_size
+            if len(resources) >= MAX_RESOURCE_FILES or total > MAX_RESOURCE_BYTES:
+                raise SkillFormatError(f"{folder}: resources exceed {MAX_RESOURCE_FILES} files or "
+                                       f"{MAX_RESOURCE_BYTES} bytes (at {rel})")
+            data = path.read_bytes()
+            resources[rel] = ExecutableBytes(data) if path.stat().st_mode & 0o111 else data
+    _check_resources(resources, str(folder))     # (a file that grew since its stat)
     return resources
 
 
 def _save_resources(folder: Path, resources: dict[str, bytes]) -> None:
-    """Write each resource below `folder` byte for byte; no existing link on the way is followed."""
+    """Write each resource below `folder` byte for byte, with its exec bit; no existing link is followed."""
     for rel, data in sorted(resources.items()):
         parts = validate_resource_path(rel, f"{folder}: resource").split("/")
         parent = folder
@@ -446,7 +411,7 @@ def _save_resources(folder: Path, resources: dict[str, bytes]) -> None:
             parent.mkdir(exist_ok=True)
         if (parent / parts[-1]).is_symlink():
             raise SkillFormatError(f"{parent / parts[-1]}: is a symbolic link; refusing to write through it")
-        _atomic_write_bytes(parent / parts[-1], bytes(data))
+        _atomic_write_bytes(parent / parts[-1], bytes(data), 0o755 if isinstance(data, ExecutableBytes) else 0o644)
 
 
 def resource_note(resources) -> str:
@@ -469,7 +434,8 @@ def _warn_if_long(body: str, where: str) -> None:
 
 @dataclass
 class Skill:
-    """One skill: what SKILL.md holds (`metadata` maps strings to strings), and its resource files."""
+    """One skill: what SKILL.md holds (`metadata` maps text to text, or to lists and mappings of text), and
+    the other files of its folder (`resources`: relative path -> bytes; ExecutableBytes for an executable)."""
     name: str
     description: str
     body: str = ""
@@ -482,7 +448,7 @@ class Skill:
     @property
     def title(self) -> str:
         """metadata['title'], else the body's first heading, else the name in words."""
-        if self.metadata.get("title"):
+        if isinstance(self.metadata.get("title"), str) and self.metadata["title"]:
             return self.metadata["title"]
         heading = re.search(r"^#{1,6}\s+(.+?)\s*#*\s*$", self.body, re.M)
         return heading.group(1) if heading else self.name.replace("-", " ").capitalize()
@@ -501,12 +467,9 @@ class Skill:
                                    f"{MAX_FILE_BYTES} (a SKILL.md is at most that)")
         _check_resources(self.resources, where)
         if not isinstance(self.metadata, dict):
-            raise SkillFormatError(f"{where}: metadata must be a mapping of strings to strings")
-        for key, value in self.metadata.items():
-            if not isinstance(key, str) or not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", key):
-                raise SkillFormatError(f"{where}: metadata key {key!r} must be letters, digits, '_', '.', '-'")
-            if not isinstance(value, str):
-                raise SkillFormatError(f"{where}: metadata[{key!r}] must be a string, got {type(value).__name__}")
+            raise SkillFormatError(f"{where}: metadata must be a mapping of text keys to text (or lists and "
+                                   f"mappings of text)")
+        _check_yaml_text(self.metadata, f"{where}: metadata")
         for label, value in (("license", self.license), ("compatibility", self.compatibility),
                              ("allowed-tools", self.allowed_tools)):
             if value is not None and not isinstance(value, str):
@@ -526,7 +489,7 @@ class Skill:
                 lines.append(f"{key}: {_yaml_scalar(value)}")
         if self.metadata:
             lines.append("metadata:")
-            lines.extend(f"  {key}: {_yaml_scalar(value)}" for key, value in self.metadata.items())
+            lines.extend(_yaml_block(self.metadata, indent=2))
         lines.append("---")
         # a blank line after the front matter and a final newline; the reader removes exactly these
         return "\n".join(lines) + "\n" + ("\n" + self.body + "\n" if self.body else "")
@@ -549,7 +512,8 @@ class Skill:
             raise SkillFormatError(f"{where}: metadata must be an indented mapping of 'key: value' lines")
         for key, value in fields.items():
             if key != "metadata" and not isinstance(value, str):
-                raise SkillFormatError(f"{where}: {key} must be a single value, not a mapping")
+                raise SkillFormatError(f"{where}: {key} must be one text value, not a "
+                                       f"{'list' if isinstance(value, list) else 'mapping'}")
         skill = cls(name=fields["name"], description=fields["description"], body=body, metadata=metadata,
                     license=fields.get("license"), compatibility=fields.get("compatibility"),
                     allowed_tools=fields.get("allowed-tools"))

@@ -25,7 +25,7 @@ Mapping (lossless, JSON -> folders -> JSON gives back the same JSON):
     (non-string values are stored as JSON text and listed in metadata `json-fields`; the original
     field list is kept in `masa-fields` unless it is exactly skill_id, title, principle, when_to_apply).
     A description is required, so a skill without when_to_apply gets its title as description.
-    A skill's resource files (scripts/, references/, assets/: skills.py) have no place in MASA's JSON:
+    A skill's resource files (every other file of its folder: skills.py) have no place in MASA's JSON:
     to_json leaves them out; `carry_resources` gives a rewritten set the resources of its source by name.
     An object mistake becomes a `Mistake`: a str (its readable text) that keeps the original fields.
 

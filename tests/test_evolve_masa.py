@@ -7,6 +7,7 @@ The scripted teacher writes KEY-GENERAL into the general skills (hill climbing: 
 into the `secret` skills (tree search: that type 0 -> 1), so a working stage 1 must reach R = 1.
 """
 import json
+import re
 import shutil
 
 import pytest
@@ -14,7 +15,9 @@ import pytest
 import evolve_masa
 from helpers import argv, interrupted_at_save, read, target_fn, teacher_fn, write_suite
 from minskill.masa import data as masa_data
+from minskill.masa import search as masa
 from minskill.masa.model_card import ModelCard
+from minskill.serve.errors import BackendError
 from minskill.serve.server import ScriptedBackend, start_server
 from minskill.skillsets import SkillSet
 
@@ -343,3 +346,123 @@ def test_a_suite_name_as_task_is_the_description_of_the_sft_records(env, tmp_pat
     assert masa_data.task_description(str(env["suite"])) == run.task_description
     assert "sum" in run.task_description and "secret" in run.task_description
     assert masa_data.task_description("Sums of small numbers.") == "Sums of small numbers."
+
+
+# llama.cpp's answer to a prompt that does not fit its context (its server's HTTP 400 body, message and type)
+LLAMA_CPP_REFUSAL = ("the request exceeds the available context size, try increasing it", "exceed_context_size_error")
+
+
+def teacher_with_context(limit: int, answered: list, refused: list):
+    """teacher_fn behind a server of `limit` characters of context: a longer conversation is refused as llama.cpp
+    refuses it (HTTP 400); `answered` and `refused` collect the user prompts (the first user turn) of each."""
+    def teacher(messages, request):
+        if sum(len(m["content"]) for m in messages) > limit:
+            refused.append(messages[1]["content"])
+            raise BackendError(400, *LLAMA_CPP_REFUSAL)
+        answered.append(messages[1]["content"])
+        return teacher_fn(messages, request)
+    return teacher
+
+
+def run_with_teacher(env, out, teacher, *extra) -> int:
+    server = start_server(ScriptedBackend(teacher, name="teacher", max_context=100000))
+    try:
+        return evolve_masa.main(argv({**env, "teacher": server.url}, out, *extra))
+    finally:
+        server.close()
+
+
+def test_a_teacher_prompt_too_long_for_the_server_is_sent_trimmed(env, tmp_path, capsys):
+    """Behind llama.cpp with a small context a teacher prompt got HTTP 400 ("exceeds the available context size")
+    and the run stopped. Now the prompt is built again with less history (fewer failure records, fewer top sets)
+    and sent again: the run finishes as it does with room, and says what it trimmed."""
+    answered, refused = [], []
+    assert run_with_teacher(env, tmp_path / "run", teacher_with_context(1800, answered, refused)) == 0
+    state, err = read(tmp_path / "run", "state.json"), capsys.readouterr().err
+    trims = [e for e in state["search"]["events"] if e["event"] == "teacher_trim"]
+    assert {e["what"] for e in trims} >= {"attribution", "general rewrite"} and all(e["trim"] >= 1 for e in trims)
+    assert "sent trimmed" in err
+    # the refused attribution showed the 6 failed episodes; the one answered in its place, fewer
+    refused_attribution = [p for p in refused if masa.ATTRIBUTION_TASK in p]
+    assert refused_attribution and max(p.count("- task ") for p in refused_attribution) == 6
+    assert min(p.count("- task ") for p in answered if masa.ATTRIBUTION_TASK in p) < 6
+    assert all(len(p) <= 1800 for p in answered)
+    results = read(tmp_path / "run", "results.json")
+    assert results["stopped"] is None and results["reward_out"] == 1.0
+
+
+def test_a_teacher_prompt_that_cannot_be_trimmed_enough_is_a_logged_skip(env, tmp_path, capsys):
+    """A server whose context holds no teacher prompt at all: every step is trimmed as far as it goes, then
+    skipped and logged as a reply that does not parse is (state.json, search_log.jsonl, the printed skip line),
+    and the run ends with the base skills, not with the server's 400."""
+    answered, refused = [], []
+    assert run_with_teacher(env, tmp_path / "run", teacher_with_context(300, answered, refused), "--iterations", "1",
+                            "--tree-iterations", "1") == 0
+    assert answered == [] and refused
+    state, out = read(tmp_path / "run", "state.json"), capsys.readouterr()
+    skips = [e for e in state["events"] + state["search"]["events"] if e["event"] == "teacher_skip"]
+    assert {e["what"] for e in skips} == {"model summary", "attribution", "general rewrite", "task rewrite",
+                                          "one-shot rewrite"}
+    assert all(e["reason"] == "prompt too long" and e["attempts"] >= 1 for e in skips)
+    assert all("exceeds the available context size" in e["errors"][-1] for e in skips)
+    one_shot = next(e for e in skips if e["what"] == "one-shot rewrite")
+    assert one_shot["attempts"] == 1   # nothing in it to drop: refused once, then skipped
+    logged = [json.loads(line) for line in (tmp_path / "run" / "search_log.jsonl").read_text().splitlines()]
+    assert sum(r["kind"] == "event" and r["event"] == "teacher_skip" for r in logged) == len(skips)
+    assert "refused the prompt as too long for its context" in out.err
+    assert f"{len(skips)} teacher replies skipped" in out.out
+    library, base = SkillSet.load(tmp_path / "run" / "library.json"), SkillSet.load(env["base"])
+    assert [(s.name, s.body) for s in library.skills()] == [(s.name, s.body) for s in base.skills()]
+    assert read(tmp_path / "run", "results.json")["stopped"] is None
+
+
+CALLS_LINE = re.compile(r"calls: (\d+) model calls \((\d+) target, (\d+) target cache hits, (\d+) teacher\) this "
+                        r"session(?:, (\d+) in the whole run \((\d+) sessions\))?;")
+
+
+def test_the_calls_printed_after_a_resume_are_the_sessions_and_the_whole_runs(env, tmp_path, capsys):
+    """After --resume the end-of-run line said "N model calls (T target, ... H teacher) this session" with N the whole
+    run's count (the budget's), so T + H != N, and a resume that made 20 calls printed 75. Now N = T + H is the
+    session's, the whole run's count follows it, and state.json's usage adds up to calls_spent over the sessions."""
+    out = tmp_path / "run"
+    assert evolve_masa.main(argv(env, out, "--max-calls", "20")) == 0
+    first_spent = read(out, "state.json")["calls_spent"]
+    n, target, _, teacher, whole, _ = CALLS_LINE.search(capsys.readouterr().out).groups()
+    assert int(n) == int(target) + int(teacher) == first_spent and whole is None   # one session: no whole-run part
+    assert evolve_masa.main(["--resume", "--out", str(out), "--max-calls", "1000"]) == 0
+    state = read(out, "state.json")
+    n, target, _, teacher, whole, sessions = (int(g) if g else None
+                                              for g in CALLS_LINE.search(capsys.readouterr().out).groups())
+    assert n == target + teacher == state["calls_spent"] - first_spent > 0
+    assert (whole, sessions) == (state["calls_spent"], 2) and read(out, "run.json")["calls_spent"] == whole
+    usage = state["usage"]
+    assert usage["sessions"] == 2
+    assert sum(usage[role]["calls"] + usage[role]["failures"] for role in ("target", "teacher")) == state["calls_spent"]
+
+
+@pytest.mark.parametrize("max_calls, attempts, reason", [(20, 2, None), (16, 1, "budget spent")],
+                         ids=["iteration cut short", "retry refused"])
+def test_a_teacher_reply_skipped_at_the_budgets_end_is_logged_and_counted(env, tmp_path, capsys, max_calls, attempts,
+                                                                          reason):
+    """A teacher reply skipped in the iteration that the budget cut short was printed, then lost with the rollback
+    to the last checkpoint: not in state.json or search_log.jsonl, not in the count of skipped replies; a reply
+    that did not parse and whose retry the budget refused was not even printed. Both are paid replies: now each
+    is a teacher skip of the run's events (marked cut_short), logged and counted.
+    Calls: 2 preliminary + 1 summary + 12 base evaluation = 15; then the attribution, which never parses (2
+    attempts), the general rewrite (2) and its evaluation (12): 16 cuts the attribution's retry, 20 the evaluation."""
+    def teacher(messages, request):
+        if masa.ATTRIBUTION_TASK in messages[1]["content"]:
+            return "I cannot tell what went wrong."
+        return teacher_fn(messages, request)
+
+    out = tmp_path / "run"
+    assert run_with_teacher(env, out, teacher, "--max-calls", str(max_calls), "--teacher-retries", "1") == 0
+    state, printed = read(out, "state.json"), capsys.readouterr()
+    assert [e["event"] for e in state["events"]] == ["teacher_skip", "budget_stop"]
+    skip = state["events"][0]
+    assert (skip["what"], skip["attempts"], skip.get("reason"), skip["cut_short"]) == ("attribution", attempts, reason,
+                                                                                       True)
+    assert len(skip["errors"]) == attempts and "no JSON" in skip["errors"][0]
+    logged = [json.loads(line) for line in (out / "search_log.jsonl").read_text().splitlines()]
+    assert [r["what"] for r in logged if r["kind"] == "event" and r["event"] == "teacher_skip"] == ["attribution"]
+    assert "teacher reply skipped (attribution)" in printed.err and "; 1 teacher replies skipped;" in printed.out

@@ -4,17 +4,19 @@ and budget (minskill/serve/caching.py), augmentations and SFT records (minskill/
 (UCB1 itself: tests/test_ucb.py.)"""
 import json
 import random
+from functools import partial
 
 import pytest
 
 from helpers import run_climb, scripted_search
-from minskill.masa import data as masa_data, model_card, search as masa, teacher as masa_replies
+from minskill.masa import data as masa_data, fitting, model_card, search as masa, teacher as masa_replies
 from minskill.masa.model_card import ModelCard
 from minskill.masa.teacher import TeacherReplyError
 from minskill.replies import extract_json
 from minskill.rollout import Trajectory, summarize
 from minskill.serve.caching import BudgetExhausted, CachingClient, CallBudget
-from minskill.serve.client import ChatResult
+from minskill.serve.client import ChatError, ChatResult
+from minskill.serve.server import ScriptedBackend, start_server
 from minskill.skills import Skill
 from minskill.skillsets import SkillSet
 
@@ -182,6 +184,115 @@ def test_deeply_nested_teacher_replies_are_reply_errors(reply):
     out = masa.ask_teacher(teacher, [{"role": "user", "content": "q"}], masa_replies.parse_strengths, what="x",
                            retries=1)
     assert out == {"strengths": ["facts"], "weaknesses": []} and len(teacher.sent) == 2   # retried, not crashed
+
+
+# ---------------------------------------------------------------------------------------------- prompts too long
+
+REFUSALS = {   # (HTTP status, the server's message) -> whether it is a refusal of a prompt too long for the context
+    "llama.cpp": (400, "the request exceeds the available context size, try increasing it", True),
+    "llama.cpp, older": (400, "the request exceeds the available context size. try increasing the context size or "
+                              "enable context shift", True),
+    "vLLM": (400, "This model's maximum context length is 2048 tokens. However, you requested 2103 tokens (1079 in "
+                  "the messages, 1024 in the completion). Please reduce the length of the messages or completion.",
+             True),
+    "vLLM, newer": (400, "The prompt (total length 2103) is too long to fit into the model (maximum context length "
+                         "2048). Make sure that `max_model_len` is no smaller than the number of text tokens.", True),
+    "OpenAI": (400, "This model's maximum context length is 8192 tokens. However, your messages resulted in 9001 "
+                    "tokens. Please reduce the length of the messages.", True),
+    "minskill": (400, "the prompt has 5000 tokens but the model's context is 4096 tokens (and the reply needs at "
+                      "least one)", True),
+    "another 400": (400, "'temperature' must be a number, got the string 'hot'", False),
+    "max_tokens": (400, "'max_tokens' must be at most 4096 (the model's context), got 9000", False),
+    "a 500": (500, "This model's maximum context length is 2048 tokens.", False),
+    "no reply": (None, "connection refused", False),
+}
+
+
+@pytest.mark.parametrize("status, message, expected", list(REFUSALS.values()), ids=list(REFUSALS))
+def test_a_refusal_of_a_prompt_too_long_is_recognised_by_status_and_message(status, message, expected):
+    assert fitting.is_context_refusal(ChatError(message, status, "http://x/v1/chat/completions")) is expected
+    assert not fitting.is_context_refusal(RuntimeError(message))
+
+
+def test_minskill_servers_own_refusal_of_a_long_prompt_is_recognised():
+    """Through HTTP: a ScriptedBackend of 8 tokens' context refuses a longer prompt with its 400, which the client
+    raises as a ChatError that is_context_refusal recognises."""
+    with start_server(ScriptedBackend(lambda messages, request: "ok", max_context=8)) as server:
+        client = server.client()
+        assert client.chat([{"role": "user", "content": "one two"}], max_tokens=2).texts == ["ok"]
+        with pytest.raises(ChatError) as refused:
+            client.chat([{"role": "user", "content": "word " * 20}], max_tokens=2)
+    assert refused.value.status == 400 and fitting.is_context_refusal(refused.value)
+
+
+def test_a_prompt_list_is_halved_at_each_trim_level_then_the_next_lists():
+    items, more = list(range(5)), list(range(3))
+    assert [len(fitting.trimmed(items, k)) for k in range(4)] == [5, 2, 1, 0]
+    with pytest.raises(fitting.NothingToTrim):
+        fitting.trimmed(items, 4)
+    assert fitting.trimmed(items, 5, more) == [] and fitting.trim_levels(more) == 2
+    with pytest.raises(fitting.NothingToTrim):
+        fitting.trimmed(items, 6, more)
+    with pytest.raises(fitting.NothingToTrim):
+        fitting.trimmed([], 1)
+    # a builder with two lists (the model summary's episodes): the solved ones go first, then the failed ones
+    episode = {"task_id": "t", "task_type": "qa", "question": "q?", "reply": "r", "transcript": ""}
+    shown = [masa.strengths_messages(ModelCard(name="m"), [episode] * 3, [episode] * 2, "stats", k)[1]["content"]
+             for k in range(5)]
+    counts = [(p.split("### Failed")[0].count("- task "), p.split("### Failed")[1].count("- task ")) for p in shown]
+    assert counts == [(2, 3), (1, 3), (0, 3), (0, 1), (0, 0)]
+    with pytest.raises(fitting.NothingToTrim):
+        masa.strengths_messages(ModelCard(name="m"), [episode] * 3, [episode] * 2, "stats", 5)
+
+
+class ContextTeacher(FakeTeacher):
+    """A FakeTeacher behind a server of `limit` characters of context: a longer conversation is refused (HTTP 400,
+    as llama.cpp refuses it), and `refused` counts those."""
+
+    def __init__(self, replies, limit):
+        super().__init__(replies)
+        self.limit, self.refused = limit, []
+
+    def chat(self, messages, **kwargs):
+        if sum(len(m["content"]) for m in messages) > self.limit:
+            self.refused.append(messages)
+            raise ChatError("the request exceeds the available context size, try increasing it", 400, "http://x")
+        return super().chat(messages, **kwargs)
+
+
+def test_a_prompt_too_long_is_sent_again_with_less_history_then_skipped():
+    """search.MasaSearch.ask's step (fitting.ask_fitting around ask_teacher): a prompt the server refuses for its
+    length is built again at the next trim level (fewer top sets here) until it fits, and `on_trim` says so; when
+    even the shortest is refused, the step is a skip ("prompt too long"), never the server's error."""
+    card, sets = ModelCard(name="tiny"), [(skillset(general=(f"set number {i} " * 40,)), 0.1 * i) for i in range(5)]
+    prompt = partial(masa.general_rewrite_messages, card, skillset(), 0.5, None, sets)
+    full, shortest = (sum(len(m["content"]) for m in prompt(trim=k)) for k in (0, fitting.trim_levels(sets)))
+    assert [prompt(trim=k)[1]["content"].count("#### Set") for k in range(4)] == [5, 2, 1, 0]
+    reply = SkillSet(general=[Skill(name="new", description="d", body="b", metadata={})]).to_markdown()
+    skips, trims = [], []
+    teacher = ContextTeacher([reply], limit=(full + shortest) // 2)
+    out = fitting.ask_fitting(masa.ask_teacher, teacher, prompt, masa_replies.parse_skillset_reply,
+                              what="general rewrite", retries=0, on_skip=skips.append, on_trim=trims.append)
+    assert [s.name for s in out.general] == ["new"] and skips == []
+    sent = teacher.sent[0][0][1]["content"]
+    assert teacher.refused and sent.count("#### Set") < 5 and sent == prompt(trim=trims[0]["trim"])[1]["content"]
+    assert trims[0]["what"] == "general rewrite" and len(trims[0]["errors"]) == len(teacher.refused)
+    teacher = ContextTeacher([reply], limit=shortest - 1)
+    assert fitting.ask_fitting(masa.ask_teacher, teacher, prompt, masa_replies.parse_skillset_reply,
+                               what="general rewrite", retries=0, on_skip=skips.append) is None
+    assert teacher.sent == [] and len(teacher.refused) == fitting.trim_levels(sets) + 1
+    assert skips[0]["reason"] == "prompt too long" and skips[0]["attempts"] == len(teacher.refused)
+    assert "exceeds the available context size" in skips[0]["errors"][-1]
+
+
+def test_another_failure_of_the_teacher_passes_on():
+    class Failing:
+        def chat(self, messages, **kwargs):
+            raise ChatError("'temperature' must be a number", 400, "http://x")
+    with pytest.raises(ChatError):
+        fitting.ask_fitting(masa.ask_teacher, Failing(), partial(masa.oneshot_messages, ModelCard(name="t"),
+                                                                 skillset(), "qa"),
+                            masa_replies.parse_skillset_reply, what="one-shot rewrite")
 
 
 def test_prompts_carry_their_inputs():

@@ -71,6 +71,17 @@ def test_yaml_values_are_typed_by_their_field(tmp_path):
     assert card.family == "unknown" and card.strengths == []     # null: the field's default
 
 
+def test_yaml_cards_are_read_as_yaml_lists_and_continued_lines_too(tmp_path):
+    """A real YAML reader (issue 25): a list of strengths, a plain value continued on indented lines, a
+    quoted value over two lines and a document-end marker all read as YAML reads them."""
+    path = tmp_path / "card.yaml"
+    path.write_text("---\nfamily: Qwen3\nstrengths:\n  - arithmetic\n  - short answers\nweaknesses: long\n"
+                    "  plans\ntraining_data_size: \"36T\n  tokens\"\n...\n", encoding="utf-8")
+    card = ModelCard.load(path)
+    assert card.strengths == ["arithmetic", "short answers"] and card.weaknesses == ["long plans"]
+    assert card.family == "Qwen3" and card.training_data_size == "36T tokens"
+
+
 def test_scripts_read_yaml_cards(tmp_path):
     """evolve_masa.py's --model-card goes through ModelCard.load; rewrite.py's through read_card_file
     leniently (an unknown key dropped), both giving the same card."""
@@ -89,10 +100,12 @@ BAD_CARDS = [  # (YAML text, what the error must say)
     ("parameter_count: lots\n", r"line 1: field 'parameter_count' must be a whole number or a size"),
     ("context_window: 32K\n", r"line 1: field 'context_window' must be a whole number"),   # sizes: params only
     ("multilingual: sometimes\n", r"line 1: field 'multilingual' must be true, false or null"),
-    ("family: Qwen3\nvariant: \"8B\n", r"card\.yaml, line 2: double-quoted string is not closed"),
+    ("family: Qwen3\nvariant: \"8B\n", r"card\.yaml, line 2: not valid YAML: while scanning a quoted scalar, found unexpected end"),
     ("family Qwen3\n", r"card\.yaml, line 1: expected 'key: value'"),
     ("family: Qwen3\nfamily: Llama\n", r"line 2: duplicate key 'family'"),
-    ("strengths:\n  - maths\n", r"line 2: lists are not supported"),
+    ("num_layers:\n  - 28\n", r"line 1: field 'num_layers' must be one value, not a list"),
+    ("family: &f Qwen3\n", r"line 1: not valid YAML: YAML anchors and aliases"),
+    ("family: Qwen3\nvariant: 8B\n" + "x" * (256 * 1024), r"card\.yaml: \d+ bytes; a YAML card is at most 262144"),
     ("family:\n  name: Qwen3\n", r"line 1: field 'family' must be one value, not a nested mapping"),
     ("release: 2025\n", r"line 1: unknown field 'release'"),
 ]

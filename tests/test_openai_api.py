@@ -4,7 +4,10 @@ events (role delta, content deltas, finish reason, usage chunk, [DONE]) from a s
 model, the same text as without streaming, sent while the model still decodes, with the official `openai`
 client; a streaming client that closes its socket cancels its request; /v1/embeddings equal to a hand
 computation (mean of the final norm's hidden states over the text's tokens, L2-normalised), through
-requests and the `openai` client, and its 400s."""
+requests and the `openai` client, and its 400s. What a vLLM client sends: logprobs / top_logprobs equal to a
+full forward's (streamed too), top_k, the fields refused by name (and the harmless ones accepted, as
+docs/http-api.md lists them), developer as system, an assistant's null content, models.retrieve, and legacy
+/v1/completions (the model's text, its prompts in one batch, streamed, logprobs)."""
 import json
 import socket
 import threading
@@ -128,6 +131,8 @@ def test_stream_without_usage_and_with_length_cut(echo_server):
     ({"stream": True, "stream_options": [1]}, "must be an object", "stream_options"),
     ({"stream": True, "stream_options": {"include_usage": "yes"}}, "include_usage' must be true or false",
      "stream_options.include_usage"),
+    ({"stream": True, "stream_options": {"continuous_usage_stats": True}}, "not implemented",
+     "stream_options.continuous_usage_stats"),
 ])
 def test_bad_stream_options_are_a_400(echo_server, fields, words, param):
     reply = post(echo_server, {"messages": USER, **fields})
@@ -394,3 +399,203 @@ def test_embeddings_wait_their_turn_and_do_not_join_chat_batches(tiny_backend):
     assert {name for *_, name in seen} == {"minskill-scheduler"}
     assert ("embed", len(TEXTS), "minskill-scheduler") in seen
     assert sum(n for kind, n, _ in seen if kind == "chat") == 2
+
+
+# ---- logprobs, top_k, roles, legacy completions, models/{id}: what a vLLM client sends (issue 25) ----------------
+def full_logprobs(backend, prompt_ids, reply_ids):
+    """log_softmax of the model's logits at each reply position (T = 1): what logprobs must report."""
+    with torch.no_grad():
+        logits = backend.model(torch.tensor([prompt_ids + reply_ids]))[0].float()
+    return torch.log_softmax(logits[len(prompt_ids) - 1:len(prompt_ids) - 1 + len(reply_ids)], -1)
+
+
+def test_chat_logprobs_are_the_model_s_with_the_top_alternatives(tiny_server, tiny_backend):
+    body = post(tiny_server, {"messages": USER, "temperature": 0, "max_tokens": 12, "logprobs": True,
+                              "top_logprobs": 3}).json()
+    choice = body["choices"][0]
+    entries = choice["logprobs"]["content"]
+    assert len(entries) == body["usage"]["completion_tokens"] - (choice["finish_reason"] == "stop")
+    assert b"".join(bytes(e["bytes"]) for e in entries).decode("utf-8", "replace") == choice["message"]["content"]
+    tokenizer = tiny_backend.tokenizer
+    prompt = tokenizer.apply_chat_template(USER)
+    from minskill.nn.sampling import generate
+    [sample] = generate(tiny_backend.model, [prompt], max_new_tokens=12, temperature=0, tokenizer=tokenizer,
+                        stop_token_ids=tokenizer.stop_token_ids, pad_id=tokenizer.pad_token_id)
+    reply = sample.token_ids[:len(entries)]
+    expected = full_logprobs(tiny_backend, prompt, reply)
+    assert sample.text == choice["message"]["content"] and len(reply) == len(entries)
+    for t, entry in enumerate(entries):
+        top = expected[t].topk(3)
+        assert entry["logprob"] == pytest.approx(float(expected[t, reply[t]]), abs=1e-4)
+        assert [a["logprob"] for a in entry["top_logprobs"]] == pytest.approx(top.values.tolist(), abs=1e-4)
+        assert [bytes(a["bytes"]) for a in entry["top_logprobs"]] == \
+            [tiny_backend._piece(i, tokenizer.backend.get_added_tokens_decoder())[1] for i in top.indices.tolist()]
+        assert entry["top_logprobs"][0]["token"] == entry["token"]               # greedy: the most likely
+    plain = post(tiny_server, {"messages": USER, "temperature": 0, "max_tokens": 12}).json()["choices"][0]
+    assert plain["logprobs"] is None and plain["message"] == choice["message"]   # asking changes no token
+
+
+def test_openai_client_reads_logprobs_also_streamed(tiny_server):
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=tiny_server.url, api_key="none")
+    fields = dict(model="tiny", messages=USER, max_tokens=10, temperature=0.8, seed=3, n=2, logprobs=True,
+                  top_logprobs=2)
+    reply = client.chat.completions.create(**fields)
+    assert all(len(e.top_logprobs) == 2 for c in reply.choices for e in c.logprobs.content)
+    streamed = [[], []]
+    for chunk in client.chat.completions.create(**fields, stream=True):
+        for c in chunk.choices:
+            streamed[c.index] += [e.logprob for e in (c.logprobs.content if c.logprobs else [])]
+    assert streamed == [[e.logprob for e in c.logprobs.content] for c in reply.choices]
+
+
+def test_top_k_is_implemented(tiny_server):
+    greedy = post(tiny_server, {"messages": USER, "temperature": 0, "max_tokens": 16}).json()
+    texts = {post(tiny_server, {"messages": USER, "temperature": 2.0, "seed": s, "max_tokens": 16, **k}).json()[
+        "choices"][0]["message"]["content"] for s in range(3) for k in [{"top_k": 1}]}
+    assert texts == {greedy["choices"][0]["message"]["content"]}                 # top_k 1 is greedy at any T
+    hot = post(tiny_server, {"messages": USER, "temperature": 2.0, "seed": 0, "max_tokens": 16, "top_k": -1}).json()
+    assert hot["choices"][0]["message"]["content"] != greedy["choices"][0]["message"]["content"]  # -1: none
+
+
+REFUSED = [  # (field, value): changes what is sampled or returned, not implemented
+    ("presence_penalty", 0.5), ("frequency_penalty", -1), ("repetition_penalty", 1.1), ("min_p", 0.05),
+    ("logit_bias", {"5": 10}), ("response_format", {"type": "json_object"}),
+    ("tools", [{"type": "function", "function": {"name": "f"}}]), ("tool_choice", "required"),
+    ("best_of", 3), ("echo", True), ("stop_token_ids", [3]), ("guided_json", {"type": "object"}),
+    ("reasoning_effort", "low"), ("ignore_eos", True), ("temprature", 0.3)]
+NEUTRAL_VALUES = [("presence_penalty", 0), ("frequency_penalty", 0.0), ("repetition_penalty", 1.0), ("min_p", 0),
+                  ("logit_bias", {}), ("response_format", {"type": "text"}), ("tools", []), ("tool_choice", "auto"),
+                  ("user", "u-1"), ("metadata", {"a": "b"}), ("store", False), ("parallel_tool_calls", True),
+                  ("logprobs", False), ("top_logprobs", 0), ("top_k", 0), ("stream_options", None)]
+
+
+@pytest.mark.parametrize("field, value", REFUSED, ids=[f for f, _ in REFUSED])
+def test_fields_that_change_the_reply_and_are_not_implemented_are_a_400(echo_server, field, value):
+    for path, body in (("/chat/completions", {"messages": USER}), ("/completions", {"prompt": "hi"})):
+        reply = post(echo_server, {**body, field: value}, path=path)
+        assert reply.status_code == 400, (path, reply.text)
+        error = reply.json()["error"]
+        assert error["param"] == field and f"'{field}'" in error["message"]
+        assert error["code"] == ("unrecognized_field" if field == "temprature" else "unsupported_field")
+
+
+def test_harmless_and_neutral_fields_are_accepted(echo_server):
+    body = {"messages": USER, "max_tokens": 50, **dict(NEUTRAL_VALUES)}
+    reply = post(echo_server, body)
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["choices"][0]["message"]["content"] == "echo what is six times seven #0"
+
+
+def test_the_docs_list_every_field_as_the_server_treats_it():
+    from pathlib import Path
+    from minskill.serve.fields import CHAT_FIELDS, COMPLETION_FIELDS, IGNORED, NEUTRAL
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "http-api.md").read_text(encoding="utf-8")
+    for name in {*CHAT_FIELDS, *COMPLETION_FIELDS, *IGNORED, *NEUTRAL}:
+        assert f"`{name}`" in doc, name
+
+
+def test_developer_is_system_and_an_assistant_turn_may_have_null_content(tiny_server):
+    def reply(messages):
+        return post(tiny_server, {"messages": messages, "temperature": 0, "max_tokens": 8}).json()
+    system = reply([{"role": "system", "content": "be brief"}, *USER])
+    assert reply([{"role": "developer", "content": "be brief"}, *USER]) | {"id": 0, "created": 0} == \
+        system | {"id": 0, "created": 0}
+    empty = reply([*USER, {"role": "assistant", "content": ""}, {"role": "user", "content": "and?"}])
+    null = reply([*USER, {"role": "assistant", "content": None}, {"role": "user", "content": "and?"}])
+    assert null["choices"] == empty["choices"] and null["usage"] == empty["usage"]
+
+
+@pytest.mark.parametrize("message, param", [
+    ({"role": "assistant", "content": None, "tool_calls": [{"id": "1", "type": "function",
+                                                            "function": {"name": "f", "arguments": "{}"}}]},
+     "messages[1].tool_calls"),
+    ({"role": "tool", "content": "42", "tool_call_id": "1"}, "messages[1].role"),
+    ({"role": "user", "content": None}, "messages[1].content")])
+def test_tool_turns_and_a_user_s_null_content_are_a_400(echo_server, message, param):
+    reply = post(echo_server, {"messages": [*USER, message]})
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == param, reply.text
+
+
+def test_scripted_backend_has_no_logprobs(echo_server):
+    reply = post(echo_server, {"messages": USER, "logprobs": True})
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == "logprobs"
+    assert post(echo_server, {"messages": USER, "top_logprobs": 2}).json()["error"]["param"] == "top_logprobs"
+
+
+def test_models_retrieve(echo_server):
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=echo_server.url, api_key="none")
+    assert client.models.retrieve("echo").id == "echo"
+    with pytest.raises(openai.NotFoundError, match="'gpt-4o' does not exist"):
+        client.models.retrieve("gpt-4o")
+    with start_server(ScriptedBackend(echo, name="org/model-1")) as server:
+        for path in ("/models/org/model-1", "/models/org%2Fmodel-1"):
+            assert requests.get(server.url + path, timeout=10).json()["id"] == "org/model-1"
+
+
+def test_legacy_completions_are_the_model_s_text_batched(tiny_backend):
+    openai = pytest.importorskip("openai")
+    prompts = ["The capital of France", "2 + 3 ="]
+    with start_server(tiny_backend) as server:
+        client = openai.OpenAI(base_url=server.url, api_key="none")
+        reply = client.completions.create(model="tiny", prompt=prompts, n=2, max_tokens=6, temperature=0,
+                                          logprobs=2)
+        assert server.state.scheduler.batches_served == 1              # both prompts in one batch
+        streamed = [""] * 4
+        for chunk in client.completions.create(model="tiny", prompt=prompts, n=2, max_tokens=6, temperature=0,
+                                               stream=True):
+            for c in chunk.choices:
+                streamed[c.index] += c.text
+        default = client.completions.create(model="tiny", prompt=prompts[0], temperature=0)
+    from minskill.nn.sampling import generate
+    tokenizer = tiny_backend.tokenizer
+    ids = [tokenizer.backend.encode(p, add_special_tokens=True).ids for p in prompts]
+    samples = generate(tiny_backend.model, ids, max_new_tokens=6, temperature=0, tokenizer=tokenizer,
+                       stop_token_ids=tokenizer.stop_token_ids, pad_id=tokenizer.pad_token_id)
+    assert [c.text for c in reply.choices] == [s.text for s in samples for _ in range(2)] == streamed
+    assert reply.usage.prompt_tokens == sum(map(len, ids))
+    assert reply.usage.completion_tokens == 2 * sum(len(s.token_ids) for s in samples)
+    first = reply.choices[0].logprobs
+    assert first.token_logprobs == pytest.approx(samples[0].logprobs[:len(first.tokens)], abs=1e-5)
+    assert all(t in alts and len(alts) <= 3 for t, alts in zip(first.tokens, first.top_logprobs))
+    assert default.usage.completion_tokens <= 16                        # OpenAI's default max_tokens
+
+
+@pytest.mark.parametrize("body, param", [({"prompt": [1, 2, 3]}, "prompt"), ({"prompt": []}, "prompt"),
+                                         ({"prompt": ["a", ""]}, "prompt[1]"), ({}, "prompt"),
+                                         ({"prompt": "a", "logprobs": 21}, "logprobs"),
+                                         ({"prompt": ["a"] * 9, "n": 2}, "n")])
+def test_bad_legacy_completions_are_a_400(echo_server, body, param):
+    reply = post(echo_server, body, path="/completions")
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == param, reply.text
+
+
+def test_legacy_completions_of_a_scripted_model_streamed_and_not(echo_server):
+    body = {"prompt": ["six times", "seven"], "n": 2, "max_tokens": 50}
+    reply = post(echo_server, body, path="/completions").json()
+    texts = ["echo six times #0", "echo six times #1", "echo seven #0", "echo seven #1"]
+    assert [c["text"] for c in reply["choices"]] == texts and [c["index"] for c in reply["choices"]] == [0, 1, 2, 3]
+    assert reply["object"] == "text_completion" and reply["usage"] == {"prompt_tokens": 3, "completion_tokens": 14,
+                                                                       "total_tokens": 17}
+    chunks = events(post(echo_server, {**body, "stream": True, "stream_options": {"include_usage": True}},
+                         path="/completions", stream=True))
+    assert chunks[-1] == "[DONE]" and chunks[-2]["usage"] == reply["usage"]
+    streamed = [""] * 4
+    for chunk in chunks[:-2]:
+        assert chunk["object"] == "text_completion"
+        for c in chunk["choices"]:
+            streamed[c["index"]] += c["text"]
+    assert streamed == texts
+
+
+def test_logprobs_of_a_reply_cut_by_a_stop_string_end_with_the_token_that_holds_the_cut(tiny_server):
+    body = post(tiny_server, {"messages": USER, "temperature": 0.9, "seed": 5, "n": 4, "max_tokens": 24,
+                              "stop": ["e", "a"], "logprobs": True}).json()
+    cut = [c for c in body["choices"] if c["finish_reason"] == "stop"]
+    assert cut                                                          # the stop strings cut some replies
+    for choice in cut:
+        pieces = [bytes(e["bytes"]) for e in choice["logprobs"]["content"]]
+        text = choice["message"]["content"]
+        assert b"".join(pieces).decode("utf-8", "replace").startswith(text)
+        assert not b"".join(pieces[:-1]).decode("utf-8", "replace").startswith(text) if text else pieces == []

@@ -4,6 +4,7 @@ webwalk episodes, trajectories are appended as JSONL and read back, summaries ma
 import json
 import re
 import threading
+import warnings
 
 import pytest
 
@@ -15,7 +16,7 @@ from minskill.serve.errors import BackendError
 from minskill.serve.server import ScriptedBackend, start_server
 from minskill.skills import Skill
 from minskill.skillsets import SkillSet
-from minskill.tasks import HouseholdEnv, WebWalkEnv, load_suite, oracle_actions
+from minskill.tasks import HouseholdEnv, TaskWarning, WebWalkEnv, load_suite, oracle_actions
 from minskill.tasks.base import Task
 
 SKILL = "To add two numbers, count up from the first one. End with: The answer is <number>."
@@ -472,3 +473,59 @@ def test_evaluation_command_multi_turn_says_when_nothing_is_solved(serve, tmp_pa
     summary = json.loads((out / "summary.json").read_text())
     assert summary["nhr"] == 1.0 and summary["mean_steps"] == 2.0 and set(summary["per_type"]) == {
         "easy", "medium", "hard"}
+
+
+# ---------------------------------------------------------------------------------------- libraries for a suite
+
+# MASA's ALFWorld library keys its task-specific skills by these names
+MASA_ALFWORLD_KEYS = ["pick_and_place", "pick_two_obj_and_place", "look_at_obj_in_light", "clean", "heat", "cool",
+                      "examine"]
+
+
+def masa_alfworld_library(extra_keys=()):
+    return SkillSet(general=[Skill("go-look-first", "Use at the start.", "Look around first.")],
+                    task_specific={key: [Skill(f"{key.replace('_', '-')}-plan", f"Use for {key}.", f"Plan for {key}.")]
+                                   for key in MASA_ALFWORLD_KEYS + list(extra_keys)})
+
+
+def test_masa_s_alfworld_keys_reach_every_household_type(recwarn):
+    """MASA's keys clean/heat/cool/pick_two_obj_and_place matched no household type: 4 of 6 types got none."""
+    skills = rollout.fit_to_suite(masa_alfworld_library(), "household", "lib")
+    assert not [w for w in recwarn if issubclass(w.category, TaskWarning)]
+    types = load_suite("household", n=6)
+    for task in types:
+        assert len(skills.task_specific[task.type]) >= 1, task.type
+    assert sorted(skills.task_specific) == sorted({t.type for t in types})
+    # examine and look_at_obj_in_light both hold the lamp task's skills, in the library's order
+    assert [s.name for s in skills.task_specific["look_at_obj_in_light"]] == ["look-at-obj-in-light-plan",
+                                                                               "examine-plan"]
+    assert "Plan for clean." in skill_text(skills, "pick_clean_then_place")
+    assert "Plan for pick_two_obj_and_place." in skill_text(skills, "pick_two_obj")
+
+
+def test_a_library_whose_keys_match_no_type_of_the_suite_is_a_warning_naming_them(tmp_path):
+    library = masa_alfworld_library(extra_keys=["slice"])
+    with pytest.warns(TaskWarning, match=r"lib: task-specific skills for 'slice' match no task type of "
+                                                 r"suite household"):
+        kept = rollout.fit_to_suite(library, "household", "lib")
+    assert kept.task_specific["slice"] == library.task_specific["slice"]   # kept (saved again), never shown
+    with pytest.warns(TaskWarning, match=r"'arithmetic'.*match no task type of suite webwalk"):
+        rollout.fit_to_suite(SkillSet.load(rollout.BASE_SKILLS_DIR / "qa"), "webwalk", "qa-base")
+    qa = SkillSet.load(rollout.BASE_SKILLS_DIR / "qa")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", TaskWarning)
+        assert rollout.fit_to_suite(qa, "qa", "qa-base") is qa   # a library for its suite: as it is
+
+
+def test_every_loader_of_a_library_for_a_suite_reads_it_for_the_suite(tmp_path):
+    """--skills (rollout, train_grpo, rewrite), --base-skills (evolve_masa), --libraries (transfer)."""
+    import evolve_masa
+    from minskill.masa import transfer
+    folder = masa_alfworld_library(extra_keys=["slice"]).save(tmp_path / "masa-lib")
+    with pytest.warns(TaskWarning, match="'slice'"):
+        loaded = [rollout.load_skills(str(folder), "household"),
+                  evolve_masa.load_base_skills(evolve_masa.build_parser().parse_args(
+                      ["--suite", "household", "--base-skills", str(folder)])),
+                  transfer.load_library(str(folder), "household").skills]
+    for skills in loaded:
+        assert "Plan for heat." in skill_text(skills, "pick_heat_then_place")

@@ -263,3 +263,25 @@ def test_under_bf16_autocast_the_kv_cache_is_kept_in_bf16(model, monkeypatch):
     assert made[0].k.dtype == torch.bfloat16 and [len(s.token_ids) for s in samples] == [6] * 6
     generate(model, PROMPTS, max_new_tokens=2, temperature=0)
     assert made[1].k.dtype == torch.float32              # no autocast: the weights' dtype, as before
+
+
+@pytest.mark.parametrize("sync_every", [1, 8])
+def test_top_logprobs_are_the_k_most_likely_of_the_drawn_distribution(model, sync_every):
+    """top_logprobs=k keeps, per token, the k most likely tokens of log_softmax(logits / T) (before top-k/top-p),
+    per prompt (0: none); the tokens drawn are those drawn without it."""
+    kw = dict(MIXED, stop_token_ids=[7], sync_every=sync_every)
+    plain = generate(model, PROMPTS, **kw)
+    with_top = generate(model, PROMPTS, top_logprobs=[0, 3, 5], **kw)
+    assert [s.token_ids for s in with_top] == [s.token_ids for s in plain]
+    for s in with_top:
+        k, temperature = [0, 3, 5][s.prompt_index], MIXED["temperature"][s.prompt_index] or 1.0
+        if k == 0:
+            assert s.top_logprobs is None
+            continue
+        assert len(s.top_logprobs) == len(s.token_ids)
+        expected = torch.log_softmax(next_token_logits(model, PROMPTS[s.prompt_index], s.token_ids) / temperature, -1)
+        for t, top in enumerate(s.top_logprobs):
+            best = expected[t].topk(k)
+            assert [i for i, _ in top] == best.indices.tolist()
+            assert [v for _, v in top] == pytest.approx(best.values.tolist(), abs=1e-4)
+            assert s.logprobs[t] == pytest.approx(float(expected[t, s.token_ids[t]]), abs=1e-4)

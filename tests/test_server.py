@@ -178,7 +178,8 @@ def test_context_error_code(echo_server):
 
 def test_unknown_path_and_wrong_method(echo_server):
     root, auth = echo_server.url[:-len("/v1")], {"Authorization": "Bearer sekret"}
-    for method, path, status in [("GET", "/v1/completions", 404), ("POST", "/v2/chat/completions", 404),
+    for method, path, status in [("GET", "/v1/completions", 405), ("POST", "/v1/responses", 404),
+                                 ("POST", "/v2/chat/completions", 404), ("POST", "/v1/models/echo", 405),
                                  ("GET", "/v1/chat/completions", 405), ("POST", "/v1/models", 405),
                                  ("DELETE", "/health", 405), ("PUT", "/v1/chat/completions", 405)]:
         reply = requests.request(method, root + path, headers=auth, json={}, timeout=10)
@@ -575,10 +576,13 @@ def test_unknown_model_is_model_not_found(echo_server):
     assert post(echo_server, {"messages": USER}).status_code == 200                          # no model: fine
 
 
-def raw_exchange(server, data: bytes, timeout=30.0):
-    """Send bytes on a fresh connection; (status, decoded JSON body) of the reply, read until the server closes."""
+def raw_exchange(server, data: bytes, timeout=30.0, half_close=False):
+    """Send bytes on a fresh connection (then half-close it); (status, decoded JSON body) of the reply, read until
+    the server closes."""
     with socket.create_connection((server.host, server.port), timeout=timeout) as connection:
         connection.sendall(data)
+        if half_close:
+            connection.shutdown(socket.SHUT_WR)
         reply = b""
         while chunk := connection.recv(65536):
             reply += chunk
@@ -589,7 +593,7 @@ def raw_exchange(server, data: bytes, timeout=30.0):
 WEIRD = [None, True, 0, -1, 1.5, 10**30, 2**64, float("nan"), float("inf"), "", "x", "\ud800", [], [1], {},
          {"a": 1}, [None], ["\ud800"], [{"role": "user"}]]
 FIELDS = ["model", "messages", "n", "temperature", "top_p", "max_tokens", "max_completion_tokens", "stop", "seed",
-          "stream"]
+          "stream", "top_k", "logprobs", "top_logprobs", "presence_penalty", "tools"]
 
 
 def fuzzed_bodies():
@@ -618,10 +622,13 @@ def test_fuzzed_requests_never_get_a_500(which, tiny_backend):
     backend = ScriptedBackend(echo, name="echo") if which == "scripted" else tiny_backend
     with start_server(backend) as server:
         for body in fuzzed_bodies():
-            reply = requests.post(server.url + "/chat/completions", data=json.dumps(body), timeout=60)
-            assert reply.status_code in (200, 400, 404), (body, reply.text)
-            if reply.status_code != 200:
-                assert set(reply.json()["error"]) == {"message", "type", "param", "code"}
+            legacy = body if not isinstance(body, dict) else {k: v for k, v in body.items() if k != "messages"} | {
+                "prompt": "hi" if body.get("messages") == USER else body.get("messages")}   # the same values
+            for path, sent in (("/chat/completions", body), ("/completions", legacy)):
+                reply = requests.post(server.url + path, data=json.dumps(sent), timeout=60)
+                assert reply.status_code in (200, 400, 404), (path, sent, reply.text)
+                if reply.status_code != 200:
+                    assert set(reply.json()["error"]) == {"message", "type", "param", "code"}
         for data in RAW_REQUESTS:
             status, body = raw_exchange(server, data)
             assert 400 <= status < 500 or status == 501, (data[:60], status, body)
@@ -658,6 +665,37 @@ def test_a_body_shorter_than_its_content_length_is_a_400_not_served():
         assert head.startswith(b"HTTP/1.1 400") and calls == []
         assert f"ended after {len(body)} of the {len(body) + 40} bytes" in json.loads(payload)["error"]["message"]
         assert server.client(max_retries=0).chat(USER).text == "echo"   # still serving
+
+
+def chunked(body: bytes, sizes=(7, 1, 30)) -> bytes:
+    """body in Transfer-Encoding: chunked, cut into chunks of `sizes` (then the rest), one with an extension."""
+    out, at = b"", 0
+    for size in [*sizes, len(body)]:
+        piece, at = body[at:at + size], at + size
+        if piece:
+            out += b"%x;ext=1\r\n%s\r\n" % (len(piece), piece)
+    return out + b"0\r\nX-Trailer: t\r\n\r\n"
+
+
+CHUNKED_HEAD = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n"
+
+
+def test_a_chunked_body_is_read_not_a_411():
+    with start_server(ScriptedBackend(echo, name="echo")) as server:
+        body = json.dumps({"messages": USER, "max_tokens": 50}).encode()
+        status, reply = raw_exchange(server, CHUNKED_HEAD + b"\r\n" + chunked(body))
+        assert status == 200
+        assert reply["choices"][0]["message"]["content"] == "echo what is six times seven #0 seed=None"
+        for data, code, words in [
+                (CHUNKED_HEAD + b"\r\nzz\r\n{}\r\n0\r\n\r\n", 400, "bad chunk size"),
+                (CHUNKED_HEAD + b"\r\n" + chunked(body)[:-20], 400, "ended"),
+                (CHUNKED_HEAD + b"Content-Length: 2\r\n\r\n" + chunked(b"{}"), 400, "both Content-Length"),
+                (CHUNKED_HEAD.replace(b"chunked", b"gzip") + b"\r\n{}", 501, "gzip"),
+                (CHUNKED_HEAD + b"\r\n" + chunked(json.dumps(ok(messages=[{"role": "user", "content": "x" * 5000}]))
+                                                    .encode()), 413, "limit is 4096")]:
+            with start_server(ScriptedBackend(echo, name="echo"), max_body_bytes=4096) as small:
+                status, reply = raw_exchange(small, data, timeout=10, half_close=True)
+            assert status == code and words in reply["error"]["message"], (data[-60:], status, reply)
 
 
 # ---- stalled clients ------------------------------------------------------------------------------

@@ -79,18 +79,18 @@ def test_block_scalar_chomping():
     (f"---\nname: x\ndescription: {'d' * 1025}\n---\n", r"description is 1025 characters; at most 1024"),
     (f"---\nname: x\ndescription: d\n---\n{'b' * (MAX_FILE_BYTES + 1)}", r"body is 262145 bytes"),
     ("---\nname: x\ndescription: d\nversion: 1\n---\n", r"unexpected front-matter field\(s\) \['version'\]"),
-    ("---\nname: x\ndescription: d\ntags:\n  - a\n---\n", r"SKILL.md, line 5: lists are not supported"),
-    ("---\nname: x\ndescription: [a, b]\n---\n", r"SKILL.md, line 3: flow collections"),
-    ("---\nname: x\ndescription: d\nmetadata:\n  a:\n    b: c\n---\n", r"line 6: nested mappings deeper"),
-    ("---\nname: x\ndescription: \"open\n---\n", r"line 3: double-quoted string is not closed"),
-    ("---\nname: x\ndescription: 'open\n---\n", r"line 3: single-quoted string is not closed"),
-    ("---\nname: x\n\tdescription: d\n---\n", r"line 3: tabs are not allowed"),
+    ("---\nname: x\ndescription: d\ntags:\n  - a\n---\n", r"unexpected front-matter field\(s\) \['tags'\]"),
+    ("---\nname: x\ndescription: [a, b]\n---\n", r"SKILL.md: description must be one text value, not a list"),
+    ("---\nname: x\ndescription: \"open\n---\n", r"line 3: not valid YAML: while scanning a quoted scalar, found unexpected end"),
+    ("---\nname: x\ndescription: 'open\n---\n", r"line 3: not valid YAML: while scanning a quoted scalar, found unexpected end"),
+    ("---\nname: x\n\tdescription: d\n---\n", r"line 3: not valid YAML: .*found character .* that cannot start any token"),
     ("---\nname: x\nname: y\ndescription: d\n---\n", r"line 3: duplicate key 'name'"),
-    ("---\nname: x\ndescription: *ref\n---\n", r"anchors, aliases, tags"),
-    ("---\nname: x\ndescription: d\njust text\n---\n", r"line 4: expected 'key: value'"),
+    ("---\nname: x\ndescription: *ref\n---\n", r"line 3: not valid YAML: YAML anchors and aliases"),
+    ("---\nname: x\ndescription: d\njust text\n---\n", r"line 4: not valid YAML: while scanning a simple key, could not find expected ':'"),
     ("---\nname: x\ndescription: d\nmetadata: text\n---\n", r"metadata must be an indented mapping"),
+    ("---\nname: x\ndescription: a\x7fb\n---\n", r"line 3: not valid YAML: character U\+007F is not allowed"),
     ("---\nname: x\ndescription: d\ncompatibility: ''\n---\n", r"compatibility must be 1-500"),
-    ("---\nname: x\ndescription: \"\\q\"\n---\n", r"unknown escape '\\q'"),
+    ("---\nname: x\ndescription: \"\\q\"\n---\n", r"line 3: not valid YAML: while scanning a double-quoted scalar, found unknown escape character 'q'"),
 ])
 def test_spec_violations_are_rejected_with_clear_messages(text, message):
     with pytest.raises(SkillFormatError, match=message):
@@ -119,12 +119,48 @@ def test_non_utf8_and_oversized_files_are_refused(tmp_path):
 
 
 def test_written_front_matter_means_the_same_to_a_real_yaml_reader():
-    yaml = pytest.importorskip("yaml")  # test-only cross-check; minskill itself never imports a YAML package
+    yaml = pytest.importorskip("yaml")  # cross-check with yaml.safe_load, which types values (minskill keeps text)
     for text in TRICKY_STRINGS:
         skill = make_skill(description=text, metadata={"title": text, "n": "42"})
         front = skill.to_skill_md().split("---\n")[1]
         expected = {"name": skill.name, "description": text, "metadata": {"title": text, "n": "42"}}
         assert yaml.safe_load(front) == expected
+
+
+def test_nested_metadata_and_any_text_keys_round_trip_as_yaml_reads_them():
+    yaml = pytest.importorskip("yaml")
+    metadata = {"author": {"name": "me", "links": {"home": "https://example.org", "tags": ["a", "yes", "1.10"]}},
+                "a key: with a colon": "v", "1": "one", "empty": {}, "none": [], "rows": [{"k": "v", "j": "w"}, ["x"]]}
+    skill = make_skill(metadata=metadata)
+    text = skill.to_skill_md()
+    assert Skill.from_skill_md(text) == skill and Skill.from_skill_md(text).to_skill_md() == text
+    assert yaml.safe_load(text.split("---\n")[1])["metadata"] == metadata
+
+
+def test_front_matter_is_read_as_yaml_keeping_every_value_as_its_text():
+    """Issue 25: public skills continue a plain description on indented lines and nest metadata; the old
+    hand-written reader refused both."""
+    text = ("---\n# a comment\nname: my-skill\ndescription:\n  Use when a task needs\n  two lines.\n"
+            "license: Complete terms in\n  LICENSE.txt\nmetadata:\n  version: 1.10\n  beta: yes\n  owner:\n"
+            "    team:\n      name: docs\n  notes: \"one\n    two\"\n---\nBody.\n")
+    skill = Skill.from_skill_md(text)
+    assert skill.description == "Use when a task needs two lines." and skill.license == "Complete terms in LICENSE.txt"
+    assert skill.metadata == {"version": "1.10", "beta": "yes", "owner": {"team": {"name": "docs"}}, "notes": "one two"}
+    assert Skill.from_skill_md(skill.to_skill_md()) == skill
+    # the old reader's one leniency stays: a one-line plain value holding ': ' (YAML refuses it)
+    assert Skill.from_skill_md("---\nname: x\ndescription: Use when: adding # note\n---\n").description == "Use when: adding"
+
+
+@pytest.mark.parametrize("front, message", [
+    ("description: d\nmetadata:\n" + "".join("  " * i + f"k{i}:\n" for i in range(1, 20)) + "  " * 20 + "v: x\n",
+     r"SKILL.md, line 19: not valid YAML: nested more than 16 levels deep"),
+    ("description: d\nmetadata: " + "[" * 100_000 + "\n", r"SKILL.md, line 4: .*nested more than 16 levels"),
+    ("description: &a d\nmetadata:\n  b: [*a, *a]\n", r"line 3: not valid YAML: YAML anchors and aliases"),
+    ("description: !!python/object:os.system d\n", r"line 3: not valid YAML: YAML tags"),
+])
+def test_yaml_that_could_blow_up_or_run_code_is_refused_naming_the_file(front, message):
+    with pytest.raises(SkillFormatError, match=message):
+        Skill.from_skill_md("---\nname: x\n" + front + "---\n", where="SKILL.md")
 
 
 # --------------------------------------------------------------------------- untrusted names

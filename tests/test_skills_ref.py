@@ -1,10 +1,13 @@
 """minskill's SKILL.md validation agrees with the Agent Skills reference validator.
 
 `skills-ref` (PyPI; its command is `agentskills validate DIR`) is a test-only reference, like transformers:
-minskill never imports it. A corpus of valid and invalid skill folders is generated here; for every case,
-minskill's loader (Skill.load: it validates as it reads) and skills_ref.validate must say the same (valid or
-not), except for the cases in DIFFERENCES, each with the reason. The test also checks that each listed
-difference is still a difference, so the list stays true as either side changes."""
+minskill never imports it. A corpus of valid and invalid skill folders is generated here (with the forms
+public skills use: continued descriptions, nested metadata, LICENSE.txt and other folders, executables),
+and the suites' base skills are added to it; for every case, minskill's loader (Skill.load: it validates as
+it reads) and skills_ref.validate must say the same (valid or not), except for the cases in DIFFERENCES,
+each with the reason (docs/formats.md lists them too). The test also checks that each listed difference is
+still a difference, so the list stays true as either side changes; and that what minskill saves of each
+skill it loads passes skills-ref and reads back the same."""
 import os
 import re
 import shutil
@@ -15,6 +18,8 @@ from pathlib import Path
 import pytest
 
 from minskill.skills import MAX_FILE_BYTES, Skill, SkillFormatError
+
+BASE_SKILLS = Path(__file__).resolve().parent.parent / "minskill" / "tasks" / "base_skills"
 
 skills_ref = pytest.importorskip("skills_ref")
 
@@ -74,6 +79,16 @@ CORPUS = {
     "description: a comment after it": ("my-skill", front_matter(description="Use for C# code # a comment")),
     "description: an unquoted ': ' inside": ("my-skill", front_matter(description="Use when: testing")),
     "description: a flow list": ("my-skill", front_matter(description="[a, b]")),
+    # ---- what public skills write (issue 25: minskill's old YAML subset refused the first three)
+    "description: plain text continued on indented lines": (
+        "my-skill", front_matter(description="Use when a task needs the validators,\n  or when testing them.")),
+    "description: nothing on its line, text on the indented lines below": (
+        "my-skill", front_matter(description="\n  Use when a task needs the validators.\n  Two lines.")),
+    "description: double-quoted over two lines": ("my-skill", front_matter(description='"Use when\n  testing."')),
+    "description: folded block": ("my-skill", front_matter(description=">-\n  Use when\n  testing.")),
+    "description: a YAML anchor": ("my-skill", front_matter(description="&d Use when testing.")),
+    "description: a YAML tag": ("my-skill", front_matter(description="!!str Use when testing.")),
+    "fields: comment lines and a trailing comment": ("my-skill", front_matter(extra="# about\nlicense: MIT  # SPDX")),
     # ---- fields
     "fields: missing name": ("my-skill", front_matter(name=None)),
     "fields: missing description": ("my-skill", front_matter(description=None)),
@@ -93,6 +108,10 @@ CORPUS = {
     "metadata: nothing after the colon": ("my-skill", front_matter(extra="metadata:")),
     "metadata: a scalar": ("my-skill", front_matter(extra="metadata: some text")),
     "metadata: nested mapping": ("my-skill", front_matter(extra="metadata:\n  a:\n    b: c")),
+    "metadata: nested three levels": ("my-skill", front_matter(
+        extra="metadata:\n  author:\n    name: me\n    links:\n      home: https://example.org\n  version: 1.10")),
+    "metadata: a list of mappings": ("my-skill", front_matter(
+        extra="metadata:\n  releases:\n    - version: '1.0'\n      date: 2025-01-01\n    - version: '1.1'")),
     "metadata: list value": ("my-skill", front_matter(extra="metadata:\n  tags:\n    - a\n    - b")),
     "metadata: empty flow mapping": ("my-skill", front_matter(extra="metadata: {}")),
     "allowed-tools: a space-delimited string": ("my-skill", front_matter(extra="allowed-tools: Bash(git:*) Read")),
@@ -110,7 +129,7 @@ CORPUS = {
     "body: over minskill's 256 KiB file bound": ("my-skill", front_matter(body="x" * MAX_FILE_BYTES)),
 }
 
-# cases where the two validators disagree on purpose -> why (the README's "skills-ref" section says the same)
+# cases where the two validators disagree on purpose -> why (docs/formats.md's "skills-ref" section says the same)
 DIFFERENCES = {
     "name: unicode lower-case letters": "minskill names are a-z, 0-9 and '-' only: a name becomes a folder name "
                                         "and a path on every file system, and LLM-written names are checked by "
@@ -120,19 +139,14 @@ DIFFERENCES = {
     "name: compatibility ligature (NFKC)": "as above; skills-ref NFKC-normalises name and folder first",
     "name: quoted with spaces around": "skills-ref strips the name before checking it; minskill takes the value "
                                        "as written, and ' my-skill ' is not a folder name",
-    "description: an unquoted ': ' inside": "minskill's reader takes a plain scalar to the end of its line, as "
-                                            "hand-written SKILL.md files expect; YAML (strictyaml, PyYAML) refuses "
-                                            "'mapping values are not allowed here'. minskill always writes such a "
-                                            "value quoted, so what it saves is valid YAML",
+    "description: an unquoted ': ' inside": "minskill reads a one-line plain value holding ': ' as if quoted, as "
+                                            "hand-written and LLM-written SKILL.md files expect; YAML (strictyaml, "
+                                            "PyYAML) refuses 'mapping values are not allowed here'. minskill always "
+                                            "writes such a value quoted, so what it saves is valid YAML",
     "compatibility: empty": "the spec says 1-500 characters if the field is given; skills-ref checks the maximum only",
-    "metadata: a key with a space": "minskill's small YAML reader/writer takes keys of letters, digits, '_', '.' "
-                                    "and '-' (they are written unquoted); YAML allows any string key",
-    "metadata: a scalar": "the spec's metadata is a mapping of strings to strings; skills-ref does not check the "
-                          "type of metadata",
-    "metadata: nested mapping": "as above: values must be strings (skills-ref turns any value into str())",
-    "metadata: list value": "as above",
+    "metadata: a scalar": "the spec's metadata is a mapping; skills-ref does not check the type of metadata",
     "metadata: empty flow mapping": "strictyaml (skills-ref's YAML reader) refuses every flow collection, even "
-                                    "'{}'; YAML allows it, and minskill reads '{}' as an empty mapping",
+                                    "'{}'; YAML (PyYAML, minskill's reader) allows them",
     "allowed-tools: a YAML list": "the spec's allowed-tools is one space-delimited string; skills-ref does not "
                                   "check its type",
     "file: UTF-8 byte-order mark": "minskill skips a UTF-8 BOM (Windows editors write one); skills-ref reads "
@@ -187,8 +201,48 @@ def corpus(tmp_path_factory):
     (resources / "SKILL.md").write_text(front_matter(), encoding="utf-8")
     (resources / "references" / "api.md").write_text("# API\n", encoding="utf-8")
     folders.update({"skill.md in lower case": lower, "a symbolic link in scripts/": linked,
-                    "resources: a references/ file": resources})
+                    "resources: a references/ file": resources,
+                    "resources: a public skill's layout": public_layout(base / "public" / "pdf-forms")})
+    folders.update({f"base skill: {p.parent.relative_to(BASE_SKILLS)}": p.parent
+                    for p in sorted(BASE_SKILLS.rglob("SKILL.md"))})
     return folders
+
+
+PUBLIC_SKILL_MD = """---
+name: pdf-forms
+description: Fill PDF forms and extract their fields. Use when a task involves a PDF form,
+  or when the user asks to fill one in.
+license: Proprietary. LICENSE.txt has complete terms
+metadata:
+  author:
+    name: Docs team
+    links:
+      home: https://example.org/skills
+  version: 1.10
+  tags:
+    - pdf
+    - forms
+---
+
+# PDF forms
+
+Run `scripts/fill.sh FORM.pdf`; read `forms.md` and `templates/` first; `core/` holds the helpers.
+"""
+PUBLIC_FILES = {"LICENSE.txt": b"Proprietary.\n", "forms.md": b"# Forms\n", "templates/form.html": b"<form></form>\n",
+                "core/__init__.py": b"", "core/fields.py": b"FIELDS = []\n", "requirements.txt": b"pypdf\n",
+                "scripts/fill.sh": b"#!/bin/sh\necho fill\n", "scripts/office/schemas/ecma/2006/main.xsd": b"<xs/>\n"}
+
+
+def public_layout(folder: Path) -> Path:
+    """A skill folder shaped as public ones are (anthropics/skills' pdf, docx, slack-gif-creator): a
+    description continued on an indented line, nested metadata, files beside SKILL.md, other folders, an
+    executable script, a schema six folders down."""
+    for rel, data in PUBLIC_FILES.items():
+        (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+        (folder / rel).write_bytes(data)
+    (folder / "SKILL.md").write_text(PUBLIC_SKILL_MD, encoding="utf-8")
+    (folder / "scripts/fill.sh").chmod(0o755)
+    return folder
 
 
 def test_the_corpus_has_valid_and_invalid_cases_of_each_kind(corpus):
@@ -221,16 +275,40 @@ def test_the_differences_go_the_documented_way(corpus):
                              "description: an unquoted ': ' inside"}
 
 
-def test_what_minskill_saves_from_a_lenient_file_is_valid_for_skills_ref(corpus, tmp_path):
-    for case in ("description: an unquoted ': ' inside", "metadata: empty flow mapping", "file: UTF-8 byte-order mark",
-                 "description: block scalar", "metadata: number key"):
-        saved = Skill.load(corpus[case]).save(tmp_path / f"out{abs(hash(case))}")
+def test_what_minskill_saves_of_each_skill_it_loads_is_valid_for_skills_ref_and_reads_back_the_same(corpus, tmp_path):
+    loaded = 0
+    for i, (case, folder) in enumerate(corpus.items()):
+        if not minskill_valid(folder)[0]:
+            continue
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            skill = Skill.load(folder)
+            saved = skill.save(tmp_path / f"out{i}")
+            again = Skill.load(saved)
         assert reference_valid(saved) == (True, ""), case
+        assert again == skill and again.to_skill_md() == skill.to_skill_md(), case
+        loaded += 1
+    assert loaded >= 50
+
+
+def test_a_public_skills_forms_load_and_its_folder_travels_whole(corpus, tmp_path):
+    """Issue 25: minskill refused this folder (continued description, nested metadata) and, once loaded, kept
+    scripts/ only: LICENSE.txt, forms.md, templates/, core/, requirements.txt and the exec bit were lost."""
+    skill = Skill.load(corpus["resources: a public skill's layout"])
+    assert skill.description.endswith("PDF form, or when the user asks to fill one in.")
+    assert skill.metadata["author"]["links"] == {"home": "https://example.org/skills"}
+    assert skill.metadata["version"] == "1.10" and skill.metadata["tags"] == ["pdf", "forms"]
+    saved = skill.save(tmp_path)
+    files = {p.relative_to(saved).as_posix(): p.read_bytes() for p in saved.rglob("*") if p.is_file()}
+    assert files.pop("SKILL.md") and files == PUBLIC_FILES
+    assert [p.relative_to(saved).as_posix() for p in saved.rglob("*") if p.is_file() and os.access(p, os.X_OK)] \
+        == ["scripts/fill.sh"]
 
 
 @pytest.mark.skipif(shutil.which("agentskills") is None, reason="the agentskills command is not installed")
 @pytest.mark.parametrize("case, valid", [("name: lower-case with hyphens", True), ("name: double hyphen", False),
-                                         ("fields: unknown field", False)])
+                                         ("fields: unknown field", False), ("resources: a public skill's layout", True),
+                                         ("metadata: nested three levels", True)])
 def test_the_agentskills_command_agrees_on_a_few_cases(corpus, case, valid):
     result = subprocess.run(["agentskills", "validate", str(corpus[case])], capture_output=True, text=True,
                             timeout=60, env={**os.environ, "PYTHONWARNINGS": "ignore"})

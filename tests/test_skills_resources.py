@@ -1,4 +1,4 @@
-"""Whole Agent Skills: scripts/, references/ and assets/ travel with a skill (byte for byte,
+"""Whole Agent Skills: every file of a skill's folder travels with it (byte for byte, with its exec bit,
 bounded, never executed, links refused); long bodies warn instead of failing; prompts name the resources."""
 import os
 import warnings
@@ -11,8 +11,8 @@ from minskill.masa.model_card import ModelCard
 from minskill.replies import parse_skillset
 from minskill.rollout import skill_text
 from minskill.skill_r1.loop import Instance, editor_messages
-from minskill.skills import (MAX_FILE_BYTES, MAX_RESOURCE_BYTES, MAX_RESOURCE_FILES, Skill, SkillFormatError,
-                             SkillWarning)
+from minskill.skills import (MAX_FILE_BYTES, MAX_RESOURCE_BYTES, MAX_RESOURCE_DEPTH, MAX_RESOURCE_FILES,
+                             ExecutableBytes, Skill, SkillFormatError, SkillWarning)
 from minskill.skillsets import SkillSet
 from minskill.tasks import Task
 
@@ -71,35 +71,60 @@ def test_resources_are_never_executed(tmp_path, monkeypatch):
     skill.save(tmp_path / "out")
     SkillSet(general=[skill]).render("any")
     assert not (tmp_path / "RAN").exists() and not (tmp_path / "RAN_SH").exists()
-    assert not os.access(tmp_path / "out/pdf-tools/scripts/extract.py", os.X_OK)   # modes are not kept
+    assert not os.access(tmp_path / "out/pdf-tools/scripts/extract.py", os.X_OK)   # it was not executable
 
 
-def test_files_beside_skill_md_other_than_the_three_folders_warn_and_are_not_kept(tmp_path):
-    folder = make_skill_folder(tmp_path, files={"scripts/a.py": b"x", "LICENSE.txt": b"MIT", ".hidden": b"h"})
-    with pytest.warns(SkillWarning, match=r"LICENSE\.txt.*not kept"):
+def test_every_file_of_the_folder_travels_but_dot_files(tmp_path):
+    """Issue 25: a LICENSE.txt, a file beside SKILL.md and a folder the body names (not scripts/,
+    references/ or assets/) were dropped with a warning; now the whole folder travels."""
+    files = {"scripts/a.py": b"x", "LICENSE.txt": b"MIT", "forms.md": b"# Forms", "core/lib/util.py": b"u = 1\n",
+             "templates/page.html": b"<p>", "skill.md": b"a second file of that name"}
+    folder = make_skill_folder(tmp_path / "in", files={**files, ".hidden": b"h", ".git/config": b"[core]"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")          # nothing is left out, so nothing warns
         skill = Skill.load(folder)
-    assert list(skill.resources) == ["scripts/a.py"]
+    assert skill.resources == files
+    saved = skill.save(tmp_path / "out")
+    assert tree_bytes(saved) == {k: v for k, v in tree_bytes(folder).items() if not k.startswith(".")}
+
+
+def test_executable_files_keep_their_exec_bit(tmp_path):
+    folder = make_skill_folder(tmp_path / "in", files={"scripts/run.sh": b"#!/bin/sh\n", "bin/tool": b"#!/bin/sh\n",
+                                                        "scripts/data.txt": b"d"})
+    (folder / "scripts/run.sh").chmod(0o755)
+    (folder / "bin/tool").chmod(0o700)
+    skill = Skill.load(folder)
+    assert {rel for rel, data in skill.resources.items() if isinstance(data, ExecutableBytes)} == {"scripts/run.sh",
+                                                                                                  "bin/tool"}
+    for saved in (skill.save(tmp_path / "out"), SkillSet(general=[skill]).save(tmp_path / "set") / "general/pdf-tools",
+                  Skill.load(tmp_path / "out/pdf-tools").save(tmp_path / "again")):
+        modes = {rel: (saved / rel).stat().st_mode & 0o777 for rel in skill.resources}
+        assert modes == {"scripts/run.sh": 0o755, "bin/tool": 0o755, "scripts/data.txt": 0o644}, saved
+    rewritten = parse_skillset(SkillSet(general=[skill]).to_markdown()).carry_resources(SkillSet(general=[skill]))
+    assert isinstance(rewritten.general[0].resources["scripts/run.sh"], ExecutableBytes)   # an LLM rewrite keeps it
 
 
 # ---------------------------------------------------------------------------------------------- bounds
 
 def test_documented_bounds():
-    assert (MAX_RESOURCE_FILES, MAX_RESOURCE_BYTES, MAX_FILE_BYTES) == (100, 10 * 1024 * 1024, 256 * 1024)
+    assert (MAX_RESOURCE_FILES, MAX_RESOURCE_BYTES, MAX_RESOURCE_DEPTH, MAX_FILE_BYTES) == (
+        1000, 50 * 1024 * 1024, 16, 256 * 1024)
 
 
-def test_too_many_resource_files_are_refused(tmp_path):
-    files = {f"references/r{i:03d}.md": b"x" for i in range(MAX_RESOURCE_FILES + 1)}
-    with pytest.raises(SkillFormatError, match=r"pdf-tools: resources exceed 100 files"):
+def test_too_many_resource_files_are_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr(skills_module, "MAX_RESOURCE_FILES", 20)
+    files = {f"references/r{i:03d}.md": b"x" for i in range(20 + 1)}
+    with pytest.raises(SkillFormatError, match=r"pdf-tools: resources exceed 20 files"):
         Skill.load(make_skill_folder(tmp_path, files=files))
-    ok = {f"references/r{i:03d}.md": b"x" for i in range(MAX_RESOURCE_FILES)}
-    assert len(Skill.load(make_skill_folder(tmp_path / "ok", files=ok)).resources) == MAX_RESOURCE_FILES
-    with pytest.raises(SkillFormatError, match=r"101 resource files; at most 100"):
+    ok = {f"references/r{i:03d}.md": b"x" for i in range(20)}
+    assert len(Skill.load(make_skill_folder(tmp_path / "ok", files=ok)).resources) == 20
+    with pytest.raises(SkillFormatError, match=r"21 resource files; at most 20"):
         Skill(name="x", description="d", resources={**ok, "assets/one-more": b""}).validate()
 
 
 def test_too_many_resource_bytes_are_refused(tmp_path, monkeypatch):
     monkeypatch.setattr(skills_module, "MAX_RESOURCE_BYTES", 1000)
-    with pytest.raises(SkillFormatError, match=r"exceed 100 files or 1000 bytes \(at assets/big\.bin\)"):
+    with pytest.raises(SkillFormatError, match=r"exceed \d+ files or 1000 bytes \(at assets/big\.bin\)"):
         Skill.load(make_skill_folder(tmp_path, files={"assets/a.bin": b"a" * 600, "assets/big.bin": b"b" * 600}))
     with pytest.raises(SkillFormatError, match=r"resources are 1001 bytes; at most 1000"):
         Skill(name="x", description="d", resources={"assets/a": b"a" * 1001}).save(tmp_path / "out")
@@ -113,7 +138,7 @@ def test_a_skill_md_over_the_file_size_bound_is_refused(tmp_path):
 
 # ---------------------------------------------------------------------------------------------- links and paths
 
-@pytest.mark.parametrize("where", ["scripts/link.py", "references", "assets/sub/inner"])
+@pytest.mark.parametrize("where", ["scripts/link.py", "references", "assets/sub/inner", "LICENSE.txt", "docs/inner"])
 def test_symbolic_links_are_refused_naming_the_path(tmp_path, where):
     folder = make_skill_folder(tmp_path, files={"scripts/real.py": b"x", "assets/sub/file": b"y"})
     target = tmp_path / "outside"
@@ -137,13 +162,19 @@ def test_saving_never_writes_through_an_existing_link(tmp_path):
     assert list(outside.iterdir()) == []
 
 
-@pytest.mark.parametrize("rel", ["../escape", "scripts/../../escape", "other/file", "scripts", "scripts/.hidden",
-                                 "/etc/passwd", "scripts//a", "scripts/a\\..\\b", "assets/" + "a/" * 8 + "f"])
+@pytest.mark.parametrize("rel", ["../escape", "scripts/../../escape", "..", "./x", "SKILL.md", "scripts/.hidden",
+                                 ".git/config", "/etc/passwd", "scripts//a", "scripts/a\\..\\b", "a\nb", "nul\x00",
+                                 "assets/" + "a/" * 16 + "f"])
 def test_resource_paths_are_validated_before_they_become_files(tmp_path, rel):
     skill = Skill(name="x", description="d", resources={rel: b"data"})
     with pytest.raises(SkillFormatError, match=r"resource"):
         skill.save(tmp_path)
     assert not (tmp_path / "escape").exists()
+
+
+def test_a_resource_cannot_be_a_file_and_a_folder_of_others(tmp_path):
+    with pytest.raises(SkillFormatError, match=r"resource 'scripts' is a file and a folder"):
+        Skill(name="x", description="d", resources={"scripts": b"a", "scripts/run.sh": b"b"}).save(tmp_path)
 
 
 # ---------------------------------------------------------------------------------------------- long bodies

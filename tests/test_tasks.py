@@ -368,3 +368,19 @@ def test_tasks_round_trip_as_dicts():
         task = load_suite(suite, n=1)[0]
         again = Task.from_dict(json.loads(json.dumps(task.to_dict())))
         assert again == task
+
+
+def test_household_types_are_read_by_alfworld_s_and_masa_s_names():
+    """The suite's six types keep their names; ALFWorld's names and MASA's library keys are read as them."""
+    from minskill.tasks import skill_key_type
+    from minskill.tasks.household import TYPE_NAMES
+    assert set(TYPE_NAMES) == set(HOUSEHOLD_TYPES)
+    alfworld = ["pick_and_place_simple", "look_at_obj_in_light", "pick_clean_then_place_in_recep",
+                "pick_heat_then_place_in_recep", "pick_cool_then_place_in_recep", "pick_two_obj_and_place"]
+    assert sorted(skill_key_type(name, HOUSEHOLD_TYPES) for name in alfworld) == sorted(HOUSEHOLD_TYPES)
+    masa = {"pick_and_place": "pick_and_place", "pick_two_obj_and_place": "pick_two_obj", "clean":
+            "pick_clean_then_place", "heat": "pick_heat_then_place", "cool": "pick_cool_then_place",
+            "examine": "look_at_obj_in_light", "look_at_obj_in_light": "look_at_obj_in_light"}
+    assert {key: skill_key_type(key, HOUSEHOLD_TYPES) for key in masa} == masa
+    assert skill_key_type("clean", ["arithmetic"]) is None and skill_key_type("slice", HOUSEHOLD_TYPES) is None
+    assert skill_key_type("clean", ["clean"]) == "clean"   # a suite's own type is itself

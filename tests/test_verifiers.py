@@ -5,7 +5,7 @@ import warnings
 import pytest
 
 from minskill.tasks.verifiers import (exact_match, extract_final_number, extract_numbers, final_answer_match,
-                                      gaia_match, normalize_answer, numeric_match, verify)
+                                      gaia_final_answer, gaia_match, normalize_answer, numeric_match, verify)
 
 
 # --------------------------------------------------------------------------- GAIA
@@ -54,6 +54,31 @@ def test_gaia_match_prints_and_warns_nothing(capsys):
         assert gaia_match("a, b", "a, b, c") is False
         assert gaia_match("x", "42") is False
     assert capsys.readouterr() == ("", "")
+
+
+@pytest.mark.parametrize("reply, extracted", [
+    ("Thinking it over.\nFINAL ANSWER: 17", "17"),
+    ("FINAL ANSWER: 2 \nFINAL ANSWER:  3, 5 \n", "3, 5"),    # the last template, stripped
+    ("Final answer: Paris", "Paris"),                          # any case
+    ("FINAL ANSWER : 4", "4"),
+    ("The answer is 17.", "The answer is 17."),                # none: the whole reply
+    ("  42\n", "42"),
+])
+def test_gaia_final_answer_is_the_text_after_the_last_template(reply, extracted):
+    assert gaia_final_answer(reply) == extracted
+
+
+@pytest.mark.parametrize("reply, truth, expected", [
+    ("I count the legs: 4 * 8 + 6.\nFINAL ANSWER: 38", "38", True),    # was scored on the whole reply: False
+    ("FINAL ANSWER: $1,200", "1200", True),
+    ("FINAL ANSWER: 2, 3, 5", "2,3,5", True),
+    ("FINAL ANSWER: Saint Petersburg.", "saint petersburg", True),
+    ("The answer is 17.", "17", False),                               # GAIA's scorer on a reply with no template
+    ("17", "17", True),
+    ("FINAL ANSWER: 18\nor maybe 17", "17", False),
+])
+def test_the_gaia_verifier_scores_the_final_answer(reply, truth, expected):
+    assert verify("gaia", reply, truth) is expected
 
 
 # --------------------------------------------------------------------------- exact match

@@ -10,15 +10,16 @@ preliminary rollouts (minskill.masa.search.summarize_model), so the card a run u
 model_card.json. A card is JSON on disk (`ModelCard.save` / `load`, strict: an unknown or mistyped field is
 an error naming it); other tools' looser cards are read with `as_model_card`.
 
-`load` (and `read_card_file`, which the scripts' --model-card use) also reads MASA's YAML cards: flat
-`key: value` lines, quoted or plain values, `#` comments, parsed by the SKILL.md front-matter reader
-(minskill.skills.parse_front_matter: no YAML library). YAML here has no types, so each value is converted
+`load` (and `read_card_file`, which the scripts' --model-card use) also reads MASA's YAML cards: a mapping
+of fields, read as SKILL.md front matter is (minskill.skills.parse_front_matter: PyYAML's safe loader, at
+most MAX_FILE_BYTES = 256 KiB, checked before parsing). Every YAML value is its text, so each is converted
 by its field: the integer fields take digits or a size such as "8B" / "1.7B" / "135M" (K, M, B, T:
 10^3..10^12 -- MASA writes parameter_count so), multilingual takes true/false/yes/no, null, ~ or nothing
 is null, and strengths / weaknesses take one string (MASA writes them as one comma-separated line; it is
-kept whole). A file ending in .yaml / .yml is YAML, .json is JSON, anything else is JSON when it starts
-with "{". A malformed card is a ValueError naming the file and the line or field: text that is not UTF-8, an
-integer of more than `MAX_CARD_DIGITS` digits, a value nested deeper than a card's, a folder.
+kept whole) or a YAML list of strings. A file ending in .yaml / .yml is YAML, .json is JSON, anything else
+is JSON when it starts with "{". A malformed card is a ValueError naming the file and the line or field:
+text that is not UTF-8, an integer of more than `MAX_CARD_DIGITS` digits, a value nested deeper than a
+card's, a folder.
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ from typing import Any
 
 from minskill.files import read_json, write_json_atomic
 from minskill.replies import nested_deeper_than
-from minskill.skills import SkillFormatError, parse_front_matter
+from minskill.skills import MAX_FILE_BYTES, SkillFormatError, parse_front_matter
 
 
 @dataclass
@@ -174,11 +175,10 @@ _SIZE_FACTOR = {"K": 10**3, "M": 10**6, "B": 10**9, "T": 10**12}
 
 
 def _yaml_card(text: str, where: str, strict: bool) -> dict:
-    """The flat YAML of a card as typed fields; errors name the file and line."""
+    """The YAML mapping of a card as typed fields; errors name the file and line."""
+    if len(text.encode("utf-8")) > MAX_FILE_BYTES:
+        raise ValueError(f"{where}: {len(text.encode('utf-8'))} bytes; a YAML card is at most {MAX_FILE_BYTES}")
     lines = text.splitlines()
-    first = next((i for i, line in enumerate(lines) if line.strip() and not line.lstrip().startswith("#")), None)
-    if first is not None and lines[first].rstrip() == "---":   # an explicit document start
-        lines[first] = ""
     try:
         raw = parse_front_matter(lines, where, first_line=1)
     except SkillFormatError as error:
@@ -195,8 +195,12 @@ def _yaml_card(text: str, where: str, strict: bool) -> dict:
             if not strict:
                 continue
             raise ValueError(f"{at}: unknown field {key!r}; known fields: {sorted(known)}")
-        if isinstance(value, dict):
-            raise ValueError(f"{at}: field {key!r} must be one value, not a nested mapping")
+        if isinstance(value, list) and key in ("strengths", "weaknesses") and all(isinstance(v, str) for v in value):
+            card[key] = [v.strip() for v in value if v.strip()]
+            continue
+        if not isinstance(value, str):
+            raise ValueError(f"{at}: field {key!r} must be one value, not a "
+                             f"{'list' if isinstance(value, list) else 'nested mapping'}")
         card[key] = _yaml_value(key, value.strip(), known[key], at)
     return card
 

@@ -43,7 +43,9 @@ library = the best general skills + each type's best node; its R on the search t
 
 A teacher reply is parsed robustly (JSON in a fence or inside prose, the skill format of skills.py); a
 reply that does not parse is retried (at most `teacher_retries` times, telling the teacher what was
-wrong), then the step is skipped and the skip is logged (`ask_teacher`).
+wrong), then the step is skipped and the skip is logged (`ask_teacher`). A prompt the teacher's server refuses as
+too long for its context is built again shorter (each prompt builder's `trim`: the history first, then the examples)
+and asked again; when nothing is left to drop, the step is skipped and logged the same way (minskill/masa/fitting.py).
 
 Also here: the one-shot teacher adaptation (`one_shot_rewrite`, the "DS-Adapter" baseline; its reply is the MASA
 JSON library that SkillSet.from_json reads). Elsewhere: the rewriter's SFT records and their task description
@@ -55,11 +57,13 @@ import copy
 import json
 import zlib
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any, Callable, Iterator
 
 from minskill import gates
 from minskill.masa import ucb
 from minskill.masa.model_card import ModelCard, as_model_card
+from minskill.masa.fitting import NothingToTrim, ask_fitting, trim_levels, trimmed
 from minskill.masa.teacher import TeacherReplyError, parse_attribution, parse_skillset_reply, parse_strengths
 from minskill.rollout import LAM_NH, run_rollouts, summarize
 from minskill.serve.caching import BudgetExhausted, CallBudget
@@ -162,8 +166,12 @@ def _only_type(skills: SkillSet, task_type: str) -> SkillSet:
                     common_mistakes=[])
 
 
-def strengths_messages(card: ModelCard, failures: list[dict], successes: list[dict], stats: str) -> list[dict]:
-    """Prompt: summarise the target's strengths and weaknesses from preliminary rollouts (JSON reply)."""
+def strengths_messages(card: ModelCard, failures: list[dict], successes: list[dict], stats: str,
+                       trim: int = 0) -> list[dict]:
+    """Prompt: summarise the target's strengths and weaknesses from preliminary rollouts (JSON reply). `trim`
+    (every builder's; ask_fitting): 0 = all; higher, fewer episodes shown (fitting.trimmed), the solved ones first."""
+    solved_levels = trim_levels(successes)
+    successes, failures = trimmed(successes, trim, failures), trimmed(failures, max(0, trim - solved_levels))
     user = (f"## Task: {STRENGTHS_TASK}\n\n### Model card\n{card.to_prompt()}\n\n"
             f"### Preliminary results\n{stats}\n\n### Solved episodes\n{_failure_text(successes, 300)}\n\n"
             f"### Failed episodes\n{_failure_text(failures, 300)}\n\n"
@@ -173,13 +181,13 @@ def strengths_messages(card: ModelCard, failures: list[dict], successes: list[di
 
 
 def attribution_messages(card: ModelCard, skills: SkillSet, failures: list[dict], reward: float,
-                         task_type: str | None = None) -> list[dict]:
+                         task_type: str | None = None, trim: int = 0) -> list[dict]:
     """Prompt: a structured failure attribution (JSON) of the target's failed episodes under `skills`."""
     scope = f"tasks of type '{task_type}'" if task_type else "the task suite"
     shown = _only_type(skills, task_type) if task_type else skills
     user = (f"## Task: {ATTRIBUTION_TASK}\n\n### Model card\n{card.to_prompt()}\n\n"
             f"### Skills the target used (reward R = {reward:.3f} on {scope})\n{_skills_text(shown)}\n\n"
-            f"### Failed episodes\n{_failure_text(failures)}\n\n"
+            f"### Failed episodes\n{_failure_text(trimmed(failures, trim))}\n\n"
             "Group the failures into categories, cite evidence from the episodes and suggest for each a fix "
             f"that a skill could make. Reply with JSON only, in this form:\n{ATTRIBUTION_FORMAT}")
     return [{"role": "system", "content": TEACHER_SYSTEM}, {"role": "user", "content": user}]
@@ -208,10 +216,10 @@ def _json_format_help() -> str:
 
 
 def general_rewrite_messages(card: ModelCard, skills: SkillSet, reward: float, attribution: dict | None,
-                             top_sets: list[tuple[SkillSet, float]]) -> list[dict]:
+                             top_sets: list[tuple[SkillSet, float]], trim: int = 0) -> list[dict]:
     """Prompt: rewrite the general skills, shown the attribution, the card and the history's top sets (by R)."""
     history = "\n\n".join(f"#### Set {i + 1}: R = {r:.3f}\n{_skills_text(_only_general(s), 2000)}"
-                          for i, (s, r) in enumerate(top_sets)) or "(none yet)"
+                          for i, (s, r) in enumerate(trimmed(top_sets, trim))) or "(none yet)"
     user = (f"## Task: {GENERAL_REWRITE_TASK}\n\n### Model card\n{card.to_prompt()}\n\n"
             f"### Current general skills (R = {reward:.3f})\n{_skills_text(_only_general(skills))}\n\n"
             f"### Why the current skills failed (attribution)\n{json.dumps(attribution or {}, ensure_ascii=False)}\n\n"
@@ -222,9 +230,9 @@ def general_rewrite_messages(card: ModelCard, skills: SkillSet, reward: float, a
 
 
 def task_rewrite_messages(card: ModelCard, skills: SkillSet, task_type: str, reward: float,
-                          attribution: dict | None, examples: list[str]) -> list[dict]:
+                          attribution: dict | None, examples: list[str], trim: int = 0) -> list[dict]:
     """Prompt: rewrite the task-specific skills of one task type (the general skills are shown, fixed)."""
-    shown_examples = "\n".join(f"- {_clip(e, 300)}" for e in examples) or "(none)"
+    shown_examples = "\n".join(f"- {_clip(e, 300)}" for e in trimmed(examples, trim)) or "(none)"
     user = (f"## Task: {TASK_REWRITE_TASK} of type '{task_type}'\n\n### Model card\n{card.to_prompt()}\n\n"
             f"### General skills (fixed, shown for context)\n{_skills_text(_only_general(skills), 3000)}\n\n"
             f"### Current skills for '{task_type}' (R = {reward:.3f})\n{_skills_text(_only_type(skills, task_type))}\n\n"
@@ -234,8 +242,10 @@ def task_rewrite_messages(card: ModelCard, skills: SkillSet, task_type: str, rew
     return [{"role": "system", "content": TEACHER_SYSTEM}, {"role": "user", "content": user}]
 
 
-def oneshot_messages(card: ModelCard, skills: SkillSet, task_description: str) -> list[dict]:
+def oneshot_messages(card: ModelCard, skills: SkillSet, task_description: str, trim: int = 0) -> list[dict]:
     """Prompt: adapt a whole skill library to the target in one shot (no rollouts; the DS-Adapter baseline)."""
+    if trim:   # ask_fitting: it shows no history or examples that could be dropped
+        raise NothingToTrim("the one-shot prompt has no history or examples to drop")
     user = (f"## Task: {ONESHOT_TASK}\n\n### Model card\n{card.to_prompt()}\n\n"
             f"### Tasks\n{_clip(task_description, 2000)}\n\n### Skill library\n{_skills_text(skills)}\n\n"
             "Rewrite the whole library (general skills and the skills of each task type) so that this target "
@@ -250,9 +260,9 @@ def one_shot_rewrite(teacher, card: ModelCard, skills: SkillSet, task_descriptio
     types the reply leaves out keep their input skills. None when the reply never parsed. `card` may be a
     ModelCard or a dict (read leniently)."""
     card = as_model_card(card)
-    new = ask_teacher(teacher, oneshot_messages(card, skills, task_description), parse_skillset_reply,
-                      what="one-shot rewrite", retries=retries, temperature=temperature, max_tokens=max_tokens,
-                      seed=seed, on_skip=on_skip)
+    new = ask_fitting(ask_teacher, teacher, partial(oneshot_messages, card, skills, task_description),
+                      parse_skillset_reply, what="one-shot rewrite", retries=retries, temperature=temperature,
+                      max_tokens=max_tokens, seed=seed, on_skip=on_skip)
     if new is None:
         return None
     task_specific = {t: list(v) for t, v in skills.task_specific.items()}
@@ -369,9 +379,9 @@ class MasaSearch:
 
     The search holds `candidates` (every skill set it made, in order: the search log), `climb` (the hill
     climb; its best is a Candidate), `trees` (per task type, nodes holding Candidates), `events` (skipped
-    teacher replies) and `phase`. `run()` yields a progress line after every iteration; the caller prints it
-    (and the teacher replies skipped meanwhile, in `events`) and saves the state, `checkpoint()`: a search built
-    with that state (`state=`, or `restore`) continues where it stopped. Model calls go through the given clients
+    teacher replies, prompts sent trimmed) and `phase`. `run()` yields a progress line after every iteration; the
+    caller prints it (and the teacher events meanwhile, in `events`) and saves the state, `checkpoint()`: a search
+    built with that state (`state=`, or `restore`) continues where it stopped. Model calls go through the given clients
     (CachingClient for the budget and cache); BudgetExhausted propagates to the caller, who can roll back to the
     last state saved (`last_checkpoint`)."""
 
@@ -385,7 +395,7 @@ class MasaSearch:
         self.candidates: list[Candidate] = []
         self.climb: HillClimbState | None = None
         self.trees: dict[str, Tree] = {}
-        self.events, self.phase = [], "general"      # skipped teacher replies; "general" | "trees" | "done"
+        self.events, self.phase = [], "general"      # teacher skips and trims; "general" | "trees" | "done"
         if state is not None:
             self.restore(state)
         self.last_checkpoint = copy.deepcopy(self.to_json())
@@ -438,12 +448,12 @@ class MasaSearch:
         """The teacher attributes the best set's failures, then rewrites its general skills (shown the top-5 sets of
         the whole history by R); None when a reply was skipped."""
         best, it = climb.best, climb.iteration + 1
-        attribution = self.ask(attribution_messages(self.card, best.skills, best.failures, best.reward),
+        attribution = self.ask(partial(attribution_messages, self.card, best.skills, best.failures, best.reward),
                                parse_attribution, "attribution", it)
         history = sorted((x for x in self.candidates if x.phase in ("base", "general") and x.reward is not None),
                          key=lambda x: (-x.reward, x.id))[:5]
-        messages = general_rewrite_messages(self.card, best.skills, best.reward, attribution,
-                                            [(x.skills, x.reward) for x in history])
+        messages = partial(general_rewrite_messages, self.card, best.skills, best.reward, attribution,
+                           [(x.skills, x.reward) for x in history])   # messages(trim=0): the prompt (ask_fitting)
         new = self.ask(messages, parse_skillset_reply, "general rewrite", it)
         if new is None:
             return None
@@ -478,10 +488,10 @@ class MasaSearch:
 
     def propose_task_skills(self, parent: Candidate, task_type: str, tasks: list, it: int) -> Candidate | None:
         """Expansion: the teacher attributes the node's failures, then rewrites `task_type`'s skills; None: skipped."""
-        attribution = self.ask(attribution_messages(self.card, parent.skills, parent.failures, parent.reward,
-                                                    task_type), parse_attribution, "attribution", task_type, it)
-        messages = task_rewrite_messages(self.card, parent.skills, task_type, parent.reward, attribution,
-                                         [t.question for t in tasks[:3]])
+        attribution = self.ask(partial(attribution_messages, self.card, parent.skills, parent.failures, parent.reward,
+                                       task_type), parse_attribution, "attribution", task_type, it)
+        messages = partial(task_rewrite_messages, self.card, parent.skills, task_type, parent.reward, attribution,
+                           [t.question for t in tasks[:3]])
         new = self.ask(messages, parse_skillset_reply, "task rewrite", task_type, it)
         if new is None:
             return None
@@ -541,14 +551,17 @@ class MasaSearch:
         return candidate.reward
 
     # ---- the teacher ----------------------------------------------------------------------------------------
-    def ask(self, messages, parse, what: str, *seed_parts):
+    def ask(self, prompt, parse, what: str, *seed_parts):   # prompt(trim=...): a builder's messages (fitting.py)
         c = self.config
-        return ask_teacher(self.teacher, messages, parse, what=what, retries=c.teacher_retries,
+        return ask_fitting(ask_teacher, self.teacher, prompt, parse, what=what, retries=c.teacher_retries,
                            temperature=c.teacher_temperature, max_tokens=c.teacher_max_tokens,
-                           seed=teacher_seed(c.seed, what, *seed_parts), on_skip=self._skip)
+                           seed=teacher_seed(c.seed, what, *seed_parts), on_skip=self._skip, on_trim=self._trim)
 
     def _skip(self, event: dict) -> None:   # the caller prints it with the iteration's progress line
         self.events.append({"event": "teacher_skip", "phase": self.phase, **event})
+
+    def _trim(self, event: dict) -> None:   # a prompt sent shorter (ask_fitting); printed as a skip is
+        self.events.append({"event": "teacher_trim", "phase": self.phase, **event})
 
     # ---- checkpoints ----------------------------------------------------------------------------------------
     def calls(self) -> int:
@@ -599,7 +612,7 @@ class MasaSearch:
 
 def search_log(state: dict) -> list[dict]:
     """The search log of a search's JSON state: every candidate (reward, parent, phase, tree node, teacher
-    attribution, accepted, metrics) in creation order, then the events (teacher skips, budget stop)."""
+    attribution, accepted, metrics) in creation order, then the events (teacher skips and trims, budget stop)."""
     keys = ("id", "phase", "task_type", "parent", "iteration", "node", "reward", "accepted", "attribution", "metrics",
             "skills")
     return ([{"kind": "candidate", **{k: x[k] for k in keys}, "gate": x.get("gate")}
@@ -617,10 +630,10 @@ def summarize_model(teacher, card: ModelCard, target, tasks: list, config: MasaC
     by_id = {t.id: t for t in tasks}
     successes = [episode_record(by_id.get(tr.task_id), tr) for tr in trajectories if tr.success][:3]
     failures = failure_records(tasks, trajectories, config.max_failures)
-    result = ask_teacher(teacher, strengths_messages(card, failures, successes, stats), parse_strengths,
-                         what="model summary", retries=config.teacher_retries, temperature=config.teacher_temperature,
-                         max_tokens=config.teacher_max_tokens, seed=teacher_seed(config.seed, "summary"),
-                         on_skip=on_skip)
+    result = ask_fitting(ask_teacher, teacher, partial(strengths_messages, card, failures, successes, stats),
+                         parse_strengths, what="model summary", retries=config.teacher_retries,
+                         temperature=config.teacher_temperature, max_tokens=config.teacher_max_tokens,
+                         seed=teacher_seed(config.seed, "summary"), on_skip=on_skip)
     if result is None:
         return card
     return replace(card, strengths=result["strengths"] or card.strengths,

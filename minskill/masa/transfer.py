@@ -85,7 +85,7 @@ from minskill.cli import LABELLED_EXTRA_BODY_HELP, QUANTIZE_CHOICES, add_device_
 from minskill.nn.weights import DEFAULT_MODEL, load_model
 from minskill.retrieval import (RetrievalError, add_retrieval_args, check_retrieval_args, retriever_from_args,
                                 with_retrieval)
-from minskill.rollout import load_skills, run_rollouts, summarize
+from minskill.rollout import fit_to_suite, load_skills, run_rollouts, summarize
 from minskill.runs import check_run_folder, given_flags, open_run_folder, resume_flags
 from minskill.serve.client import ChatError
 from minskill.serve.server import embedded_client
@@ -196,7 +196,7 @@ def load_library(text: str, suite: str) -> Library:
     if spec.lower() in ("builtin", "base", "none"):
         kind = "none" if spec.lower() == "none" else "builtin"
         try:
-            skills = load_skills("none" if kind == "none" else "base", suite_name(suite))
+            skills = load_skills("none" if kind == "none" else "base", suite)
         except FileNotFoundError:
             raise TransferError(f"--libraries {text!r}: the suite {suite!r} has no built-in base skills; "
                                 f"give a folder or .json") from None
@@ -207,7 +207,7 @@ def load_library(text: str, suite: str) -> Library:
     if path.is_file() and path.suffix.lower() != ".json":
         raise TransferError(f"--libraries {text!r}: expected an Agent Skills folder or a MASA .json file")
     try:
-        skills = SkillSet.load(path)
+        skills = fit_to_suite(SkillSet.load(path), suite, f"--libraries {text!r}")
     except (SkillFormatError, ValueError, OSError) as e:
         raise TransferError(f"--libraries {text!r}: not a skill library ({e})") from None
     name = path.parent.name if path.stem == "library" and path.parent.name else path.stem

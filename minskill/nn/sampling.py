@@ -8,6 +8,8 @@ then all samples decode one token per step. At each step a sample with temperatu
 
 T = 0 takes argmax(logits). The reported log-probability of the chosen token is always the unrestricted
 log_softmax(logits / T)[token] (T = 0 counts as 1): exactly what completion_logprobs() recomputes for training.
+top_logprobs = k > 0 (a server's logprobs) also keeps, for each token, the k most likely tokens of that same
+unrestricted distribution with their log-probs (one torch.topk per step, only while some row asks for it).
 A draw uses one uniform u from the sample's own torch.Generator (seeded from the request seed and the
 sample's index): token = first index whose cumulative probability exceeds u, so a seeded request gives the
 same tokens whatever else shares the batch.
@@ -48,6 +50,7 @@ class Sample:
     logprobs: list[float]        # log_softmax(logits / T) of each token in token_ids
     text: str                    # decoded without the stop token, cut at the first stop string
     finish_reason: str           # "stop" | "length" | "cancelled"
+    top_logprobs: list[list[tuple[int, float]]] | None = None   # per token: the k most likely (id, log-prob)
 
 
 def _per_prompt(value, n_prompts: int, name: str, is_scalar) -> list:
@@ -115,8 +118,9 @@ def _filtered_choice(probs, top_k, top_p, u, total, check_cover=True):
 
 
 def _sample_step(logits, temperature, top_k, top_p, plan: "_Plan", u=None):
-    """logits (R, V) float32 -> (tokens (R,), logprobs (R,)); per-row parameters are (R,) tensors, u (R,) the
-    rows' uniforms (None when every row is greedy: `plan`, worked out on the host, says which rows draw).
+    """logits (R, V) float32 -> (tokens (R,), their logprobs (R,), all logprobs (R, V)); per-row parameters are
+    (R,) tensors, u (R,) the rows' uniforms (None when every row is greedy: `plan`, worked out on the host, says
+    which rows draw).
 
     Which path a row takes depends only on its own parameters, so its draw never depends on its companions.
     """
@@ -133,7 +137,7 @@ def _sample_step(logits, temperature, top_k, top_p, plan: "_Plan", u=None):
             choice[rows] = _filtered_choice(probs[rows], top_k[rows], top_p[rows], u[rows], cdf[rows, -1],
                                             plan.check_cover)
         tokens = torch.where(greedy, tokens, choice)
-    return tokens, logprobs.gather(1, tokens[:, None]).squeeze(1)
+    return tokens, logprobs.gather(1, tokens[:, None]).squeeze(1), logprobs
 
 
 @dataclass
@@ -161,10 +165,11 @@ class _Options:
     stop_strings: list[tuple[str, ...]]
     stop_token_ids: set[int]
     on_token: object = None          # on_token(row, token_id) as each token is chosen: a server streams replies
+    top_logprobs: list[int] = None   # per prompt: how many most likely tokens to keep per token (0: none)
 
 
 def _options(prompts, n, max_new_tokens, temperature, top_k, top_p, seed, stop_token_ids, stop_strings,
-             tokenizer, on_token=None) -> _Options:
+             tokenizer, on_token=None, top_logprobs=0) -> _Options:
     P = len(prompts)
     if not isinstance(n, int) or n < 1:
         raise ValueError(f"generate: n must be a positive int, got {n!r}")
@@ -178,7 +183,8 @@ def _options(prompts, n, max_new_tokens, temperature, top_k, top_p, seed, stop_t
         max_new_tokens=_per_prompt(max_new_tokens, P, "max_new_tokens", lambda v: isinstance(v, int) and v >= 0),
         seed=_per_prompt(seed, P, "seed", lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool))),
         stop_strings=[_stop_list(v) for v in _per_prompt(stop_strings, P, "stop_strings", _is_stop_list)],
-        stop_token_ids=set(int(t) for t in stop_token_ids), on_token=on_token)
+        stop_token_ids=set(int(t) for t in stop_token_ids), on_token=on_token,
+        top_logprobs=_per_prompt(top_logprobs, P, "top_logprobs", lambda v: isinstance(v, int) and v >= 0))
     for name, vals, ok in (("temperature", opts.temperature, lambda v: v >= 0),
                            ("top_p", opts.top_p, lambda v: 0 < v <= 1)):
         if not all(ok(v) for v in vals):
@@ -223,16 +229,20 @@ class _Rows:
     tokens: list[list[int]]
     logprobs: list[list[float]]
     finish: list[str]
+    top: list[list[list[tuple[int, float]]]] = None   # per row, per token: (id, log-prob) of the most likely
 
     @classmethod
     def start(cls, n_prompts: int, n: int) -> "_Rows":
         R = n_prompts * n
-        return cls([r // n for r in range(R)], [[] for _ in range(R)], [[] for _ in range(R)], ["length"] * R)
+        return cls([r // n for r in range(R)], [[] for _ in range(R)], [[] for _ in range(R)], ["length"] * R,
+                   [[] for _ in range(R)])
 
-    def append_block(self, active, tokens, logprobs, opts: _Options, tokenizer) -> list[int]:
-        """A block's tokens (steps × rows of `active`, as host lists), step by step: a row's tokens after it
-        stopped are dropped. Returns the rows that go on decoding."""
-        still = active
+    def append_block(self, active, block: "_Block", opts: _Options, tokenizer) -> list[int]:
+        """A block's tokens (steps × rows of `active`), step by step: a row's tokens after it stopped are
+        dropped. Returns the rows that go on decoding."""
+        tokens, logprobs, still = block.tokens.tolist(), block.logprobs.tolist(), active
+        if block.top_ids is not None:
+            self._append_top(active, block, opts)
         for step_tokens, step_logprobs in zip(tokens, logprobs):
             alive = set(still)
             keep = [i for i, r in enumerate(active) if r in alive]
@@ -241,6 +251,15 @@ class _Rows:
             if not still:
                 break
         return still
+
+    def _append_top(self, active, block: "_Block", opts: _Options):
+        """Each row's k most likely tokens of every step of the block (append_block then drops what comes
+        after a row stopped: cut here to the tokens it keeps)."""
+        ids, values = block.top_ids.tolist(), block.top_logprobs.tolist()
+        for i, r in enumerate(active):
+            k = opts.top_logprobs[self.prompt[r]]
+            if k:
+                self.top[r] += [list(zip(ids[s][i][:k], values[s][i][:k])) for s in range(len(ids))]
 
     def append(self, active, tokens, logprobs, opts: _Options, tokenizer) -> list[int]:
         """Add this step's token to each active row; returns the rows that go on decoding."""
@@ -266,8 +285,9 @@ class _Rows:
             text = tokenizer.decode(tokens[:-1] if ended_by_token else tokens)
             cut = _cut_at_stop(text, opts.stop_strings[self.prompt[r]])
             text = text if cut is None else cut
+        top = self.top[r][:len(tokens)] if opts.top_logprobs[self.prompt[r]] else None
         return Sample(prompt_index=self.prompt[r], token_ids=tokens, logprobs=self.logprobs[r], text=text,
-                      finish_reason=self.finish[r])
+                      finish_reason=self.finish[r], top_logprobs=top)
 
 
 def _feed(model, cache, n_cached: int, slots, tokens, pad_id: int):
@@ -278,10 +298,20 @@ def _feed(model, cache, n_cached: int, slots, tokens, pad_id: int):
     return model(step_ids, cache=cache)[:, -1].float()[slots]                       # (fed rows, V)
 
 
+@dataclass
+class _Block:
+    """One decoding block, on the device: the tokens and their log-probs (steps, rows), and, when some row asks
+    for them, each step's `width` most likely tokens and their log-probs (steps, rows, width)."""
+    tokens: torch.Tensor
+    logprobs: torch.Tensor
+    top_ids: torch.Tensor | None = None
+    top_logprobs: torch.Tensor | None = None
+
+
 def _decode_block(model, cache, cache_rows: list[int], logits, active: list[int], steps: int, opts: _Options,
-                  rows: _Rows, generators, pad_id: int):
-    """`steps` tokens for every row of `active`, on the device: (tokens, logprobs), each (steps, rows) on the
-    device. The block's last tokens are not fed yet: the host first says who goes on (_decode_step)."""
+                  rows: _Rows, generators, pad_id: int) -> _Block:
+    """`steps` tokens for every row of `active`, on the device. The block's last tokens are not fed yet: the
+    host first says who goes on (_decode_step)."""
     params = [[getattr(opts, name)[rows.prompt[r]] for r in active] for name in ("temperature", "top_k", "top_p")]
     plan = _Plan.of(*params, device=model.device)
     temp, top_k, top_p = (torch.tensor(v, dtype=d, device=model.device)
@@ -291,14 +321,20 @@ def _decode_block(model, cache, cache_rows: list[int], logits, active: list[int]
         if plan.sampled else None
     slot = {r: i for i, r in enumerate(cache_rows)}
     slots = torch.tensor([slot[r] for r in active], device=model.device)
-    tokens, logprobs = [], []
+    width = max(opts.top_logprobs[rows.prompt[r]] for r in active)
+    tokens, logprobs, top = [], [], []
     for i in range(steps):
-        token, logprob = _sample_step(logits, temp, top_k, top_p, plan, None if u is None else u[i])
+        token, logprob, full = _sample_step(logits, temp, top_k, top_p, plan, None if u is None else u[i])
         tokens.append(token)
         logprobs.append(logprob)
+        if width:
+            top.append(full.topk(min(width, full.shape[1]), dim=-1))
         if i < steps - 1:
             logits = _feed(model, cache, len(cache_rows), slots, token, pad_id)
-    return torch.stack(tokens), torch.stack(logprobs)
+    if not width:
+        return _Block(torch.stack(tokens), torch.stack(logprobs))
+    return _Block(torch.stack(tokens), torch.stack(logprobs), torch.stack([t.indices for t in top]),
+                  torch.stack([t.values for t in top]))
 
 
 def _decode_step(model, cache, cache_rows: list[int], active: list[int], last, still: list[int], pad_id: int):
@@ -320,15 +356,15 @@ def _decode_step(model, cache, cache_rows: list[int], active: list[int], last, s
 @torch.no_grad()
 def generate(model, prompts: list[list[int]], *, n=1, max_new_tokens=128, temperature=1.0, top_k=0,
              top_p=1.0, stop_token_ids=(), stop_strings=(), seed=None, tokenizer=None, pad_id=0,
-             should_stop=None, on_token=None, sync_every=None) -> list[Sample]:
+             should_stop=None, on_token=None, sync_every=None, top_logprobs=0) -> list[Sample]:
     """len(prompts) * n samples, prompt-major (module docstring); parameters may be per-prompt lists. A server's:
     should_stop(prompt_index), asked before each block of decoding steps, ends that prompt's samples early
     (finish_reason "cancelled": its client has gone); on_token(row, token_id) streams. sync_every: tokens per
-    look at the host (default 1 on the CPU, SYNC_EVERY elsewhere); the samples do not depend on it."""
+    look at the host (1 on the CPU, else SYNC_EVERY; the samples do not depend on it); top_logprobs: k (module doc)"""
     if len(prompts) == 0:
         return []
     opts = _options(prompts, n, max_new_tokens, temperature, top_k, top_p, seed, stop_token_ids, stop_strings,
-                    tokenizer, on_token)
+                    tokenizer, on_token, top_logprobs)
     rows = _Rows.start(len(prompts), n)
     generators = _generators(opts.seed, n)
     cache, logits = _prefill(model, prompts, n, pad_id, max(max(opts.max_new_tokens), 1))
@@ -342,11 +378,11 @@ def generate(model, prompts: list[list[int]], *, n=1, max_new_tokens=128, temper
             if not active:
                 break
         steps = min(every, max(opts.max_new_tokens[rows.prompt[r]] - len(rows.tokens[r]) for r in active))
-        tokens, lps = _decode_block(model, cache, cache_rows, logits, active, steps, opts, rows, generators, pad_id)
-        still = rows.append_block(active, tokens.tolist(), lps.tolist(), opts, tokenizer)
+        block = _decode_block(model, cache, cache_rows, logits, active, steps, opts, rows, generators, pad_id)
+        still = rows.append_block(active, block, opts, tokenizer)
         if not still:
             break
-        cache, cache_rows, logits = _decode_step(model, cache, cache_rows, active, tokens[-1], still, pad_id)
+        cache, cache_rows, logits = _decode_step(model, cache, cache_rows, active, block.tokens[-1], still, pad_id)
         active = still
     return [rows.sample(r, opts, tokenizer) for r in range(len(rows.prompt))]
 

@@ -12,7 +12,19 @@ that request only); one that also has `embedding_tokens(text)` and `embed(reques
                     (embeddings from an optional embed_fn(text) -> [float, ...]).
 
 `parse_chat_request(payload, backend)` turns a decoded /v1/chat/completions body into a
-CompletionRequest, or raises BackendError(400/404, ...) naming the field at fault.
+CompletionRequest, `parse_completion_request` a legacy /v1/completions body into one per prompt string, or they
+raise BackendError(400/404, ...) naming the field at fault (minskill.serve.fields: which fields are implemented,
+ignored or refused). Roles: `developer` is read as `system` (OpenAI's newer name for it); an assistant turn's
+`content` may be null or absent (an empty turn, as a client replays a reply); `tool` turns and `tool_calls` are a
+400, as this server implements no tools.
+
+Log-probabilities. `logprobs: true` (chat) or `logprobs: k` (legacy) gives each reply token's log-probability,
+and `top_logprobs: k` (chat; up to MAX_TOP_LOGPROBS) the k most likely tokens at each step: both from
+sampling.generate, of the distribution the token was drawn from before top-k / top-p, log_softmax(logits / T)
+(T = 0 counts as 1). A Choice carries them as TokenLogprobs for the reply's tokens (a stop token that ended the
+reply is not one of them, nor one wholly after a stop string's cut); a token's bytes are its own (byte-level
+BPE: part of a UTF-8 character too), its text those bytes decoded with U+FFFD for a partial character.
+ScriptedBackend has none: such a request is a 400.
 
 Chat template kwargs. `chat_template_kwargs` (an object, as vLLM and SGLang take it) may carry `enable_thinking`
 (true, false or null): true renders a Qwen3 template's reply prompt without the empty `<think>` block, so the
@@ -45,16 +57,19 @@ from pathlib import Path
 from typing import Callable, Protocol
 
 import torch
+from tokenizers.decoders import ByteLevel as ByteLevelDecoder
 
 from minskill.nn.quantize import Int8Linear, apply_quantization
 from minskill.nn.sampling import generate
 from minskill.nn.weights import load_model
 from minskill.serve.embeddings import mean_pooled_embeddings
 from minskill.serve.errors import BackendError, bad_request, check_body_and_model
+from minskill.serve.fields import CHAT_FIELDS, COMPLETION_FIELDS, check_fields
 
 MAX_N = 16                        # most choices one request may ask for
 MAX_STOP_STRINGS = 16
-ROLES = ("system", "user", "assistant")
+MAX_TOP_LOGPROBS = 20             # most alternatives per token (OpenAI's limit)
+ROLES = ("system", "developer", "user", "assistant")
 
 
 # ---- what backends see and return -----------------------------------------------------------------
@@ -76,6 +91,19 @@ class CompletionRequest:
     enable_thinking: bool = False  # chat_template_kwargs.enable_thinking (module docstring)
     include_usage: bool = False   # stream_options.include_usage: a last chunk with the usage
     on_text: Callable[[int, str], None] | None = field(default=None, repr=False, compare=False)
+    top_k: int = 0                # 0: no top-k restriction
+    logprobs: bool = False        # give each reply token's log-prob (module docstring)
+    top_logprobs: int = 0         # ... and the k most likely tokens at each step
+    prompt: str | None = None     # a legacy /v1/completions prompt, sent as it is (messages then empty)
+
+
+@dataclass
+class TokenLogprob:
+    """One token of a reply: its text, its bytes, its log-prob, and the most likely tokens at its step."""
+    token: str
+    token_bytes: bytes
+    logprob: float
+    top: list["TokenLogprob"] = field(default_factory=list)
 
 
 @dataclass
@@ -84,6 +112,7 @@ class Choice:
     finish_reason: str            # "stop" | "length"
     completion_tokens: int        # generated tokens, counting the stop token that ended the reply
     reasoning: str | None = None  # sent as message.reasoning_content, as vLLM's --reasoning-parser does (scripted)
+    logprobs: list[TokenLogprob] | None = None   # when the request asks for them
 
 
 class Backend(Protocol):
@@ -91,6 +120,8 @@ class Backend(Protocol):
     max_context: int
 
     def count_prompt_tokens(self, messages: list[dict], enable_thinking: bool = False) -> int: ...
+
+    def count_text_tokens(self, prompt: str) -> int: ...   # a legacy /v1/completions prompt
 
     def complete(self, requests: list[CompletionRequest]) -> list[list[Choice]]: ...
 
@@ -105,7 +136,8 @@ class ScriptedBackend:
     Tokens are whitespace-separated words: prompt_tokens = words in all message contents,
     completion_tokens = words in the reply. A reply is cut at the first stop string
     (finish_reason "stop") and after max_tokens words (finish_reason "length").
-    `request.sample_index` tells fn which of the n choices it is producing. fn may return (reasoning, text):
+    `request.sample_index` tells fn which of the n choices it is producing; a legacy /v1/completions prompt
+    reaches fn as one user message (request.prompt holds it too). fn may return (reasoning, text):
     the reply then carries the reasoning apart, as `message.reasoning_content` (a reasoning model behind vLLM
     with --reasoning-parser; not streamed), uncounted.
     With `embed_fn(text) -> [float, ...]` it serves /v1/embeddings too (vectors as fn gives them);
@@ -118,6 +150,9 @@ class ScriptedBackend:
 
     def count_prompt_tokens(self, messages, enable_thinking: bool = False):
         return sum(len(message["content"].split()) for message in messages)
+
+    def count_text_tokens(self, prompt: str) -> int:
+        return len(prompt.split())
 
     def _choice(self, reply, request) -> Choice:
         reasoning, text = reply if isinstance(reply, tuple) and len(reply) == 2 else (None, reply)
@@ -134,8 +169,14 @@ class ScriptedBackend:
     def complete(self, requests):
         results = []
         for request in requests:
+            if request.logprobs:
+                results.append(BackendError(400, f"the model {self.name!r} (a ScriptedBackend) has no "
+                                                 "log-probabilities", "invalid_request_error", None, "logprobs"))
+                continue
             try:
-                choices = [self._choice(self.fn(request.messages, replace(request, sample_index=j)), request)
+                messages = request.messages if request.prompt is None else \
+                    [{"role": "user", "content": request.prompt}]   # a legacy prompt: as one user turn
+                choices = [self._choice(self.fn(messages, replace(request, sample_index=j)), request)
                            for j in range(request.n)]
             except Exception as error:  # one failing script fails its own request, not the batch
                 results.append(error)
@@ -179,6 +220,19 @@ class ModelBackend:
         return len(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True,
                                                       enable_thinking=enable_thinking))
 
+    def count_text_tokens(self, prompt: str) -> int:
+        return len(self._text_prompt(prompt))
+
+    def _text_prompt(self, prompt: str) -> list[int]:
+        """A legacy prompt's tokens as HF and vLLM encode it: special-token text as its ids, and what the
+        tokenizer's post-processor adds (Llama 3's BOS)."""
+        return self.tokenizer.backend.encode(prompt, add_special_tokens=True).ids
+
+    def _prompt(self, request: CompletionRequest) -> list[int]:
+        if request.prompt is not None:
+            return self._text_prompt(request.prompt)
+        return self.tokenizer.apply_chat_template(request.messages, enable_thinking=request.enable_thinking)
+
     def embedding_tokens(self, text: str) -> list[int]:
         """The text's tokens as plain characters (no chat template, no BOS): what its embedding pools."""
         return self.tokenizer.encode(text, special_tokens=False)
@@ -210,17 +264,58 @@ class ModelBackend:
             for n, indices in by_n.items():
                 group = [requests[i] for i in indices]
                 samples = generate(
-                    self.model, [self.tokenizer.apply_chat_template(r.messages, enable_thinking=r.enable_thinking)
-                                 for r in group], n=n,
+                    self.model, [self._prompt(r) for r in group], n=n,
                     should_stop=lambda k, group=group: group[k].cancelled.is_set(),
                     max_new_tokens=[r.max_tokens for r in group], temperature=[r.temperature for r in group],
-                    top_p=[r.top_p for r in group], stop_strings=[list(r.stop) for r in group],
+                    top_p=[r.top_p for r in group], top_k=[r.top_k for r in group],
+                    stop_strings=[list(r.stop) for r in group],
                     seed=[r.seed for r in group], stop_token_ids=self.tokenizer.stop_token_ids,
                     tokenizer=self.tokenizer, pad_id=self.tokenizer.pad_token_id,
-                    on_token=self._streams(group, n))
+                    on_token=self._streams(group, n), top_logprobs=[r.top_logprobs for r in group])
                 for k, i in enumerate(indices):  # samples are prompt-major: prompt k owns k*n .. k*n+n-1
-                    results[i] = [Choice(s.text, s.finish_reason, len(s.token_ids)) for s in samples[k * n:(k + 1) * n]]
+                    results[i] = [Choice(s.text, s.finish_reason, len(s.token_ids),
+                                         logprobs=self._logprobs(s) if group[k].logprobs else None)
+                                  for s in samples[k * n:(k + 1) * n]]
         return results
+
+    def _logprobs(self, sample) -> list[TokenLogprob]:
+        """The sample's tokens with their log-probs and alternatives, less a stop token that ended it, or the
+        tokens wholly after the cut of a stop string that ended it (kept: the fewest tokens whose text starts
+        with the reply's, as a token may hold part of a character)."""
+        ids, added = sample.token_ids, self.tokenizer.backend.get_added_tokens_decoder()
+        top = sample.top_logprobs or [[] for _ in ids]
+        tokens = [TokenLogprob(*self._piece(t, added), lp,
+                               [TokenLogprob(*self._piece(a, added), alp) for a, alp in alts])
+                  for t, lp, alts in zip(ids, sample.logprobs, top)]
+        if sample.finish_reason != "stop":
+            return tokens
+        if ids[-1] in self.tokenizer.stop_token_ids:
+            return tokens[:-1]
+        kept = len(tokens)   # ended by a stop string: drop the tokens the text does not need
+        while kept and self.tokenizer.decode(ids[:kept - 1]).startswith(sample.text):
+            kept -= 1
+        return tokens[:kept]
+
+    def _piece(self, token: int, added_tokens: dict) -> tuple[str, bytes]:
+        """(text, bytes) of one token: byte-level BPE's vocabulary entry mapped back to its bytes (part of a
+        UTF-8 character, maybe), an added token's own text; another tokenizer's decoded text."""
+        backend = self.tokenizer.backend
+        added = added_tokens.get(token)
+        if added is not None or not isinstance(backend.decoder, ByteLevelDecoder):
+            raw = (added.content if added is not None else self.tokenizer.decode([token])).encode()
+        else:
+            raw = bytes(_BYTE_OF_CHAR[c] for c in backend.id_to_token(token))
+        return raw.decode("utf-8", "replace"), raw
+
+
+def _byte_of_char() -> dict[str, int]:
+    """GPT-2's byte-level alphabet, inverted: the vocabulary's character for each byte -> the byte."""
+    kept = [*range(ord("!"), ord("~") + 1), *range(ord("\xa1"), ord("\xac") + 1), *range(ord("\xae"), 256)]
+    moved = [b for b in range(256) if b not in kept]
+    return {**{chr(b): b for b in kept}, **{chr(256 + i): b for i, b in enumerate(moved)}}
+
+
+_BYTE_OF_CHAR = _byte_of_char()
 
 
 class _TextStream:
@@ -317,6 +412,10 @@ def _stream_options(payload) -> tuple[bool, bool]:
     if include_usage is not None and not isinstance(include_usage, bool):
         raise bad_request(f"'stream_options.include_usage' must be true or false, got {include_usage!r:.100}",
                            "stream_options.include_usage")
+    for key, value in options.items():   # include_obfuscation only pads chunks: ignored; vLLM's per-chunk usage: no
+        if key not in ("include_usage", "include_obfuscation") and value not in (None, False):
+            raise bad_request(f"'stream_options.{key}' = {value!r:.100} is not implemented by this server "
+                              f"(it reads include_usage)", f"stream_options.{key}", "unsupported_field")
     return True, bool(include_usage)
 
 
@@ -335,31 +434,100 @@ def _enable_thinking(payload) -> bool:
     return bool(thinking)
 
 
-def parse_chat_request(payload, backend: Backend) -> CompletionRequest:
-    """Validate a decoded /v1/chat/completions body; raise BackendError(400, ...) naming the problem."""
-    check_body_and_model(payload, backend)
+def _messages(payload) -> list[dict]:
+    """The chat's messages as {"role", "content": str}: developer read as system, an assistant's null content as ""."""
     messages = payload.get("messages")
     if not isinstance(messages, list) or not messages:
         raise bad_request("'messages' must be a non-empty list of {'role', 'content'} objects", "messages")
+    out = []
     for i, message in enumerate(messages):
         if not isinstance(message, dict):
             raise bad_request(f"messages[{i}] must be an object, got {type(message).__name__}", f"messages[{i}]")
-        if message.get("role") not in ROLES:
-            raise bad_request(f"messages[{i}].role must be one of {', '.join(ROLES)}, got {message.get('role')!r}",
-                               f"messages[{i}].role")
-        if "content" not in message:
-            raise bad_request(f"messages[{i}].content must be a string or a list of text parts, got nothing",
-                               f"messages[{i}].content")
-    messages = [{"role": m["role"], "content": _content_text(m["content"], i)} for i, m in enumerate(messages)]
-    stream, include_usage = _stream_options(payload)
+        role = message.get("role")
+        if role in ("tool", "function"):
+            raise bad_request(f"messages[{i}] is a {role!r} turn: this server implements no tools (tools, "
+                              f"tool_calls and tool turns are refused)", f"messages[{i}].role", "unsupported_field")
+        if role not in ROLES:
+            raise bad_request(f"messages[{i}].role must be one of {', '.join(ROLES)}, got {role!r}",
+                              f"messages[{i}].role")
+        for key in ("tool_calls", "function_call"):
+            if message.get(key):
+                raise bad_request(f"messages[{i}].{key}: this server implements no tools", f"messages[{i}].{key}",
+                                  "unsupported_field")
+        content = message.get("content")
+        if content is None and role == "assistant":   # a reply replayed as the client got it (tool_calls aside)
+            content = ""
+        elif content is None:
+            raise bad_request(f"messages[{i}].content must be a string or a list of text parts, got "
+                              f"{'null' if 'content' in message else 'nothing'}", f"messages[{i}].content")
+        out.append({"role": "system" if role == "developer" else role, "content": _content_text(content, i)})
+    return out
+
+
+def _chat_logprobs(payload) -> tuple[bool, int]:
+    """(logprobs, top_logprobs) of a chat request: a boolean, and 0..MAX_TOP_LOGPROBS only with logprobs true."""
+    logprobs = payload.get("logprobs")
+    if logprobs is not None and not isinstance(logprobs, bool):
+        raise bad_request(f"'logprobs' must be true or false, got {logprobs!r:.100}", "logprobs")
+    top = _integer(payload, "top_logprobs", 0, 0, MAX_TOP_LOGPROBS)
+    if top and not logprobs:
+        raise bad_request("'top_logprobs' needs 'logprobs': true", "top_logprobs")
+    return bool(logprobs), top
+
+
+def parse_chat_request(payload, backend: Backend) -> CompletionRequest:
+    """Validate a decoded /v1/chat/completions body; raise BackendError(400, ...) naming the problem."""
+    check_body_and_model(payload, backend)
+    check_fields(payload, CHAT_FIELDS, "/v1/chat/completions")
+    messages = _messages(payload)
     thinking = _enable_thinking(payload)
+    logprobs, top_logprobs = _chat_logprobs(payload)
+    try:
+        prompt_tokens = backend.count_prompt_tokens(messages, **({"enable_thinking": True} if thinking else {}))
+    except (ValueError, KeyError) as error:  # e.g. a chat template that refuses this message order
+        raise bad_request(f"cannot format these messages for the model: {error}", "messages")
+    key = "max_tokens" if payload.get("max_tokens") is not None else "max_completion_tokens"
+    return _request(payload, backend, prompt_tokens, "messages", key, None, messages=messages,
+                    enable_thinking=thinking, logprobs=logprobs, top_logprobs=top_logprobs)
+
+
+def parse_completion_request(payload, backend: Backend) -> list[CompletionRequest]:
+    """Validate a legacy /v1/completions body: one CompletionRequest per prompt string (served in one batch;
+    choice i * n + j of the reply is sample j of prompt i). max_tokens defaults to 16, as OpenAI's and vLLM's."""
+    check_body_and_model(payload, backend)
+    check_fields(payload, COMPLETION_FIELDS, "/v1/completions")
+    prompt = payload.get("prompt")
+    prompts = [prompt] if isinstance(prompt, str) else prompt
+    if not isinstance(prompts, list) or not prompts or not all(isinstance(p, str) for p in prompts) \
+            or len(prompts) > MAX_N:
+        raise bad_request(f"'prompt' must be a string or a list of 1 to {MAX_N} strings (token ids are not "
+                          f"implemented), got {prompt!r:.100}", "prompt")
+    top = _integer(payload, "logprobs", None, 0, MAX_TOP_LOGPROBS) if payload.get("logprobs") is not None else None
+    requests = []
+    for i, text in enumerate(prompts):
+        where = "prompt" if isinstance(prompt, str) else f"prompt[{i}]"
+        prompt_tokens = backend.count_text_tokens(text)
+        if prompt_tokens == 0:
+            raise bad_request(f"{where} is empty: the model needs at least one prompt token", where)
+        requests.append(_request(payload, backend, prompt_tokens, where, "max_tokens", 16, messages=[],
+                                 prompt=text, logprobs=top is not None, top_logprobs=top or 0))
+    if sum(r.n for r in requests) > MAX_N:
+        raise bad_request(f"{len(prompts)} prompts × n = {requests[0].n} choices: at most {MAX_N}", "n")
+    return requests
+
+
+def _request(payload, backend: Backend, prompt_tokens: int, where: str, max_key: str, max_default,
+             **fields) -> CompletionRequest:
+    """The sampling fields both endpoints read, checked; max_tokens clamped to the room the prompt leaves."""
+    stream, include_usage = _stream_options(payload)
     temperature = _number(payload, "temperature", 1.0, 0.0, 2.0)
     top_p = _number(payload, "top_p", 1.0, 0.0, 1.0, low_open=True)
+    top_k = _integer(payload, "top_k", 0, -1, 2**31 - 1)       # vLLM's: -1 and 0 mean no top-k
     n = _integer(payload, "n", 1, 1, MAX_N)
     seed = _integer(payload, "seed", None, -2**63, 2**64 - 1) if payload.get("seed") is not None else None
-    key = "max_tokens" if payload.get("max_tokens") is not None else "max_completion_tokens"
     context = backend.max_context
-    max_tokens = _integer(payload, key, None, 1, context) if payload.get(key) is not None else None
+    max_tokens = _integer(payload, max_key, max_default, 1, context) \
+        if payload.get(max_key, max_default) is not None else None
 
     stop = payload.get("stop")
     stop = [] if stop is None else [stop] if isinstance(stop, str) else stop
@@ -367,14 +535,10 @@ def parse_chat_request(payload, backend: Backend) -> CompletionRequest:
             or not all(isinstance(s, str) and s for s in stop)):
         raise bad_request(f"'stop' must be a non-empty string or a list of at most {MAX_STOP_STRINGS} "
                            f"non-empty strings, got {payload.get('stop')!r:.200}", "stop")
-
-    try:
-        prompt_tokens = backend.count_prompt_tokens(messages, **({"enable_thinking": True} if thinking else {}))
-    except (ValueError, KeyError) as error:  # e.g. a chat template that refuses this message order
-        raise bad_request(f"cannot format these messages for the model: {error}", "messages")
     if prompt_tokens >= context:
         raise bad_request(f"the prompt has {prompt_tokens} tokens but the model's context is {context} tokens "
-                           f"(and the reply needs at least one)", "messages", "context_length_exceeded")
+                           f"(and the reply needs at least one)", where, "context_length_exceeded")
     room = context - prompt_tokens
-    return CompletionRequest(messages, n, temperature, top_p, min(max_tokens or room, room), stop, seed,
-                             prompt_tokens, stream=stream, include_usage=include_usage, enable_thinking=thinking)
+    return CompletionRequest(n=n, temperature=temperature, top_p=top_p, max_tokens=min(max_tokens or room, room),
+                             stop=stop, seed=seed, prompt_tokens=prompt_tokens, stream=stream,
+                             include_usage=include_usage, top_k=max(top_k, 0), **fields)

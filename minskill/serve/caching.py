@@ -42,18 +42,23 @@ class BudgetExhausted(RuntimeError):
 
 
 class CallBudget:
-    """Counts model calls (target calls that miss the cache, and teacher calls) against a limit."""
+    """Counts model calls (target calls that miss the cache, and teacher calls) against a limit. `spent` is the
+    whole run's (a resumed run passes what its earlier sessions spent); `spent_this_session` this process's."""
 
     def __init__(self, max_calls: int | None = None, spent: int = 0):
         if max_calls is not None and max_calls < 0:
             raise ValueError(f"max_calls must be >= 0 or None, got {max_calls}")
-        self.max_calls, self.spent = max_calls, spent
+        self.max_calls, self.spent, self.spent_before = max_calls, spent, spent
         self.refusals = 0  # charges refused so far (a rollout compares it before and after)
         self._lock = threading.Lock()
 
     @property
     def exhausted(self) -> bool:
         return self.refusals > 0
+
+    @property
+    def spent_this_session(self) -> int:
+        return self.spent - self.spent_before
 
     def charge(self, calls: int) -> None:
         """Reserve `calls` calls, or raise BudgetExhausted (and count the refusal) when they do not fit."""

@@ -5,9 +5,12 @@
                               [--log-requests]
                               [--request-timeout 30] [--max-connections 256]
 
-Endpoints: `GET /health`, `GET /v1/models`, `POST /v1/chat/completions` (messages, n, temperature,
-top_p, max_tokens, stop, seed, stream, stream_options, chat_template_kwargs: its enable_thinking, for Qwen3
-templates, as vLLM honours it; minskill.serve.backends), `POST /v1/embeddings` (input, encoding_format).
+Endpoints: `GET /health`, `GET /v1/models`, `GET /v1/models/{id}`, `POST /v1/chat/completions` (messages,
+n, temperature, top_p, top_k, max_tokens, stop, seed, stream, stream_options, logprobs, top_logprobs,
+chat_template_kwargs: its enable_thinking, for Qwen3 templates, as vLLM honours it; minskill.serve.backends),
+legacy `POST /v1/completions` (prompt: a string or a list of strings, text in and out, batched alike),
+`POST /v1/embeddings` (input, encoding_format). Any other field that would change what is sampled or returned is
+a 400 naming it, never ignored (minskill.serve.fields lists them). A body may be chunked (minskill.serve.http_body).
 Replies have OpenAI's shape, so the official client, curl and minskill.serve.client.ChatClient all work against
 it. Standard library only for HTTP (http.server). A message's content may be a string or a list of text
 parts (joined with "\n"; minskill.serve.backends). `"stream": true` is answered with server-sent events, token by
@@ -48,8 +51,9 @@ Limits. With context length C and a prompt of P tokens: P < C is required; max_t
 max_tokens the reply may use all C - P remaining positions.
 
 Backends (minskill.serve.backends). The HTTP layer talks to any object with `name`, `max_context`,
-`count_prompt_tokens(messages)` and `complete(requests)`: ModelBackend (a minskill model, optionally with
-int8 weights, `--quantize int8`) or ScriptedBackend, which puts a scripted model behind real HTTP in tests:
+`count_prompt_tokens(messages)`, `count_text_tokens(prompt)` (legacy completions) and `complete(requests)`:
+ModelBackend (a minskill model, optionally with int8 weights, `--quantize int8`) or ScriptedBackend, which puts
+a scripted model behind real HTTP in tests:
 
     with start_server(ScriptedBackend(lambda messages, request: "42")) as server:
         client = server.client()      # a ChatClient for server.url
@@ -80,13 +84,12 @@ import tempfile
 import threading
 import time
 import traceback
-import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Callable
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 import requests
 import torch
@@ -94,10 +97,12 @@ import torch
 from minskill.cli import add_device_args, is_cuda, set_up_device
 from minskill.nn.quantize import QUANTIZE_CHOICES
 from minskill.serve.backends import (Backend, Choice, ClientGone, CompletionRequest, ModelBackend,  # noqa: F401
-                                     ScriptedBackend, parse_chat_request)
-from minskill.serve.client import ChatClient, lone_surrogate_at
+                                     ScriptedBackend, parse_chat_request, parse_completion_request)
+from minskill.serve.bodies import chat_reply, completion_reply
+from minskill.serve.client import ChatClient
 from minskill.serve.embeddings import EmbeddingRequest, embeddings_reply, parse_embeddings_request
 from minskill.serve.errors import BackendError, bad_request
+from minskill.serve.http_body import decode_json, read_body
 from minskill.serve.sse import stream_chat
 
 DEFAULT_MAX_BODY_BYTES = 8 << 20  # 8 MiB of JSON is far more than any prompt a model here can read
@@ -138,12 +143,19 @@ class BatchScheduler:
         self.thread.start()
 
     def submit(self, request: CompletionRequest | EmbeddingRequest, client_gone: Callable[[], bool] | None = None,
-               poll: float = 0.5):
-        """Queue a request and block until its batch is done; raise ClientGone once client_gone() is true."""
+               poll: float = 0.5, wait: bool = True):
+        """Queue a request and block until its batch is done; raise ClientGone once client_gone() is true.
+        wait=False: only queue it, and return the job for wait()."""
         job = self.enqueue(request)
+        return self.wait(job, client_gone, poll) if wait else job
+
+    def wait(self, job: _Job, client_gone: Callable[[], bool] | None = None, poll: float = 0.5, others=()):
+        """The job's result once its batch is done (its error raised); ClientGone, every job of `others`
+        cancelled with it, once client_gone() is true."""
         while not job.done.wait(None if client_gone is None else poll):
             if client_gone():
-                self.cancel(job)
+                for other in {job, *others}:
+                    self.cancel(other)
                 raise ClientGone()
         if job.error is not None:
             raise job.error
@@ -254,7 +266,8 @@ class BatchScheduler:
 
 # ---- HTTP layer -----------------------------------------------------------------------------------
 ROUTES = {"/health": ("GET",), "/v1/models": ("GET",), "/v1/chat/completions": ("POST",),
-          "/v1/embeddings": ("POST",)}
+          "/v1/completions": ("POST",), "/v1/embeddings": ("POST",)}
+MODEL_PATH = "/v1/models/"   # GET /v1/models/{id}: the id may hold slashes ("Qwen/Qwen3-0.6B"), %-escaped or not
 
 
 class _DeadlineReader(io.RawIOBase):
@@ -353,7 +366,7 @@ class _Handler(BaseHTTPRequestHandler):
                 path = urlsplit(self.path).path.rstrip("/") or "/"
             except ValueError as error:  # e.g. "http://[::1/v1/models"
                 raise bad_request(f"cannot parse the request target {self.path!r:.200}: {error}") from None
-            allowed = ROUTES.get(path)
+            allowed = ROUTES.get(path) or (("GET",) if path.startswith(MODEL_PATH) else None)
             if allowed is None:
                 raise BackendError(404, f"no such endpoint: {method} {path}; this server has "
                                         f"{', '.join(f'{m} {p}' for p, ms in ROUTES.items() for m in ms)}",
@@ -370,6 +383,10 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._send_json(200, {"object": "list", "data": [{
                     "id": state.backend.name, "object": "model", "created": state.created, "owned_by": "minskill",
                     "max_model_len": state.backend.max_context}]})
+            if path.startswith(MODEL_PATH):
+                return self._model(state, unquote(path[len(MODEL_PATH):]))
+            if path == "/v1/completions":
+                return self._completions(state)
             if path == "/v1/embeddings":
                 request = parse_embeddings_request(self._read_json(state), state.backend)
                 vectors = state.scheduler.submit(request, client_gone=self._client_gone)
@@ -389,35 +406,8 @@ class _Handler(BaseHTTPRequestHandler):
         return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), api_key.encode())
 
     def _read_json(self, state: "ServerState"):
-        length = self.headers.get("Content-Length")
-        if length is None:
-            raise BackendError(411, "a Content-Length header is required", "invalid_request_error",
-                               "length_required")
-        if not re.fullmatch("[0-9]{1,18}", length):  # (str.isdigit() and int() also take '²' and '٣')
-            raise bad_request(f"bad Content-Length header {length!r:.50}: want a decimal byte count")
-        if int(length) > state.max_body_bytes:
-            raise BackendError(413, f"the request body has {int(length)} bytes; the limit is {state.max_body_bytes}",
-                               "invalid_request_error", "request_too_large")
-        try:
-            raw = self.rfile.read(int(length))
-        except TimeoutError:
-            raise BackendError(408, f"the request body did not arrive within {state.request_timeout} s",
-                               "invalid_request_error", "request_timeout") from None
-        except ConnectionError:
-            raise ClientGone() from None
-        if len(raw) < int(length):  # the client half-closed early: what came is no request, even if it parses
-            raise bad_request(f"the request body ended after {len(raw)} of the {int(length)} bytes its "
-                               "Content-Length announces")
-        try:
-            payload = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError) as error:
-            raise bad_request(f"the request body is not valid JSON: {error}") from None
-        except RecursionError:
-            raise bad_request("the request body is nested too deeply to decode") from None
-        if (where := lone_surrogate_at(payload)) is not None:
-            raise bad_request(f"{where} has a lone surrogate (a \\ud800-\\udfff escape without its pair): "
-                               f"strings must be Unicode text", where)
-        return payload
+        """The request's JSON payload: its body by Content-Length or chunked (minskill.serve.http_body)."""
+        return decode_json(read_body(self.rfile, self.headers, state.max_body_bytes, state.request_timeout))
 
     def _client_gone(self) -> bool:
         """True once the client has closed the connection: it is readable and a peek reads end-of-file."""
@@ -430,23 +420,31 @@ class _Handler(BaseHTTPRequestHandler):
     def _chat_completions(self, state: "ServerState"):
         request = parse_chat_request(self._read_json(state), state.backend)
         if request.stream:
-            return stream_chat(self, state.scheduler, request, state.backend.name)
+            return stream_chat(self, state.scheduler, [request], state.backend.name)
         choices = state.scheduler.submit(request, client_gone=self._client_gone)
-        completion_tokens = sum(choice.completion_tokens for choice in choices)
-        self._send_json(200, {
-            "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
-            "model": state.backend.name,
-            "choices": [{"index": i, "message": {"role": "assistant", "content": choice.text,
-                                                 **_reasoning_field(choice)},
-                         "logprobs": None, "finish_reason": choice.finish_reason} for i, choice in enumerate(choices)],
-            "usage": {"prompt_tokens": request.prompt_tokens, "completion_tokens": completion_tokens,
-                      "total_tokens": request.prompt_tokens + completion_tokens}})
+        self._send_json(200, chat_reply(request, choices, state.backend.name))
 
+    def _completions(self, state: "ServerState"):
+        """Legacy /v1/completions: its prompts queued together, so they share a batch as chat requests do."""
+        requests = parse_completion_request(self._read_json(state), state.backend)
+        if requests[0].stream:
+            return stream_chat(self, state.scheduler, requests, state.backend.name, legacy=True)
+        jobs = [state.scheduler.submit(r, client_gone=self._client_gone, wait=False) for r in requests]
+        try:
+            results = [state.scheduler.wait(job, client_gone=self._client_gone, others=jobs) for job in jobs]
+        except BackendError:     # one prompt failed: the reply is that error, so the others need not run
+            for job in jobs:
+                state.scheduler.cancel(job)
+            raise
+        self._send_json(200, completion_reply(requests, results, state.backend.name))
 
-def _reasoning_field(choice) -> dict:
-    """{"reasoning_content": ...} for a choice with its reasoning apart (ScriptedBackend's (reasoning, text))."""
-    reasoning = getattr(choice, "reasoning", None)
-    return {} if reasoning is None else {"reasoning_content": reasoning}
+    def _model(self, state: "ServerState", model_id: str):
+        """GET /v1/models/{id}: the served model, or 404 naming the unknown id."""
+        if model_id != state.backend.name:
+            raise BackendError(404, f"the model {model_id!r} does not exist: this server serves "
+                                    f"{state.backend.name!r}", "invalid_request_error", "model_not_found", "model")
+        self._send_json(200, {"id": state.backend.name, "object": "model", "created": state.created,
+                              "owned_by": "minskill", "max_model_len": state.backend.max_context})
 
 
 @dataclass

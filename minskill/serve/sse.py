@@ -11,7 +11,12 @@ One HTTP/1.1 response (Content-Type text/event-stream, chunked, so the connectio
 
 (with stream_options.include_usage every other chunk carries "usage": null, as OpenAI's do). The deltas are
 what the backend reports while it generates (minskill.serve.backends: per decoded token for a model); when the
-reply is done, what they held back is sent, so the deltas of choice j add up to its full text.
+reply is done, what they held back is sent, so the deltas of choice j add up to its full text. With `logprobs`,
+a choice's log-probs (minskill.serve.bodies' shape) all come in the chunk that carries that rest (its content
+maybe ""), just before its finish_reason: concatenated over the chunks, as clients do, they are the reply's.
+
+Legacy /v1/completions streams the same way, as "text_completion" chunks: choices [{"index", "text", "logprobs",
+"finish_reason"}] (no role chunk), one request per prompt, the choices of prompt i numbered i * n + j.
 
 The response starts with the first event. A request that fails before that (e.g. a backend's 503)
 gets its ordinary status and OpenAI's error body, so clients can retry as usual; one that fails later gets
@@ -29,15 +34,18 @@ import traceback
 import uuid
 
 from minskill.serve.backends import ClientGone, CompletionRequest
+from minskill.serve.bodies import chat_logprobs, completion_logprobs, usage
 from minskill.serve.errors import BackendError
 
 
 class _EventStream:
     """The SSE response of one request, on the handler's connection; it starts with the first event."""
 
-    def __init__(self, handler, request: CompletionRequest, model: str):
-        self.handler, self.request, self.started = handler, request, False
-        self.head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion.chunk",
+    def __init__(self, handler, requests: list[CompletionRequest], model: str, legacy: bool = False):
+        self.handler, self.requests, self.legacy, self.started = handler, requests, legacy, False
+        self.include_usage = requests[0].include_usage
+        self.head = {"id": f"{'cmpl' if legacy else 'chatcmpl'}-{uuid.uuid4().hex}",
+                     "object": "text_completion" if legacy else "chat.completion.chunk",
                      "created": int(time.time()), "model": model}
 
     def _write(self, data: bytes):
@@ -60,28 +68,28 @@ class _EventStream:
         handler.send_header("Cache-Control", "no-cache")
         handler.send_header("Transfer-Encoding", "chunked")
         handler.end_headers()
-        for j in range(self.request.n):
+        for j in range(0 if self.legacy else sum(r.n for r in self.requests)):
             self.chunk(j, {"role": "assistant", "content": ""})
 
-    def chunk(self, j: int, delta: dict, finish_reason: str | None = None):
-        body = {**self.head, "choices": [{"index": j, "delta": delta, "logprobs": None,
-                                          "finish_reason": finish_reason}]}
-        if self.request.include_usage:
+    def chunk(self, j: int, delta: dict, finish_reason: str | None = None, logprobs=None):
+        choice = {"index": j, "text": delta.get("content", "")} if self.legacy else {"index": j, "delta": delta}
+        body = {**self.head, "choices": [{**choice, "logprobs": logprobs, "finish_reason": finish_reason}]}
+        if self.include_usage:
             body["usage"] = None
         self._event(body)
 
     def finish(self, choices, sent: list[str]):
-        """The held-back rest of each choice, its finish reason, the usage if asked for, then [DONE]."""
+        """The held-back rest of each choice (with its log-probs), its finish reason, the usage if asked for,
+        then [DONE]."""
         for j, choice in enumerate(choices):
             rest = choice.text[len(sent[j]):] if choice.text.startswith(sent[j]) else ""
-            if rest:
-                self.chunk(j, {"content": rest})
+            logprobs = (completion_logprobs if self.legacy else chat_logprobs)(choice.logprobs)
+            if rest or logprobs is not None:
+                self.chunk(j, {"content": rest}, logprobs=logprobs)
             self.chunk(j, {}, choice.finish_reason)
-        if self.request.include_usage:
-            completion = sum(choice.completion_tokens for choice in choices)
-            prompt = self.request.prompt_tokens
-            self._event({**self.head, "choices": [], "usage": {
-                "prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}})
+        if self.include_usage:
+            self._event({**self.head, "choices": [], "usage": usage(
+                sum(r.prompt_tokens for r in self.requests), sum(choice.completion_tokens for choice in choices))})
         self._event(b"[DONE]")
         self._write(b"")                 # the last, empty chunk ends the response
 
@@ -96,23 +104,29 @@ class _EventStream:
         self.handler.close_connection = True
 
 
-def stream_chat(handler, scheduler, request: CompletionRequest, model: str, poll: float = 0.5) -> None:
-    """Serve a validated streaming request on `handler` (minskill.serve.server's): queue it, send its deltas as
-    they come, finish the stream. Raises ClientGone (request cancelled) when the client has gone, and the
-    request's own error if it fails before anything was sent."""
+def stream_chat(handler, scheduler, requests: list[CompletionRequest], model: str, poll: float = 0.5,
+                legacy: bool = False) -> None:
+    """Serve validated streaming requests (a chat request, or a legacy request's prompts) on `handler`
+    (minskill.serve.server's) as one stream: queue them, send their deltas as they come, finish the stream.
+    Raises ClientGone (requests cancelled) when the client has gone, and a request's own error if one fails
+    before anything was sent."""
     events: queue.Queue = queue.Queue()
-    request.on_text = lambda j, text: events.put((j, text))
-    job = scheduler.enqueue(request, events)
-    out, sent = _EventStream(handler, request, model), [""] * request.n
+    first = 0
+    for request in requests:    # choice j of request k is choice first_k + j of the stream
+        request.on_text = lambda j, text, first=first: events.put((first + j, text))
+        first += request.n
+    jobs = [scheduler.enqueue(request, events) for request in requests]
+    out, sent, running = _EventStream(handler, requests, model, legacy), [""] * first, len(jobs)
     checked = time.monotonic()
     try:
-        while True:
+        while running:
             try:
                 item = events.get(timeout=poll)
             except queue.Empty:
                 item = ()
-            if item is None:                # the scheduler is done with this job
-                break
+            if item is None:                # the scheduler is done with one job
+                running -= 1
+                continue
             if time.monotonic() - checked >= poll:   # (a busy stream is checked as often as an idle one)
                 if handler._client_gone():
                     raise ClientGone()
@@ -121,15 +135,17 @@ def stream_chat(handler, scheduler, request: CompletionRequest, model: str, poll
                 j, text = item
                 out.chunk(j, {"content": text})
                 sent[j] += text
-        if job.error is None:
-            out.finish(job.result, sent)
+        error = next((job.error for job in jobs if job.error is not None), None)
+        if error is None:
+            out.finish([choice for job in jobs for choice in job.result], sent)
     except (ClientGone, OSError):      # closed, reset, or a write that timed out: nobody reads this any more
-        scheduler.cancel(job)
+        for job in jobs:
+            scheduler.cancel(job)
         raise ClientGone() from None
-    if job.error is not None:
+    if error is not None:
         if not out.started:
-            raise job.error             # nothing sent yet: the handler answers with the error's status
+            raise error                 # nothing sent yet: the handler answers with the error's status
         try:
-            out.fail(job.error)
+            out.fail(error)
         except OSError:
             handler.close_connection = True

@@ -11,27 +11,39 @@ Generated suites depend only on (split, seed, n); train and held-out are disjoin
 `make_env(task)` is a fresh environment of a multi-turn task (ENVIRONMENTS: its class by env_spec["kind"]).
 `oracle_actions(task)` returns a scripted solution of a multi-turn task (used by tests to prove that
 every generated task is solvable); it is never shown to a model.
+`suite_types(name)` are a suite's task types; `skill_key_type(key, types)` the type a skill library's
+task-specific key holds skills for (the key itself, or a type it is another name of: household.TYPE_NAMES).
 """
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
-from .base import NOTHING_HAPPENS, SPLITS, Environment, Task, check_split, normalize_action, split_of
-from .household import HouseholdEnv, generate_household
+from .base import NOTHING_HAPPENS, SPLITS, Environment, Task, TaskWarning, check_split, normalize_action, split_of
+from .household import TASK_TYPES as HOUSEHOLD_TYPES
+from .household import TYPE_NAMES, HouseholdEnv, generate_household
 from .household import oracle_actions as household_oracle
-from .qa import generate_qa, load_jsonl
-from .verifiers import exact_match, extract_final_number, final_answer_match, gaia_match, numeric_match, verify
-from .webwalk import WebWalkEnv, generate_webwalk
+from .qa import GAIA_PROMPT, GAIA_TYPES, generate_qa, load_jsonl
+from .qa import TASK_TYPES as QA_TYPES
+from .verifiers import (exact_match, extract_final_number, final_answer_match, gaia_final_answer, gaia_match,
+                        numeric_match, verify)
+from .webwalk import LEVELS, WebWalkEnv, generate_webwalk
 from .webwalk import oracle_actions as webwalk_oracle
 
 __all__ = ["Task", "Environment", "HouseholdEnv", "WebWalkEnv", "NOTHING_HAPPENS", "SPLITS", "SUITES",
            "BASE_SKILLS_DIR", "ENVIRONMENTS", "load_suite", "make_env", "oracle_actions", "task_types", "gaia_match",
-           "exact_match", "numeric_match", "final_answer_match", "extract_final_number", "verify", "normalize_action",
-           "split_of"]
+           "gaia_final_answer", "GAIA_PROMPT", "exact_match", "numeric_match", "final_answer_match",
+           "extract_final_number", "verify", "normalize_action", "split_of", "TaskWarning", "SUITE_TYPES",
+           "suite_types", "skill_key_type", "is_task_file"]
 
 # The hand-written base skills of each built-in suite: BASE_SKILLS_DIR/<suite>/ (Agent Skills skill sets).
 BASE_SKILLS_DIR = Path(__file__).parent / "base_skills"
 SUITES = {"qa": generate_qa, "household": generate_household, "webwalk": generate_webwalk}
+# The task types of each built-in suite and of GAIA's files ("level1".."level3"): BASE_SKILLS_DIR/<name>/
+# holds base skills for them.
+SUITE_TYPES = {"qa": QA_TYPES, "household": HOUSEHOLD_TYPES, "webwalk": LEVELS, "gaia": GAIA_TYPES}
+# each name of a type, with its other names (a skill library may key a type by any of them)
+_SAME_TYPE = [(t,) + names for t, names in TYPE_NAMES.items()]
 # The environment class of each kind of multi-turn task (Task.env_spec["kind"]).
 ENVIRONMENTS = {"household": HouseholdEnv, "webwalk": WebWalkEnv}
 
@@ -45,7 +57,7 @@ def load_suite(name: str, split: str = "train", seed: int = 0, n: int | None = N
     """
     if n is not None and n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
-    if path is not None or str(name).endswith(".jsonl"):
+    if path is not None or is_task_file(name):
         file = Path(path if path is not None else name)
         if path is not None and name not in ("qa", str(path)):
             raise ValueError(f"a JSONL file holds qa tasks; got suite {name!r} with path={path}")
@@ -80,3 +92,28 @@ def oracle_actions(task: Task) -> list[str]:
 def task_types(tasks: list[Task]) -> list[str]:
     """The task types of a list of tasks, in order of first appearance."""
     return list(dict.fromkeys(t.type for t in tasks))
+
+
+def is_task_file(suite: str) -> bool:
+    """Whether `suite` names a JSONL task file (else a built-in suite)."""
+    return str(suite).endswith(".jsonl")
+
+
+def suite_types(name: str) -> list[str]:
+    """The task types of a suite: a built-in suite's, or those of every task of a JSONL file (both splits)."""
+    if not is_task_file(name) and name in SUITES:
+        return list(SUITE_TYPES[name])
+    with warnings.catch_warnings():   # (a missing task file was named when the suite's tasks were loaded)
+        warnings.simplefilter("ignore", TaskWarning)
+        return task_types(load_suite(name, split="all"))
+
+
+def skill_key_type(key: str, types) -> str | None:
+    """The task type among `types` whose skills a library's task-specific `key` holds: the key itself, else
+    the type of `types` it is another name of (household.TYPE_NAMES); None when it holds none of them."""
+    if key in types:
+        return key
+    for names in _SAME_TYPE:
+        if key in names:
+            return next((t for t in names if t in types), None)
+    return None

@@ -24,6 +24,10 @@ SPLITS = ("train", "heldout")
 HELDOUT_PERCENT = 50
 
 
+class TaskWarning(UserWarning):
+    """Something of a suite that a run goes on without: a task's missing file, skills for no task type of it."""
+
+
 def stable_hash(text: str) -> int:
     """A hash that is the same in every process (Python's hash() of str is salted per process)."""
     return int(hashlib.sha256(text.encode("utf-8")).hexdigest()[:12], 16)
@@ -95,6 +99,8 @@ class Task:
     max_steps: int = 1
     env_spec: dict = field(default_factory=dict)   # JSON-able: everything make_env needs; or choices
     metadata: dict = field(default_factory=dict)   # suite, split, level, source line, ...
+    prompt: str = ""              # what the task model is shown, when not `question` (a JSONL task's GAIA prompt
+                                  # and file: qa.task_prompt); retrieval, teachers and editors quote `question`
 
     def score(self, reply: str) -> float:
         """1.0 when the reply is right according to this task's verifier, else 0.0."""

@@ -16,6 +16,10 @@ The six ALFWorld task types and their success conditions (checked after every st
     pick_cool_then_place    a cool O is in/on an R          (cool O with fridge)
     pick_two_obj            two Os are in/on Rs
 
+The types keep the names of the first release (task ids and base-skill folders are made from them);
+TYPE_NAMES lists ALFWorld's own names of them (pick_two_obj_and_place, pick_clean_then_place_in_recep, ...)
+and MASA's library keys (clean, heat, cool, examine), read as these types wherever skills are looked up.
+
 An action that cannot be carried out (unknown verb or name, not here, closed, hands full, ...) returns
 exactly "Nothing happens." and is counted in `env.nothing_happens`; look, inventory and examine only
 report. Tasks are generated from a seed; their split is decided by the goal (type, object, receptacle),
@@ -31,6 +35,16 @@ from .base import (NOTHING_HAPPENS, Environment, Task, check_split, counts_per_t
 
 TASK_TYPES = ("pick_and_place", "look_at_obj_in_light", "pick_clean_then_place", "pick_heat_then_place",
               "pick_cool_then_place", "pick_two_obj")
+# Other names of the six types: ALFWorld's own (its game folders) and the keys of MASA's ALFWorld skill
+# libraries. A library keyed by one of them is read as keyed by this suite's type (tasks.skill_key_type).
+TYPE_NAMES = {
+    "pick_and_place": ("pick_and_place_simple",),
+    "look_at_obj_in_light": ("examine",),
+    "pick_clean_then_place": ("pick_clean_then_place_in_recep", "clean"),
+    "pick_heat_then_place": ("pick_heat_then_place_in_recep", "heat"),
+    "pick_cool_then_place": ("pick_cool_then_place_in_recep", "cool"),
+    "pick_two_obj": ("pick_two_obj_and_place",),
+}
 DEFAULT_PER_TYPE = 10
 MAX_STEPS = 30
 ACTION_SYNTAX = ("go to X", "open X", "close X", "take X from Y", "put X in/on Y", "heat X with Y",

@@ -20,24 +20,49 @@ table (conversion), or a way to find the right fact (lookup). Measured (greedy, 
 Train and held-out sets are disjoint by problem key (see base.py); arithmetic (155 problems) and
 conversion (225) are small spaces, so `n` per type is capped by what the split holds.
 
-JSONL. One JSON object a line, either GAIA's format {"task_id", "Question", "Final answer", "Level"}
-(scored by `gaia_match`, type "level<Level>") or {"question", "answer", "type"?, "id"?, "verifier"?,
-"split"?}. Lines without an explicit split are assigned by a stable hash of their id. The file is UTF-8
-(a byte order mark is allowed). A malformed line (bad UTF-8 or JSON, missing fields, a type that cannot
-name a skill folder: see base.check_task_type) raises ValueError naming the file and line number, and a
-file holding no task raises ValueError naming the file.
+JSONL. One JSON object a line, either GAIA's metadata.jsonl format {"task_id", "Question", "Level",
+"Final answer", "file_name"?, "Annotator Metadata"?} (verifier "gaia", type "level<Level>") or {"question",
+"answer", "type"?, "id"?, "verifier"?, "split"?, "file_name"?}. Lines without an explicit split are
+assigned by a stable hash of their id. The file is UTF-8 (a byte order mark is allowed). A malformed line
+(bad UTF-8 or JSON, missing fields, a type that cannot name a skill folder: see base.check_task_type, a
+`file_name` outside the file's folder) raises ValueError naming the file and line number, and a file
+holding no task raises ValueError naming the file.
+
+The prompt of a JSONL task (`Task.prompt`, what the task model is shown; `Task.question` stays the question,
+which retrieval, MASA's teacher and Skill-R1's editor quote), as GAIA runs it:
+* a task of the `gaia` verifier starts with GAIA's published system prompt (GAIA_PROMPT: "... finish your
+  answer with the following template: FINAL ANSWER: [YOUR FINAL ANSWER] ..."), then the question;
+* a `file_name` is read from beside the JSONL (a path that resolves outside its folder is refused): a text
+  file (UTF-8, no NUL byte) is put into the prompt, its first `file_chars` characters (default FILE_CHARS);
+  any other file is named with its size; a missing file is named as not available, with a TaskWarning
+  naming the line and the task.
+A task with neither (a plain line, another verifier, no file) has no prompt of its own: its question is it.
 """
 from __future__ import annotations
 
+import codecs
 import json
+import warnings
 from pathlib import Path
 
-from .base import (Task, check_split, check_task_type, counts_per_type, interleave, rng_for, split_of, stable_hash,
-                   task_id)
+from .base import (Task, TaskWarning, check_split, check_task_type, counts_per_type, interleave, rng_for, split_of,
+                   stable_hash, task_id)
 from .verifiers import VERIFIERS
 
 TASK_TYPES = ("counting", "lookup", "arithmetic", "conversion")
 DEFAULT_PER_TYPE = 50
+# The task types of GAIA's metadata.jsonl ("level<Level>"): base_skills/gaia/ holds their base skills.
+GAIA_TYPES = ("level1", "level2", "level3")
+# GAIA's system prompt, as published with the benchmark (paper, Figure 2; the leaderboard).
+GAIA_PROMPT = ("You are a general AI assistant. I will ask you a question. Report your thoughts, and finish your "
+               "answer with the following template: FINAL ANSWER: [YOUR FINAL ANSWER]. YOUR FINAL ANSWER should be "
+               "a number OR as few words as possible OR a comma separated list of numbers and/or strings. If you "
+               "are asked for a number, don't use comma to write your number neither use units such as $ or "
+               "percent sign unless specified otherwise. If you are asked for a string, don't use articles, "
+               "neither abbreviations (e.g. for cities), and write the digits in plain text unless specified "
+               "otherwise. If you are asked for a comma separated list, apply the above rules depending of "
+               "whether the element to be put in the list is a number or a string.")
+FILE_CHARS = 8000   # characters of a task's text file put into its prompt (~2,000 tokens)
 
 # --------------------------------------------------------------------------- generated problems
 
@@ -181,9 +206,10 @@ def _generate_type(task_type: str, split: str, seed: int, count: int) -> list[Ta
 
 # --------------------------------------------------------------------------- JSONL
 
-def load_jsonl(path: str | Path, split: str = "all", seed: int = 0, n: int | None = None) -> list[Task]:
+def load_jsonl(path: str | Path, split: str = "all", seed: int = 0, n: int | None = None,
+               file_chars: int = FILE_CHARS) -> list[Task]:
     """Tasks from a JSONL file in GAIA's or the plain {question, answer, type} format (see the module
-    docstring for what is an error)."""
+    docstring for their prompts and for what is an error)."""
     check_split(split)
     path = Path(path)
     if not path.is_file():
@@ -201,6 +227,8 @@ def load_jsonl(path: str | Path, split: str = "all", seed: int = 0, n: int | Non
                              f"about 1,000 levels)") from None
         task = _task_from_record(record, where)
         check_task_type(task.type, where)  # now, not after a whole search when its skills are saved
+        prompt = task_prompt(task, path.parent, where, file_chars)
+        task.prompt = prompt if prompt != task.question else ""
         if task.id in seen_ids:
             raise ValueError(f"{where}: duplicate task id {task.id!r}")
         seen_ids.add(task.id)
@@ -255,8 +283,7 @@ def _task_from_record(record, where: str) -> Task:
         identifier = _text_field(record, "task_id", where, required=False) or f"gaia-{stable_hash(question):012x}"
         level = _text_field(record, "Level", where, required=False) or "unknown"
         metadata = {"level": level}
-        if record.get("file_name"):
-            metadata["file_name"] = str(record["file_name"])
+        _file_name(record, metadata, where)
         return Task(id=identifier, type=f"level{level}", question=question, answer=answer,
                     verifier="gaia", metadata=metadata)
     if "question" in record:
@@ -268,6 +295,7 @@ def _task_from_record(record, where: str) -> Task:
         if verifier not in VERIFIERS:
             raise ValueError(f"{where}: unknown verifier {verifier!r}; known: {', '.join(sorted(VERIFIERS))}")
         metadata = {}
+        _file_name(record, metadata, where)
         split = record.get("split")
         if split is not None:
             if split not in ("train", "heldout"):
@@ -283,3 +311,62 @@ def _task_from_record(record, where: str) -> Task:
                     env_spec=env_spec, metadata=metadata)
     raise ValueError(f"{where}: a task needs 'question' and 'answer' (or GAIA's 'Question' and "
                      f"'Final answer'); found keys {sorted(record)[:8]}")
+
+
+def _file_name(record: dict, metadata: dict, where: str) -> None:
+    name = _text_field(record, "file_name", where, required=False)
+    if name and name.strip():
+        metadata["file_name"] = name
+
+
+# --------------------------------------------------------------------------- task prompts (GAIA's way)
+
+def task_prompt(task: Task, folder: Path, where: str, file_chars: int = FILE_CHARS) -> str:
+    """The prompt of a JSONL task: GAIA's system prompt for the gaia verifier, the question, its file."""
+    parts = [GAIA_PROMPT] if task.verifier == "gaia" else []
+    parts.append(task.question)
+    if task.metadata.get("file_name"):
+        parts.append(_attachment(task.metadata["file_name"], folder, where, task.id, file_chars))
+    return "\n\n".join(parts)
+
+
+def _file_beside(name: str, folder: Path, where: str) -> Path:
+    """The file `name` names inside `folder`; ValueError when it would lie outside (the name is untrusted)."""
+    root = folder.resolve()
+    file = (root / name).resolve() if "\x00" not in name and not Path(name).is_absolute() else None
+    if file is None or file == root or not file.is_relative_to(root):
+        raise ValueError(f"{where}: file_name {name!r} is not a file inside the task file's folder {folder} "
+                         f"(a task's file lies beside the JSONL, or in a folder below it)")
+    return file
+
+
+def _read_text(file: Path, max_chars: int) -> tuple[str, bool] | None:
+    """(its first max_chars characters, whether there is more) when the file is UTF-8 text without a NUL
+    byte as far as read; None otherwise."""
+    with open(file, "rb") as f:
+        raw, more = f.read(4 * max_chars + 4), bool(f.read(1))   # (a character is at most 4 bytes)
+    if b"\x00" in raw:
+        return None
+    try:
+        text = codecs.getincrementaldecoder("utf-8")().decode(raw.removeprefix(b"\xef\xbb\xbf"), final=not more)
+    except UnicodeDecodeError:
+        return None
+    return text[:max_chars], more or len(text) > max_chars
+
+
+def _attachment(name: str, folder: Path, where: str, identifier: str, max_chars: int) -> str:
+    """The prompt's part about a task's file (see the module docstring)."""
+    file = _file_beside(name, folder, where)
+    if not file.is_file():
+        warnings.warn(f"{where}: task {identifier}: its file {name!r} is not in {folder}; the task runs without it",
+                      TaskWarning)
+        return f"(The question comes with a file, {name}, which is not available.)"
+    try:
+        text = _read_text(file, max_chars)
+    except OSError as error:   # (unreadable: permissions, a special file)
+        raise ValueError(f"{where}: file_name {name!r}: cannot be read ({error.strerror or error})") from None
+    if text is None:
+        return f"Attached file: {name} ({file.stat().st_size:,} bytes; not a text file, so not shown here)."
+    body, cut = text
+    note = f"\n(The first {max_chars:,} characters of the file.)" if cut else ""
+    return f"Attached file: {name}\n```\n{body.rstrip(chr(10))}\n```{note}"

@@ -1,7 +1,9 @@
 """Answer verifiers: turn (model reply, reference answer) into a 0/1 reward.
 
 * `gaia_match` — GAIA's official quasi-exact-match scorer (`question_scorer` of the GAIA leaderboard's
-  `scorer.py`), reproduced branch for branch, without its prints and warnings:
+  `scorer.py`), reproduced branch for branch, without its prints and warnings. The `gaia` verifier scores
+  `gaia_final_answer(reply)` with it: the text after the last "FINAL ANSWER:" (GAIA's answer template;
+  any case, surrounding whitespace dropped), or the whole reply when it holds none. The scorer's rules:
     - the ground truth parses as a float  -> number: drop `$`, `%`, `,` from the prediction, parse it as a
       float (a failed parse is +inf, i.e. wrong) and compare with `==`;
     - else the ground truth contains `,` or `;` -> list: split both on `,`/`;`; different lengths are wrong;
@@ -25,8 +27,8 @@ from __future__ import annotations
 import re
 import string
 
-__all__ = ["gaia_match", "exact_match", "normalize_answer", "numeric_match", "extract_final_number",
-           "extract_numbers", "final_answer_match", "contains_match", "VERIFIERS", "verify"]
+__all__ = ["gaia_match", "gaia_final_answer", "exact_match", "normalize_answer", "numeric_match",
+           "extract_final_number", "extract_numbers", "final_answer_match", "contains_match", "VERIFIERS", "verify"]
 
 
 # --------------------------------------------------------------------------- GAIA quasi exact match
@@ -82,6 +84,16 @@ def gaia_match(prediction: str | None, ground_truth: str) -> bool:
                                    == _gaia_normalize_str(gt_elem, remove_punct=False))
         return all(comparisons)
     return _gaia_normalize_str(prediction) == _gaia_normalize_str(ground_truth)
+
+
+_GAIA_TEMPLATE = re.compile(r"FINAL ANSWER\s*:", re.I)
+
+
+def gaia_final_answer(reply: str) -> str:
+    """What GAIA scores of a reply: the text after its last "FINAL ANSWER:" (GAIA's system prompt asks the
+    model to finish with "FINAL ANSWER: [YOUR FINAL ANSWER]"), stripped; the whole reply when there is none."""
+    matches = list(_GAIA_TEMPLATE.finditer(reply))
+    return (reply[matches[-1].end():] if matches else reply).strip()
 
 
 # --------------------------------------------------------------------------- SQuAD / Search-R1 exact match
@@ -194,7 +206,7 @@ def final_answer_match(prediction: str, answer: str, choices: list[str] | None =
 # --------------------------------------------------------------------------- dispatch by name
 
 VERIFIERS = {
-    "gaia": lambda reply, answer, spec: gaia_match(reply, answer),
+    "gaia": lambda reply, answer, spec: gaia_match(gaia_final_answer(reply), answer),
     "exact": lambda reply, answer, spec: exact_match(reply, answer),
     "numeric": lambda reply, answer, spec: numeric_match(reply, answer),
     "contains": lambda reply, answer, spec: contains_match(reply, answer),
