@@ -97,13 +97,12 @@ import torch
 from minskill.cli import add_device_args, is_cuda, set_up_device
 from minskill.nn.quantize import QUANTIZE_CHOICES
 from minskill.serve.backends import (Backend, Choice, ClientGone, CompletionRequest, ModelBackend,  # noqa: F401
-                                     SCHEDULERS, ScriptedBackend, parse_chat_request, parse_completion_request)
+                                     ScriptedBackend, parse_chat_request, parse_completion_request)
 from minskill.serve.bodies import chat_reply, completion_reply
 from minskill.serve.client import ChatClient
 from minskill.serve.embeddings import EmbeddingRequest, embeddings_reply, parse_embeddings_request
 from minskill.serve.errors import BackendError, bad_request
 from minskill.serve.http_body import decode_json, read_body
-from minskill.serve.scheduler import run_continuous
 from minskill.serve.sse import stream_chat
 
 DEFAULT_MAX_BODY_BYTES = 8 << 20  # 8 MiB of JSON is far more than any prompt a model here can read
@@ -219,21 +218,7 @@ class BatchScheduler:
             job.error = error
         job.done.set()
 
-    def finish(self, job: _Job, result):
-        """Give the job its result (an exception fails it) and wake its handler."""
-        if isinstance(result, BaseException):
-            job.error = result
-        elif not isinstance(result, list) or len(result) != job.request.n:
-            job.error = RuntimeError(f"backend returned {result!r:.100} for a request with n={job.request.n}")
-        else:
-            job.result = result
-        job.done.set()
-        if job.events is not None:
-            job.events.put(None)
-
     def _run(self):
-        if getattr(self.backend, "scheduler", "static") == "continuous":
-            return run_continuous(self)   # requests join and leave at each decoding step (serve.scheduler)
         while (batch := self._next_batch()) is not None:
             if isinstance(batch[0].request, EmbeddingRequest):
                 self._embed(batch[0])
@@ -249,8 +234,16 @@ class BatchScheduler:
                 results = [error] * len(batch)
             tokens = 0
             for job, result in zip(batch, results):
-                self.finish(job, result)
-                tokens += sum(choice.completion_tokens for choice in job.result or ())
+                if isinstance(result, BaseException):
+                    job.error = result
+                elif not isinstance(result, list) or len(result) != job.request.n:
+                    job.error = RuntimeError(f"backend returned {result!r:.100} for a request with n={job.request.n}")
+                else:
+                    job.result = result
+                    tokens += sum(choice.completion_tokens for choice in result)
+                job.done.set()
+                if job.events is not None:
+                    job.events.put(None)
             self.batches_served += 1
             if self.log_requests:
                 print(f"[minskill.serve] batch of {len(batch)} requests, {sum(r.n for r in requests)} samples, "
@@ -546,8 +539,7 @@ URL_LINE = re.compile(r"(https?://\S+/v1)\s*$")
 
 @contextmanager
 def embedded_client(url=None, model=None, api_key=None, model_spec="smollm2-135m", startup_timeout=600.0,
-                    server_args=(), quantize: str = "none", device: str | None = None, prefix_cache_mb: float = 0,
-                    scheduler: str = "static", **client_kwargs):
+                    server_args=(), quantize: str = "none", device: str | None = None, **client_kwargs):
     """Yield a ChatClient: for `url` if given, else for a fresh local server on `model_spec`.
 
     `model` is the name to ask `url` for; a local server is asked for the one model it serves (its name
@@ -567,8 +559,7 @@ def embedded_client(url=None, model=None, api_key=None, model_spec="smollm2-135m
     env = dict(os.environ, **{API_KEY_ENV: api_key, PARENT_PID_ENV: str(os.getpid())})
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
     command = [sys.executable, "-m", "minskill.serve", "--model", str(model_spec), "--port", "0",
-               "--quantize", quantize, *(("--device", str(device)) if device else ()),
-               "--prefix-cache-mb", str(prefix_cache_mb), "--scheduler", scheduler, *server_args]
+               "--quantize", quantize, *(("--device", str(device)) if device else ()), *server_args]
     with tempfile.TemporaryFile("w+b") as stderr_file:
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr_file, env=env, text=True,
                                    stdin=subprocess.DEVNULL)
@@ -632,10 +623,6 @@ def main(argv=None):
                              "(minskill.nn.quantize; a frozen model only); auto: int8 on a CPU, else none; "
                              "default none")
     add_device_args(parser, bf16=False, what="the served model runs")
-    parser.add_argument("--prefix-cache-mb", type=float, default=0, help="MB of prompt-prefix keys/values kept "
-                        "across requests (0: off; minskill.serve.prefix_cache)")
-    parser.add_argument("--scheduler", choices=SCHEDULERS, default="static", help="static: a batch runs until its "
-                        "longest reply ends; continuous: requests join and leave at each decoding step")
     parser.add_argument("--served-model-name", default=None, help="model id reported to clients")
     parser.add_argument("--log-requests", action="store_true", help="log one line per batch on stderr")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice; "
@@ -649,8 +636,7 @@ def main(argv=None):
     for flag, value, ok in (("--max-batch", args.max_batch, args.max_batch >= 1),
                             ("--threads", args.threads, args.threads is None or args.threads >= 1),
                             ("--request-timeout", args.request_timeout, args.request_timeout > 0),
-                            ("--max-connections", args.max_connections, args.max_connections >= 1),
-                            ("--prefix-cache-mb", args.prefix_cache_mb, args.prefix_cache_mb >= 0)):
+                            ("--max-connections", args.max_connections, args.max_connections >= 1)):
         if not ok:
             parser.error(f"{flag} must be positive, got {value}")
 
@@ -664,8 +650,7 @@ def main(argv=None):
           f"{str(dtype).removeprefix('torch.')} weights", file=sys.stderr, flush=True)
     try:
         backend = ModelBackend.from_spec(args.model, dtype=dtype, device=args.device,
-                                         name=args.served_model_name, quantize=args.quantize,
-                                         prefix_cache_mb=args.prefix_cache_mb, scheduler=args.scheduler)
+                                         name=args.served_model_name, quantize=args.quantize)
     except (ValueError, OSError) as error:
         print(f"minskill.serve: cannot load model {args.model!r}: {error}", file=sys.stderr)
         return 2
