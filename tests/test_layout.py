@@ -22,7 +22,7 @@ LAYERS = [
     ["runs", "retrieval", "rollout"],    # run folders, skill retrieval, rollouts and their rewards
     ["skill_r1", "masa"],                # the two papers
     ["report"],                          # the HTML report of any run folder
-    ["bench"],                           # measurements
+    ["bench", "bench_server"],           # measurements
 ]
 APART = {"skill_r1", "masa"}            # same layer, but neither imports the other
 MAX_FLOORS = 10

@@ -6,8 +6,10 @@ that request only); one that also has `embedding_tokens(text)` and `embed(reques
 (minskill.serve.embeddings):
 
   * ModelBackend    a minskill Transformer + Tokenizer, batched through sampling.generate (optionally
-                    with int8 weights: `from_spec(..., quantize="int8")`, see minskill.nn.quantize);
-                    embeddings: mean-pooled final hidden states;
+                    with int8 weights: `from_spec(..., quantize="int8")`, see minskill.nn.quantize), or, with
+                    prefix_cache_mb > 0 or scheduler="continuous", through the engine of minskill.serve.scheduler
+                    (start / step / in_flight: the server's continuous loop); embeddings: mean-pooled final
+                    hidden states;
   * ScriptedBackend fn(messages, request) -> str; puts a scripted model behind real HTTP in tests
                     (embeddings from an optional embed_fn(text) -> [float, ...]).
 
@@ -65,11 +67,14 @@ from minskill.nn.weights import load_model
 from minskill.serve.embeddings import mean_pooled_embeddings
 from minskill.serve.errors import BackendError, bad_request, check_body_and_model
 from minskill.serve.fields import CHAT_FIELDS, COMPLETION_FIELDS, check_fields
+from minskill.serve.prefix_cache import PrefixCache
+from minskill.serve.scheduler import Engine, sequences_for
 
 MAX_N = 16                        # most choices one request may ask for
 MAX_STOP_STRINGS = 16
 MAX_TOP_LOGPROBS = 20             # most alternatives per token (OpenAI's limit)
 ROLES = ("system", "developer", "user", "assistant")
+SCHEDULERS = ("static", "continuous")   # ModelBackend(scheduler=...), python -m minskill.serve --scheduler
 
 
 # ---- what backends see and return -----------------------------------------------------------------
@@ -201,20 +206,97 @@ class ScriptedBackend:
 class ModelBackend:
     """A minskill Transformer + Tokenizer; a batch is served by sampling.generate (one call per n)."""
 
-    def __init__(self, model, tokenizer, name: str = "minskill"):
-        self.model, self.tokenizer, self.name = model, tokenizer, name
+    def __init__(self, model, tokenizer, name: str = "minskill", prefix_cache_mb: float = 0,
+                 scheduler: str = "static"):
+        """prefix_cache_mb > 0: prompt prefixes' keys/values are kept (minskill.serve.prefix_cache), up to that
+        many MB; scheduler "continuous": the server lets requests join and leave the running batch at each
+        decoding step (minskill.serve.scheduler). With both off (0, "static") a batch is one sampling.generate
+        call per n, as before."""
+        if scheduler not in SCHEDULERS or not prefix_cache_mb >= 0:
+            raise ValueError(f"ModelBackend: scheduler must be one of {SCHEDULERS} and prefix_cache_mb >= 0, got "
+                             f"{scheduler!r}, {prefix_cache_mb!r}")
+        self.model, self.tokenizer, self.name, self.scheduler = model, tokenizer, name, scheduler
         self.max_context = int(model.config.max_position_embeddings)
+        self.prefix_cache = PrefixCache(prefix_cache_mb) if prefix_cache_mb > 0 else None
+        self.engine = Engine(model, tokenizer, None, tokenizer.pad_token_id, self.prefix_cache)
+        self._owners: dict[int, Callable] = {}     # id(sequence) in the engine -> its request's answer()
 
     @classmethod
     def from_spec(cls, spec: str, dtype=None, device=None, name: str | None = None,
-                  quantize: str | None = None) -> "ModelBackend":
+                  quantize: str | None = None, prefix_cache_mb: float = 0, scheduler: str = "static"):
         """Load `spec`; quantize="int8" serves it with int8 weights (minskill.nn.quantize)."""
         model, tokenizer = load_model(spec, dtype=dtype, device=device)
         model.eval()
         apply_quantization(model, quantize)
         # a quantized model answers differently: its default name says so (clients, caches and reports see it)
         suffix = "-int8" if any(isinstance(m, Int8Linear) for m in model.modules()) else ""
-        return cls(model, tokenizer, name or (Path(str(spec).rstrip("/")).name or str(spec)) + suffix)
+        return cls(model, tokenizer, name or (Path(str(spec).rstrip("/")).name or str(spec)) + suffix,
+                   prefix_cache_mb=prefix_cache_mb, scheduler=scheduler)
+
+    # ---- the engine (minskill.serve.scheduler): used when the prefix cache or continuous batching is on
+    def start(self, request: CompletionRequest, on_done: Callable[[list], None]):
+        """Let `request` join the engine's running batch; on_done(choices) once its n samples have ended (or
+        on_done(error) once, from fail_all)."""
+        hook, ended, answered = self._streams([request], request.n), {}, []
+
+        def answer(result):
+            if not answered:
+                answered.append(True)
+                on_done(result)
+
+        def sample_done(j: int, sequence):
+            self._owners.pop(id(sequence), None)
+            ended[j] = sequence.sample(self.engine.stop_token_ids, self.tokenizer)
+            if len(ended) == request.n:
+                answer([self._choice(ended[k], request) for k in range(request.n)])
+        sequences = sequences_for(
+            self._prompt(request), request.n, request.seed, max_new_tokens=request.max_tokens,
+            temperature=request.temperature, top_k=request.top_k, top_p=request.top_p,
+            stop_strings=tuple(request.stop), top_logprobs=request.top_logprobs,
+            should_stop=request.cancelled.is_set)
+        for j, sequence in enumerate(sequences):
+            sequence.on_done = partial(sample_done, j)
+            sequence.on_token = None if hook is None else partial(hook, j)
+            self._owners[id(sequence)] = answer
+        try:
+            with torch.inference_mode():
+                self.engine.add(sequences)
+        except BaseException:
+            for sequence in sequences:
+                self._owners.pop(id(sequence), None)
+            raise
+
+    def step(self):
+        with torch.inference_mode():
+            self.engine.step()
+
+    def in_flight(self) -> int:
+        """Samples in the engine's running batch."""
+        return len(self.engine.rows)
+
+    def fail_all(self, error: BaseException):
+        """The engine failed: every request in it gets `error` (once), the running batch is emptied."""
+        rows, self.engine.rows, self.engine.cache, self.engine.logits = self.engine.rows, [], None, None
+        for sequence in rows:
+            answer = self._owners.pop(id(sequence), None)
+            if answer is not None:
+                answer(error)
+
+    def _complete_with_engine(self, requests):
+        results: list = [None] * len(requests)
+        for i, request in enumerate(requests):
+            self.start(request, partial(results.__setitem__, i))
+        try:
+            while self.engine.rows:
+                self.step()
+        except BaseException as error:
+            self.fail_all(error)
+            raise
+        return results
+
+    def _choice(self, sample, request) -> Choice:
+        return Choice(sample.text, sample.finish_reason, len(sample.token_ids),
+                      logprobs=self._logprobs(sample) if request.logprobs else None)
 
     def count_prompt_tokens(self, messages, enable_thinking: bool = False):
         return len(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True,
@@ -256,6 +338,8 @@ class ModelBackend:
         return on_token
 
     def complete(self, requests):
+        if self.prefix_cache is not None or self.scheduler != "static":
+            return self._complete_with_engine(requests)
         results: list = [None] * len(requests)
         by_n = collections.defaultdict(list)   # generate takes one n per call
         for i, request in enumerate(requests):

@@ -2,7 +2,7 @@
 
     python -m minskill.serve --model SPEC [--host 127.0.0.1] [--port 8000] [--api-key KEY]
                               [--max-batch 16] [--dtype float32|bfloat16] [--quantize none|int8] [--threads N]
-                              [--log-requests]
+                              [--log-requests] [--prefix-cache-mb 0] [--scheduler static|continuous]
                               [--request-timeout 30] [--max-connections 256]
 
 Endpoints: `GET /health`, `GET /v1/models`, `GET /v1/models/{id}`, `POST /v1/chat/completions` (messages,
@@ -39,7 +39,9 @@ scheduler thread repeatedly takes the oldest pending requests, up to `max_batch`
 with per-prompt temperature / top_p / max_tokens / stop / seed. While a batch runs, new requests
 pile up and form the next batch, so throughput grows with concurrency. Prompts are left padded and
 masked, and each seeded prompt draws from its own generator, so a greedy (or seeded) reply does not
-depend on what else shared its batch.
+depend on what else shared its batch. `--scheduler continuous` lets a request join the running batch at the next
+decoding step and a finished one leave at once, `--prefix-cache-mb MB` keeps shared prompt prefixes' keys/values
+(minskill.serve.scheduler, minskill.serve.prefix_cache; both off by default; docs/http-api.md).
 
 Cancellation. A handler thread waiting for its batch checks every 0.5 s whether its client closed the
 connection (a client that timed out does); then the request leaves the queue, or, if its batch is running,
@@ -97,12 +99,13 @@ import torch
 from minskill.cli import add_device_args, is_cuda, set_up_device
 from minskill.nn.quantize import QUANTIZE_CHOICES
 from minskill.serve.backends import (Backend, Choice, ClientGone, CompletionRequest, ModelBackend,  # noqa: F401
-                                     ScriptedBackend, parse_chat_request, parse_completion_request)
+                                     SCHEDULERS, ScriptedBackend, parse_chat_request, parse_completion_request)
 from minskill.serve.bodies import chat_reply, completion_reply
 from minskill.serve.client import ChatClient
 from minskill.serve.embeddings import EmbeddingRequest, embeddings_reply, parse_embeddings_request
 from minskill.serve.errors import BackendError, bad_request
 from minskill.serve.http_body import decode_json, read_body
+from minskill.serve.scheduler import run_continuous
 from minskill.serve.sse import stream_chat
 
 DEFAULT_MAX_BODY_BYTES = 8 << 20  # 8 MiB of JSON is far more than any prompt a model here can read
@@ -218,7 +221,21 @@ class BatchScheduler:
             job.error = error
         job.done.set()
 
+    def finish(self, job: _Job, result):
+        """Give the job its result (an exception fails it) and wake its handler."""
+        if isinstance(result, BaseException):
+            job.error = result
+        elif not isinstance(result, list) or len(result) != job.request.n:
+            job.error = RuntimeError(f"backend returned {result!r:.100} for a request with n={job.request.n}")
+        else:
+            job.result = result
+        job.done.set()
+        if job.events is not None:
+            job.events.put(None)
+
     def _run(self):
+        if getattr(self.backend, "scheduler", "static") == "continuous":
+            return run_continuous(self)   # requests join and leave at each decoding step (serve.scheduler)
         while (batch := self._next_batch()) is not None:
             if isinstance(batch[0].request, EmbeddingRequest):
                 self._embed(batch[0])
@@ -234,16 +251,8 @@ class BatchScheduler:
                 results = [error] * len(batch)
             tokens = 0
             for job, result in zip(batch, results):
-                if isinstance(result, BaseException):
-                    job.error = result
-                elif not isinstance(result, list) or len(result) != job.request.n:
-                    job.error = RuntimeError(f"backend returned {result!r:.100} for a request with n={job.request.n}")
-                else:
-                    job.result = result
-                    tokens += sum(choice.completion_tokens for choice in result)
-                job.done.set()
-                if job.events is not None:
-                    job.events.put(None)
+                self.finish(job, result)
+                tokens += sum(choice.completion_tokens for choice in job.result or ())
             self.batches_served += 1
             if self.log_requests:
                 print(f"[minskill.serve] batch of {len(batch)} requests, {sum(r.n for r in requests)} samples, "
@@ -539,7 +548,8 @@ URL_LINE = re.compile(r"(https?://\S+/v1)\s*$")
 
 @contextmanager
 def embedded_client(url=None, model=None, api_key=None, model_spec="smollm2-135m", startup_timeout=600.0,
-                    server_args=(), quantize: str = "none", device: str | None = None, **client_kwargs):
+                    server_args=(), quantize: str = "none", device: str | None = None, prefix_cache_mb: float = 0,
+                    scheduler: str = "static", **client_kwargs):
     """Yield a ChatClient: for `url` if given, else for a fresh local server on `model_spec`.
 
     `model` is the name to ask `url` for; a local server is asked for the one model it serves (its name
@@ -549,7 +559,8 @@ def embedded_client(url=None, model=None, api_key=None, model_spec="smollm2-135m
     127.0.0.1 (quantize="int8" or "auto": int8 weights, minskill.nn.quantize) with a random API key (passed through the environment); it is terminated when the block
     exits, also on an exception. If it dies or is not healthy within startup_timeout seconds, RuntimeError shows
     the tail of its stderr. The yielded client's `server_process` is the subprocess.Popen. `device`: the server's
-    --device (the script's own, resolved; None: the server's default, auto).
+    --device (the script's own, resolved; None: the server's default, auto). prefix_cache_mb, scheduler: the
+    server's --prefix-cache-mb and --scheduler.
     """
     if url is not None:
         yield ChatClient(url, model=model, api_key=api_key, **client_kwargs)
@@ -559,7 +570,8 @@ def embedded_client(url=None, model=None, api_key=None, model_spec="smollm2-135m
     env = dict(os.environ, **{API_KEY_ENV: api_key, PARENT_PID_ENV: str(os.getpid())})
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
     command = [sys.executable, "-m", "minskill.serve", "--model", str(model_spec), "--port", "0",
-               "--quantize", quantize, *(("--device", str(device)) if device else ()), *server_args]
+               "--quantize", quantize, *(("--device", str(device)) if device else ()),
+               "--prefix-cache-mb", str(prefix_cache_mb), "--scheduler", scheduler, *server_args]
     with tempfile.TemporaryFile("w+b") as stderr_file:
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr_file, env=env, text=True,
                                    stdin=subprocess.DEVNULL)
@@ -623,6 +635,10 @@ def main(argv=None):
                              "(minskill.nn.quantize; a frozen model only); auto: int8 on a CPU, else none; "
                              "default none")
     add_device_args(parser, bf16=False, what="the served model runs")
+    parser.add_argument("--prefix-cache-mb", type=float, default=0, help="MB of prompt-prefix keys/values kept "
+                        "across requests (0: off; minskill.serve.prefix_cache)")
+    parser.add_argument("--scheduler", choices=SCHEDULERS, default="static", help="static: a batch runs until its "
+                        "longest reply ends; continuous: requests join and leave at each decoding step")
     parser.add_argument("--served-model-name", default=None, help="model id reported to clients")
     parser.add_argument("--log-requests", action="store_true", help="log one line per batch on stderr")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice; "
@@ -636,7 +652,8 @@ def main(argv=None):
     for flag, value, ok in (("--max-batch", args.max_batch, args.max_batch >= 1),
                             ("--threads", args.threads, args.threads is None or args.threads >= 1),
                             ("--request-timeout", args.request_timeout, args.request_timeout > 0),
-                            ("--max-connections", args.max_connections, args.max_connections >= 1)):
+                            ("--max-connections", args.max_connections, args.max_connections >= 1),
+                            ("--prefix-cache-mb", args.prefix_cache_mb, args.prefix_cache_mb >= 0)):
         if not ok:
             parser.error(f"{flag} must be positive, got {value}")
 
@@ -650,7 +667,8 @@ def main(argv=None):
           f"{str(dtype).removeprefix('torch.')} weights", file=sys.stderr, flush=True)
     try:
         backend = ModelBackend.from_spec(args.model, dtype=dtype, device=args.device,
-                                         name=args.served_model_name, quantize=args.quantize)
+                                         name=args.served_model_name, quantize=args.quantize,
+                                         prefix_cache_mb=args.prefix_cache_mb, scheduler=args.scheduler)
     except (ValueError, OSError) as error:
         print(f"minskill.serve: cannot load model {args.model!r}: {error}", file=sys.stderr)
         return 2
