@@ -367,7 +367,7 @@ def build_parser() -> argparse.ArgumentParser:
     to.add_argument("--chunk-tokens", type=int, default=d.chunk_tokens, help="logit rows per loss chunk")
     to.add_argument("--eval-every", type=int, default=d.eval_every, help=f"validation loss every N steps (default {d.eval_every})")
     to.add_argument("--save-every", type=int, default=d.save_every, help=f"checkpoint every N steps (default {d.save_every})")
-    to.add_argument("--keep-checkpoints", type=int, default=d.keep_checkpoints, help="checkpoints kept (default 2)")
+    to.add_argument("--keep-checkpoints", type=int, default=d.keep_checkpoints, help="checkpoints kept (default %(default)s)")
     to.add_argument("--log-every", type=int, default=d.log_every, help="progress line every N steps")
     to.add_argument("--max-steps", type=int, default=None, help="stop after N optimizer steps (resume later)")
     to.add_argument("--seed", type=int, default=d.seed, help="data order and validation split")

@@ -134,6 +134,7 @@ class TrainConfig(EvolveConfig):
     probe_instances: int = 4
     probe_candidates: int = 4
     save_every: int = 2
+    keep_checkpoints: int = 1         # 1: each save replaces the last
     seed: int = 0
     frozen_row: bool = True
     eval_instances: int = 12
@@ -561,8 +562,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    "in one generation from the seed skill's feedback (default %(default)s)")
     t.add_argument("--save-every", type=int, default=d.save_every,
                    help="write the checkpoint every N steps and at the end")
-    t.add_argument("--keep-checkpoints", type=int, default=1, help="checkpoints kept: OUT/checkpoint is the newest, "
-                   "older ones OUT/checkpoint-step-S (default 1: each save replaces the last)")
+    t.add_argument("--keep-checkpoints", type=int, default=d.keep_checkpoints, help="checkpoints kept: OUT/checkpoint "
+                   "is the newest, older ones OUT/checkpoint-step-S (default %(default)s: each save replaces the last)")
     m.add_argument("--out", default=None, help="output folder: training: checkpoint/, metrics.jsonl, lineage.jsonl, "
                    "reward_curve.svg (default runs/skill-r1); --eval: eval.json (default runs/skill-r1-eval-TIME)")
     m.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint; the next steps equal "
