@@ -79,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=DefaultsHelpFormatter)
     m = p.add_argument_group("main options")
     g = p.add_argument_group("tasks and skills")
-    m.add_argument("--suite", default=d.suite, help="qa | household | webwalk | PATH.jsonl")
+    m.add_argument("--suite", default=d.suite, help="qa | household | webwalk | webshop | searchqa | PATH.jsonl")
     g.add_argument("--n-train", type=int, default=d.n_train, help="search tasks (train split)")
     g.add_argument("--n-prelim", type=int, default=d.n_prelim,
                    help="preliminary train tasks for the card's strengths/weaknesses (apart from the search); 0 = none")

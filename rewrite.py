@@ -4,7 +4,7 @@
 The rewriter is a small minskill LM. It reads (model card of the target model, input skill set S_in, task
 description d) and writes the skill set S*_F aligned with that target — what the stage-1 search
 (evolve_masa.py) found by many rollouts, produced here without any rollout. Training minimises the
-target-token cross-entropy of minskill/masa/sft.py,
+target-token cross-entropy of minskill/sft.py (on the chats of minskill/masa/sft.py's records),
 
     L(θ) = −(1/|T|) Σ_{t∈T} log p_θ(y_t | y_<t, x),     x = chat(card, S_in, d),  y = S*_F as MASA JSON
 
@@ -41,15 +41,15 @@ from pathlib import Path
 
 import torch
 
-from minskill import distributed
+from minskill import distributed, sft
 from minskill.cli import (add_device_args, add_task_model_args, add_teacher_args, check_resumed_device, client_args,
                           resolve_bf16, set_up_device, with_extra_body)
 from minskill.files import check_shape, read_json, write_text_atomic
-from minskill.masa import sft
 from minskill.masa.data import task_description
 from minskill.masa.rewriter import (load_model_card, parse_rewriter_output, resolve_rewriter,  # noqa: F401 (rewrite.X)
                                     rewrite_with_model, save_skills_validated)
 from minskill.masa.search import MasaConfig, one_shot_rewrite
+from minskill.masa.sft import encode_records, read_records
 from minskill.nn.lora import BASE_DTYPES, add_lora_arguments, apply_lora, lora_settings
 from minskill.nn.weights import load_model, resolve_model
 from minskill.retrieval import add_retrieval_args, check_retrieval_args, retriever_from_args, with_retrieval
@@ -64,7 +64,7 @@ from minskill.tasks import load_suite
 @dataclass(frozen=True)
 class ApplyConfig:
     """`rewrite.py apply`'s defaults, the only place they are written (argparse reads them; `train`'s are
-    minskill.masa.sft.SFTConfig's). λ_nh is the search's (MasaConfig), so --compare scores the R it optimised."""
+    minskill.sft.SFTConfig's). λ_nh is the search's (MasaConfig), so --compare scores the R it optimised."""
     max_new_tokens: int = 1536       # the rewriter's reply budget
     temperature: float = 0.0         # greedy
     seed: int = 0
@@ -147,9 +147,9 @@ def cmd_train(args) -> int:
         with distributed.main_first():   # rank 0 first puts back a checkpoint that a kill left aside
             sft.resume_candidates(args.out, resume)   # nothing to resume: refused before anything loads or is written
     warn = lambda message: print(message, file=sys.stderr, flush=True) if distributed.is_main() else None  # noqa: E731
-    records, problems = sft.read_records(args.data, warn=warn)
+    records, problems = read_records(args.data, warn=warn)
     if args.val_file:
-        val_records, val_problems = sft.read_records([args.val_file], warn=warn)   # one file
+        val_records, val_problems = read_records([args.val_file], warn=warn)   # one file
         problems += val_problems
         train_records = records
     else:
@@ -164,8 +164,8 @@ def cmd_train(args) -> int:
     if lora is not None:   # the base frozen, float32 adapters trained; every checkpoint: merged + adapter/
         apply_lora(model, lora.rank, lora.alpha, lora.dropout, lora.targets, seed=args.seed,
                    base_model_name_or_path=str(Path(base).resolve()))
-    train, train_counts = sft.encode_records(tokenizer, train_records, cfg.max_length, cfg.too_long)
-    val, val_counts = sft.encode_records(tokenizer, val_records, cfg.max_length, cfg.too_long)
+    train, train_counts = encode_records(tokenizer, train_records, cfg.max_length, cfg.too_long)
+    val, val_counts = encode_records(tokenizer, val_records, cfg.max_length, cfg.too_long)
     too_long = train_counts["skipped_too_long"] + val_counts["skipped_too_long"]
     truncated = train_counts["truncated"] + val_counts["truncated"]
     print(f"data: {len(records) + (len(val_records) if args.val_file else 0)} records read, "
@@ -176,7 +176,7 @@ def cmd_train(args) -> int:
         write_run_config(args, cfg, open_run_folder(out, bool(args.resume), args.overwrite, "rewrite.py train"),
                          records, problems, train, val, too_long, truncated)
     summary = sft.train_sft(model, tokenizer, train, out, cfg, val_examples=val, resume=resume,
-                            log=lambda line: print(line, flush=True))
+                            log=lambda line: print(line, flush=True), title="Rewriter SFT")
     distributed.close()
     return 0 if summary["step"] > 0 or summary["finished"] else 1
 
@@ -395,7 +395,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "evolve_masa.py does (without the teacher's strengths and weaknesses)")
     am.add_argument("--skills", required=True, help="input skills: Agent Skills folder, MASA .json, or 'base' (with --suite)")
     am.add_argument("--task", required=True, help="task description given to the rewriter, or a suite's name "
-                   "(qa, household, webwalk, PATH.jsonl) for the description evolve_masa.py's SFT records hold for "
+                   "(qa, household, webwalk, webshop, searchqa, PATH.jsonl) for the description evolve_masa.py's SFT records hold for "
                    "it (with --task-seed; as its defaults --n-prelim 4 --n-train 24 draw the search tasks)")
     am.add_argument("--out", required=True, help="folder for the rewritten skills")
     am.add_argument("--overwrite", action="store_true", help="replace a non-empty --out (and with --compare, the "
@@ -409,7 +409,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_device_args(ao, bf16=False, what="the rewriter runs (and the embedded task model with --compare)")
     g = a.add_argument_group("--compare: evaluate input vs rewritten vs teacher one-shot skills")
     am.add_argument("--compare", action="store_true", help="evaluate the three skill sets and print one table")
-    am.add_argument("--suite", default=None, help="qa | household | webwalk | PATH.jsonl (also names 'base' skills)")
+    am.add_argument("--suite", default=None, help="qa | household | webwalk | webshop | searchqa | PATH.jsonl (also names 'base' skills)")
     g.add_argument("--split", default=c.split, help=f"task split (default {c.split})")
     g.add_argument("--n-tasks", type=int, default=None, help="number of tasks (default: the whole split)")
     g.add_argument("--task-seed", type=int, default=c.task_seed, help="seed of the generated suite")

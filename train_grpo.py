@@ -19,9 +19,9 @@ One training step (docs/skill-r1.md, the loop in `train`):
   3. advantages: every candidate gets A = A_intra + λ·A_inter (minskill.skill_r1.grpo.bilevel_advantages);
   4. policy update: per --ppo-epochs one optimizer step on the clipped policy loss of
      minskill.skill_r1.grpo.policy_loss over all candidates' tokens, with gradient accumulation over micro-batches;
-  5. log (`train`, after `train_step` did 1-4; minskill.skill_r1.records): a line on stdout, a row of
-     metrics.jsonl and of lineage.jsonl, reward_curve.svg redrawn;
-  6. checkpoint every --save-every steps and at the end.
+  5. record (`StepRecorder`, after `train_step` did 1-4; minskill.skill_r1.records): a line on stdout, a row
+     of metrics.jsonl and of lineage.jsonl, reward_curve.svg redrawn, the held-out probe every --probe-every steps;
+  6. checkpoint every --save-every steps and at the end (the same recorder).
 Set-up and resume (`setup`), the end-of-run summary (`summarize`) and the --eval table
 (minskill.skill_r1.evaluate) are off that path.
 
@@ -88,7 +88,7 @@ from minskill.runs import (TRAINER_STATE, check_run_folder, given_flags, load_tr
                            set_rng_state)
 from minskill.serve.server import embedded_client
 from minskill.skill_r1.evaluate import check_heldout, evaluate, probe, probe_instances
-from minskill.skill_r1.grpo import policy_loss
+from minskill.skill_r1.grpo import check_loss_config, policy_loss
 from minskill.skill_r1.loop import (EvolveConfig, Instance, all_zero_note, assign_advantages, autocast, check_config,
                                     SuiteError, evolve_batch, load_tasks, make_instances, step_seed)
 from minskill.skill_r1.records import log_step, metrics_row, no_reward_yet, step_over_ranks
@@ -163,34 +163,21 @@ class Run:
 
 
 def train(args) -> int:
-    """The Skill-R1 training loop: each step computes (`train_step`), then the loop records it (metrics.jsonl,
-    lineage.jsonl, the curve: minskill.skill_r1.records) and saves the checkpoint every --save-every steps."""
+    """The Skill-R1 training loop (module docstring): each step `train_step` computes, then the recorder records."""
     run, cfg = setup(args), EvolveConfig.from_args(args)
     with distributed.shared_client(embedded_client, **client_args(args, "task"), quantize=args.task_quantize,
                                    max_workers=args.task_concurrency) as client:   # torchrun: one for all ranks
-        t_run = time.time()
-        probes = [held_out_probe(run, client, args, after_steps=0)] if run.start_step == 0 and args.probe_every else []
+        recorder = StepRecorder(run, args, client)
         for step in range(run.start_step, args.steps):
-            t0, usage0, lr = time.time(), client.usage, run.optimizer.param_groups[0]["lr"]   # the update's lr
-            evolutions, candidates, stats, t_sampled = train_step(run, args, cfg, client, step)
-            evolutions, candidates, stats, usage = step_over_ranks(evolutions, candidates, stats, client.usage, usage0)
-            row = metrics_row(step, evolutions, candidates, stats, usage, t0, t_sampled, lr)
-            if args.probe_every and ((step + 1) % args.probe_every == 0 or step + 1 == args.steps):
-                probes.append(held_out_probe(run, client, args, after_steps=step + 1))
-            log_step(run, args, {**row, "probes": probes}, t0, t_run, evolutions)
-            probes = []
-            if distributed.is_main() and ((step + 1) % args.save_every == 0 or step + 1 == args.steps):
-                save_checkpoint(run.out / "checkpoint", run.editor, run.tokenizer, keep=args.keep_checkpoints, state={
-                    "step": step + 1, "optimizer": run.optimizer.state_dict(), "scheduler": run.scheduler.state_dict(),
-                    "args": vars(args), "editor_spec": run.editor_spec, "metrics": run.rows})
+            recorder.begin()
+            recorder.end(step, *train_step(run, args, cfg, client, step))
         calls = client.stats["calls"]
     summarize(run, args, calls)
     return 0
 
 
 def train_step(run: Run, args, cfg: EvolveConfig, client, step: int) -> tuple[list, list, dict, float]:
-    """One Skill-R1 step: evolve skills on a batch of instances, advantages, one GRPO update. Returns what it did
-    for the loop to record: (evolutions, candidates, the update's stats, the time its sampling ended)."""
+    """One step: evolve a batch, advantages, one GRPO update; (evolutions, candidates, stats, sampling end time)."""
     # 1. pick this step's instances (torchrun: this rank's share; j, an instance's place in the step, seeds it)
     batch = [run.instances[i] for i in instance_order(len(run.instances), step, args.instances_per_step, args.seed)]
     batch, places = distributed.share(batch)
@@ -210,25 +197,8 @@ def train_step(run: Run, args, cfg: EvolveConfig, client, step: int) -> tuple[li
     return evolutions, candidates, stats, t_sampled
 
 
-def held_out_probe(run: Run, client, args, after_steps: int) -> dict:
-    """The current editor scored on the fixed held-out probe instances (skill_r1.evaluate.probe); printed.
-    torchrun: rank 0 alone probes (its editor equals every rank's) and records it; the others get {}."""
-    if not distributed.is_main():
-        return {}
-    run.editor.eval()
-    result = {"after_steps": after_steps, **probe(run.editor, run.tokenizer, client, run.probe_instances,
-                                                  [skill_text(run.seed_skills, x.type) for x in run.probe_instances],
-                                                  args)}
-    print(f"held-out probe after {after_steps} steps: seed skill → mean candidate reward " +
-          " → ".join(f"{r:.2f}" for r in result["reward_per_generation"]) +
-          f" | carried {result['carried_reward']:.2f} | {result['beat_seed_share']:.0%} of candidates beat the "
-          f"seed skill | {result['seconds']:.0f} s", flush=True)
-    return result
-
-
 def instance_order(n_instances: int, step: int, per_step: int, seed: int) -> list[int]:
-    """Indices of the instances of `step`: passes over a seeded permutation (a fresh one per pass), a pure
-    function of (step, seed), so a resumed run picks the same instances with no RNG state."""
+    """`step`'s instances: passes over a seeded permutation, a pure function of (step, seed) that a resume repeats."""
     picks = []
     for j in range(per_step):
         epoch, pos = divmod(step * per_step + j, n_instances)
@@ -238,9 +208,23 @@ def instance_order(n_instances: int, step: int, per_step: int, seed: int) -> lis
     return picks
 
 
+def unshared_logprobs(model, mb: list, args):
+    """--no-shared-prefix: the same log-probs with the prompt run once per row (sampling.completion_logprobs)."""
+    return completion_logprobs(model, [c.prompt_ids for c in mb], [c.token_ids for c in mb],
+                               temperature=args.editor_temperature)
+
+
+@torch.no_grad()
+def reference_logprobs(ref_model, mb: list, args) -> torch.Tensor:
+    """β > 0: the frozen reference's log-probs of the micro-batch, for the KL term (by the update's own route)."""
+    if args.shared_prefix:
+        return shared_prefix_logprobs(ref_model, mb[0].prompt_ids, [c.token_ids for c in mb],
+                                      temperature=args.editor_temperature)[0]
+    return unshared_logprobs(ref_model, mb, args)[0]
+
+
 def micro_batches(rows: list, size: int) -> list[list]:
-    """`rows` cut into micro-batches of at most `size`, never mixing two prompts: a micro-batch then holds
-    one prompt's activations (--shared-prefix computes it once), not two, which bounds the update's memory."""
+    """Micro-batches of at most `size` rows of one prompt each (the update's memory: one prompt's activations)."""
     groups: dict[tuple[int, ...], list] = {}
     for row in rows:
         groups.setdefault(tuple(row.prompt_ids), []).append(row)
@@ -248,8 +232,7 @@ def micro_batches(rows: list, size: int) -> list[list]:
 
 
 def policy_update(editor, ref_model, optimizer, candidates, args) -> dict:
-    """--ppo-epochs optimizer steps of the clipped GRPO loss over the candidates (module docstring: old log-probs,
-    micro-batch weights). Returns token-weighted means of policy_loss's stats."""
+    """--ppo-epochs optimizer steps of the clipped GRPO loss (module docstring: old log-probs, micro-batch weights)."""
     beta = args.beta if ref_model is not None else 0.0
     seqs = [c for c in candidates if c.token_ids]
     total_tokens, total_seqs = distributed.sum_over_ranks(sum(len(c.token_ids) for c in seqs), len(seqs))
@@ -258,21 +241,15 @@ def policy_update(editor, ref_model, optimizer, candidates, args) -> dict:
     n_tok = sum(len(c.token_ids) for c in train)
     keys = ("ratio_mean", "clip_frac_low", "clip_frac_high", "kl_mean")
     sums, old_logps, loss, mismatch, grad_norm = dict.fromkeys(keys, 0.0), [], 0.0, 0.0, 0.0
-
-    def logprobs(model, mb):   # equal values; --shared-prefix computes the micro-batch's one prompt once
-        completions, temperature = [c.token_ids for c in mb], args.editor_temperature
-        if args.shared_prefix:
-            return shared_prefix_logprobs(model, mb[0].prompt_ids, completions, temperature=temperature)
-        return completion_logprobs(model, [c.prompt_ids for c in mb], completions, temperature=temperature)
-
     # with no batch (e.g. every reward 0) the optimizer still steps, a no-op, so the schedule stays in sync
     for epoch in range(args.ppo_epochs):
         optimizer.zero_grad(set_to_none=True)
         for k, mb in enumerate(micro_batches(train, args.micro_batch)):
-            with autocast(args.bf16, editor.device):
-                logp, mask = logprobs(editor, mb)
-                with torch.no_grad():   # the frozen reference's log-probs, for the KL term
-                    ref_logp = logprobs(ref_model, mb)[0] if beta > 0 else None
+            with autocast(args.bf16, editor.device):   # --shared-prefix: the micro-batch's one prompt computed once
+                logp, mask = (shared_prefix_logprobs(editor, mb[0].prompt_ids, [c.token_ids for c in mb],
+                                                     temperature=args.editor_temperature)
+                              if args.shared_prefix else unshared_logprobs(editor, mb, args))
+                ref_logp = reference_logprobs(ref_model, mb, args) if beta > 0 else None
             if epoch == 0:  # the weights that sampled are unchanged so far: logp_old = this pass, detached
                 old_logps.append(logp.detach())
                 sampled = torch.tensor([list(c.logprobs) + [0.0] * (logp.shape[1] - len(c.logprobs)) for c in mb],
@@ -295,6 +272,55 @@ def policy_update(editor, ref_model, optimizer, candidates, args) -> dict:
     return {"loss": loss / args.ppo_epochs, **{key: sums[key] / max(n_tok * args.ppo_epochs, 1) for key in keys},
             "logp_mismatch": mismatch / max(1, n_tok), "grad_norm": grad_norm,
             "train_tokens": n_tok * args.ppo_epochs, "trained_sequences": len(train)}
+
+
+# ------------------------------------------------------ recording each step (bookkeeping: off the reading path)
+
+
+class StepRecorder:
+    """`train`'s bookkeeping around each step (minskill.skill_r1.records writes the rows): `begin` notes the clock,
+    the task model's usage and the lr before train_step; `end` puts the ranks' step together, probes the held-out
+    instances every --probe-every steps, logs the step, and saves the checkpoint every --save-every steps (both
+    also after the last)."""
+
+    def __init__(self, run: Run, args, client):
+        self.run, self.args, self.client, self.t_run = run, args, client, time.time()
+        fresh = run.start_step == 0 and args.probe_every   # a fresh run probes the editor before any training too
+        self.probes = [held_out_probe(run, client, args, after_steps=0)] if fresh else []
+
+    def begin(self) -> None:
+        self.t0, self.usage0 = time.time(), self.client.usage
+        self.lr = self.run.optimizer.param_groups[0]["lr"]   # the lr the step's update uses
+
+    def end(self, step: int, evolutions, candidates, stats: dict, t_sampled: float) -> None:
+        run, args = self.run, self.args
+        evolutions, candidates, stats, usage = step_over_ranks(evolutions, candidates, stats, self.client.usage,
+                                                               self.usage0)
+        row = metrics_row(step, evolutions, candidates, stats, usage, self.t0, t_sampled, self.lr)
+        if args.probe_every and ((step + 1) % args.probe_every == 0 or step + 1 == args.steps):
+            self.probes.append(held_out_probe(run, self.client, args, after_steps=step + 1))
+        log_step(run, args, {**row, "probes": self.probes}, self.t0, self.t_run, evolutions)
+        self.probes = []
+        if distributed.is_main() and ((step + 1) % args.save_every == 0 or step + 1 == args.steps):
+            save_checkpoint(run.out / "checkpoint", run.editor, run.tokenizer, keep=args.keep_checkpoints, state={
+                "step": step + 1, "optimizer": run.optimizer.state_dict(), "scheduler": run.scheduler.state_dict(),
+                "args": vars(args), "editor_spec": run.editor_spec, "metrics": run.rows})
+
+
+def held_out_probe(run: Run, client, args, after_steps: int) -> dict:
+    """The current editor scored on the fixed held-out probe instances (skill_r1.evaluate.probe); printed.
+    torchrun: rank 0 alone probes (its editor equals every rank's) and records it; the others get {}."""
+    if not distributed.is_main():
+        return {}
+    run.editor.eval()
+    result = {"after_steps": after_steps, **probe(run.editor, run.tokenizer, client, run.probe_instances,
+                                                  [skill_text(run.seed_skills, x.type) for x in run.probe_instances],
+                                                  args)}
+    print(f"held-out probe after {after_steps} steps: seed skill → mean candidate reward " +
+          " → ".join(f"{r:.2f}" for r in result["reward_per_generation"]) +
+          f" | carried {result['carried_reward']:.2f} | {result['beat_seed_share']:.0%} of candidates beat the "
+          f"seed skill | {result['seconds']:.0f} s", flush=True)
+    return result
 
 
 # ------------------------------------------------------------------------------------ set-up, resume, summary
@@ -614,6 +640,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.eval and args.resume:
         p.error("--eval writes a new folder and has no --resume (--overwrite replaces one)")
     try:
+        check_loss_config(args.lam, args.eps_low, args.eps_high, args.beta, args.agg)   # once, not per micro-batch
         lora_settings(args)   # checks the --lora-* flags; fills in --lora-alpha (2·R) and the target list
     except ValueError as e:
         p.error(str(e))

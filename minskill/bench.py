@@ -35,7 +35,7 @@ Figures (all on the same weights, same inputs, same thread count):
                            forward each); masked (a prompt per candidate, padded: --no-shared-prefix's path).
                            "full": float32 weights + AdamW (≈ 16 bytes per parameter); "LoRA": bf16 base,
                            r = 16, α = 32 adapters on the 7 projections
-    SFT                  = tokens/s of full SFT steps (minskill.masa.sft.sft_throughput) on one --sft-length
+    SFT                  = tokens/s of full SFT steps (minskill.sft.sft_throughput) on one --sft-length
                            sequence (default 4096), bf16 autocast, gradient checkpointing; full and LoRA
     peak memory          = torch.cuda.max_memory_allocated during the workload (the CPU smoke test: RSS)
 
@@ -60,7 +60,6 @@ from pathlib import Path
 import torch
 
 from minskill.bench_server import add_server_args, bench_server
-from minskill.masa.sft import sft_throughput
 from minskill.cli import resolve_device, set_up_device
 from minskill.nn.lora import AdaptersOff, apply_lora, trainable_parameters
 from minskill.nn.memory import QWEN3_COMMON, QWEN3_CONFIGS, UpdateShape, memory_report
@@ -73,6 +72,7 @@ from minskill.nn.weights import (DEFAULT_MODEL, config_from_hf, default_gguf_pat
                                  resolve_model)
 from minskill.rollout import run_rollouts
 from minskill.serve.server import embedded_client
+from minskill.sft import sft_throughput
 from minskill.skill_r1.grpo import bilevel_advantages, policy_loss
 from minskill.skill_r1.loop import HistoryEntry, Instance, Outcome, editor_messages
 from minskill.tasks import load_suite

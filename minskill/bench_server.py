@@ -12,7 +12,9 @@ Each configuration is a `python -m minskill.serve` subprocess (serve.server.embe
 one short request, sent the same requests as every other configuration by --clients closed-loop clients
 (a client sends its next request when its reply arrives), then stopped. CONFIGURATIONS:
 
-    today          --prefix-cache-mb 0  --scheduler static       static batching, no prefix cache
+    today          --prefix-cache-mb 0  --scheduler static       static batching, no prefix cache (asked for
+                                                                 explicitly: the server's default is now
+                                                                 `new`)
     prefix-cache   --prefix-cache-mb MB --scheduler static       (ablations, with --configs)
     continuous     --prefix-cache-mb 0  --scheduler continuous
     new            --prefix-cache-mb MB --scheduler continuous   MB = --prefix-cache-mb (default 256)
@@ -260,7 +262,10 @@ def measure(args, runnable: dict[str, list[str]], work: dict) -> list[Row]:
                   *(["--threads", str(args.threads)] if args.threads else [])]
     for config, flags in runnable.items():
         print(f"{config}: python -m minskill.serve {' '.join(base_flags + flags)}", flush=True)
+        engine = dict(zip(flags[::2], flags[1::2]))   # each configuration names its engine, never the default
         with embedded_client(model_spec=args.model, quantize=args.quantize, device=args.device,
+                             prefix_cache_mb=engine.get("--prefix-cache-mb", TODAY["--prefix-cache-mb"]),
+                             scheduler=engine.get("--scheduler", TODAY["--scheduler"]),
                              server_args=base_flags + flags, max_workers=args.clients, timeout=3600) as client:
             # warm-up (allocation, first kernels) on a prompt no workload shares, so no prefix is cached yet
             client.chat([{"role": "system", "content": "Warm-up."}, {"role": "user", "content": "hi"}], max_tokens=2)
@@ -351,7 +356,8 @@ def bench_server(args) -> list[Row]:
 
 
 def client_sweep(args) -> None:
-    """Completions/s and tokens/s of today's server at 1, 4 and 16 closed-loop clients (--decode-tokens replies)."""
+    """Completions/s and tokens/s of the default server (its default engine) at 1, 4 and 16 closed-loop clients
+    (--decode-tokens replies)."""
     questions = [f"Write one sentence about the number {i}." for i in range(64)]
     rows = []
     with embedded_client(None, None, model_spec=args.model, max_workers=32, quantize=args.quantize) as client:

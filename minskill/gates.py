@@ -154,8 +154,7 @@ def _gate_rewards(candidate, gate_tasks: list, rewards: Callable[[object, list],
 # ---------------------------------------------------------------------------------------------- Skill-R1
 
 def per_task_means(outcomes: list, n_tasks: int) -> list[float] | None:
-    """Outcomes come in task order, a task's n rollouts together (skill_r1.score_skills): the mean per task;
-    None when they do not split evenly (e.g. a reply that did not parse has no outcomes)."""
+    """The mean per task of outcomes in task order (skill_r1.score_skills); None when they do not split evenly."""
     if not outcomes or n_tasks == 0 or len(outcomes) % n_tasks:
         return None
     n = len(outcomes) // n_tasks
@@ -172,8 +171,7 @@ def carried(ev) -> tuple[str, list]:
 
 
 def carry(ev, group: list, best: int, cfg) -> tuple[str, float, dict]:
-    """Skill-R1's carry gate: (the skill carried after this generation, its reward, the decision) when the best
-    candidate group[best] challenges the current skill (strict: it parsed and its reward is higher)."""
+    """Skill-R1's carry gate: (the skill carried on, its reward, the decision) when group[best] challenges it."""
     challenger, n_tasks = group[best], len(ev.instance.tasks)
     incumbent_id, incumbent_outcomes = carried(ev)
     mine, theirs = per_task_means(challenger.outcomes, n_tasks), per_task_means(incumbent_outcomes, n_tasks)

@@ -21,6 +21,7 @@ Each skill is scored on its document d(s) = name + description + body; two score
 
   f(t,s): count of t in tokens(d(s)); |s| = len(tokens(d(s))); avgdl: mean |s| over P; N = |P|;
   n(t): skills of P whose document holds t; k1 = 1.2, b = 0.75. A skill sharing no word with q scores 0.
+  (tasks/bm25.py holds tokens and bm25_scores, shared with the webshop and searchqa suites.)
 
 * `embedding`, cosine similarity of vectors from any OpenAI-compatible `POST /v1/embeddings` endpoint
   (ChatClient.embed; minskill's server answers it with mean-pooled, normalised hidden states):
@@ -39,23 +40,19 @@ from __future__ import annotations
 
 import argparse
 import math
-import re
-from collections import Counter
 from dataclasses import dataclass
 
 from minskill.serve.client import ChatClient, ChatError
 from minskill.skills import Skill
 from minskill.skillsets import SkillSet
+from minskill.tasks.bm25 import bm25_scores, tokens  # noqa: F401 - tokens: re-exported (tests, callers)
 
 __all__ = ["Retriever", "RetrievedSkills", "RetrievalError", "bm25_scores", "cosine", "add_retrieval_args",
            "check_retrieval_args", "retriever_from_args", "with_retrieval", "MODES"]
 
 MODES = ("none", "keyword", "embedding")
 TOP_K_GENERAL, TOP_K_TASK = 6, 5       # MASA's defaults
-BM25_K1, BM25_B = 1.2, 0.75
 EMBED_BATCH = 64                       # texts per /v1/embeddings request
-_STOP_WORDS = frozenset("a an and are as at be by for from how in is it of on or that the this to what when "
-                        "which with you your use".split())
 
 
 class RetrievalError(ValueError):
@@ -64,34 +61,9 @@ class RetrievalError(ValueError):
 
 # --------------------------------------------------------------------------- scores
 
-def tokens(text: str) -> list[str]:
-    """Lower-cased runs of letters and digits (any script), stop words left out."""
-    return [t for t in re.findall(r"[^\W_]+", text.lower()) if t not in _STOP_WORDS]
-
-
 def document(skill: Skill) -> str:
     """What a skill is scored on: its name (hyphens as spaces), description and body."""
     return f"{skill.name.replace('-', ' ')}\n{skill.description}\n{skill.body}"
-
-
-def bm25_scores(query: str, documents: list[str], k1: float = BM25_K1, b: float = BM25_B) -> list[float]:
-    """BM25 score of each document for the query (module docstring), the pool being `documents`."""
-    docs = [Counter(tokens(d)) for d in documents]
-    if not docs:
-        return []
-    lengths = [sum(d.values()) for d in docs]
-    avgdl = sum(lengths) / len(docs) or 1.0
-    scores = [0.0] * len(docs)
-    for term in set(tokens(query)):
-        having = sum(1 for d in docs if term in d)
-        if not having:
-            continue
-        idf = math.log(1 + (len(docs) - having + 0.5) / (having + 0.5))
-        for i, d in enumerate(docs):
-            f = d.get(term, 0)
-            if f:
-                scores[i] += idf * f * (k1 + 1) / (f + k1 * (1 - b + b * lengths[i] / avgdl))
-    return scores
 
 
 def cosine(u: list[float], v: list[float]) -> float:

@@ -341,8 +341,7 @@ def run_rollouts(client, tasks, skills=None, *, n: int = 1, temperature: float =
                  seed: int | None = 0, out_path=None, progress: Callable | None = None,
                  max_steps: int | None = None, action_max_tokens: int = 64, history: int | None = 8,
                  skill_max_tokens: int = 1024, on_step: Callable | None = None) -> list[Trajectory]:
-    """`n` rollouts of every task under `skills`, in task order (a task's samples together); each is appended to
-    out_path and passed to `progress(done, total, trajectory)` as it finishes. Agents: see _run_multi_turn."""
+    """`n` rollouts of every task under `skills`, in task order (a task's samples together); agents: _run_multi_turn."""
     if n < 1:
         raise ValueError(f"run_rollouts: n must be >= 1, got {n}")
     tasks = list(tasks)
@@ -350,10 +349,8 @@ def run_rollouts(client, tasks, skills=None, *, n: int = 1, temperature: float =
 
     def finish(traj: Trajectory, position: int) -> None:
         results.append((position, traj.sample, traj))
-        if out_path is not None:
-            append_jsonl(out_path, traj.to_json())
-        if progress is not None:
-            progress(len(results), len(tasks) * n, traj)
+        if out_path is not None or progress is not None:
+            _report(traj, out_path, progress, len(results), len(tasks) * n)
 
     system = skill_prompts(skills, tasks, skill_max_tokens)   # by task position
     multi = [(i, t) for i, t in enumerate(tasks) if t.multi_turn]
@@ -363,6 +360,14 @@ def run_rollouts(client, tasks, skills=None, *, n: int = 1, temperature: float =
         _run_multi_turn(client, multi, system, finish, n=n, temperature=temperature, max_tokens=action_max_tokens,
                         seed=seed, max_steps=max_steps, history=history, on_step=on_step)
     return [traj for _, _, traj in sorted(results, key=lambda r: r[:2])]
+
+
+def _report(traj: Trajectory, out_path, progress: Callable | None, done: int, total: int) -> None:
+    """A finished rollout appended to out_path and passed to `progress(done, total, trajectory)`, where asked."""
+    if out_path is not None:
+        append_jsonl(out_path, traj.to_json())
+    if progress is not None:
+        progress(done, total, traj)
 
 
 def _run_single_turn(client, single: list, system: list, finish: Callable, *, n, temperature, max_tokens, seed):

@@ -23,7 +23,7 @@ both values, unless the script declares it may change on resume (where and how f
 API keys, concurrency, timeouts, budgets, step counts, output cadence). --out, --resume and --overwrite say
 which run and how to open it, never a saved setting. What each script declares: train_grpo.py, every flag but
 RESUME_MUST_MATCH; evolve_masa.py, RESUMABLE_OVERRIDES; `rewrite.py train`, RESUME_MAY_CHANGE (the flags of
-minskill.masa.sft.RUN_SETTINGS, the device, the data files' paths). The data are checked apart: train_grpo.py
+minskill.sft.RUN_SETTINGS, the device, the data files' paths). The data are checked apart: train_grpo.py
 reads the saved suite, evolve_masa.py refuses other gate tasks, `rewrite.py train` other training records.
 `given_flags` says which flags a command line gave explicitly.
 

@@ -19,6 +19,9 @@ MASA's JSON library is read and written too:
      "task_specific_skills": {"<type>": [ ...same... ]},
      "common_mistakes": ["text", or {"description", "how_to_avoid", ...}]}
 
+MASA's released search libraries call the task-specific section "query_type_skills" (their query types); such a
+file is read the same way and written back under that name (a file holding both sections is refused).
+
 Mapping (lossless, JSON -> folders -> JSON gives back the same JSON):
     skill_id -> name (slugified; the original is kept in metadata when the slug differs)
     principle -> body;  when_to_apply -> description;  title and any other field -> metadata
@@ -64,6 +67,7 @@ from minskill.skills import (MAX_DESCRIPTION_CHARS, MAX_FILE_BYTES, MAX_NAME_CHA
 
 __all__ = ["SkillSet", "Mistake", "parse_mistakes", "recover_save", "recover_saves"]
 
+QUERY_TYPE_SKILLS = "query_type_skills"   # MASA's search libraries' name of task_specific_skills
 MAX_JSON_BYTES = 32 * 1024 * 1024    # a MASA .json library larger than this is refused
 MAX_SKILLS = 1000                    # per skill set
 MAX_SET_RESOURCE_BYTES = 100 * 1024 * 1024   # all skills' resource files together (each skill: skills.py)
@@ -285,27 +289,32 @@ class SkillSet:
     @classmethod
     def from_json(cls, data: dict, where: str = "skill library") -> "SkillSet":
         """Build from MASA's JSON library (the dict). Unknown top-level fields go to `extra`, and so does
-        the list of the three sections that were absent (key "__absent__"), so to_json() gives them back."""
+        the list of the three sections that were absent (key "__absent__") and the name the task-specific section
+        was read by when it is query_type_skills (key "__section__"), so to_json() gives them back."""
         if not isinstance(data, dict):
             raise SkillFormatError(f"{where}: expected a JSON object, got {type(data).__name__}")
         general_raw = data.get("general_skills", [])
-        specific_raw = data.get("task_specific_skills", {})
+        if "task_specific_skills" in data and QUERY_TYPE_SKILLS in data:
+            raise SkillFormatError(f"{where}: holds both task_specific_skills and {QUERY_TYPE_SKILLS} (MASA's search "
+                                   f"libraries' name for the same section); keep one")
+        section = QUERY_TYPE_SKILLS if QUERY_TYPE_SKILLS in data else "task_specific_skills"
+        specific_raw = data.get(section, {})
         mistakes_raw = data.get("common_mistakes", [])
         if not isinstance(general_raw, list):
             raise SkillFormatError(f"{where}: general_skills must be a list")
         if not isinstance(specific_raw, dict):
-            raise SkillFormatError(f"{where}: task_specific_skills must be an object {{type: [skills]}}")
+            raise SkillFormatError(f"{where}: {section} must be an object {{type: [skills]}}")
         if not isinstance(mistakes_raw, list):
             raise SkillFormatError(f"{where}: common_mistakes must be a list")
         taken: set[str] = set()
         general = [_skill_from_masa(e, f"{where}: general_skills[{i}]", taken) for i, e in enumerate(general_raw)]
         specific = {}
         for task_type, entries in specific_raw.items():
-            validate_task_type(task_type, f"{where}: task_specific_skills key")
+            validate_task_type(task_type, f"{where}: {section} key")
             if not isinstance(entries, list):
-                raise SkillFormatError(f"{where}: task_specific_skills[{task_type!r}] must be a list")
+                raise SkillFormatError(f"{where}: {section}[{task_type!r}] must be a list")
             taken = set()
-            specific[task_type] = [_skill_from_masa(e, f"{where}: task_specific_skills[{task_type!r}][{i}]", taken)
+            specific[task_type] = [_skill_from_masa(e, f"{where}: {section}[{task_type!r}][{i}]", taken)
                                    for i, e in enumerate(entries)]
         mistakes = []
         for i, m in enumerate(mistakes_raw):
@@ -316,10 +325,13 @@ class SkillSet:
             else:
                 raise SkillFormatError(f"{where}: common_mistakes[{i}] must be a string or an object")
         extra = {k: v for k, v in data.items()
-                 if k not in ("general_skills", "task_specific_skills", "common_mistakes")}
-        presence = [k for k in ("general_skills", "task_specific_skills", "common_mistakes") if k not in data]
+                 if k not in ("general_skills", section, "common_mistakes")}
+        presence = [k for k in ("general_skills", "task_specific_skills", "common_mistakes")
+                    if (section if k == "task_specific_skills" else k) not in data]
         if presence:  # remember absent sections so that saving gives back the same JSON
             extra = {**extra, "__absent__": presence}
+        if section == QUERY_TYPE_SKILLS:   # written back under the name it was read by
+            extra = {**extra, "__section__": section}
         return cls(general, specific, mistakes, extra).validate()
 
     def to_json(self) -> dict:
@@ -329,10 +341,11 @@ class SkillSet:
         if "general_skills" not in absent or self.general:
             out["general_skills"] = [_skill_to_masa(s) for s in self.general]
         if "task_specific_skills" not in absent or self.task_specific:
-            out["task_specific_skills"] = {t: [_skill_to_masa(s) for s in g] for t, g in self.task_specific.items()}
+            out[self.extra.get("__section__", "task_specific_skills")] = {
+                t: [_skill_to_masa(s) for s in g] for t, g in self.task_specific.items()}
         if "common_mistakes" not in absent or self.common_mistakes:
             out["common_mistakes"] = [m.fields if isinstance(m, Mistake) else str(m) for m in self.common_mistakes]
-        out.update({k: v for k, v in self.extra.items() if k != "__absent__"})
+        out.update({k: v for k, v in self.extra.items() if k not in ("__absent__", "__section__")})
         return out
 
     def save_json(self, path: str | Path) -> Path:

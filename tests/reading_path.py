@@ -49,8 +49,8 @@ PATHS = {
         SINGLE_TURN_ROLLOUTS +
         _entries("minskill/skill_r1/loop.py", "Outcome", "Evolution", "HistoryEntry", "editor_messages",
                  "_history_block", "_outcome_line", "_clip") +
-        ["minskill/nn/sampling.py:generate"] +
-        _entries("minskill/skill_r1/loop.py", "Candidate", "parse_candidate", "_has_front_matter", "_carry") +
+        # (the editor is sampled by nn/sampling.py:generate, language-model machinery like the model's forward)
+        _entries("minskill/skill_r1/loop.py", "Candidate", "parse_candidate", "_carry") +
         _entries("minskill/gates.py", "carry", "carried", "per_task_means", "decision") +
         ["minskill/paired.py:sign_test_p_greater"] +
         _entries("minskill/skill_r1/loop.py", "Generation", "assign_advantages") +

@@ -37,7 +37,7 @@ def test_bench_gpu_prints_its_rows_on_a_cpu_smoke_run():
         for name in (f"Skill-R1 update s ({mode})", f"Skill-R1 update peak MiB ({mode})",
                      f"SFT tok/s, grad checkpointing ({mode})", f"SFT peak MiB ({mode})"):
             assert name in rows, name
-        for update in (", micro-batch 2, β = 0.04", ", masked: a prompt per candidate"):   # issue 24's paths
+        for update in (", micro-batch 2, β = 0.04", ", masked: a prompt per candidate"):   # both update paths
             assert float(rows[f"Skill-R1 update s{update} ({mode})"]) > 0
     for decode in ("batch 1 (bf16 weights)", "batch 8 (bf16 weights)", "n = K = 4 from one prompt (bf16 weights)",
                    "n = K = 4, bf16 autocast, float32 weights"):

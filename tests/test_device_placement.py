@@ -18,7 +18,7 @@ import torch
 
 import rewrite
 import train_grpo
-from minskill.masa import sft
+from minskill import sft
 from minskill.nn.sampling import completion_logprobs, generate
 from minskill.nn.weights import load_model
 from minskill.serve.server import CompletionRequest, ModelBackend

@@ -4,7 +4,7 @@ CPU for a float32 model, the server on CUDA (in process and as the embedded subp
 `openai` client, `rewrite.py apply` on CUDA, and `bench gpu` on a tiny config.
 
 And on a randomly initialised Qwen3-0.6B (its published shapes: 28 layers, 16/8 heads of 128, q/k-norm, a 151,936
-vocabulary; issue 24): a full train_grpo.py step against a scripted task server with the CUDA defaults (bf16
+vocabulary): a full train_grpo.py step against a scripted task server with the CUDA defaults (bf16
 autocast, TF32), full and LoRA with β > 0; the masked attention paths (padded sampling, both update paths) with
 SDPA restricted to the fused flash / memory-efficient kernels; gradient checkpointing lowering the update's peak
 memory on both update paths; SFT steps, full and LoRA. tests/gpu_check.sh runs this file and `bench gpu`.
@@ -26,7 +26,7 @@ import rewrite
 import train_grpo
 from helpers import common_flags, keyword_task_model, read_rows, write_keyword_suite
 from minskill import bench
-from minskill.masa.sft import sft_throughput
+from minskill.sft import sft_throughput
 from minskill.nn.lora import ADAPTER_DIR, apply_lora
 from minskill.nn.sampling import completion_logprobs, generate
 from minskill.nn.shared_prefix import shared_prefix_logprobs
@@ -284,7 +284,7 @@ def test_masked_attention_runs_on_fused_kernels(qwen3):
 def test_gradient_checkpointing_lowers_the_update_peak(qwen3_dir, path):
     """The update's peak above the weights (LoRA r = 8 on a bf16 base: the adapters' gradients are small, so the
     peak is the saved activations and the logits chunks): with --grad-checkpointing at most 60% of without, on both
-    update paths (the shared-prefix one passes a cache: issue 24, problem 2)."""
+    update paths (the shared-prefix one passes a cache)."""
     model, _ = load_model(str(qwen3_dir), dtype=torch.bfloat16, device="cuda")
     apply_lora(model, 8)
     model.train()

@@ -4,7 +4,8 @@ import math
 import pytest
 import torch
 
-from minskill.skill_r1.grpo import bilevel_advantages, inter_advantage, intra_advantages, policy_loss
+from minskill.skill_r1.grpo import (bilevel_advantages, check_loss_config, inter_advantage, intra_advantages,
+                                   policy_loss)
 
 # A hand-made batch: 3 sequences of 4, 2 and 3 valid tokens (9 in all), right-padded to T = 4.
 MASK = torch.tensor([[1, 1, 1, 1],
@@ -178,11 +179,22 @@ def test_loss_input_errors():
         policy_loss(logp, logp.detach(), ADV, MASK, agg="dr_grpo")
     with pytest.raises(ValueError, match="longest completion"):
         policy_loss(logp, logp.detach(), ADV, MASK, agg="dr_grpo", max_new_tokens=3)
-    with pytest.raises(ValueError, match="advantages must be"):
+    with pytest.raises(ValueError, match=r"advantages \(B,\); got logp \(3, 4\), .*advantages \(2,\)"):
         policy_loss(logp, logp.detach(), ADV[:2], MASK)
-    with pytest.raises(ValueError, match="mask must have"):
+    with pytest.raises(ValueError, match=r"must be \(B, T\) alike.*mask \(3, 3\)"):
         policy_loss(logp, logp.detach(), ADV, MASK[:, :3])
     with pytest.raises(ValueError, match="needs ref_logp"):
         policy_loss(logp, logp.detach(), ADV, MASK, beta=0.1)
+
+
+
+def test_the_update_knobs_are_checked_at_set_up():
+    check_loss_config(lam=0.5, eps_low=0.2, eps_high=0.2, beta=0.0, agg="token_mean")
     with pytest.raises(ValueError, match="eps_low"):
-        policy_loss(logp, logp.detach(), ADV, MASK, eps_low=1.0)
+        check_loss_config(lam=0.5, eps_low=1.0, eps_high=0.2, beta=0.0, agg="token_mean")
+    with pytest.raises(ValueError, match="beta"):
+        check_loss_config(lam=0.5, eps_low=0.2, eps_high=0.2, beta=-1.0, agg="token_mean")
+    with pytest.raises(ValueError, match="lam must be finite"):
+        check_loss_config(lam=float("nan"), eps_low=0.2, eps_high=0.2, beta=0.0, agg="token_mean")
+    with pytest.raises(ValueError, match="token_mean, seq_mean, dr_grpo"):
+        check_loss_config(lam=0.5, eps_low=0.2, eps_high=0.2, beta=0.0, agg="sum")

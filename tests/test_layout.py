@@ -19,7 +19,8 @@ LAYERS = [
      "distributed"],                     # data-parallel ranks (torchrun)
     ["nn"],                              # the model: weights, tokenizer, sampling, LoRA, int8, shared prefix
     ["serve", "cli"],                    # the task model behind HTTP, its client, and the flags naming them
-    ["runs", "retrieval", "rollout"],    # run folders, skill retrieval, rollouts and their rewards
+    ["runs", "retrieval", "rollout",     # run folders, skill retrieval, rollouts and their rewards,
+     "sft"],                             # supervised fine-tuning on chats (both papers' trainers)
     ["skill_r1", "masa"],                # the two papers
     ["report"],                          # the HTML report of any run folder
     ["bench", "bench_server"],           # measurements

@@ -72,7 +72,7 @@ def test_yaml_values_are_typed_by_their_field(tmp_path):
 
 
 def test_yaml_cards_are_read_as_yaml_lists_and_continued_lines_too(tmp_path):
-    """A real YAML reader (issue 25): a list of strengths, a plain value continued on indented lines, a
+    """A real YAML reader: a list of strengths, a plain value continued on indented lines, a
     quoted value over two lines and a document-end marker all read as YAML reads them."""
     path = tmp_path / "card.yaml"
     path.write_text("---\nfamily: Qwen3\nstrengths:\n  - arithmetic\n  - short answers\nweaknesses: long\n"

@@ -401,7 +401,7 @@ def test_embeddings_wait_their_turn_and_do_not_join_chat_batches(tiny_backend):
     assert sum(n for kind, n, _ in seen if kind == "chat") == 2
 
 
-# ---- logprobs, top_k, roles, legacy completions, models/{id}: what a vLLM client sends (issue 25) ----------------
+# ---- logprobs, top_k, roles, legacy completions, models/{id}: what a vLLM client sends ----------------
 def full_logprobs(backend, prompt_ids, reply_ids):
     """log_softmax of the model's logits at each reply position (T = 1): what logprobs must report."""
     with torch.no_grad():

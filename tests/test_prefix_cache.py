@@ -135,3 +135,32 @@ def test_a_backend_with_the_cache_answers_chats_as_without_it(tiny_dir, schedule
     for _ in range(2):                                                 # cold, then warm
         assert [[c.text for c in r] for r in cached.complete(requests())] == [[c.text for c in r] for r in plain]
     assert cached.prefix_cache.hits > 0
+
+
+def test_a_prefix_the_running_rows_share_is_kept_once_and_replies_are_unchanged(tiny_dir):
+    """As rollouts under a long skill library: one request arrives first (cold), the others join it later, some
+    leave early; the library's keys/values are in the batch once (cascade), not in every row's slots."""
+    model, tokenizer = _model(tiny_dir)
+    g = torch.Generator().manual_seed(1)
+    library = torch.randint(3, 300, (120,), generator=g).tolist()
+    prompts = [library + torch.randint(3, 300, (3 + 5 * i,), generator=g).tolist() for i in range(5)]
+    prompts.append(torch.randint(3, 300, (90,), generator=g).tolist())     # shares nothing: its own prefix
+    budgets = [12, 4, 12, 7, 12, 12]
+    expected = [s.token_ids for s in generate(model, prompts, max_new_tokens=budgets, temperature=0,
+                                              pad_id=tokenizer.pad_token_id)]
+    assert len({tuple(e) for e in expected}) > 3
+    engine, out, widths = Engine(model, tokenizer, [], tokenizer.pad_token_id, PrefixCache(4)), {}, []
+    sequences = []
+    for i, (prompt, budget) in enumerate(zip(prompts, budgets)):
+        [s] = sequences_for(prompt, 1, None, max_new_tokens=budget, temperature=0.0)
+        s.on_done = lambda s, i=i: out.__setitem__(i, s.tokens)
+        sequences.append(s)
+    engine.add(sequences[:1])
+    engine.step()
+    engine.add(sequences[1:])
+    while engine.rows:
+        widths.append(engine.cache.length)
+        engine.step()
+    assert [out[i] for i in range(len(prompts))] == expected
+    # every row's slots hold what follows its prefix: at most its prompt's last partial block, its replies
+    assert max(widths) <= BLOCK_TOKENS + 3 + 5 * 4 + 12 + 1 < len(library)

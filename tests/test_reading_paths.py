@@ -26,8 +26,8 @@ from tiny import make_tiny_model_dir
 
 # (lines, files) a path may hold: a ratchet at what the paths hold today, counting all that runs; the issue's
 # goal is 500 / 400 / 500 lines (docs/files.md says what is on and off the paths)
-BUDGETS = {"Skill-R1: one training step": (627, 8), "MASA: one hill-climbing iteration": (410, 5),
-           "MASA: one UCB1 iteration": (495, 6)}
+BUDGETS = {"Skill-R1: one training step": (532, 7), "MASA: one hill-climbing iteration": (400, 5),
+           "MASA: one UCB1 iteration": (487, 6)}
 SCRIPTS = ("train_grpo.py", "evolve_masa.py", "rewrite.py")
 INFRASTRUCTURE = ("bench.py",)   # measurement code, not an algorithm module: only the module size rule applies
 
@@ -74,13 +74,16 @@ def test_no_function_over_80_lines(path):
 # iteration executes is on its reading path. What else runs is the machinery they stand on, read once, not per
 # step: the model and its tokenizer (nn/model, weights, tokenizer, lora), HTTP clients and servers (serve/), run
 # folders and files (runs, files), skill parsing (skills, skillsets, replies), the tasks' verifiers (tasks/).
-# Of nn/sampling.py only the editor's sampling and the update's log-probs are algorithm code. skill_r1/records.py is
-# bookkeeping: what a run writes after each step (metrics and lineage rows, the curve), done by the loop between steps.
+# Of nn/sampling.py only the update's log-probs are algorithm code: `generate`, the editor's sampler, is language-model
+# machinery like the model's forward. skill_r1/records.py is bookkeeping: what a run writes after each step (metrics
+# and lineage rows, the curve), done between steps by train_grpo.py's StepRecorder (which also saves the checkpoint
+# and runs the --probe-every held-out probe), as evolve_masa.py:run_search prints and saves around MASA's iterations;
+# the Skill-R1 trace therefore covers train_step alone, as the MASA ones cover the search's iteration alone.
 ALGORITHM_FILES = ("train_grpo.py", "evolve_masa.py", "rewrite.py", "minskill/skill_r1/grpo.py",
                    "minskill/skill_r1/loop.py", "minskill/skill_r1/evaluate.py", "minskill/masa/search.py",
                    "minskill/masa/ucb.py", "minskill/masa/teacher.py", "minskill/gates.py", "minskill/paired.py",
                    "minskill/rollout.py", "minskill/nn/shared_prefix.py")
-ALGORITHM_FUNCTIONS = {"minskill/nn/sampling.py": ("generate", "completion_logprobs")}
+ALGORITHM_FUNCTIONS = {"minskill/nn/sampling.py": ("completion_logprobs",)}
 
 
 @contextlib.contextmanager

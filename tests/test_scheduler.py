@@ -28,34 +28,42 @@ def _prompt(i, length=20):
     return torch.randint(3, 300, (length,), generator=torch.Generator().manual_seed(i)).tolist()
 
 
-def _run(engine, joins, max_steps=1000):
-    """joins: {step: [sequences]} added before that step; runs until the batch is empty."""
+def _run(engine, joins, max_steps=1000, widths=None):
+    """joins: {step: [sequences]} added before that step; runs until the batch is empty (widths: gets the
+    cache's slots at each step)."""
     for step in range(max_steps):
         engine.add(joins.pop(step, []))
         if not engine.rows and not joins:
             return step
+        if widths is not None and engine.cache is not None:
+            widths.append(engine.cache.length)
         engine.step()
     raise AssertionError("the engine did not empty")
 
 
-@pytest.mark.parametrize("cache_mb", [0, 2])
-def test_a_seeded_request_gives_the_same_tokens_whatever_shares_its_batch(tiny, cache_mb):
+@pytest.mark.parametrize("cache_mb, shared", [(0, 0), (2, 0), (2, 80)])
+def test_a_seeded_request_gives_the_same_tokens_whatever_shares_its_batch(tiny, cache_mb, shared):
+    """shared: the tokens of a prefix every prompt starts with (kept once in the batch: serve.cascade)."""
     model, tokenizer = tiny
+    library = _prompt(99, shared) if shared else []
     params = [dict(SAMPLED), dict(temperature=0.8, top_k=20, top_p=1.0), dict(temperature=1.2, top_k=0, top_p=0.7)]
     runs = []
     for companions in ([], [(0, 3), (2, 1)], [(1, 2), (4, 0), (4, 4)]):   # (join step, prompt seed)
         engine = Engine(model, tokenizer, [], tokenizer.pad_token_id, PrefixCache(cache_mb) if cache_mb else None)
-        mine = [s for p in params for s in sequences_for(_prompt(7), 2, 1234, max_new_tokens=10, **p)]
+        mine = [s for p in params for s in sequences_for(library + _prompt(7), 2, 1234, max_new_tokens=10, **p)]
         joins = {3: mine}
         for step, seed in companions:
-            joins.setdefault(step, []).extend(sequences_for(_prompt(seed, 10 + seed), 2, seed, max_new_tokens=6,
-                                                            **SAMPLED))
-        _run(engine, joins)
+            joins.setdefault(step, []).extend(sequences_for(library + _prompt(seed, 10 + seed), 2, seed,
+                                                            max_new_tokens=6, **SAMPLED))
+        widths = []
+        _run(engine, joins, widths=widths)
+        if shared:   # the prefix was kept once for the rows sharing it, not in every row's slots
+            assert max(widths) < shared
         runs.append([s.tokens for s in mine])
     assert runs[0] == runs[1] == runs[2]
     # the same draws as sampling.generate gives the request alone (on the CPU)
     for k, p in enumerate(params):
-        expected = generate(model, [_prompt(7)], n=2, max_new_tokens=10, seed=1234, **p)
+        expected = generate(model, [library + _prompt(7)], n=2, max_new_tokens=10, seed=1234, **p)
         assert runs[0][2 * k:2 * k + 2] == [s.token_ids for s in expected]
     assert len({tuple(t) for t in runs[0]}) > 1                    # the samples differ: the seed matters
 

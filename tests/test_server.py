@@ -757,3 +757,28 @@ def test_connections_beyond_the_cap_are_closed_at_once():
             connection.close()                   # their threads end, their slots free up
         assert _wait_until(lambda: server.httpd.open_connections == 0)
         assert server.client(max_retries=0).chat(USER).text.startswith("echo")
+
+
+def test_the_new_engine_is_the_default_of_the_server_and_the_embedded_one(monkeypatch, capsys):
+    """python -m minskill.serve and embedded_client (what the scripts start) serve with the prefix cache and
+    continuous batching unless told `--prefix-cache-mb 0 --scheduler static`."""
+    import minskill.serve.server as server
+    started = []
+
+    class Stop(Exception):
+        pass
+
+    def popen(command, **kw):
+        started.append(command)
+        raise Stop
+    monkeypatch.setattr(server.subprocess, "Popen", popen)
+    for kwargs in ({}, {"prefix_cache_mb": 0, "scheduler": "static"}):
+        with pytest.raises(Stop):
+            with embedded_client(model_spec="m", **kwargs):
+                pass
+    flags = [(c[c.index("--prefix-cache-mb") + 1], c[c.index("--scheduler") + 1]) for c in started]
+    assert flags == [("256", "continuous"), ("0", "static")]
+    with pytest.raises(SystemExit):
+        server.main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "continuous (default)" in text and "(default 256; 0: off" in text

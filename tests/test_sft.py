@@ -1,12 +1,13 @@
-"""minskill/masa/sft.py: records -> chats -> masked tokens, the chunked target-token loss, the training loop
-(memorisation, resume round trip), bad data handling."""
+"""minskill/masa/sft.py (records -> chats, bad data handling) and minskill/sft.py (chats -> masked tokens, the chunked
+target-token loss, the training loop: memorisation, resume round trip)."""
 import json
 import math
 
 import pytest
 import torch
 
-from minskill.masa import sft
+from minskill import sft
+from minskill.masa import sft as masa_sft
 from minskill.nn.optim import lr_factor
 from minskill.nn.sampling import generate
 from minskill.nn.tokenizer import Tokenizer
@@ -41,7 +42,7 @@ def test_malformed_jsonl_lines_are_reported_with_line_numbers_and_skipped(tmp_pa
     path = tmp_path / "data.jsonl"
     path.write_text("\n".join(lines) + "\n")
     warnings = []
-    records, problems = sft.read_records([path], warn=warnings.append)
+    records, problems = masa_sft.read_records([path], warn=warnings.append)
     assert records == [good, good]
     assert problems == warnings
     assert [p.split(": skipped")[0] for p in problems] == [f"{path}:{n}" for n in (2, 4, 5, 6)]
@@ -50,14 +51,14 @@ def test_malformed_jsonl_lines_are_reported_with_line_numbers_and_skipped(tmp_pa
     assert "expected a JSON object" in problems[2]
     assert "'task_description' must be a JSON string" in problems[3]
     with pytest.raises(FileNotFoundError, match="not found"):
-        sft.read_records([tmp_path / "absent.jsonl"])
+        masa_sft.read_records([tmp_path / "absent.jsonl"])
 
 
 def test_a_byte_order_mark_keeps_the_first_record(tmp_path):
     records = [record("alpha", "Carry the one."), record("beta", "Borrow ten.")]
     path = tmp_path / "data.jsonl"
     path.write_bytes(b"\xef\xbb\xbf" + "".join(json.dumps(r) + "\r\n" for r in records).encode())
-    assert sft.read_records([path], warn=pytest.fail) == (records, [])
+    assert masa_sft.read_records([path], warn=pytest.fail) == (records, [])
 
 
 def test_invalid_utf8_is_reported_with_file_and_line_not_replaced(tmp_path):
@@ -65,7 +66,7 @@ def test_invalid_utf8_is_reported_with_file_and_line_not_replaced(tmp_path):
     path = tmp_path / "data.jsonl"
     path.write_bytes(good + b"\n" + good.replace(b"Carry", b"C\xe4rry") + b"\n" + good + b"\n")
     warnings = []
-    records, problems = sft.read_records([path], warn=warnings.append)
+    records, problems = masa_sft.read_records([path], warn=warnings.append)
     assert records == [record("alpha", "Carry the one.")] * 2
     assert problems == warnings and len(problems) == 1
     assert problems[0].startswith(f"{path}:2: skipped: not UTF-8")
@@ -77,7 +78,7 @@ def test_a_record_with_a_lone_surrogate_is_reported_with_file_and_line_and_skipp
     path = tmp_path / "data.jsonl"
     path.write_text(good + "\n" + good.replace("Carry", "C\\ud800rry") + "\n" + good + "\n")
     warnings = []
-    records, problems = sft.read_records([path], warn=warnings.append)
+    records, problems = masa_sft.read_records([path], warn=warnings.append)
     assert records == [record("alpha", "Carry the one.")] * 2
     assert problems == warnings == [f"{path}:2: skipped: skills_out.common_mistakes[0] is not Unicode text "
                                     "(a lone surrogate: a \\ud800-\\udfff escape without its pair)"]
@@ -86,8 +87,8 @@ def test_a_record_with_a_lone_surrogate_is_reported_with_file_and_line_and_skipp
 @pytest.mark.parametrize("chat_format", ["chatml", "llama3"])
 def test_loss_mask_covers_exactly_the_target_tokens(tmp_path, chat_format):
     tok = Tokenizer.from_pretrained(make_tiny_tokenizer_dir(tmp_path / chat_format, chat_format))
-    prompt, target = sft.record_messages(record("alpha", "Carry the one."))
-    assert prompt[0]["content"] == sft.REWRITER_SYSTEM_PROMPT and '"name": "alpha"' in prompt[1]["content"]
+    prompt, target = masa_sft.record_messages(record("alpha", "Carry the one."))
+    assert prompt[0]["content"] == masa_sft.REWRITER_SYSTEM_PROMPT and '"name": "alpha"' in prompt[1]["content"]
     assert json.loads(target) == {"common_mistakes": ["Carry the one."]}
     eot = sft.end_of_turn_id(tok)
     assert eot == tok.token_to_id("<|im_end|>" if chat_format == "chatml" else "<|eot_id|>")
@@ -114,14 +115,14 @@ def test_loss_mask_covers_exactly_the_target_tokens(tmp_path, chat_format):
 def test_too_long_records_are_skipped_or_truncated_and_counted(tiny_dir):
     tok = Tokenizer.from_pretrained(tiny_dir)
     records = [record("alpha", "Carry the one."), record("beta", "x " * 300)]
-    lengths = [len(sft.encode_chat(tok, *sft.record_messages(r), max_length=10**6).input_ids) for r in records]
+    lengths = [len(sft.encode_chat(tok, *masa_sft.record_messages(r), max_length=10**6).input_ids) for r in records]
     limit = (lengths[0] + lengths[1]) // 2
-    kept, counts = sft.encode_records(tok, records, max_length=limit, too_long="skip")
+    kept, counts = masa_sft.encode_records(tok, records, max_length=limit, too_long="skip")
     assert len(kept) == 1 and counts == {"kept": 1, "truncated": 0, "skipped_too_long": 1}
-    kept, counts = sft.encode_records(tok, records, max_length=limit, too_long="truncate")
+    kept, counts = masa_sft.encode_records(tok, records, max_length=limit, too_long="truncate")
     assert counts == {"kept": 2, "truncated": 1, "skipped_too_long": 0}
     assert len(kept[1].input_ids) == limit and kept[1].truncated and kept[1].num_target_tokens > 0
-    _, counts = sft.encode_records(tok, records, max_length=20, too_long="truncate")   # prompt alone too long
+    _, counts = masa_sft.encode_records(tok, records, max_length=20, too_long="truncate")   # prompt alone too long
     assert counts["skipped_too_long"] == 2
 
 
@@ -129,7 +130,7 @@ def test_too_long_records_are_skipped_or_truncated_and_counted(tiny_dir):
 
 def test_target_nll_equals_full_logit_reference_and_ignores_padding(tiny_dir):
     tok, model = Tokenizer.from_pretrained(tiny_dir), load_pretrained(tiny_dir)
-    examples, _ = sft.encode_records(tok, [record("alpha", "Carry the one."),
+    examples, _ = masa_sft.encode_records(tok, [record("alpha", "Carry the one."),
                                            record("beta", "Check the units twice.", task="Unit conversion.")])
     assert len(examples[0].input_ids) != len(examples[1].input_ids)
     with torch.no_grad():
@@ -169,7 +170,7 @@ def test_learning_rate_schedule_warmup_then_cosine():
 def test_training_loss_falls_and_the_model_reproduces_memorised_targets(tiny_dir, tmp_path):
     tok, model = Tokenizer.from_pretrained(tiny_dir), load_pretrained(tiny_dir)
     records = [record("alpha", "Carry the one."), record("beta", "Check units.")]
-    examples, _ = sft.encode_records(tok, records)
+    examples, _ = masa_sft.encode_records(tok, records)
     cfg = sft.SFTConfig(lr=2e-2, epochs=40, batch_size=2, micro_batch_size=2, eval_every=10, save_every=1000,
                         log_every=10)
     lines = []
@@ -196,7 +197,7 @@ def test_training_loss_falls_and_the_model_reproduces_memorised_targets(tiny_dir
 def test_resume_continues_exactly_like_an_uninterrupted_run(tiny_dir, tmp_path):
     tok = Tokenizer.from_pretrained(tiny_dir)
     records = [record(n, m) for n, m in [("a", "One."), ("b", "Two two."), ("c", "Three."), ("d", "Four!")]]
-    examples, _ = sft.encode_records(tok, records)
+    examples, _ = masa_sft.encode_records(tok, records)
     # 4 records, batch 2 (2 micro-batches of 1) -> 2 steps per epoch; 3 epochs = 6 steps; stop mid-epoch at 3
     cfg = dict(lr=1e-2, epochs=3, batch_size=2, micro_batch_size=1, save_every=100, log_every=100, seed=3)
 

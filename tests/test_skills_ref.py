@@ -79,7 +79,7 @@ CORPUS = {
     "description: a comment after it": ("my-skill", front_matter(description="Use for C# code # a comment")),
     "description: an unquoted ': ' inside": ("my-skill", front_matter(description="Use when: testing")),
     "description: a flow list": ("my-skill", front_matter(description="[a, b]")),
-    # ---- what public skills write (issue 25: minskill's old YAML subset refused the first three)
+    # ---- what public skills write (minskill's old YAML subset refused the first three)
     "description: plain text continued on indented lines": (
         "my-skill", front_matter(description="Use when a task needs the validators,\n  or when testing them.")),
     "description: nothing on its line, text on the indented lines below": (

@@ -10,7 +10,7 @@ import pytest
 from helpers import make_skill, masa_library, render_set
 from minskill.skills import MAX_FILE_BYTES, Skill, SkillFormatError
 from minskill.skillsets import Mistake, SkillSet, recover_save
-from minskill.tasks import load_suite
+from minskill.tasks import load_suite, suite_types
 
 BASE_SKILLS = Path(__file__).resolve().parents[1] / "minskill" / "tasks" / "base_skills"
 
@@ -191,13 +191,28 @@ def test_a_skill_renders_as_a_set_of_that_one_skill():
                         == SkillSet(general=[skill]).render("counting", max_tokens=budget, count_tokens=count))
 
 
+def test_masa_s_search_libraries_query_type_skills_are_the_task_specific_section(tmp_path):
+    """MASA's released search libraries name the section query_type_skills: read as task-specific skills (they
+    were kept as an unknown field, never shown), saved back under that name; both sections at once is refused."""
+    skill = {"skill_id": "cmp_001", "title": "Both", "principle": "Search both.", "when_to_apply": "Which of two."}
+    data = {"general_skills": [], "query_type_skills": {"comparison": [skill]}, "common_mistakes": []}
+    skillset = SkillSet.from_json(json.loads(json.dumps(data)))
+    assert [s.name for s in skillset.task_specific["comparison"]] == ["cmp-001"]
+    assert "Search both." in skillset.render("comparison")
+    assert SkillSet.load(skillset.save(tmp_path / "set")).to_json() == data
+    with pytest.raises(SkillFormatError, match="both task_specific_skills and query_type_skills"):
+        SkillSet.from_json({**data, "task_specific_skills": {}})
+    with pytest.raises(SkillFormatError, match=r"query_type_skills\['comparison'\] must be a list"):
+        SkillSet.from_json({"query_type_skills": {"comparison": {}}})
+
+
 # --------------------------------------------------------------------------- the shipped base skills
 
-@pytest.mark.parametrize("suite", ["qa", "household", "webwalk"])
+@pytest.mark.parametrize("suite", ["qa", "household", "webwalk", "webshop", "searchqa"])
 def test_base_skill_sets_load_and_cover_every_task_type(suite):
     skillset = SkillSet.load(BASE_SKILLS / suite)
     assert skillset.general
-    types = {t.type for t in load_suite(suite, n=6 if suite == "household" else 4 if suite == "qa" else 3)}
+    types = {t.type for t in load_suite(suite, n=len(suite_types(suite)))}
     assert set(skillset.task_specific) == types
     for task_type in types:
         text = skillset.render(task_type)

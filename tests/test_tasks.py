@@ -20,7 +20,7 @@ def _ids(tasks):
 
 # --------------------------------------------------------------------------- common
 
-@pytest.mark.parametrize("suite", ["qa", "household", "webwalk"])
+@pytest.mark.parametrize("suite", ["qa", "household", "webwalk", "webshop", "searchqa"])
 def test_suites_are_deterministic_and_splits_disjoint(suite):
     train = load_suite(suite, "train", seed=0)
     assert _ids(train) == _ids(load_suite(suite, "train", seed=0))
@@ -364,7 +364,7 @@ def test_webwalk_navigation_and_answers():
 
 
 def test_tasks_round_trip_as_dicts():
-    for suite in ("qa", "household", "webwalk"):
+    for suite in ("qa", "household", "webwalk", "webshop", "searchqa"):
         task = load_suite(suite, n=1)[0]
         again = Task.from_dict(json.loads(json.dumps(task.to_dict())))
         assert again == task

@@ -234,8 +234,9 @@ def sft_task_description(suite: str, task_seed: int = 0, n_prelim: int = 4, n_tr
 
 
 def task_description(text: str, task_seed: int = 0) -> str:
-    """A rewriter's task description given as --task: a suite's name (qa, household, webwalk, or a .jsonl file)
-    stands for the description its SFT records hold (sft_task_description); any other text is used as is."""
+    """A rewriter's task description given as --task: a suite's name (qa, household, webwalk, webshop, searchqa,
+    or a .jsonl file) stands for the description its SFT records hold (sft_task_description); any other text is
+    used as is."""
     if text in SUITES or (text.endswith(".jsonl") and Path(text).is_file()):
         return sft_task_description(text, task_seed)
     return text

@@ -18,10 +18,11 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from minskill.masa import sft
 from minskill.masa.model_card import as_model_card, read_card_file, target_model_card
+from minskill.masa.sft import prompt_messages
 from minskill.nn.sampling import generate
 from minskill.replies import extract_json
+from minskill.sft import latest_checkpoint
 from minskill.skillsets import SkillSet
 
 
@@ -48,7 +49,7 @@ def resolve_rewriter(spec: str) -> str:
     if path.is_dir() and not (path / "config.json").is_file():
         if (path / "final" / "config.json").is_file():
             return str(path / "final")
-        checkpoint = sft.latest_checkpoint(path)
+        checkpoint = latest_checkpoint(path)
         if checkpoint is None:
             raise FileNotFoundError(f"--rewriter {spec}: no config.json, final/ or checkpoint-*/ in this folder")
         return str(checkpoint)
@@ -106,7 +107,7 @@ def save_skills_validated(skills, out: Path):
 def rewrite_with_model(model, tokenizer, card: dict, skills, task: str, max_new_tokens: int = 1536,
                        temperature: float = 0.0, seed: int = 0) -> tuple[str, str]:
     """One rewriter pass: (raw reply text, finish reason). Greedy by default."""
-    prompt = tokenizer.apply_chat_template(sft.prompt_messages(card, skills.to_json(), task), add_generation_prompt=True)
+    prompt = tokenizer.apply_chat_template(prompt_messages(card, skills.to_json(), task), add_generation_prompt=True)
     sample = generate(model, [prompt], max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
                       stop_token_ids=tokenizer.stop_token_ids, tokenizer=tokenizer, pad_id=tokenizer.pad_token_id)[0]
     return sample.text, sample.finish_reason

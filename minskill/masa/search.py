@@ -321,8 +321,7 @@ CANDIDATE_KEYS = ("id", "phase", "task_type", "parent", "iteration", "node", "sk
 
 @dataclass
 class HillClimbState:
-    """The hill climb's progress: its best Candidate, the iterations done, and `stale`, the consecutive iterations
-    without a strict improvement (the climb stops when it reaches `patience`)."""
+    """The climb's best Candidate, its iterations, and `stale`: iterations since it improved (stop at `patience`)."""
     best: Candidate
     iteration: int = 0
     stale: int = 0
@@ -336,8 +335,7 @@ class Tree:
 
 
 def rollouts(target, tasks: list, skills: SkillSet | None, config: MasaConfig, budget: CallBudget | None = None):
-    """One greedy (by default) rollout per task under `skills`. Raises BudgetExhausted when the budget refused
-    any of the calls (a partly refused rollout is not a measurement); calls answered by the cache are free."""
+    """One rollout per task under `skills`; BudgetExhausted if the budget refused a call (cached calls are free)."""
     refusals = budget.refusals if budget is not None else 0
     trajectories = run_rollouts(target, tasks, skills, n=1, temperature=config.target_temperature,
                                 max_tokens=config.target_max_tokens, seed=config.seed,
@@ -345,6 +343,11 @@ def rollouts(target, tasks: list, skills: SkillSet | None, config: MasaConfig, b
     if budget is not None and budget.refusals > refusals:
         raise BudgetExhausted(f"call budget spent ({budget.spent} of {budget.max_calls} calls)")
     return trajectories
+
+
+def _transcript(traj) -> str:
+    steps = [f"> {a} -> {o}" for a, o in zip(traj.actions, traj.observations[1:])]
+    return _clip((traj.observations[0] if traj.observations else "") + "\n" + "\n".join(steps[-8:]), 1500)
 
 
 def failure_records(tasks, trajectories, limit: int) -> list[dict]:
@@ -357,10 +360,7 @@ def failure_records(tasks, trajectories, limit: int) -> list[dict]:
 
 
 def episode_record(task, traj) -> dict:
-    transcript = ""
-    if traj.actions:
-        steps = [f"> {a} -> {o}" for a, o in zip(traj.actions, traj.observations[1:])]
-        transcript = _clip((traj.observations[0] if traj.observations else "") + "\n" + "\n".join(steps[-8:]), 1500)
+    transcript = _transcript(traj) if traj.actions else ""   # multi-turn tasks: the episode's last steps
     return {"task_id": traj.task_id, "task_type": traj.task_type,
             "question": _clip(getattr(task, "question", "") if task is not None else "", 1500),
             "expected": getattr(task, "answer", None) if task is not None else None,
@@ -445,8 +445,7 @@ class MasaSearch:
                 f"best R = {climb.best.reward:.3f}; calls {self.calls()}")
 
     def propose_general(self, climb: HillClimbState) -> Candidate | None:
-        """The teacher attributes the best set's failures, then rewrites its general skills (shown the top-5 sets of
-        the whole history by R); None when a reply was skipped."""
+        """The teacher attributes the best set's failures, then rewrites its general skills; None: a reply skipped."""
         best, it = climb.best, climb.iteration + 1
         attribution = self.ask(partial(attribution_messages, self.card, best.skills, best.failures, best.reward),
                                parse_attribution, "attribution", it)
@@ -502,9 +501,8 @@ class MasaSearch:
         return self.add_candidate(skills, "tree", parent, it, task_type, attribution)
 
     def gate(self, candidate: Candidate, incumbent: Candidate, use: str) -> bool:
-        """Whether `candidate` may replace `incumbent` under --gate (minskill/gates.py; the decision is recorded
-        on the candidate). Paired compares both on the tasks both were scored on; fresh rolls both
-        out on the gate tasks (in a tree: those of its type), which the teacher never sees."""
+        """Whether `candidate` may replace `incumbent` under --gate (minskill/gates.py); the decision is kept on it.
+        Fresh rolls both out on the gate tasks (in a tree: those of its type), which the teacher never sees."""
         c, gate_tasks = self.config, [t for t in self.gate_tasks if candidate.task_type in (None, t.type)]
         rewards = lambda skills, tasks: self.evaluate(skills, tasks)[0]["task_rewards"]  # noqa: E731
         candidate.gate = gates.masa_decision(candidate, incumbent, c.gate, c.gate_alpha, use, rewards, gate_tasks,

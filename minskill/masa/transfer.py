@@ -578,7 +578,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the model name to ask a URL target for (default: the first it lists)")
     p.add_argument("--task-api-key", default=None, help="API key of the URL targets (default $OPENAI_API_KEY)")
     p.add_argument("--task-extra-body", nargs="+", metavar="[LABEL=]JSON", help=LABELLED_EXTRA_BODY_HELP)
-    p.add_argument("--suite", default="qa", help="qa | household | webwalk | PATH.jsonl (default qa)")
+    p.add_argument("--suite", default="qa",
+                   help="qa | household | webwalk | webshop | searchqa | PATH.jsonl (default qa)")
     p.add_argument("--n-heldout", type=int, default=40, help="held-out tasks (evolve_masa.py's; default 40)")
     p.add_argument("--task-seed", type=int, default=0, help="seed of the generated suite (default 0)")
     p.add_argument("--task-max-tokens", type=int, default=128, help="reply budget per task (evolve_masa.py's; 128)")

@@ -110,7 +110,9 @@ class KVCache:
     All rows share one write offset `length` (batches are left padded); `key_mask` marks which cached slots
     hold real tokens and `next_position` is each row's next RoPE position. Attention uses a cache through
     `update(layer, k, v)` and those fields only (gradient checkpointing also reads slots 0..length-1 of `k[layer]`,
-    `v[layer]`: `checkpointed_layer`), so another store of keys/values can stand in for it.
+    `v[layer]`: `checkpointed_layer`), so another store of keys/values can stand in for it; a store with a
+    non-empty `prefixes` (the server's serve/cascade.py) adds prefixes that several rows share, kept once
+    (attend_with_prefixes).
     """
 
     def __init__(self, config: ModelConfig, batch_size: int, max_len: int, dtype=torch.float32, device=None):
@@ -206,7 +208,11 @@ class Attention(nn.Module):
         if cache is not None:  # the cache keeps this step's keys/values and returns all of them
             k, v = cache.update(layer, k, v)                                            # (B, n_kv, S, d)
             k, v = k.to(q.dtype), v.to(q.dtype)      # a no-op unless a caller made the cache in another dtype
-        if T == 1 and self.group > 1:
+        prefixes = getattr(cache, "prefixes", None)
+        if prefixes:   # some rows continue a shared prefix kept once (serve/cascade.py): attend_with_prefixes
+            o = attend_with_prefixes(q, k, v, mask, is_causal, self.group, prefixes, layer)
+            o = o.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim)
+        elif T == 1 and self.group > 1:
             # One new token: the `group` query heads sharing a kv head become `group` query rows of that
             # head (same keys, same mask) -- one small matmul instead of a GQA kernel; fastest on CPU.
             o = F.scaled_dot_product_attention(q.view(B, self.n_kv_heads, self.group, self.head_dim), k, v,
@@ -232,6 +238,66 @@ def attend(q, k, v, mask, is_causal: bool, group: int):
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
         group = 1
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, enable_gqa=group > 1)
+
+
+def attend_with_prefixes(q, k, v, mask, is_causal: bool, group: int, prefixes, layer: int):
+    """Attention of q (B, n_h, T, d) over each row's own keys k, v (B, n_kv, S, d) (mask, is_causal: as for SDPA)
+    and, for the rows of each shared prefix, over that prefix's keys first: prefixes is a list of (rows: a slice
+    or an (R,) long tensor, pk, pv (layers, n_kv, P, d)), a row in at most one; every query sees all of its prefix (it comes first).
+
+    At decoding (T = 1) the prefix's keys/values are read once for all its rows (one matmul of all their
+    queries), not once per row; a prefill (T > 1) copies them before each row's keys for SDPA's fused kernel.
+    Exactly softmax over [prefix keys, own keys]: each part gives its running max m, sum l = sum exp(s - m) and
+    unnormalised output o = sum exp(s - m) v, merged as m = max(m1, m2), l = l1 e^(m1-m) + l2 e^(m2-m), o likewise,
+    out = o / l (log-sum-exp merge; scores and sums in float32)."""
+    B, n_h, T, d = q.shape
+    n_kv, scale = k.shape[1], 1.0 / math.sqrt(d)
+    if T > 1:   # a prefill (once per join): each row's prefix copied before its keys, one fused SDPA call
+        return _attend_prefix_copied(q, k, v, mask, is_causal, group, prefixes, layer)
+    # scores in float32 whatever the cache's dtype (a bf16 matmul would round them to 8 bits first)
+    qf = q.float().reshape(B, n_kv, group * T, d)  # row g*T + t of kv head h: query head h*group + g, token t
+    s = (qf @ k.float().transpose(-1, -2)) * scale                                 # (B, n_kv, group*T, S)
+    if mask is not None:   # one query a row, so never is_causal; (T, S) or (B, 1, T, S), repeated per group row
+        s = s.masked_fill(~mask.repeat(*[1] * (mask.dim() - 2), group, 1), float("-inf"))
+    m = s.amax(-1, keepdim=True)
+    e = torch.exp(s - m)
+    l, o = e.sum(-1, keepdim=True), e @ v.float()                                  # (.., 1), (.., d)
+    for rows, pk, pv in prefixes:
+        qr = qf[rows]                               # rows: a slice (a view) or an index tensor
+        R = qr.shape[0]
+        qr = qr.transpose(0, 1).reshape(n_kv, R * group * T, d)
+        sp = (qr @ pk[layer].float().transpose(-1, -2)) * scale                   # (n_kv, R*group*T, P)
+        mp = sp.amax(-1, keepdim=True)
+        ep = torch.exp(sp - mp)
+        lp, op = ep.sum(-1, keepdim=True), ep @ pv[layer].float()
+        mp, lp, op = (x.view(n_kv, R, group * T, x.shape[-1]).transpose(0, 1) for x in (mp, lp, op))
+        m_r = m[rows]
+        top = torch.maximum(m_r, mp)
+        a, b = torch.exp(m_r - top), torch.exp(mp - top)
+        l[rows], o[rows] = l[rows] * a + lp * b, o[rows] * a + op * b   # m, l, o are this call's own tensors
+        m[rows] = top
+    return (o / l).to(q.dtype).view(B, n_h, T, d)
+
+
+def _attend_prefix_copied(q, k, v, mask, is_causal: bool, group: int, prefixes, layer: int):
+    """attend_with_prefixes for T > 1 queries a row: [prefix (right-aligned in Pmax slots, the rest masked), own
+    keys] per row, then `attend` (SDPA's fused kernels do many queries faster than the split softmax)."""
+    B, _, T, _ = q.shape
+    S, P = k.shape[2], max(pk.shape[2] for _, pk, _ in prefixes)
+    kf, vf = k.new_zeros(B, k.shape[1], P + S, k.shape[3]), v.new_zeros(B, v.shape[1], P + S, v.shape[3])
+    kf[:, :, P:], vf[:, :, P:] = k, v
+    seen = torch.zeros(B, P, dtype=torch.bool, device=q.device)
+    for rows, pk, pv in prefixes:
+        n = pk.shape[2]
+        kf[rows, :, P - n:P] = pk[layer].to(k.dtype).unsqueeze(0)
+        vf[rows, :, P - n:P] = pv[layer].to(v.dtype).unsqueeze(0)
+        seen[rows, P - n:] = True
+    if mask is None:
+        mask = torch.ones(T, S, dtype=torch.bool, device=q.device) if not is_causal else \
+            torch.arange(S, device=q.device)[None, :] <= torch.arange(S - T, S, device=q.device)[:, None]
+    own = mask.expand(B, 1, T, S)                 # (T, S) or (B, 1, T, S)
+    full = torch.cat([seen[:, None, None, :].expand(B, 1, T, P), own], dim=-1)
+    return attend(q, kf, vf, full, False, group)
 
 
 class MLP(nn.Module):

@@ -42,11 +42,7 @@ class DifferentiableKV:
         self.v: list[torch.Tensor | None] = [None] * num_layers
         self.key_mask = torch.zeros(batch_size, max_len, dtype=torch.bool, device=device)
         self.next_position = torch.zeros(batch_size, dtype=torch.long, device=device)
-        self.length, self.max_len, self.keeps_new = 0, max_len, True
-
-    @property
-    def batch_size(self) -> int:
-        return self.key_mask.shape[0]
+        self.batch_size, self.length, self.max_len, self.keeps_new = batch_size, 0, max_len, True
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.k[layer] is not None:
@@ -58,16 +54,16 @@ class DifferentiableKV:
     def expand(self, n: int) -> "DifferentiableKV":
         """The same prefix for n rows (a view: no copy; gradients flow back to the one prefix), for a last pass."""
         new = copy.copy(self)   # length and max_len as they are
-        new.k, new.v, new.keeps_new = [t.expand(n, -1, -1, -1) for t in self.k], [t.expand(n, -1, -1, -1) for t in self.v], False
+        new.k, new.v = [t.expand(n, -1, -1, -1) for t in self.k], [t.expand(n, -1, -1, -1) for t in self.v]
         new.key_mask, new.next_position = self.key_mask.expand(n, -1).clone(), self.next_position.expand(n).clone()
+        new.batch_size, new.keeps_new = n, False
         return new
 
 
 def shared_prefix_logprobs(model, prompt: list[int], completions: list[list[int]], *, temperature: float = 1.0,
                            chunk_tokens: int = 2048) -> tuple[torch.Tensor, torch.Tensor]:
-    """(K, Tc) float32 log-probs of each completion token given the shared `prompt` and the completion's
-    earlier tokens, and the (K, Tc) bool mask of real entries: what sampling.completion_logprobs returns
-    for K copies of the prompt, with the prompt computed once. Differentiable through the model."""
+    """(K, Tc) float32 log-probs of the completions' tokens after `prompt` and their (K, Tc) bool mask: what
+    sampling.completion_logprobs returns for K copies of the prompt, the prompt computed once (differentiable)."""
     if not prompt:
         raise ValueError("shared_prefix_logprobs: the prompt needs at least one token")
     device = model.device

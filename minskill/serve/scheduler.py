@@ -9,11 +9,13 @@ is 4 sequences), and the logits of each row's next token. Each `step()`:
   3. finished rows leave the cache at once (KVCache.select), their request is answered as soon as its last
      sample ends; the others are fed their token (one forward of the model, one new slot for every row).
 
-`add(sequences)` prefills newcomers (serve.prefix_cache.prefill: identical and shared prefixes once, and
-from the prefix cache) and merges them into the running cache. All rows share one write offset (KVCache):
-the rows are aligned on their last slot, the shorter side is left padded with masked slots, and leading
-slots that no row uses any more are cut, so a long-gone prompt does not keep the cache wide. Positions are
-per row (next_position), so padding never shifts a row's RoPE positions.
+`add(sequences)` prefills newcomers and merges them into the running cache: with a prefix cache, through
+serve.cascade.prefill_shared (a prefix that running or joining sequences share is computed once, from the
+prefix cache when it is there, and kept once in the batch: a CascadeCache, whose slots hold each row's own
+tokens only), else through serve.prefix_cache.prefill (identical prompts once, every row holding its prompt).
+All rows share one write offset (KVCache): the rows are aligned on their last slot, the shorter side is left
+padded with masked slots, and leading slots that no row uses any more are cut, so a long-gone prompt does not
+keep the cache wide. Positions are per row (next_position), so padding never shifts a row's RoPE positions.
 
 Invariants.
   * A row's tokens depend only on its own prompt, parameters and generator: padding is masked, positions are
@@ -30,6 +32,7 @@ steps it takes the queued requests that fit in max_batch samples, so a request w
 from __future__ import annotations
 
 import sys
+import time
 import traceback
 from dataclasses import dataclass, field
 from typing import Callable
@@ -38,6 +41,7 @@ import torch
 
 from minskill.nn.model import KVCache
 from minskill.nn.sampling import Sample, _cut_at_stop, _generators, _Plan, _sample_step, compute_dtype
+from minskill.serve.cascade import groups_of, prefill_shared, with_groups
 from minskill.serve.prefix_cache import PrefixCache, prefill
 
 
@@ -100,8 +104,13 @@ class Engine:
         if not sequences:
             return
         room = max(s.max_new_tokens - len(s.tokens) for s in self.rows + sequences)
-        cache, logits = prefill(self.model, [s.prompt for s in sequences], room, self.prefix_cache, self.pad_id,
-                                compute_dtype(self.model))
+        prompts, dtype = [s.prompt for s in sequences], compute_dtype(self.model)
+        if self.prefix_cache is not None:   # shared prefixes kept once in the batch (serve.cascade)
+            cache, logits = prefill_shared(self.model, prompts, room, self.prefix_cache, self.pad_id, dtype,
+                                           [s.prompt for s in self.rows],
+                                           groups_of(self.cache)[0] if self.cache is not None else None)
+        else:
+            cache, logits = prefill(self.model, prompts, room, None, self.pad_id, dtype)
         if self.cache is None:
             self.cache, self.logits = cache, logits
         else:
@@ -200,7 +209,8 @@ def merge_caches(a: KVCache, b: KVCache, room: int) -> KVCache:
         new.next_position[rows] = part.next_position
     new.length = length
     new.has_pads = not bool(new.key_mask[:, :length].all())
-    return new
+    (shared_a, groups_a), (shared_b, groups_b) = groups_of(a), groups_of(b)
+    return with_groups(new, {**shared_a, **shared_b}, groups_a + groups_b)
 
 
 def trim_left(cache: KVCache) -> KVCache:
@@ -215,15 +225,21 @@ def trim_left(cache: KVCache) -> KVCache:
     new.key_mask[:, :cache.length - first] = cache.key_mask[:, first:cache.length]
     new.next_position, new.length = cache.next_position.clone(), cache.length - first
     new.has_pads = not bool(new.key_mask[:, :new.length].all())
-    return new
+    return with_groups(new, *groups_of(cache))
 
 
 def run_continuous(scheduler):
     """The server's scheduler thread under --scheduler continuous (scheduler: server.BatchScheduler; its backend
     has start(request, on_done), step(), in_flight()). Requests join between two decoding steps, up to
     max_batch samples in flight (a bigger one runs once the batch is empty); an embedding request runs
-    between two steps. batches_served counts the times the running batch emptied."""
+    between two steps. batches_served counts the times the running batch emptied; with log_requests, each time
+    it empties one line says what it served since it was last empty (as static batching logs a batch)."""
     backend = scheduler.backend
+    served = dict(requests=0, samples=0, tokens=0, started=time.perf_counter())
+
+    def done(job, result):
+        scheduler.finish(job, result)
+        served["tokens"] += sum(choice.completion_tokens for choice in job.result or ())
     while True:
         with scheduler.condition:
             while not scheduler.pending and not backend.in_flight() and not scheduler.stopping:
@@ -242,8 +258,12 @@ def run_continuous(scheduler):
             if not hasattr(job.request, "n"):          # an EmbeddingRequest
                 scheduler._embed(job)
                 continue
+            if not backend.in_flight():
+                served.update(requests=0, samples=0, tokens=0, started=time.perf_counter())
+            served["requests"] += 1
+            served["samples"] += job.request.n
             try:
-                backend.start(job.request, lambda result, job=job: scheduler.finish(job, result))
+                backend.start(job.request, lambda result, job=job: done(job, result))
             except Exception as error:
                 traceback.print_exc(file=sys.stderr)
                 scheduler.finish(job, error)
@@ -255,3 +275,7 @@ def run_continuous(scheduler):
             backend.fail_all(error)
         if busy and not backend.in_flight():
             scheduler.batches_served += 1        # the running batch emptied: as a static batch ending
+            if scheduler.log_requests:
+                print(f"[minskill.serve] batch of {served['requests']} requests, {served['samples']} samples, "
+                      f"{served['tokens']} completion tokens, {time.perf_counter() - served['started']:.2f} s "
+                      "(continuous: from the batch's first request until it emptied)", file=sys.stderr, flush=True)

@@ -2,7 +2,7 @@
 
     python -m minskill.serve --model SPEC [--host 127.0.0.1] [--port 8000] [--api-key KEY]
                               [--max-batch 16] [--dtype float32|bfloat16] [--quantize none|int8] [--threads N]
-                              [--log-requests] [--prefix-cache-mb 0] [--scheduler static|continuous]
+                              [--log-requests] [--prefix-cache-mb 256] [--scheduler continuous|static]
                               [--request-timeout 30] [--max-connections 256]
 
 Endpoints: `GET /health`, `GET /v1/models`, `GET /v1/models/{id}`, `POST /v1/chat/completions` (messages,
@@ -39,9 +39,10 @@ scheduler thread repeatedly takes the oldest pending requests, up to `max_batch`
 with per-prompt temperature / top_p / max_tokens / stop / seed. While a batch runs, new requests
 pile up and form the next batch, so throughput grows with concurrency. Prompts are left padded and
 masked, and each seeded prompt draws from its own generator, so a greedy (or seeded) reply does not
-depend on what else shared its batch. `--scheduler continuous` lets a request join the running batch at the next
-decoding step and a finished one leave at once, `--prefix-cache-mb MB` keeps shared prompt prefixes' keys/values
-(minskill.serve.scheduler, minskill.serve.prefix_cache; both off by default; docs/http-api.md).
+depend on what else shared its batch (`--scheduler static --prefix-cache-mb 0`). The default engine lets a
+request join the running batch at the next decoding step and a finished one leave at once (`--scheduler
+continuous`), and computes shared prompt prefixes' keys/values once and keeps them once in the running batch
+(`--prefix-cache-mb 256`; minskill.serve.scheduler, prefix_cache, cascade; docs/http-api.md).
 
 Cancellation. A handler thread waiting for its batch checks every 0.5 s whether its client closed the
 connection (a client that timed out does); then the request leaves the queue, or, if its batch is running,
@@ -111,6 +112,8 @@ from minskill.serve.sse import stream_chat
 DEFAULT_MAX_BODY_BYTES = 8 << 20  # 8 MiB of JSON is far more than any prompt a model here can read
 DEFAULT_REQUEST_TIMEOUT = 30.0    # seconds for a request's line, headers and body to arrive (also: keep-alive idle)
 DEFAULT_MAX_CONNECTIONS = 256     # open connections at once; each holds a handler thread
+DEFAULT_PREFIX_CACHE_MB = 256     # --prefix-cache-mb: a 1,000-token prefix of the default model is ~46 MB in float32
+DEFAULT_SCHEDULER = "continuous"  # --scheduler; "static" with --prefix-cache-mb 0: no prefix cache, static batches
 API_KEY_ENV = "MINSKILL_API_KEY"  # lets a parent pass the key without putting it on the command line
 
 
@@ -548,8 +551,8 @@ URL_LINE = re.compile(r"(https?://\S+/v1)\s*$")
 
 @contextmanager
 def embedded_client(url=None, model=None, api_key=None, model_spec="smollm2-135m", startup_timeout=600.0,
-                    server_args=(), quantize: str = "none", device: str | None = None, prefix_cache_mb: float = 0,
-                    scheduler: str = "static", **client_kwargs):
+                    server_args=(), quantize: str = "none", device: str | None = None,
+                    prefix_cache_mb: float = DEFAULT_PREFIX_CACHE_MB, scheduler=DEFAULT_SCHEDULER, **client_kwargs):
     """Yield a ChatClient: for `url` if given, else for a fresh local server on `model_spec`.
 
     `model` is the name to ask `url` for; a local server is asked for the one model it serves (its name
@@ -560,7 +563,7 @@ def embedded_client(url=None, model=None, api_key=None, model_spec="smollm2-135m
     exits, also on an exception. If it dies or is not healthy within startup_timeout seconds, RuntimeError shows
     the tail of its stderr. The yielded client's `server_process` is the subprocess.Popen. `device`: the server's
     --device (the script's own, resolved; None: the server's default, auto). prefix_cache_mb, scheduler: the
-    server's --prefix-cache-mb and --scheduler.
+    server's --prefix-cache-mb and --scheduler (the server's defaults; later server_args override them).
     """
     if url is not None:
         yield ChatClient(url, model=model, api_key=api_key, **client_kwargs)
@@ -635,10 +638,14 @@ def main(argv=None):
                              "(minskill.nn.quantize; a frozen model only); auto: int8 on a CPU, else none; "
                              "default none")
     add_device_args(parser, bf16=False, what="the served model runs")
-    parser.add_argument("--prefix-cache-mb", type=float, default=0, help="MB of prompt-prefix keys/values kept "
-                        "across requests (0: off; minskill.serve.prefix_cache)")
-    parser.add_argument("--scheduler", choices=SCHEDULERS, default="static", help="static: a batch runs until its "
-                        "longest reply ends; continuous: requests join and leave at each decoding step")
+    parser.add_argument("--prefix-cache-mb", type=float, default=DEFAULT_PREFIX_CACHE_MB,
+                        help="MB of prompt-prefix keys/values kept across requests; a prefix shared by running "
+                             f"sequences is kept once (default {DEFAULT_PREFIX_CACHE_MB:g}; 0: off, every prompt "
+                             "prefilled whole; minskill.serve.prefix_cache, minskill.serve.cascade)")
+    parser.add_argument("--scheduler", choices=SCHEDULERS, default=DEFAULT_SCHEDULER,
+                        help="continuous (default): requests join and leave the running batch at each decoding "
+                             "step; static: a batch runs until its longest reply ends (with --prefix-cache-mb 0: "
+                             "the engine before the prefix cache)")
     parser.add_argument("--served-model-name", default=None, help="model id reported to clients")
     parser.add_argument("--log-requests", action="store_true", help="log one line per batch on stderr")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice; "

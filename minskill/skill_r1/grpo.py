@@ -82,73 +82,81 @@ def inter_advantage(rewards, prev_mean: float | None) -> float:
 
 def bilevel_advantages(rewards, prev_mean: float | None, lam: float, scale_by_std: bool = False,
                        eps: float = 1e-4) -> torch.Tensor:
-    """A(i) = A_intra(i) + λ · A_inter for the K candidate skills of one generation; prev_mean: the previous
-    generation's mean reward (the seed skill's for the first; None: A_inter = 0). Only A_intra is divided by the
-    std: A_inter is already on the reward scale. Returns float32 (K,)."""
-    if not math.isfinite(float(lam)):
-        raise ValueError(f"bilevel_advantages: lam must be finite, got {lam}")
+    """A(i) = A_intra(i) + λ · A_inter for the K candidates of one generation (prev_mean: the previous generation's
+    mean reward; None: A_inter = 0). Only A_intra is divided by the std: A_inter is already on the reward scale."""
     return intra_advantages(rewards, scale_by_std, eps) + float(lam) * inter_advantage(rewards, prev_mean)
 
 
-def _check_loss_inputs(logp, old_logp, advantages, mask, ref_logp, eps_low, eps_high, beta, agg, max_new_tokens):
-    """Raise ValueError naming the first argument of policy_loss that does not fit (agg, ranges, shapes)."""
-    if agg not in AGGREGATIONS:
-        raise ValueError(f"policy_loss: unknown agg {agg!r}; choose one of {', '.join(AGGREGATIONS)}")
+def check_loss_config(lam: float, eps_low: float, eps_high: float, beta: float, agg: str) -> None:
+    """The update's knobs, checked once at set-up (train_grpo.py), not per micro-batch: ValueError naming the knob."""
+    if not math.isfinite(float(lam)):
+        raise ValueError(f"lam must be finite, got {lam}")
     if not (0.0 <= eps_low < 1.0 and eps_high >= 0.0 and beta >= 0.0):
-        raise ValueError(f"policy_loss: need 0 <= eps_low < 1, eps_high >= 0 and beta >= 0, got eps_low={eps_low}, "
+        raise ValueError(f"policy loss: need 0 <= eps_low < 1, eps_high >= 0 and beta >= 0, got eps_low={eps_low}, "
                          f"eps_high={eps_high}, beta={beta}")
-    if logp.dim() != 2:
-        raise ValueError(f"policy_loss: logp must be (B, T), got shape {tuple(logp.shape)}")
-    for name, t in (("old_logp", old_logp), ("mask", mask), ("ref_logp", ref_logp)):
-        if t is not None and t.shape != logp.shape:
-            raise ValueError(f"policy_loss: {name} must have logp's shape {tuple(logp.shape)}, got {tuple(t.shape)}")
-    if advantages.shape != (logp.shape[0],):
-        raise ValueError(f"policy_loss: advantages must be (B,) = ({logp.shape[0]},), got {tuple(advantages.shape)}")
+    if agg not in AGGREGATIONS:
+        raise ValueError(f"policy loss: unknown agg {agg!r}; choose one of {', '.join(AGGREGATIONS)}")
+
+
+def _check_loss_inputs(logp, old_logp, advantages, mask, ref_logp, beta):
+    """Raise ValueError when policy_loss's tensors do not fit (naming every one's shape) or beta > 0 lacks ref_logp."""
+    alike = [(name, t) for name, t in (("old_logp", old_logp), ("mask", mask), ("ref_logp", ref_logp)) if t is not None]
+    if logp.dim() != 2 or advantages.shape != logp.shape[:1] or any(t.shape != logp.shape for _, t in alike):
+        got = ", ".join(f"{name} {tuple(t.shape)}" for name, t in [("logp", logp), *alike, ("advantages", advantages)])
+        raise ValueError(f"policy_loss: logp, old_logp, mask (and ref_logp) must be (B, T) alike and advantages (B,); "
+                         f"got {got}")
     if beta > 0.0 and ref_logp is None:
         raise ValueError("policy_loss: beta > 0 needs ref_logp (the frozen reference model's log-probs)")
-    if agg == "dr_grpo":
-        longest = int(mask.bool().sum(-1).max()) if logp.shape[0] else 0
-        if max_new_tokens is None or int(max_new_tokens) <= 0 or longest > int(max_new_tokens):
-            raise ValueError(f"policy_loss: agg='dr_grpo' needs max_new_tokens (the sampling limit), positive and at "
-                             f"least the longest completion ({longest} valid tokens), got {max_new_tokens}")
 
 
 def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
                 ref_logp: torch.Tensor | None = None, eps_low: float = 0.2, eps_high: float = 0.2, beta: float = 0.0,
                 agg: str = "token_mean", max_new_tokens: int | None = None) -> tuple[torch.Tensor, dict]:
-    """The clipped GRPO surrogate with optional k3 KL, aggregated by `agg` (module docstring). logp, old_logp,
-    mask (True at completion tokens; elsewhere values may be anything, even inf) and ref_logp (or None) are
-    (B, T); advantages (B,). Returns (loss, stats: _loss_stats's means over valid tokens)."""
+    """The clipped GRPO surrogate with optional k3 KL, aggregated by `agg` (module docstring; knobs: check_loss_config).
+    logp, old_logp, mask (True at completion tokens) and ref_logp (or None) are (B, T); advantages (B,)."""
     # the advantages come from rewards computed on the CPU; the log-probs live where the model does
     advantages = torch.as_tensor(advantages, dtype=torch.float32, device=logp.device)
     mask = mask.to(logp.device)
-    _check_loss_inputs(logp, old_logp, advantages, mask, ref_logp, eps_low, eps_high, beta, agg, max_new_tokens)
+    _check_loss_inputs(logp, old_logp, advantages, mask, ref_logp, beta)
     valid = mask.bool()
     weight = valid.to(logp.dtype)
     adv = advantages.detach().to(logp.dtype).unsqueeze(1)                      # (B, 1)
     # Zero the log-ratio at masked positions so padding garbage cannot turn into inf * 0 = nan.
     ratio = torch.exp(torch.where(valid, logp - old_logp.detach(), torch.zeros_like(logp)))
     per_token = -torch.minimum(ratio * adv, torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high) * adv)
-    kl = None
-    if ref_logp is not None:   # reported whenever given; in the loss only when beta > 0
-        ref_minus_logp = torch.where(valid, ref_logp.detach() - logp, torch.zeros_like(logp))
-        kl = torch.exp(ref_minus_logp) - ref_minus_logp - 1.0
-        if beta > 0.0:
-            per_token = per_token + beta * kl
+    kl = _k3_kl(logp, ref_logp, valid) if ref_logp is not None else None   # reported whenever given
+    if beta > 0.0:   # in the loss only when beta > 0
+        per_token = per_token + beta * kl
     masked = per_token * weight
     if agg == "token_mean":
         loss = masked.sum() / weight.sum().clamp(min=1.0)
-    elif agg == "seq_mean":
-        loss = (masked.sum(-1) / weight.sum(-1).clamp(min=1.0)).mean()
-    else:  # dr_grpo: the generation limit, not T
-        loss = masked.sum() / (logp.shape[0] * int(max_new_tokens))
+    else:
+        loss = _sequence_aggregate(masked, weight, agg, max_new_tokens)
     return loss, _loss_stats(ratio, adv, kl, weight, eps_low, eps_high)
+
+
+def _k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """k3 = exp(logp_ref − logp_θ) − (logp_ref − logp_θ) − 1 per token (0 at masked positions)."""
+    ref_minus_logp = torch.where(valid, ref_logp.detach() - logp, torch.zeros_like(logp))
+    return torch.exp(ref_minus_logp) - ref_minus_logp - 1.0
+
+
+def _sequence_aggregate(masked: torch.Tensor, weight: torch.Tensor, agg: str, max_new_tokens: int | None):
+    """The seq_mean and dr_grpo losses of policy_loss (module docstring) from the masked per-token losses."""
+    if agg == "seq_mean":
+        return (masked.sum(-1) / weight.sum(-1).clamp(min=1.0)).mean()
+    if agg != "dr_grpo":
+        raise ValueError(f"policy_loss: unknown agg {agg!r}; choose one of {', '.join(AGGREGATIONS)}")
+    longest = int(weight.sum(-1).max()) if weight.shape[0] else 0
+    if max_new_tokens is None or int(max_new_tokens) <= 0 or longest > int(max_new_tokens):
+        raise ValueError(f"policy_loss: agg='dr_grpo' needs max_new_tokens (the sampling limit), positive and at "
+                         f"least the longest completion ({longest} valid tokens), got {max_new_tokens}")
+    return masked.sum() / (masked.shape[0] * int(max_new_tokens))   # the generation limit, not T
 
 
 @torch.no_grad()
 def _loss_stats(ratio, adv, kl, weight, eps_low: float, eps_high: float) -> dict:
-    """policy_loss's stats: means over the valid tokens (weight = 1) of the ratio, of the clip indicators
-    (module docstring: where the clipped term wins the min) and of the KL; and the number of valid tokens."""
+    """Means over the valid tokens of the ratio, the clip indicators (module docstring) and the KL; their number."""
     def valid_mean(x: torch.Tensor) -> float:
         return float((x.to(weight.dtype) * weight).sum() / weight.sum().clamp(min=1.0))
     low, high = (ratio < 1.0 - eps_low) & (adv < 0), (ratio > 1.0 + eps_high) & (adv > 0)

@@ -175,27 +175,23 @@ class Evolution:
 
 
 def parse_candidate(reply: str, task_type: str) -> tuple[str | None, str | None]:
-    """(the skill text the task model reads, None), or (None, why the reply is not a skill) (module docstring).
-    Without front matter the task model reads the body alone: the title and description parse_skill derives
-    from the text would repeat it."""
+    """(the skill text the task model reads, None), or (None, why the reply is not a skill) (module docstring)."""
     try:
         skill = parse_skill(reply)
     except SkillParseError as error:
         return None, str(error)
-    text = skill_text(skill, task_type) if _has_front_matter(reply) else skill.body.strip()
+    # without front matter the task model reads the body alone: the title and description parse_skill derives
+    # from the text would repeat it
+    front_matter = re.search(r"^---[ \t]*\r?\n\s*(?:name|description)\s*:", reply, re.M) is not None
+    text = skill_text(skill, task_type) if front_matter else skill.body.strip()
     return (text, None) if text.strip() else (None, "the skill has no text")
-
-
-def _has_front_matter(reply: str) -> bool:
-    return re.search(r"^---[ \t]*\r?\n\s*(?:name|description)\s*:", reply, re.M) is not None
 
 
 # ----------------------------------------------------------------------------------------------------------
 # The editor's prompt
 
 
-def _clip(text: str, limit: int) -> str:
-    """One line of at most `limit` characters."""
+def _clip(text: str, limit: int) -> str:   # one line of at most `limit` characters
     text = " ".join(str(text).split())
     return text if len(text) <= limit else text[: max(limit - 3, 0)] + "..."
 
@@ -218,8 +214,7 @@ def _history_block(entry: HistoryEntry) -> str:
 
 def editor_messages(instance: Instance, current_skill: str, current_reward: float, history: list[HistoryEntry],
                     count_tokens, context_tokens: int = 1024, max_examples: int = 3) -> list[dict]:
-    """The editor's chat messages, at most context_tokens long by count_tokens(messages) (module docstring).
-    `history` is oldest first; it is shown newest first."""
+    """The editor's chat messages, at most context_tokens long by count_tokens(messages); `history`: oldest first."""
     blocks = [_history_block(e) for e in history]
 
     def render(n_history: int, n_examples: int, skill_chars: int | None) -> list[dict]:
@@ -255,9 +250,7 @@ def editor_messages(instance: Instance, current_skill: str, current_reward: floa
 
 def score_skills(client, jobs: list[tuple[Instance, str | None, int]],
                  cfg: EvolveConfig) -> list[tuple[float, list[Outcome]]]:
-    """(r, outcomes in task order) for each job (instance, skill, seed): r = mean verifier score of n rollouts of
-    every task of the instance under the skill (a failed rollout scores 0); a None skill (the reply did not
-    parse) scores 0 without a call."""
+    """(r, outcomes) per job (instance, skill, seed): the mean score of n rollouts per task; a None skill scores 0."""
     def score(job):
         instance, skill, seed = job
         if skill is None:
@@ -281,8 +274,8 @@ def score_skills(client, jobs: list[tuple[Instance, str | None, int]],
 
 def evolve_batch(editor, tokenizer, client, instances: list[Instance], cfg: EvolveConfig, *, seeds: list[int],
                  seed_skills: list[str] | None = None) -> list[Evolution]:
-    """G generations of K candidates on each instance, in lock-step; the editor is only sampled. seeds[j] seeds
-    instance j's editor samples (generation g: seeds[j] * 1000 + g) and its task-model rollouts."""
+    """G generations of K candidates on each instance, in lock-step; seeds[j] seeds instance j's editor samples
+    (generation g: seeds[j] * 1000 + g) and its task-model rollouts."""
     if len(seeds) != len(instances):
         raise ValueError(f"evolve_batch: {len(seeds)} seeds for {len(instances)} instances")
     seed_skills = list(seed_skills) if seed_skills is not None else [""] * len(instances)
@@ -316,8 +309,7 @@ def evolve_batch(editor, tokenizer, client, instances: list[Instance], cfg: Evol
 
 
 def _carry(ev: Evolution, g: int, group: list[Candidate], cfg: EvolveConfig) -> Generation:
-    """Generation g of `ev`: its mean reward, A_inter, and the skill carried on: its best candidate when the carry
-    gate (gates.carry; strict: it parsed and beats the current skill's reward) accepts it, else the current skill."""
+    """Generation g of `ev`: mean reward, A_inter, the carried skill (the best candidate if gates.carry accepts it)."""
     mean = sum(c.reward for c in group) / len(group)
     prev_mean = ev.generations[-1].mean_reward if ev.generations else ev.seed_reward
     best = max(range(len(group)), key=lambda i: (group[i].reward, -i))
@@ -326,8 +318,7 @@ def _carry(ev: Evolution, g: int, group: list[Candidate], cfg: EvolveConfig) -> 
 
 
 def assign_advantages(evolutions: list[Evolution], lam: float, scale_by_std: bool = False) -> list[Candidate]:
-    """Set A(g,i) = A_intra(g,i) + λ·A_inter(g) on every candidate (grpo.bilevel_advantages; generation 0's
-    mean is the seed skill's reward). Returns all candidates: instance by instance, generation by generation."""
+    """Set A(g,i) on every candidate (grpo.bilevel_advantages) and return them all, instance by instance."""
     for ev in evolutions:
         prev_means = [ev.seed_reward] + [gen.mean_reward for gen in ev.generations]
         for gen, prev_mean in zip(ev.generations, prev_means):

@@ -1,18 +1,22 @@
 """Task suites with verifiable rewards.
 
-    load_suite("qa" | "household" | "webwalk" | "path/to/tasks.jsonl", split="train", seed=0, n=None)
+    load_suite("qa" | "household" | "webwalk" | "webshop" | "searchqa" | "path/to/tasks.jsonl", split="train",
+               seed=0, n=None)
 
 * `qa` — single-turn questions (counting, lookup, arithmetic, conversion), lenient final-answer check;
   `load_suite("qa", path=FILE)` (or a .jsonl name) reads GAIA-format or {question, answer, type} JSONL.
 * `household` — ALFWorld-like text environment, six task types.
 * `webwalk` — WebWalker-like navigation of a generated website, levels easy/medium/hard.
+* `webshop` — WebShop-like shopping (search[query], click[...], WebShop's reward), MASA's seven categories.
+* `searchqa` — search-based QA over a generated corpus (search[query] by BM25, answer[...] by EM; F1 kept).
 
 Generated suites depend only on (split, seed, n); train and held-out are disjoint (see base.py).
 `make_env(task)` is a fresh environment of a multi-turn task (ENVIRONMENTS: its class by env_spec["kind"]).
 `oracle_actions(task)` returns a scripted solution of a multi-turn task (used by tests to prove that
 every generated task is solvable); it is never shown to a model.
 `suite_types(name)` are a suite's task types; `skill_key_type(key, types)` the type a skill library's
-task-specific key holds skills for (the key itself, or a type it is another name of: household.TYPE_NAMES).
+task-specific key holds skills for (the key itself, or a type it is another name of: household.TYPE_NAMES,
+searchqa.TYPE_NAMES).
 """
 from __future__ import annotations
 
@@ -25,27 +29,39 @@ from .household import TYPE_NAMES, HouseholdEnv, generate_household
 from .household import oracle_actions as household_oracle
 from .qa import GAIA_PROMPT, GAIA_TYPES, generate_qa, load_jsonl
 from .qa import TASK_TYPES as QA_TYPES
+from .searchqa import TASK_TYPES as SEARCHQA_TYPES
+from .searchqa import TYPE_NAMES as SEARCHQA_TYPE_NAMES
+from .searchqa import SearchQAEnv, generate_searchqa
+from .searchqa import oracle_actions as searchqa_oracle
 from .verifiers import (exact_match, extract_final_number, final_answer_match, gaia_final_answer, gaia_match,
-                        numeric_match, verify)
+                        numeric_match, token_f1, verify)
+from .webshop import TASK_TYPES as WEBSHOP_TYPES
+from .webshop import WebShopEnv, generate_webshop
+from .webshop import oracle_actions as webshop_oracle
 from .webwalk import LEVELS, WebWalkEnv, generate_webwalk
 from .webwalk import oracle_actions as webwalk_oracle
 
-__all__ = ["Task", "Environment", "HouseholdEnv", "WebWalkEnv", "NOTHING_HAPPENS", "SPLITS", "SUITES",
-           "BASE_SKILLS_DIR", "ENVIRONMENTS", "load_suite", "make_env", "oracle_actions", "task_types", "gaia_match",
-           "gaia_final_answer", "GAIA_PROMPT", "exact_match", "numeric_match", "final_answer_match",
-           "extract_final_number", "verify", "normalize_action", "split_of", "TaskWarning", "SUITE_TYPES",
-           "suite_types", "skill_key_type", "is_task_file"]
+__all__ = ["Task", "Environment", "HouseholdEnv", "WebWalkEnv", "WebShopEnv", "SearchQAEnv", "NOTHING_HAPPENS",
+           "SPLITS", "SUITES", "BASE_SKILLS_DIR", "ENVIRONMENTS", "ORACLES", "load_suite", "make_env", "oracle_actions",
+           "task_types", "gaia_match", "gaia_final_answer", "GAIA_PROMPT", "exact_match", "numeric_match",
+           "final_answer_match", "extract_final_number", "verify", "normalize_action", "split_of", "TaskWarning",
+           "SUITE_TYPES", "suite_types", "skill_key_type", "is_task_file", "token_f1"]
 
 # The hand-written base skills of each built-in suite: BASE_SKILLS_DIR/<suite>/ (Agent Skills skill sets).
 BASE_SKILLS_DIR = Path(__file__).parent / "base_skills"
-SUITES = {"qa": generate_qa, "household": generate_household, "webwalk": generate_webwalk}
+SUITES = {"qa": generate_qa, "household": generate_household, "webwalk": generate_webwalk,
+          "webshop": generate_webshop, "searchqa": generate_searchqa}
 # The task types of each built-in suite and of GAIA's files ("level1".."level3"): BASE_SKILLS_DIR/<name>/
 # holds base skills for them.
-SUITE_TYPES = {"qa": QA_TYPES, "household": HOUSEHOLD_TYPES, "webwalk": LEVELS, "gaia": GAIA_TYPES}
+SUITE_TYPES = {"qa": QA_TYPES, "household": HOUSEHOLD_TYPES, "webwalk": LEVELS, "webshop": WEBSHOP_TYPES,
+               "searchqa": SEARCHQA_TYPES, "gaia": GAIA_TYPES}
 # each name of a type, with its other names (a skill library may key a type by any of them)
-_SAME_TYPE = [(t,) + names for t, names in TYPE_NAMES.items()]
+_SAME_TYPE = [(t,) + names for t, names in {**TYPE_NAMES, **SEARCHQA_TYPE_NAMES}.items()]
 # The environment class of each kind of multi-turn task (Task.env_spec["kind"]).
-ENVIRONMENTS = {"household": HouseholdEnv, "webwalk": WebWalkEnv}
+ENVIRONMENTS = {"household": HouseholdEnv, "webwalk": WebWalkEnv, "webshop": WebShopEnv, "searchqa": SearchQAEnv}
+# The scripted solution of each kind of multi-turn task.
+ORACLES = {"household": household_oracle, "webwalk": webwalk_oracle, "webshop": webshop_oracle,
+           "searchqa": searchqa_oracle}
 
 
 def load_suite(name: str, split: str = "train", seed: int = 0, n: int | None = None,
@@ -53,7 +69,8 @@ def load_suite(name: str, split: str = "train", seed: int = 0, n: int | None = N
     """Tasks of a built-in suite or of a JSONL file (`name` ending in .jsonl, or `path`).
 
     split: "train", "heldout" or "all". n: number of tasks (default per suite: qa 50 per type,
-    household and webwalk 10 per type); JSONL files give all their tasks of the split unless n is set.
+    household, webwalk, webshop and searchqa 10 per type); JSONL files give all their tasks of the split unless n
+    is set.
     """
     if n is not None and n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
@@ -82,10 +99,8 @@ def make_env(task: Task) -> Environment:
 def oracle_actions(task: Task) -> list[str]:
     """A scripted solution of a multi-turn task."""
     kind = task.env_spec.get("kind")
-    if kind == "household":
-        return household_oracle(task)
-    if kind == "webwalk":
-        return webwalk_oracle(task)
+    if kind in ORACLES:
+        return ORACLES[kind](task)
     raise ValueError(f"task {task.id} has no oracle (kind {kind!r})")
 
 

@@ -12,6 +12,9 @@
     - else -> string: lower-case, remove all whitespace and all `string.punctuation`, compare.
 * `exact_match` — SQuAD / Search-R1 `normalize_answer`: lower-case, remove punctuation, remove the
   articles a/an/the, collapse whitespace; equal to any of the golden answers.
+* `token_f1` — SQuAD's F1 (the search-QA benchmarks' second score): the normalised prediction's and golden
+  answer's tokens, c = how many they share (with multiplicity), P = c / |prediction|, R = c / |golden|,
+  F1 = 2PR / (P + R) (0 when c = 0); the best over the golden answers.
 * `numeric_match` — the final number of a free-form reply ("The answer is 42." -> 42; `1,234` -> 1234,
   `-3.5` -> -3.5) equals the reference within |a - b| <= 1e-6 * max(1, |b|).
 * `final_answer_match` — the lenient check of the built-in `qa` suite. The reply is cut where the model
@@ -26,9 +29,11 @@ from __future__ import annotations
 
 import re
 import string
+from collections import Counter
 
 __all__ = ["gaia_match", "gaia_final_answer", "exact_match", "normalize_answer", "numeric_match",
-           "extract_final_number", "extract_numbers", "final_answer_match", "contains_match", "VERIFIERS", "verify"]
+           "extract_final_number", "extract_numbers", "final_answer_match", "contains_match", "token_f1", "VERIFIERS",
+           "verify"]
 
 
 # --------------------------------------------------------------------------- GAIA quasi exact match
@@ -112,6 +117,21 @@ def exact_match(prediction: str, golden_answers: str | list[str]) -> bool:
         golden_answers = [golden_answers]
     normalized = normalize_answer(prediction)
     return any(normalize_answer(g) == normalized for g in golden_answers)
+
+
+def token_f1(prediction: str, golden_answers: str | list[str]) -> float:
+    """SQuAD's token F1 of the prediction against the best golden answer (module docstring)."""
+    if isinstance(golden_answers, str):
+        golden_answers = [golden_answers]
+    predicted = normalize_answer(prediction).split()
+    best = 0.0
+    for golden in golden_answers:
+        reference = normalize_answer(golden).split()
+        common = sum((Counter(predicted) & Counter(reference)).values())
+        if common:
+            precision, recall = common / len(predicted), common / len(reference)
+            best = max(best, 2 * precision * recall / (precision + recall))
+    return best
 
 
 def contains_match(prediction: str, golden_answers: str | list[str]) -> bool:
