@@ -510,7 +510,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     add_task_model_args(c, concurrency=d.task_concurrency, max_tokens=d.task_max_tokens, quantize=d.task_quantize,
                         main=m)
     m.add_argument("--suite", default=d.suite,
-                   help="task suite: qa | household | webwalk | PATH.jsonl (default %(default)s)")
+                   help="task suite: qa | household | webwalk | webshop | searchqa | PATH.jsonl (default %(default)s)")
     c.add_argument("--n-tasks", type=int, default=None, help="tasks drawn from the suite per split (default: "
                    "the suite's own, e.g. 50 per type for qa)")
     m.add_argument("--seed-skills", default=d.seed_skills, help="the seed skill s_0 of each instance: none (default), "

@@ -315,7 +315,15 @@ def ratios(rows: list[Row]) -> list[str]:
             lines.append(f"{config}: wall vs no skill: " + ", ".join(
                 f"{label.removeprefix('rollouts, ')} {row.wall / none.wall:.2f}× (reward {row.reward:.3f})"
                 for label, row in by_label.items()))
+            # a skill set also changes how long the replies are: the wall per completion token sets that apart
+            lines.append(f"{config}: wall per completion token vs no skill: " + ", ".join(
+                f"{label.removeprefix('rollouts, ')} {_per_token(row) / _per_token(none):.2f}×"
+                for label, row in by_label.items()))
     return lines
+
+
+def _per_token(row) -> float:
+    return row.wall / max(1, sum(c.completion_tokens for c in row.calls))
 
 
 def check_args(args) -> None:

@@ -560,7 +560,8 @@ def _parser() -> argparse.ArgumentParser:
         epilog="example: python -m minskill.rollout --suite qa --skills base --split heldout --n-tasks 320   "
                "(on a CPU shared with other jobs, export OMP_NUM_THREADS=1 first: the embedded server "
                "inherits it and decodes far faster than with a busy-waiting thread pool)")
-    p.add_argument("--suite", required=True, help="qa | household | webwalk | PATH.jsonl (your own tasks)")
+    p.add_argument("--suite", required=True,
+                   help="qa | household | webwalk | webshop | searchqa | PATH.jsonl (your own tasks)")
     p.add_argument("--skills", default="none",
                    help="skill set: an Agent Skills folder, a MASA .json, a text file used as-is, 'base' "
                         "(the suite's hand-written base skills) or 'none' (no system prompt; default)")

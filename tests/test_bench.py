@@ -96,3 +96,14 @@ def test_bench_server_runs_every_configuration_on_the_same_requests(tmp_path, mo
 def test_bench_server_names_a_bad_size_before_starting_anything(flags, named):
     with pytest.raises(SystemExit, match=named):
         bench.main(["server", *flags])
+
+
+def test_rollout_ratios_set_reply_length_apart_from_the_prefix():
+    """A skill set that doubles the replies' length and the wall costs 2x the wall but 1x per completion token."""
+    from minskill.bench_server import Call, Row, ratios
+
+    def row(label, wall, tokens):
+        return Row("new", f"rollouts, {label}", [Call({"i": i}, ["x"], 10, tokens, 1.0) for i in range(4)], wall, 0.5)
+    lines = ratios([row("skills none", 10.0, 50), row("long library", 20.0, 100)])
+    assert "new: wall vs no skill: skills none 1.00× (reward 0.500), long library 2.00× (reward 0.500)" in lines
+    assert "new: wall per completion token vs no skill: skills none 1.00×, long library 1.00×" in lines

@@ -639,13 +639,11 @@ def main(argv=None):
                              "default none")
     add_device_args(parser, bf16=False, what="the served model runs")
     parser.add_argument("--prefix-cache-mb", type=float, default=DEFAULT_PREFIX_CACHE_MB,
-                        help="MB of prompt-prefix keys/values kept across requests; a prefix shared by running "
-                             f"sequences is kept once (default {DEFAULT_PREFIX_CACHE_MB:g}; 0: off, every prompt "
-                             "prefilled whole; minskill.serve.prefix_cache, minskill.serve.cascade)")
+                        help=f"MB of shared prompt prefixes' keys/values kept (default {DEFAULT_PREFIX_CACHE_MB:g}; "
+                             "0: off, every prompt prefilled whole; minskill.serve.prefix_cache, cascade)")
     parser.add_argument("--scheduler", choices=SCHEDULERS, default=DEFAULT_SCHEDULER,
                         help="continuous (default): requests join and leave the running batch at each decoding "
-                             "step; static: a batch runs until its longest reply ends (with --prefix-cache-mb 0: "
-                             "the engine before the prefix cache)")
+                             "step; static: a batch runs until its longest reply ends")
     parser.add_argument("--served-model-name", default=None, help="model id reported to clients")
     parser.add_argument("--log-requests", action="store_true", help="log one line per batch on stderr")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice; "

@@ -304,8 +304,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     t = p.add_argument_group("training (minskill.sft; defaults: SFTConfig's)")
     m.add_argument("--editor", default=d.editor, help="the editor to fine-tune: an HF model folder or smollm2-135m "
                    "(default)")
-    m.add_argument("--suite", default=d.suite, help="task suite: qa | household | webwalk | PATH.jsonl (default "
-                   "%(default)s); only its training split is read")
+    m.add_argument("--suite", default=d.suite, help="task suite: qa | household | webwalk | webshop | searchqa | "
+                   "PATH.jsonl (default %(default)s); only its training split is read")
     m.add_argument("--out", required=True, help="output folder")
     add_task_model_args(c, concurrency=16, max_tokens=d.task_max_tokens, quantize=d.task_quantize, main=m)
     c.add_argument("--n-tasks", type=int, default=None, help="training tasks drawn from the suite (default: the "

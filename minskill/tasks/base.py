@@ -87,6 +87,30 @@ def rng_for(suite: str, split: str, seed: int, stream: str = "") -> random.Rando
     return random.Random(stable_hash(f"{suite}|{split}|{seed}|{stream}"))
 
 
+def draw_tasks(suite: str, split: str, seed: int, types, known, n: int | None, default_per_type: int,
+               draw) -> list:
+    """`n` distinct tasks of `split` (default `default_per_type` per type), types interleaved, for a generator
+    whose `draw(rng, task_type)` returns (key, build) or None (nothing usable this time): a key names the task's
+    content, is kept once, and decides its split (split_of); build() makes the Task. Each type has its own rng
+    (rng_for), so adding a type leaves the others' tasks as they were; a type that cannot be filled is an error."""
+    check_split(split, allow_all=False)
+    per_type = counts_per_type(types, known, n, default_per_type, f"{suite} task types")
+    by_type = {}
+    for task_type in types:
+        rng, tasks, seen, attempts = rng_for(suite, split, seed, task_type), [], set(), 0
+        while len(tasks) < per_type[task_type]:
+            attempts += 1
+            if attempts > 200 * (per_type[task_type] + 10):
+                raise ValueError(f"{suite}/{task_type}: could not draw {per_type[task_type]} distinct {split} tasks")
+            drawn = draw(rng, task_type)
+            if drawn is None or drawn[0] in seen or split_of(drawn[0]) != split:
+                continue
+            seen.add(drawn[0])
+            tasks.append(drawn[1]())
+        by_type[task_type] = tasks
+    return interleave(by_type, types)
+
+
 @dataclass
 class Task:
     """One task. Single-turn: `question` + `answer` scored by `verifier`. Multi-turn: minskill.tasks.make_env."""

@@ -34,8 +34,7 @@ from __future__ import annotations
 
 import re
 
-from .base import (NOTHING_HAPPENS, Environment, Task, check_split, counts_per_type, interleave, rng_for,
-                   split_of, task_id)
+from .base import NOTHING_HAPPENS, Environment, Task, draw_tasks, task_id
 from .bm25 import top_documents
 from .verifiers import exact_match, token_f1
 
@@ -243,32 +242,20 @@ class SearchQAEnv(Environment):
 
 def generate_searchqa(split: str = "train", seed: int = 0, n: int | None = None,
                       types: tuple[str, ...] = TASK_TYPES) -> list[Task]:
-    """`n` search-QA tasks (default 10 per type) of one split, types interleaved."""
-    check_split(split, allow_all=False)
-    per_type = counts_per_type(types, TASK_TYPES, n, DEFAULT_PER_TYPE, "searchqa task types")
-    by_type = {}
-    for task_type in types:
-        rng = rng_for("searchqa", split, seed, task_type)
-        tasks, seen, attempts = [], set(), 0
-        while len(tasks) < per_type[task_type]:
-            attempts += 1
-            if attempts > 200 * (per_type[task_type] + 10):
-                raise ValueError(f"searchqa/{task_type}: could not draw {per_type[task_type]} {split} tasks")
-            world = _make_world(rng)
-            question, answer, searches = _question(rng, task_type, world)
-            question = question[0].upper() + question[1:]
-            key = f"searchqa|{task_type}|{question}|{answer}"
-            if key in seen or split_of(key) != split or not _solvable(world, answer, searches, task_type):
-                continue
-            seen.add(key)
-            spec = {"kind": "searchqa", "question": question, "golden_answers": [answer], "searches": searches,
-                    "docs": world["docs"]}
-            tasks.append(Task(id=task_id(f"searchqa-{task_type}", key), type=task_type, question=question,
-                              answer=answer, verifier="exact", multi_turn=True, max_steps=MAX_STEPS, env_spec=spec,
-                              metadata={"suite": "searchqa", "split": split, "seed": seed,
-                                        "hops": len(searches)}))
-        by_type[task_type] = tasks
-    return interleave(by_type, types)
+    """`n` search-QA tasks (default 10 per type) of one split, types interleaved (base.draw_tasks)."""
+    def draw(rng, task_type):
+        world = _make_world(rng)
+        question, answer, searches = _question(rng, task_type, world)
+        question = question[0].upper() + question[1:]
+        if not _solvable(world, answer, searches, task_type):
+            return None
+        key = f"searchqa|{task_type}|{question}|{answer}"
+        spec = {"kind": "searchqa", "question": question, "golden_answers": [answer], "searches": searches,
+                "docs": world["docs"]}
+        return key, lambda: Task(id=task_id(f"searchqa-{task_type}", key), type=task_type, question=question,
+                                 answer=answer, verifier="exact", multi_turn=True, max_steps=MAX_STEPS, env_spec=spec,
+                                 metadata={"suite": "searchqa", "split": split, "seed": seed, "hops": len(searches)})
+    return draw_tasks("searchqa", split, seed, types, TASK_TYPES, n, DEFAULT_PER_TYPE, draw)
 
 
 def oracle_actions(task: Task) -> list[str]:

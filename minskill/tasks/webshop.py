@@ -46,8 +46,7 @@ from __future__ import annotations
 
 import re
 
-from .base import (NOTHING_HAPPENS, Environment, Task, check_split, counts_per_type, interleave, rng_for,
-                   split_of, task_id)
+from .base import NOTHING_HAPPENS, Environment, Task, draw_tasks, task_id
 from .bm25 import bm25_scores
 
 TASK_TYPES = ("apparel", "footwear", "home_decor", "electronics", "accessories", "beauty_health", "other")
@@ -447,39 +446,28 @@ def _make_catalogue(rng, goal: dict) -> list[dict]:
 
 def generate_webshop(split: str = "train", seed: int = 0, n: int | None = None,
                      types: tuple[str, ...] = TASK_TYPES) -> list[Task]:
-    """`n` shopping tasks (default 10 per category) of one split, categories interleaved."""
-    check_split(split, allow_all=False)
-    per_type = counts_per_type(types, TASK_TYPES, n, DEFAULT_PER_TYPE, "webshop task types")
-    by_type = {}
-    for category in types:
-        rng = rng_for("webshop", split, seed, category)
-        tasks, seen, attempts = [], set(), 0
-        while len(tasks) < per_type[category]:
-            attempts += 1
-            if attempts > 200 * (per_type[category] + 10):
-                raise ValueError(f"webshop/{category}: could not draw {per_type[category]} distinct {split} goals")
-            product_type = rng.choice(sorted(CATALOGUE[category]))
-            _, (group, attr_pool, option_pool, (low, high)) = _type_info(product_type)
-            attributes = rng.sample(attr_pool, 2)
-            goal_options = {name: rng.choice(values) for name, values in option_pool.items()}
-            key = (f"webshop|{category}|{product_type}|{'+'.join(sorted(attributes))}|"
-                   + "+".join(f"{k}={v}" for k, v in sorted(goal_options.items())))
-            if key in seen or split_of(key) != split:
-                continue
-            seen.add(key)
+    """`n` shopping tasks (default 10 per category) of one split, categories interleaved (base.draw_tasks)."""
+    def draw(rng, category):
+        product_type = rng.choice(sorted(CATALOGUE[category]))
+        _, (group, attr_pool, option_pool, (low, high)) = _type_info(product_type)
+        attributes = rng.sample(attr_pool, 2)
+        goal_options = {name: rng.choice(values) for name, values in option_pool.items()}
+        key = (f"webshop|{category}|{product_type}|{'+'.join(sorted(attributes))}|"
+               + "+".join(f"{k}={v}" for k, v in sorted(goal_options.items())))
+
+        def build():   # the price and the catalogue are drawn only for a goal that is kept
             target_price = _price(rng, low, high)
             goal = {"type": product_type, "category": category, "group": group, "attributes": attributes,
                     "options": goal_options, "target_price": target_price,
                     "price_upper": price_upper(rng, target_price)}
             goal["instruction"] = instruction_text(goal)
-            products = _make_catalogue(rng, goal)
-            spec = {"kind": "webshop", "instruction": goal["instruction"], "goal": goal, "products": products}
-            tasks.append(Task(id=task_id(f"webshop-{category}", key + f"|{seed}"), type=category,
-                              question=goal["instruction"], answer=None, verifier="env", multi_turn=True,
-                              max_steps=MAX_STEPS, env_spec=spec,
-                              metadata={"suite": "webshop", "split": split, "seed": seed}))
-        by_type[category] = tasks
-    return interleave(by_type, types)
+            spec = {"kind": "webshop", "instruction": goal["instruction"], "goal": goal,
+                    "products": _make_catalogue(rng, goal)}
+            return Task(id=task_id(f"webshop-{category}", key + f"|{seed}"), type=category,
+                        question=goal["instruction"], answer=None, verifier="env", multi_turn=True,
+                        max_steps=MAX_STEPS, env_spec=spec, metadata={"suite": "webshop", "split": split, "seed": seed})
+        return key, build
+    return draw_tasks("webshop", split, seed, types, TASK_TYPES, n, DEFAULT_PER_TYPE, draw)
 
 
 # --------------------------------------------------------------------------- oracle
