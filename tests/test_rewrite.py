@@ -304,3 +304,26 @@ def test_apply_gives_the_rewriter_the_card_and_task_its_sft_records_hold(trained
     (target,) = transfer.load_targets(transfer.build_parser().parse_args(
         ["--libraries", "builtin", "--targets", f"f={DEFAULT_MODEL}", "--rewriter", str(trained[0])]))
     assert target.card == record_card
+
+
+@pytest.mark.parametrize("suite", ["webshop", "searchqa"])
+def test_apply_compare_scores_the_multi_turn_suites(trained, files, suite):
+    """--compare runs the agent loop on the WebShop-like and search-QA suites (a task model that answers at once)."""
+    teacher_set = {"general_skills": [{"skill_id": "tip", "title": "Tip", "principle": "Read the page.",
+                                       "when_to_apply": "Always."}]}
+
+    def script(messages, request):
+        if "one shot" in messages[-1]["content"].lower() or "## Task:" in messages[-1]["content"]:
+            return json.dumps(teacher_set)
+        return "answer[nobody]" if suite == "searchqa" else "click[buy now]"
+
+    with start_server(ScriptedBackend(script)) as server:
+        out = files["root"] / f"compared-{suite}"
+        code, stdout, stderr = run_rewrite(["apply", "--compare", "--rewriter", str(trained[0]), "--model-card",
+                                    str(files["card"]), "--skills", str(files["skills"]), "--task", TASK,
+                                    "--out", str(out), "--max-new-tokens", "40", "--device", "cpu",
+                                    "--suite", suite, "--n-tasks", "2", "--task-url", server.url])
+    assert code == 0, stderr
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+            for line in stdout.splitlines() if line.startswith("| ") and "---" not in line}
+    assert rows["input"][:2] == ["2", "0.00"] and rows["rewritten"][:2] == ["2", "0.00"]
