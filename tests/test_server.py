@@ -421,6 +421,15 @@ def test_cli_serves_logs_and_stops_on_sigint(tiny_dir, tmp_path):
     assert "Traceback" not in log
 
 
+def test_embedded_client_starts_from_any_working_directory(tiny_dir, tmp_path, monkeypatch):
+    """`python path/to/train_grpo.py` run from another folder: the server's `-m minskill.serve` still finds the
+    package (the repository root goes on its PYTHONPATH)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    with embedded_client(model_spec=str(tiny_dir), max_retries=0) as client:
+        assert len(client.chat(USER, max_tokens=2).texts) == 1
+
+
 def test_embedded_client_starts_and_stops_the_server(tiny_dir):
     with pytest.raises(KeyError, match="the caller failed"):  # stopped on the way out of an exception too
         # a model name is what to ask a given URL for; the local server is asked for what it serves

@@ -569,7 +569,7 @@ def embedded_client(url=None, model=None, api_key=None, model_spec="smollm2-135m
         yield ChatClient(url, model=model, api_key=api_key, **client_kwargs)
         return
     api_key = api_key or secrets.token_hex(16)
-    package_root = str(Path(__file__).resolve().parent.parent)
+    package_root = str(Path(__file__).resolve().parents[2])   # the folder holding minskill/, for `-m minskill.serve`
     env = dict(os.environ, **{API_KEY_ENV: api_key, PARENT_PID_ENV: str(os.getpid())})
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
     command = [sys.executable, "-m", "minskill.serve", "--model", str(model_spec), "--port", "0",
