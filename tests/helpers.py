@@ -15,9 +15,11 @@ import torch
 import evolve_masa
 import rewrite
 import train_grpo
+from minskill import rollout
 from minskill.masa import search as masa
 from minskill.masa.model_card import ModelCard
 from minskill.serve.client import ChatResult
+from minskill.serve.server import ScriptedBackend, start_server
 from minskill.skill_r1.loop import EvolveConfig, Instance, assign_advantages, evolve_batch
 from minskill.skills import Skill
 from minskill.skillsets import SkillSet
@@ -337,3 +339,21 @@ def render_set():
                     task_specific={"counting": [make_skill("c-one", description="Counting one.", body="Body C1.")],
                                    "lookup": [make_skill("l-one", description="Lookup one.", body="Body L1.")]},
                     common_mistakes=["Mistake A.", "Mistake\nB."])
+
+
+def rollouts_by_plan(tasks, reply) -> list:
+    """Every multi-turn task rolled out over real HTTP by a scripted agent that plays the task's oracle plan
+    (tasks.oracle_actions), writing each action as reply(action) (the way a model words it)."""
+    from minskill.tasks import oracle_actions
+    plans = {t.question: oracle_actions(t) for t in tasks}
+
+    def agent(messages, request):
+        first = next(m["content"] for m in messages if m["role"] == "user")
+        question = next(q for q in plans if q in first)
+        return reply(plans[question][sum(m["role"] == "assistant" for m in messages)])
+
+    server = start_server(ScriptedBackend(agent))
+    try:
+        return rollout.run_rollouts(server.client(max_retries=0), tasks, None)
+    finally:
+        server.close()

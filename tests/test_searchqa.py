@@ -8,11 +8,11 @@ import warnings
 import pytest
 
 from minskill import retrieval, rollout
-from minskill.serve.server import ScriptedBackend, start_server
 from minskill.skillsets import SkillSet
 from minskill.tasks import NOTHING_HAPPENS, TaskWarning, bm25, load_suite, make_env, oracle_actions
 from minskill.tasks.searchqa import MAX_STEPS, TASK_TYPES, TOP_K
 from minskill.tasks.verifiers import exact_match, token_f1
+from helpers import rollouts_by_plan
 
 
 # --------------------------------------------------------------------------- scores, by hand
@@ -103,21 +103,9 @@ def test_bad_actions_say_nothing_happens_and_the_step_limit_ends_the_episode():
 
 def test_the_agent_loop_answers_with_a_scripted_agent_over_http():
     tasks = load_suite("searchqa", "heldout", n=8)
-    plans = {t.question: oracle_actions(t) for t in tasks}
-
-    def agent(messages, request):
-        first = next(m["content"] for m in messages if m["role"] == "user")
-        question = next(q for q in plans if q in first)
-        action = plans[question][sum(m["role"] == "assistant" for m in messages)]
-        # the last one as small models write it: "Answer: X" (the loop makes it "answer X")
-        return f"<think>next</think>\n{action}" if action.startswith("search") else \
-            "Answer: " + action[len("answer["):-1]
-
-    server = start_server(ScriptedBackend(agent))
-    try:
-        trajs = rollout.run_rollouts(server.client(max_retries=0), tasks, None)
-    finally:
-        server.close()
+    # the last action as small models write it: "Answer: X" (the loop makes it "answer X")
+    trajs = rollouts_by_plan(tasks, lambda action: f"<think>next</think>\n{action}" if action.startswith("search")
+                             else "Answer: " + action[len("answer["):-1])
     assert [t.success for t in trajs] == [True] * len(tasks) and all(t.nothing_happens == 0 for t in trajs)
     assert set(rollout.summarize(trajs)["per_type"]) == set(TASK_TYPES)
 

@@ -7,10 +7,10 @@ import warnings
 import pytest
 
 from minskill import rollout
-from minskill.serve.server import ScriptedBackend, start_server
 from minskill.tasks import NOTHING_HAPPENS, TaskWarning, load_suite, make_env, oracle_actions, suite_types
 from minskill.tasks.webshop import (BRANDS, CATALOGUE, FEATURE_LINES, MAX_STEPS, REVIEW_LINES, TASK_TYPES,
                                     WebShopEnv, _has_phrase, _texts, price_upper, type_reward, webshop_reward)
+from helpers import rollouts_by_plan
 
 
 def product(**fields):
@@ -188,19 +188,8 @@ def test_the_step_limit_ends_the_episode():
 
 def test_the_agent_loop_buys_with_a_scripted_agent_over_http():
     tasks = load_suite("webshop", "heldout", n=7)
-    plans = {t.question: oracle_actions(t) for t in tasks}
-
-    def agent(messages, request):   # WebShop/ReAct style replies: a thought, then the action
-        first = next(m["content"] for m in messages if m["role"] == "user")
-        question = next(q for q in plans if q in first)
-        steps = sum(m["role"] == "assistant" for m in messages)   # (a plan is shorter than the 8 exchanges kept)
-        return f"Thought: the next step.\nAction: {plans[question][steps]}"
-
-    server = start_server(ScriptedBackend(agent))
-    try:
-        trajs = rollout.run_rollouts(server.client(max_retries=0), tasks, None)
-    finally:
-        server.close()
+    # WebShop/ReAct style replies: a thought, then the action (a plan is shorter than the 8 exchanges kept)
+    trajs = rollouts_by_plan(tasks, lambda action: f"Thought: the next step.\nAction: {action}")
     assert [t.success for t in trajs] == [True] * len(tasks) and all(t.nothing_happens == 0 for t in trajs)
     assert set(rollout.summarize(trajs)["per_type"]) == set(TASK_TYPES)
 
