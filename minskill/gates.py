@@ -3,7 +3,8 @@
 Three places in minskill keep one skill set and offer it challengers: MASA's hill climb (a candidate against
 the best set so far), the choice of each MASA tree's result (the best node against the tree's root), and the
 skill Skill-R1 carries between generations (the best candidate against the current skill). Each asks one
-gate, chosen by a flag (`evolve_masa.py --gate`, `train_grpo.py --carry-gate`):
+gate, chosen by a flag (`evolve_masa.py --gate`, `train_grpo.py --carry-gate`; Skill-R1's strict carry, its
+default, is the paper's comparison written where it runs, skill_r1.loop._carry, and keeps no record):
 
     strict   accept iff R(S') > R(S*)                       the papers' rule, as before this module
     paired   accept iff R(S') > R(S*)  and  gained > lost  and  p ≤ α        (α = --gate-alpha, default 0.1)
@@ -171,7 +172,8 @@ def carried(ev) -> tuple[str, list]:
 
 
 def carry(ev, group: list, best: int, cfg) -> tuple[str, float, dict]:
-    """Skill-R1's carry gate: (the skill carried on, its reward, the decision) when group[best] challenges it."""
+    """Skill-R1's carry gate (--carry-gate paired; loop._carry decides strict itself): (the skill carried on, its
+    reward, the decision record) when group[best] challenges it."""
     challenger, n_tasks = group[best], len(ev.instance.tasks)
     incumbent_id, incumbent_outcomes = carried(ev)
     mine, theirs = per_task_means(challenger.outcomes, n_tasks), per_task_means(incumbent_outcomes, n_tasks)

@@ -50,10 +50,8 @@ PATHS = {
         _entries("minskill/skill_r1/loop.py", "Outcome", "Evolution", "HistoryEntry", "editor_messages",
                  "_history_block", "_outcome_line", "_clip") +
         # (the editor is sampled by nn/sampling.py:generate, language-model machinery like the model's forward)
-        _entries("minskill/skill_r1/loop.py", "Candidate", "parse_candidate", "_carry") +
-        _entries("minskill/gates.py", "carry", "carried", "per_task_means", "decision") +
-        ["minskill/paired.py:sign_test_p_greater"] +
-        _entries("minskill/skill_r1/loop.py", "Generation", "assign_advantages") +
+        _entries("minskill/skill_r1/loop.py", "Candidate", "parse_candidate", "_carry", "Generation",
+                 "assign_advantages") +
         _entries("minskill/skill_r1/grpo.py", "bilevel_advantages", "_as_reward_tensor", "intra_advantages",
                  "inter_advantage") +
         _entries("train_grpo.py", "policy_update", "micro_batches") +

@@ -142,7 +142,7 @@ class Generation:
     best_index: int                # the candidate with the highest reward (first among ties)
     current_skill: str             # the skill carried forward after this generation, and its reward
     current_reward: float
-    gate: dict | None = None       # the carry gate's decision record (minskill/gates.py)
+    gate: dict | None = None       # --carry-gate paired: its decision record (minskill/gates.py); strict: None
 
 
 @dataclass
@@ -309,12 +309,17 @@ def evolve_batch(editor, tokenizer, client, instances: list[Instance], cfg: Evol
 
 
 def _carry(ev: Evolution, g: int, group: list[Candidate], cfg: EvolveConfig) -> Generation:
-    """Generation g of `ev`: mean reward, A_inter, the carried skill (the best candidate if gates.carry accepts it)."""
+    """Generation g of `ev`: mean reward, A_inter, and the carried skill: the best candidate when it parsed and its
+    reward beats the current skill's (strict, the paper's rule); with --carry-gate paired, when gates.carry accepts."""
     mean = sum(c.reward for c in group) / len(group)
     prev_mean = ev.generations[-1].mean_reward if ev.generations else ev.seed_reward
     best = max(range(len(group)), key=lambda i: (group[i].reward, -i))
-    current, current_r, decision = gates.carry(ev, group, best, cfg)
-    return Generation(g, group, mean, mean - prev_mean, best, current, current_r, decision)
+    if cfg.carry_gate == "paired":   # also a sign test on the instance's tasks, kept as the decision record
+        return Generation(g, group, mean, mean - prev_mean, best, *gates.carry(ev, group, best, cfg))
+    current, current_r = ev.final_skill, ev.final_reward
+    if group[best].skill is not None and group[best].reward > current_r:
+        current, current_r = group[best].skill, group[best].reward
+    return Generation(g, group, mean, mean - prev_mean, best, current, current_r)
 
 
 def assign_advantages(evolutions: list[Evolution], lam: float, scale_by_std: bool = False) -> list[Candidate]:
