@@ -43,13 +43,19 @@ minskill.nn.optim.lr_factor, shared with the Skill-R1 trainer.
 The data order of epoch e is a permutation seeded by (seed, e), so a resumed run replays the same
 batches and continues exactly where the interrupted one stopped.
 
+Several targets of one prompt (`share_prompts`, the Skill-R1 cold start's several skills per editor prompt): the
+epoch order permutes the prompts' groups of chats, each kept together, and a micro-batch computes each prompt it
+holds once, its targets attending to that one prompt (minskill.nn.shared_prefix, the GRPO update's shared prefix).
+L and its gradient are the same as computing each chat whole, up to float rounding; the tokens computed per chat
+fall from |x| + |y| to |y| + |x| / (chats of x in the micro-batch).
+
 Past one GPU (torchrun, minskill.distributed): every rank reads all the data and takes its contiguous share of each
 effective batch; the loss is still divided by the whole batch's target tokens, the gradients are summed over the
 ranks before clipping, so each rank takes the one-process step; the validation loss is summed over the ranks'
 shares; rank 0 alone writes the output folder.
 
 This module imports minskill.nn.model, minskill.nn.tokenizer, minskill.plot, minskill.files (atomic writes),
-minskill.runs (checkpoints), minskill.nn.optim (the schedule), minskill.nn.lora (resuming an adapted model) and
+minskill.runs (checkpoints), minskill.nn.optim (the schedule), minskill.nn.shared_prefix (share_prompts), minskill.nn.lora (resuming an adapted model) and
 minskill.distributed (the ranks).
 """
 from __future__ import annotations
@@ -74,6 +80,7 @@ from minskill.files import read_jsonl, write_jsonl_atomic
 from minskill.nn.lora import ADAPTER_DIR, has_lora, load_peft_adapter, trainable_parameters
 from minskill.nn.model import Transformer
 from minskill.nn.optim import lr_factor
+from minskill.nn.shared_prefix import shared_prefix_logprobs
 from minskill.nn.tokenizer import Tokenizer
 from minskill.nn.weights import load_pretrained
 from minskill.plot import write_svg_plot
@@ -189,6 +196,7 @@ class SFTConfig:
     log_every: int = 1
     seed: int = 0
     max_steps: int | None = None   # stop after this many optimizer steps (the schedule still spans all)
+    share_prompts: bool = False    # chats of one prompt trained together, the prompt computed once (docstring)
 
     def __post_init__(self):
         if self.batch_size < 1 or self.micro_batch_size < 1 or self.batch_size % self.micro_batch_size:
@@ -214,11 +222,21 @@ def split_records(records: list, val_fraction: float, seed: int = 0) -> tuple[li
     return train, val
 
 
-def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
-    """The shuffled example order of one epoch: a pure function of (seed, epoch), so resume replays it."""
-    order = list(range(n))
+def epoch_order(n: int, seed: int, epoch: int, groups: list[list[int]] | None = None) -> list[int]:
+    """The shuffled example order of one epoch: a pure function of (seed, epoch), so resume replays it. With
+    `groups` (lists of example indices, e.g. prompt_groups) the groups are shuffled, each kept together."""
+    units = groups if groups is not None else [[i] for i in range(n)]
+    order = list(range(len(units)))
     random.Random(seed * 1_000_003 + epoch).shuffle(order)
-    return order
+    return [i for u in order for i in units[u]]
+
+
+def prompt_groups(examples: list[Example]) -> list[list[int]]:
+    """Indices of the examples that share one prompt (the same prompt tokens), groups in first-seen order."""
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i, e in enumerate(examples):
+        groups.setdefault(tuple(e.input_ids[:e.num_prompt_tokens]), []).append(i)
+    return list(groups.values())
 
 
 # ----------------------------------------------------------------------------- checkpoints
@@ -284,12 +302,31 @@ def _forward_backward(model, examples, pad_id, device, cfg: SFTConfig, n_targets
     """Accumulate gradients of one effective batch; returns the summed NLL (for logging)."""
     nll_sum = 0.0
     for start in range(0, len(examples), cfg.micro_batch_size):
-        input_ids, loss_mask = collate(examples[start:start + cfg.micro_batch_size], pad_id, device)
+        micro = examples[start:start + cfg.micro_batch_size]
         with _autocast(device, cfg.bf16):
-            nll, _ = target_nll(model, input_ids, loss_mask, cfg.chunk_tokens)
+            if cfg.share_prompts:
+                nll = shared_prompt_nll(model, micro, cfg.chunk_tokens)
+            else:
+                nll, _ = target_nll(model, *collate(micro, pad_id, device), cfg.chunk_tokens)
         (nll / max(1, n_targets_total)).backward()
         nll_sum += float(nll.detach())
     return nll_sum
+
+
+def shared_prompt_nll(model, examples: list[Example], chunk_tokens: int = 1024) -> torch.Tensor:
+    """target_nll's sum for `examples`, each run of examples with one prompt computing that prompt once
+    (nn.shared_prefix: the same loss and gradient up to float rounding, the prompt's tokens once, not per target)."""
+    total = torch.zeros((), dtype=torch.float32, device=model.device)
+    start = 0
+    while start < len(examples):
+        prompt = examples[start].input_ids[:examples[start].num_prompt_tokens]
+        end = start + 1
+        while end < len(examples) and examples[end].input_ids[:examples[end].num_prompt_tokens] == prompt:
+            end += 1
+        logp, mask = shared_prefix_logprobs(model, prompt, [e.input_ids[e.num_prompt_tokens:]
+                                                            for e in examples[start:end]], chunk_tokens=chunk_tokens)
+        total, start = total - (logp * mask).sum(), end
+    return total
 
 
 @torch.no_grad()
@@ -444,6 +481,7 @@ def train_sft(model: Transformer, tokenizer: Tokenizer, train_examples: list[Exa
     total_steps = max(1, math.ceil(steps_per_epoch * cfg.epochs))
     stop_step = total_steps if cfg.max_steps is None else min(total_steps, cfg.max_steps)
     fingerprint = _fingerprint(train_examples)
+    groups = prompt_groups(train_examples) if cfg.share_prompts else None   # kept together in the epoch order
     metrics_path = out_dir / "metrics.jsonl"
     step = _resume(model, optimizer, out_dir, resume, cfg, fingerprint, total_steps, log)
     # Drop metric rows from beyond the resumed step (an interrupted run may have logged past its checkpoint).
@@ -463,7 +501,7 @@ def train_sft(model: Transformer, tokenizer: Tokenizer, train_examples: list[Exa
     with open(metrics_path if main else os.devnull, "a", encoding="utf-8") as metrics:
         while step < stop_step:
             epoch, index = divmod(step, steps_per_epoch)
-            order = epoch_order(len(train_examples), cfg.seed, epoch)
+            order = epoch_order(len(train_examples), cfg.seed, epoch, groups)
             batch = [train_examples[i] for i in order[index * cfg.batch_size:(index + 1) * cfg.batch_size]]
             lr = cfg.lr * lr_factor(step, total_steps, cfg.warmup_ratio, cfg.min_lr_ratio)
             step_started = time.perf_counter()

@@ -213,6 +213,31 @@ def test_resume_before_the_first_checkpoint_trains_from_step_0(editor_dir, task_
     assert "no checkpoint yet: training from step 0" in stdout and (out / "checkpoint-1").is_dir()
 
 
+def test_data_only_then_a_new_run_trains_on_those_chats_without_the_task_model(editor_dir, task_url, tmp_path):
+    built, other = tmp_path / "built", tmp_path / "other"
+    code, _, stderr = run_main(flags(editor_dir, task_url, built, "--max-steps", "0"))     # the data only
+    assert code == 0, stderr
+    assert not list(built.glob("checkpoint-*")) and not (built / "final").exists()
+    data = (built / cold_start.DATA_FILE).read_bytes()
+    code, stdout, stderr = run_main(flags(editor_dir, "http://127.0.0.1:9/v1", other,   # no server there: not called
+                                          "--data", str(built / cold_start.DATA_FILE), "--lr", "1e-3"))
+    assert code == 0, stderr
+    assert "not rebuilt" in stdout and (other / "final").is_dir()
+    assert (other / cold_start.DATA_FILE).read_bytes() == data
+    saved = json.loads((other / cold_start.RUN_CONFIG).read_text())["args"]
+    assert (saved["lr"], saved["data"]) == (1e-3, str(built / cold_start.DATA_FILE))
+
+
+def test_a_bad_data_file_is_refused_naming_the_line(editor_dir, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"instance": "x", "messages": [], "target": "t"}\n{"messages": []}\n')
+    code, _, stderr = run_main(flags(editor_dir, "http://127.0.0.1:9/v1", tmp_path / "o", "--data", str(bad)))
+    assert code == 2 and f"{bad}:2" in stderr and not (tmp_path / "o").exists()
+    code, _, stderr = run_main(flags(editor_dir, "http://127.0.0.1:9/v1", tmp_path / "o", "--data",
+                                     str(tmp_path / "absent.jsonl")))
+    assert code == 2 and "no such file" in stderr and not (tmp_path / "o").exists()
+
+
 @pytest.mark.parametrize("extra, message", [
     (["--max-skill-tokens", "0"], "--max-skill-tokens must be at least 1"),
     (["--batch-size", "3", "--micro-batch", "2"], "multiple of --micro-batch"),

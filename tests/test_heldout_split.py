@@ -67,6 +67,25 @@ def test_more_instances_than_the_split_holds_is_refused_not_shrunk(argv, fit, ta
     assert usage.value.code == 2
 
 
+def test_shared_scoring_fits_24_qa_instances_each_type_scored_on_one_set():
+    """qa holds 81 held-out arithmetic problems: 24 instances of 8 + 20 tasks of their own do not fit (the refusal
+    names --eval-scoring shared); shared, each instance evolves on 8 tasks of its own and the instances of a type
+    are scored on the same 20, never one of any instance's evolve tasks nor the probe's."""
+    argv = ["--tasks-per-instance", "8", "--eval-instances", "24", "--probe-instances", "4"]
+    with pytest.raises(HeldoutSplitError, match=r"room for 8 instance.*--eval-scoring shared"):
+        heldout_split(flags(*argv), probe=True)
+    evo, test, probe = heldout_split(flags(*argv, "--eval-scoring", "shared"), probe=True)
+    assert len(evo) == 24 and all(len(x.tasks) == 8 for x in evo) and len(probe) == 4
+    scoring_sets = {}
+    for x, ts in zip(evo, test):
+        assert len(ts) == 20 and all(t.type == x.type for t in ts)
+        scoring_sets.setdefault(x.type, set()).add(tuple(t.id for t in ts))
+    assert len(scoring_sets) == 4 and all(len(sets) == 1 for sets in scoring_sets.values())
+    evolve = [t.id for x in evo for t in x.tasks]
+    assert len(set(evolve)) == 24 * 8 and not set(evolve) & task_ids((), test)
+    assert not task_ids(evo, test) & task_ids(probe)
+
+
 def test_a_training_probe_that_cannot_stay_clear_of_eval_is_a_usage_error(capsys):
     with pytest.raises(SystemExit) as usage:
         train_grpo.parse_args(["--suite", "household", "--eval-tasks", "5", "--probe-every", "1"])

@@ -1,5 +1,6 @@
 """minskill/masa/sft.py (records -> chats, bad data handling) and minskill/sft.py (chats -> masked tokens, the chunked
 target-token loss, the training loop: memorisation, resume round trip)."""
+import itertools
 import json
 import math
 
@@ -150,6 +151,41 @@ def test_target_nll_equals_full_logit_reference_and_ignores_padding(tiny_dir):
     nll.backward()
     assert nll.item() == pytest.approx(batch_nll.item(), rel=1e-5)
     assert model.lm_head.weight.grad is not None and model.lm_head.weight.grad.abs().sum() > 0
+
+
+def test_shared_prompts_give_the_same_loss_and_gradient_as_whole_chats(tiny_dir):
+    tok, model = Tokenizer.from_pretrained(tiny_dir), load_pretrained(tiny_dir)
+    prompt = [{"role": "user", "content": "Write a skill for sums."}]
+    other = [{"role": "user", "content": "Write a skill for unit conversion, please."}]
+    examples = [sft.encode_chat(tok, p, t, 4096) for p, t in [(prompt, "Add the two numbers."),
+                (prompt, "Carry the one, then say the answer."), (prompt, "Sum."), (other, "1 hour = 60 minutes.")]]
+
+    def loss_and_grads(share: bool):
+        model.zero_grad(set_to_none=True)
+        cfg = sft.SFTConfig(micro_batch_size=4, share_prompts=share)
+        n_targets = sum(e.num_target_tokens for e in examples)
+        nll = sft._forward_backward(model, examples, tok.pad_token_id, torch.device("cpu"), cfg, n_targets)
+        return nll, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    whole, shared = loss_and_grads(False), loss_and_grads(True)
+    assert shared[0] == pytest.approx(whole[0], rel=1e-5)
+    assert whole[1].keys() == shared[1].keys() and len(whole[1]) > 0
+    for name, grad in whole[1].items():
+        assert torch.allclose(shared[1][name], grad, rtol=1e-4, atol=1e-6), name
+
+
+def test_shared_prompts_keep_each_prompts_chats_together_in_the_epoch_order(tiny_dir):
+    tok = Tokenizer.from_pretrained(tiny_dir)
+    chats = [([{"role": "user", "content": f"prompt {k % 3}"}], f"target {k}") for k in range(10)]
+    examples = [sft.encode_chat(tok, p, t, 4096) for p, t in chats]
+    groups = sft.prompt_groups(examples)
+    assert groups == [[0, 3, 6, 9], [1, 4, 7], [2, 5, 8]]
+    group_of = {i: k for k, g in enumerate(groups) for i in g}
+    for epoch in range(4):
+        order = sft.epoch_order(len(examples), 0, epoch, groups)
+        assert sorted(order) == list(range(10)) and order == sft.epoch_order(len(examples), 0, epoch, groups)
+        runs = [list(run) for _, run in itertools.groupby(order, key=group_of.get)]   # each group: one whole run
+        assert sorted(runs) == sorted(groups)
+    assert len({tuple(sft.epoch_order(10, 0, e, groups)) for e in range(4)}) > 1   # shuffled between epochs
 
 
 def test_learning_rate_schedule_warmup_then_cosine():

@@ -3,7 +3,8 @@ training run's held-out probe (`--probe-every`).
 
 Each held-out instance has m = --tasks-per-instance tasks that the editor evolves the skill on (the loop of
 minskill.skill_r1, with their verifier feedback) and --eval-tasks *other* tasks of the same type on which
-the carried skill is scored (default 12 instances x 20 = 240 scoring tasks per row):
+the carried skill is scored (default 12 instances x 20 = 240 scoring tasks per row; --eval-scoring shared: the
+instances of a type are all scored on the same --eval-tasks tasks of that type, for a small split):
 
     success = share of those evaluation tasks solved with the skill carried after the last generation
 
@@ -113,8 +114,9 @@ def heldout_by_type(args) -> dict[str, list]:
     too few."""
     tasks = load_tasks(args, "heldout")
     n_types = len({t.type for t in tasks}) or 1
-    per_type = (math.ceil(args.eval_instances / n_types) * (args.tasks_per_instance + args.eval_tasks) +
-                math.ceil(args.probe_instances / n_types) * args.tasks_per_instance)
+    m, s = args.tasks_per_instance, args.eval_tasks
+    per_type = ((math.ceil(args.eval_instances / n_types) * m + s) if args.eval_scoring == "shared" else
+                math.ceil(args.eval_instances / n_types) * (m + s)) + math.ceil(args.probe_instances / n_types) * m
     if args.n_tasks is None and per_type * n_types > len(tasks):
         tasks = _largest_draw(args, per_type * n_types, tasks)
     by_type: dict[str, list] = {}
@@ -169,10 +171,11 @@ def heldout_split(args, probe: bool = False) -> tuple[list[Instance], list[list]
     m, s, n_eval = args.tasks_per_instance, args.eval_tasks, args.eval_instances
     n_probe = args.probe_instances if probe else 0
     by_type = heldout_by_type(args)
+    shared = args.eval_scoring == "shared"   # each type's first s tasks score all its instances; blocks of m follow
 
     def fits(k_eval: int) -> tuple[list, list]:   # (eval blocks, probe blocks) beside k_eval eval instances
-        room = {t: len(ts) for t, ts in by_type.items()}
-        evals = _in_turn(room, m + s, k_eval)
+        room = {t: len(ts) - (s if shared else 0) for t, ts in by_type.items()}
+        evals = _in_turn(room, m if shared else m + s, k_eval)
         return evals, _in_turn(room, m, n_probe)
 
     evals, probes = fits(n_eval)
@@ -180,15 +183,19 @@ def heldout_split(args, probe: bool = False) -> tuple[list[Instance], list[list]
         beside = max((k for k in range(n_eval) if [len(x) for x in fits(k)] == [k, n_probe]), default=0)
         raise HeldoutSplitError(_split_too_small(args, by_type, probe, len(evals), len(probes), beside))
     lists = dict(by_type)
-    evo = [Instance(f"heldout-{t}-{k}", t, lists[t][k * (m + s):k * (m + s) + m]) for t, k in evals]
-    test = [lists[t][k * (m + s) + m:(k + 1) * (m + s)] for t, k in evals]
+    if shared:
+        evo = [Instance(f"heldout-{t}-{k}", t, lists[t][s + k * m:s + (k + 1) * m]) for t, k in evals]
+        test = [lists[t][:s] for t, k in evals]
+    else:
+        evo = [Instance(f"heldout-{t}-{k}", t, lists[t][k * (m + s):k * (m + s) + m]) for t, k in evals]
+        test = [lists[t][k * (m + s) + m:(k + 1) * (m + s)] for t, k in evals]
     probe_set = [Instance(f"probe-{t}-{k}", t, lists[t][len(lists[t]) - (k + 1) * m:len(lists[t]) - k * m])
                  for t, k in probes]
-    shared = ({x.id for inst in evo for x in inst.tasks} | {x.id for ts in test for x in ts}) & \
+    common = ({x.id for inst in evo for x in inst.tasks} | {x.id for ts in test for x in ts}) & \
              {x.id for inst in probe_set for x in inst.tasks}
-    if shared:   # by construction only when the suite repeats a task id
+    if common:   # by construction only when the suite repeats a task id
         raise HeldoutSplitError(f"--suite {args.suite}: the probe's and --eval's held-out instances share task ids "
-                                f"{sorted(shared)[:5]}: the suite repeats them")
+                                f"{sorted(common)[:5]}: the suite repeats them")
     return evo, test, probe_set
 
 
@@ -197,6 +204,8 @@ def _split_too_small(args, by_type: dict[str, list], probe: bool, n_evals: int, 
     """What heldout_split refuses: the split, what was asked, and how many instances fit (n_evals, n_probes:
     what fits of each when --eval's are taken first; eval_fit: --eval instances that fit beside the probe)."""
     m, s = args.tasks_per_instance, args.eval_tasks
+    each = (f"--tasks-per-instance {m} tasks beside their type's --eval-tasks {s} (--eval-scoring shared)"
+            if args.eval_scoring == "shared" else f"--tasks-per-instance {m} + --eval-tasks {s} tasks")
     split = (f"the held-out split of --suite {args.suite} ("
              f"{f'--n-tasks {args.n_tasks}' if args.n_tasks is not None else 'as many as the suite holds'}: "
              f"{', '.join(f'{len(ts)} {t}' for t, ts in by_type.items()) or 'no'} tasks)")
@@ -205,12 +214,13 @@ def _split_too_small(args, by_type: dict[str, list], probe: bool, n_evals: int, 
                   f"--tasks-per-instance {m} tasks (--probe-every), which never share a task with --eval's")
     if n_evals < args.eval_instances:
         fit = eval_fit if probe else n_evals
-        return (f"{split} has room for {fit} instance(s) of --tasks-per-instance {m} + --eval-tasks {s} tasks"
+        return (f"{split} has room for {fit} instance(s) of {each}"
                 f"{f' beside {probe_text}' if probe else ''}, not --eval-instances {args.eval_instances}: ask for at "
                 f"most {fit}, lower --eval-tasks or --tasks-per-instance"
-                f"{', or --probe-instances' if probe else ''}, or {more}")
-    return (f"{split}, beside --eval's --eval-instances {args.eval_instances} instance(s) of --tasks-per-instance "
-            f"{m} + --eval-tasks {s} tasks (pass the --eval-* flags you will evaluate with), has room for "
+                f"{', or --probe-instances' if probe else ''}, "
+                f"{'' if args.eval_scoring == 'shared' else 'score on shared tasks (--eval-scoring shared), '}or {more}")
+    return (f"{split}, beside --eval's --eval-instances {args.eval_instances} instance(s) of {each} "
+            f"(pass the --eval-* flags you will evaluate with), has room for "
             f"{n_probes} of {probe_text}, not {args.probe_instances}: lower "
             f"{''.join(f'{x} or ' for x, n in (('--probe-instances', n_probes), ('--eval-instances', eval_fit)) if n)}"
             f"--eval-tasks (with these flags at most {n_probes} probe instance(s) fit, or "
@@ -439,9 +449,11 @@ def eval_record(args, evo: list[Instance], test: list[list]) -> dict:
 
 
 def print_table(rows: list[dict], evo: list[Instance], test: list[list], args) -> None:
-    n_eval = sum(len(t) for t in test)
+    n_eval, n_distinct = sum(len(t) for t in test), len({x.id for ts in test for x in ts})
+    shared = (f"(instance × task: {n_distinct} distinct tasks, a type's shared by its instances, --eval-scoring "
+              f"shared) " if n_distinct < n_eval else "")
     print(f"\nSkill-R1 evaluation, held-out split of {args.suite}: {len(evo)} instances "
-          f"({', '.join(sorted({i.type for i in evo}))}), {n_eval} evaluation tasks per row "
+          f"({', '.join(sorted({i.type for i in evo}))}), {n_eval} evaluation tasks per row {shared}"
           f"({args.rollouts} rollout{'s' if args.rollouts > 1 else ''} each, averaged per task); "
           f"G={args.generations} K={args.candidates} n={args.rollouts}; task model "
           f"{args.task_model or args.task_url or f'embedded default (smollm2-135m, --task-quantize {args.task_quantize}, greedy)'}\n")
