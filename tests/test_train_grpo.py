@@ -400,6 +400,25 @@ def test_eval_takes_several_skill_r1_editors_and_can_skip_the_frozen_row(straigh
     assert (names[2], names[3]) in pairs and (names[3], names[2]) not in pairs
 
 
+def test_eval_scoring_shared_scores_a_types_instances_on_one_set_of_tasks(editor_dir, suite_file, task_url, capsys,
+                                                                           tmp_path):
+    """--eval-scoring shared: the instances of a type evolve on tasks of their own and are scored on the same
+    tasks; eval.json records them so, and the header counts the distinct tasks apart from instance x task."""
+    eval_flags = ["--eval", "--eval-instances", "3", "--eval-tasks", "2"]   # 8 held-out tasks: own fits 2 of 2 + 2
+    with pytest.raises(SystemExit) as refused:
+        train_grpo.parse_args(common_flags(editor_dir, suite_file, task_url, tmp_path / "own") + eval_flags)
+    assert refused.value.code == 2 and "--eval-scoring shared" in capsys.readouterr().err
+    assert train_grpo.main(common_flags(editor_dir, suite_file, task_url, tmp_path / "eval") + eval_flags +
+                           ["--eval-scoring", "shared"]) == 0
+    printed = capsys.readouterr().out
+    check_eval_folder(tmp_path / "eval", printed)
+    record = json.loads((tmp_path / "eval" / "eval.json").read_text())
+    assert len(record["instances"]) == 3 and len({tuple(x["eval_tasks"]) for x in record["instances"]}) == 1
+    evolve = [t for x in record["instances"] for t in x["evolve_tasks"]]
+    assert len(set(evolve)) == 6 and not set(evolve) & set(record["instances"][0]["eval_tasks"])
+    assert "6 evaluation tasks per row (instance × task: 2 distinct tasks" in printed
+
+
 def test_kl_to_frozen_is_the_mean_log_ratio_of_the_sampled_tokens(editor_dir, straight_run):
     """kl_to_frozen: 0 for the frozen editor itself; for the trained one, the mean over the skill tokens of
     log π_θ − log π_0, computed here by hand from sampling.completion_logprobs."""
