@@ -609,7 +609,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    "row each (e.g. two training seeds)")
     e.add_argument("--frozen-row", action=argparse.BooleanOptionalAction, default=d.frozen_row, help="evaluate the "
                    "inference-only row (--editor, frozen); --no-frozen-row skips it, e.g. to add a Skill-R1 row to "
-                   "a table already measured with the same flags (every row uses the same tasks and seeds)")
+                   "a table already measured with the same flags (every row uses the same tasks and seeds; "
+                   "python -m minskill.skill_r1.combine joins the runs' rows into one table)")
     e.add_argument("--eval-instances", type=int, default=d.eval_instances,
                    help="held-out instances (default %(default)s), task types "
                    "in turn; each has --tasks-per-instance tasks to evolve on and --eval-tasks others to score on")

@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 
 
 import train_grpo
+from minskill.skill_r1 import combine
 from helpers import (KEYWORDS, ROW_FIELDS, TIMING_FIELDS, common_flags, crash_after_checkpoint, keyword_task_model,
                      keyword_tasks, read_rows, write_keyword_suite)
 from minskill.nn.sampling import completion_logprobs
@@ -417,6 +418,35 @@ def test_eval_scoring_shared_scores_a_types_instances_on_one_set_of_tasks(editor
     evolve = [t for x in record["instances"] for t in x["evolve_tasks"]]
     assert len(set(evolve)) == 6 and not set(evolve) & set(record["instances"][0]["eval_tasks"])
     assert "6 evaluation tasks per row (instance × task: 2 distinct tasks" in printed
+
+
+def test_combine_joins_separate_eval_runs_into_the_table_one_run_gives(straight_run, editor_dir, suite_file,
+                                                                         task_url, capsys, tmp_path):
+    """A Skill-R1 row measured in a later --eval run (--no-frozen-row), joined to a run of the frozen row, gives
+    the rows and the paired table of one --eval run of both; runs that differ are refused, naming how."""
+    ckpt = str(straight_run[0] / "checkpoint")
+
+    def evaluate(name, *extra):
+        flags = common_flags(editor_dir, suite_file, task_url, tmp_path / name) + [
+            "--eval", "--eval-instances", "2", "--eval-tasks", "2", *extra]
+        assert train_grpo.main(flags) == 0
+        return json.loads((tmp_path / name / "eval.json").read_text())
+    both = evaluate("both", "--skillr1-editor", ckpt)
+    evaluate("frozen")
+    evaluate("later", "--no-frozen-row", "--skillr1-editor", ckpt)
+    evaluate("other", "--eval-tasks", "1")
+    capsys.readouterr()
+    assert combine.main([str(tmp_path / "frozen"), str(tmp_path / "later"), "--out", str(tmp_path / "all")]) == 0
+    printed = capsys.readouterr().out
+    joined = json.loads((tmp_path / "all" / "eval.json").read_text())
+    assert [(r["name"], r["scores"]) for r in joined["rows"]] == [(r["name"], r["scores"]) for r in both["rows"]]
+    assert joined["paired"] == both["paired"] and len(joined["paired"]) == 3 + 2
+    assert joined["combined_from"] == [str(tmp_path / n / "eval.json") for n in ("frozen", "later")]
+    assert f"| Skill-R1 (λ = 0.5): {ckpt} | Skill-R1 inference-only" in printed
+    for runs, message in [(["frozen", "other"], "--eval-tasks 2 vs 1"), (["later", "later"], "already in an earlier"),
+                          (["frozen", "absent"], "absent")]:
+        code = combine.main([str(tmp_path / n) for n in runs] + ["--out", str(tmp_path / "refused")])
+        assert code == 2 and message in capsys.readouterr().err and not (tmp_path / "refused").exists()
 
 
 def test_kl_to_frozen_is_the_mean_log_ratio_of_the_sampled_tokens(editor_dir, straight_run):

@@ -56,11 +56,11 @@ from minskill.cli import client_args
 from minskill.files import write_json_atomic
 from minskill.nn.shared_prefix import grouped_logprobs
 from minskill.nn.weights import load_model
-from minskill.paired import compare
-from minskill.rollout import load_skills, run_rollouts, skill_text, wilson_interval
+from minskill.rollout import load_skills, run_rollouts, skill_text
 from minskill.runs import TRAINER_STATE, check_run_folder, load_trainer_state, open_run_folder
 from minskill.serve.client import usage_delta
 from minskill.serve.server import embedded_client
+from minskill.skill_r1.eval_table import EVAL_FILE, paired_rows, print_table, success_interval
 from minskill.skill_r1.loop import (EvolveConfig, Instance, all_zero_note, autocast, check_config, evolve_batch,
                                     load_tasks, step_seed)
 from minskill.tasks import load_suite
@@ -412,14 +412,12 @@ def evaluate(args) -> int:
                     print(f"warning: {spec} was trained with λ = {trained_lam}, yet it fills the row '{name}'")
                 name = f"{name.split(' (')[0]} (λ = {trained_lam:g})"
             done(name, editor_row(client, name, spec, evo, seed_skills, test, args), trained_lam)
-    print_table(rows, evo, test, args)
+    print_table(rows, evo, test, args, all_zero_note([t for ts in test for t in ts], training=False))
     record.update(paired=paired_rows(rows, args.seed), finished=True, wall_seconds=time.time() - started)
     write_json_atomic(out / EVAL_FILE, record)
     print(f"\nwrote {out / EVAL_FILE}; python -m minskill.report {out} draws the evaluation as one HTML page")
     return 0
 
-
-EVAL_FILE = "eval.json"
 
 
 def eval_record(args, evo: list[Instance], test: list[list]) -> dict:
@@ -446,64 +444,3 @@ def eval_record(args, evo: list[Instance], test: list[list]) -> dict:
                            "eval_tasks": [t.id for t in ts], "eval_questions": [t.question[:300] for t in ts]}
                           for x, ts in zip(evo, test)],
             "rows": [], "paired": [], "usage": None, "wall_seconds": 0.0}
-
-
-def print_table(rows: list[dict], evo: list[Instance], test: list[list], args) -> None:
-    n_eval, n_distinct = sum(len(t) for t in test), len({x.id for ts in test for x in ts})
-    shared = (f"(instance × task: {n_distinct} distinct tasks, a type's shared by its instances, --eval-scoring "
-              f"shared) " if n_distinct < n_eval else "")
-    print(f"\nSkill-R1 evaluation, held-out split of {args.suite}: {len(evo)} instances "
-          f"({', '.join(sorted({i.type for i in evo}))}), {n_eval} evaluation tasks per row {shared}"
-          f"({args.rollouts} rollout{'s' if args.rollouts > 1 else ''} each, averaged per task); "
-          f"G={args.generations} K={args.candidates} n={args.rollouts}; task model "
-          f"{args.task_model or args.task_url or f'embedded default (smollm2-135m, --task-quantize {args.task_quantize}, greedy)'}\n")
-    print("| method | success (95% CI) | " + " | ".join(f"g={g + 1}" for g in range(args.generations)) +
-          " | task calls: evolve | task calls: evaluate |")
-    print("|---|---|" + "---|" * args.generations + "---|---|")
-    for row in rows:
-        lo, hi = success_interval(row)
-        per_gen = row["per_generation"]
-        gens = " | ".join(f"{x:.3f}" for x in per_gen) if per_gen else " | ".join("–" * args.generations)
-        print(f"| {row['name']} | {row['success']:.3f} ({lo:.2f}–{hi:.2f}) | {gens} | {row['evolve_calls']} | "
-              f"{row['eval_calls']} |")
-    print("\nsuccess: share of evaluation tasks solved with the skill carried after the last generation; g=k: "
-          "with the skill carried after generation k; evolve calls: task-model requests spent writing the skills "
-          "(on each instance's own tasks); evaluate calls: requests spent scoring them.")
-    if all(r["success"] == 0 for r in rows) and all(x == 0 for r in rows for x in r["per_generation"]):
-        print("note: " + all_zero_note([t for ts in test for t in ts], training=False))
-    print_paired(rows, args)
-
-
-def success_interval(row: dict) -> list[float]:
-    """The 95% Wilson interval of a row's success over its evaluation tasks."""
-    n = sum(len(g) for g in row["scores"])
-    return list(wilson_interval(row["success"] * n, n))
-
-
-def paired_rows(rows: list[dict], seed: int) -> list[dict]:
-    """Every row against no skill, and each Skill-R1 row against every other row (each pair once), compared
-    on the same tasks by instance (minskill.paired.compare: the sign-flip test on the per-instance differences
-    and its interval; the per-task counts only describe)."""
-    by_name = {r["name"]: r["scores"] for r in rows}
-    pairs = [(r["name"], rows[0]["name"]) for r in rows[1:]]
-    skill_r1 = [r["name"] for r in rows if r["name"].startswith("Skill-R1 (")]
-    for k, name in enumerate(skill_r1):
-        pairs += [(name, r["name"]) for r in rows[1:] if r["name"] != name and r["name"] not in skill_r1[:k]]
-    return [{"row": b, "against": a, **compare(by_name[a], by_name[b], seed=seed)} for b, a in pairs]
-
-
-def print_paired(rows: list[dict], args) -> None:
-    """The paired table (paired_rows) as Markdown: by instance first, the per-task counts last."""
-    pairs = paired_rows(rows, args.seed)
-    print("\n| row | against | paired difference (95% CI, by instance) | p (sign-flip, by instance) | "
-          "per task: gained / lost |\n|---|---|---|---|---|")
-    for c in pairs:
-        lo, hi = c["ci95"]
-        print(f"| {c['row']} | {c['against']} | {c['difference']:+.3f} ({lo:+.2f} to {hi:+.2f}) | {c['p']:.3f} | "
-              f"{c['per_task_gained']} / {c['per_task_lost']} |")
-    if pairs:
-        print(f"\nby instance: the unit is the instance (its evaluation tasks share one evolved skill): difference "
-              f"= mean over the {pairs[0]['instances']} instances of the per-instance mean difference; p: two-sided "
-              f"sign-flip permutation test on those differences ({pairs[0]['test']}); the interval inverts it "
-              f"(minskill/paired.py; with fewer than 6 instances it is the whole range). per task: tasks scored "
-              f"higher / lower, a description only, not a test.")

@@ -1,0 +1,78 @@
+"""The tables `train_grpo.py --eval` prints and records (minskill.skill_r1.evaluate measures the rows; combine.py
+joins the rows of several runs): the rows' success with its interval, and the paired comparisons by instance.
+
+    success(row)     = mean over the row's evaluation scores (instance x task; a task's score: the mean of its n
+                       rollouts), with a 95% Wilson interval over them
+    paired(row, a)   = minskill.paired.compare on the per-instance scores of the two rows: D̄, the mean of the
+                       per-instance differences, its sign-flip test by instance and the interval that inverts it
+
+Every row is compared with no skill, and each Skill-R1 row with every other row, each pair once.
+"""
+from __future__ import annotations
+
+from minskill.paired import compare
+from minskill.rollout import wilson_interval
+
+EVAL_FILE = "eval.json"   # an --eval run's record in its folder (evaluate.eval_record)
+
+
+def print_table(rows: list[dict], evo: list, test: list[list], args, zero_note: str = "") -> None:
+    """The rows' table, then the paired one (print_paired); `zero_note` is said when every reward was 0."""
+    n_eval, n_distinct = sum(len(t) for t in test), len({x.id for ts in test for x in ts})
+    shared = (f"(instance × task: {n_distinct} distinct tasks, a type's shared by its instances, --eval-scoring "
+              f"shared) " if n_distinct < n_eval else "")
+    print(f"\nSkill-R1 evaluation, held-out split of {args.suite}: {len(evo)} instances "
+          f"({', '.join(sorted({i.type for i in evo}))}), {n_eval} evaluation tasks per row {shared}"
+          f"({args.rollouts} rollout{'s' if args.rollouts > 1 else ''} each, averaged per task); "
+          f"G={args.generations} K={args.candidates} n={args.rollouts}; task model "
+          f"{args.task_model or args.task_url or f'embedded default (smollm2-135m, --task-quantize {args.task_quantize}, greedy)'}\n")
+    print("| method | success (95% CI) | " + " | ".join(f"g={g + 1}" for g in range(args.generations)) +
+          " | task calls: evolve | task calls: evaluate |")
+    print("|---|---|" + "---|" * args.generations + "---|---|")
+    for row in rows:
+        lo, hi = success_interval(row)
+        per_gen = row["per_generation"]
+        gens = " | ".join(f"{x:.3f}" for x in per_gen) if per_gen else " | ".join("–" * args.generations)
+        print(f"| {row['name']} | {row['success']:.3f} ({lo:.2f}–{hi:.2f}) | {gens} | {row['evolve_calls']} | "
+              f"{row['eval_calls']} |")
+    print("\nsuccess: share of evaluation tasks solved with the skill carried after the last generation; g=k: "
+          "with the skill carried after generation k; evolve calls: task-model requests spent writing the skills "
+          "(on each instance's own tasks); evaluate calls: requests spent scoring them.")
+    if zero_note and all(r["success"] == 0 for r in rows) and all(x == 0 for r in rows for x in r["per_generation"]):
+        print("note: " + zero_note)
+    print_paired(rows, args)
+
+
+def success_interval(row: dict) -> list[float]:
+    """The 95% Wilson interval of a row's success over its evaluation tasks."""
+    n = sum(len(g) for g in row["scores"])
+    return list(wilson_interval(row["success"] * n, n))
+
+
+def paired_rows(rows: list[dict], seed: int) -> list[dict]:
+    """Every row against no skill, and each Skill-R1 row against every other row (each pair once), compared
+    on the same tasks by instance (minskill.paired.compare: the sign-flip test on the per-instance differences
+    and its interval; the per-task counts only describe)."""
+    by_name = {r["name"]: r["scores"] for r in rows}
+    pairs = [(r["name"], rows[0]["name"]) for r in rows[1:]]
+    skill_r1 = [r["name"] for r in rows if r["name"].startswith("Skill-R1 (")]
+    for k, name in enumerate(skill_r1):
+        pairs += [(name, r["name"]) for r in rows[1:] if r["name"] != name and r["name"] not in skill_r1[:k]]
+    return [{"row": b, "against": a, **compare(by_name[a], by_name[b], seed=seed)} for b, a in pairs]
+
+
+def print_paired(rows: list[dict], args) -> None:
+    """The paired table (paired_rows) as Markdown: by instance first, the per-task counts last."""
+    pairs = paired_rows(rows, args.seed)
+    print("\n| row | against | paired difference (95% CI, by instance) | p (sign-flip, by instance) | "
+          "per task: gained / lost |\n|---|---|---|---|---|")
+    for c in pairs:
+        lo, hi = c["ci95"]
+        print(f"| {c['row']} | {c['against']} | {c['difference']:+.3f} ({lo:+.2f} to {hi:+.2f}) | {c['p']:.3f} | "
+              f"{c['per_task_gained']} / {c['per_task_lost']} |")
+    if pairs:
+        print(f"\nby instance: the unit is the instance (its evaluation tasks share one evolved skill): difference "
+              f"= mean over the {pairs[0]['instances']} instances of the per-instance mean difference; p: two-sided "
+              f"sign-flip permutation test on those differences ({pairs[0]['test']}); the interval inverts it "
+              f"(minskill/paired.py; with fewer than 6 instances it is the whole range). per task: tasks scored "
+              f"higher / lower, a description only, not a test.")
