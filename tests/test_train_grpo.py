@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 
 
 import train_grpo
+from minskill.rollout import wilson_interval
 from minskill.skill_r1 import combine
 from helpers import (KEYWORDS, ROW_FIELDS, TIMING_FIELDS, common_flags, crash_after_checkpoint, keyword_task_model,
                      keyword_tasks, read_rows, write_keyword_suite)
@@ -418,6 +419,10 @@ def test_eval_scoring_shared_scores_a_types_instances_on_one_set_of_tasks(editor
     evolve = [t for x in record["instances"] for t in x["evolve_tasks"]]
     assert len(set(evolve)) == 6 and not set(evolve) & set(record["instances"][0]["eval_tasks"])
     assert "6 evaluation tasks per row (instance × task: 2 distinct tasks" in printed
+    no_skill = record["rows"][0]   # one skill for all of a type's instances: its 2 distinct tasks count once each
+    assert no_skill["ci95"] == pytest.approx(list(wilson_interval(no_skill["success"] * 2, 2)))
+    editor = record["rows"][2]     # a skill per instance: 6 scores
+    assert editor["ci95"] == pytest.approx(list(wilson_interval(editor["success"] * 6, 6)))
 
 
 def test_combine_joins_separate_eval_runs_into_the_table_one_run_gives(straight_run, editor_dir, suite_file,

@@ -2,7 +2,8 @@
 joins the rows of several runs): the rows' success with its interval, and the paired comparisons by instance.
 
     success(row)     = mean over the row's evaluation scores (instance x task; a task's score: the mean of its n
-                       rollouts), with a 95% Wilson interval over them
+                       rollouts), with a 95% Wilson interval over them (success_interval: a row without an
+                       editor counts each distinct task once)
     paired(row, a)   = minskill.paired.compare on the per-instance scores of the two rows: D̄, the mean of the
                        per-instance differences, its sign-flip test by instance and the interval that inverts it
 
@@ -30,7 +31,7 @@ def print_table(rows: list[dict], evo: list, test: list[list], args, zero_note: 
           " | task calls: evolve | task calls: evaluate |")
     print("|---|---|" + "---|" * args.generations + "---|---|")
     for row in rows:
-        lo, hi = success_interval(row)
+        lo, hi = success_interval(row, test)
         per_gen = row["per_generation"]
         gens = " | ".join(f"{x:.3f}" for x in per_gen) if per_gen else " | ".join("–" * args.generations)
         print(f"| {row['name']} | {row['success']:.3f} ({lo:.2f}–{hi:.2f}) | {gens} | {row['evolve_calls']} | "
@@ -43,9 +44,13 @@ def print_table(rows: list[dict], evo: list, test: list[list], args, zero_note: 
     print_paired(rows, args)
 
 
-def success_interval(row: dict) -> list[float]:
-    """The 95% Wilson interval of a row's success over its evaluation tasks."""
+def success_interval(row: dict, test: list[list]) -> list[float]:
+    """The 95% Wilson interval of a row's success over its evaluation scores. A row without an editor (no
+    skill, the seed skill) gives every instance of a type the same skill, so with --eval-scoring shared its
+    repeated (skill, task) pairs count once: n is its distinct tasks (with own tasks, every score)."""
     n = sum(len(g) for g in row["scores"])
+    if not row.get("spec"):
+        n = len({t.id for ts in test for t in ts})
     return list(wilson_interval(row["success"] * n, n))
 
 

@@ -394,7 +394,7 @@ def evaluate(args) -> int:
         def done(label: str, row: dict, lam: float | None = None) -> None:
             if not rows:   # the folder is made once there is something to keep in it
                 open_run_folder(out, False, args.overwrite, "train_grpo.py --eval")
-            rows.append({**row, "lambda": lam, "ci95": success_interval(row)})
+            rows.append({**row, "lambda": lam, "ci95": success_interval(row, test)})
             record.update(rows=rows, usage=client.usage, wall_seconds=time.time() - started)
             write_json_atomic(out / EVAL_FILE, record)
             print(f"evaluated: {label}", flush=True)
