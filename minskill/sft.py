@@ -55,8 +55,8 @@ ranks before clipping, so each rank takes the one-process step; the validation l
 shares; rank 0 alone writes the output folder.
 
 This module imports minskill.nn.model, minskill.nn.tokenizer, minskill.plot, minskill.files (atomic writes),
-minskill.runs (checkpoints), minskill.nn.optim (the schedule), minskill.nn.shared_prefix (share_prompts), minskill.nn.lora (resuming an adapted model) and
-minskill.distributed (the ranks).
+minskill.runs (checkpoints), minskill.nn.optim (the schedule), minskill.nn.shared_prefix (share_prompts),
+minskill.nn.lora (resuming an adapted model) and minskill.distributed (the ranks).
 """
 from __future__ import annotations
 

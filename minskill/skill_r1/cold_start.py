@@ -43,12 +43,13 @@ The loss is minskill.sft's: the token-level mean negative log-likelihood of the 
 end-of-turn token) given the prompt, L(θ) = −(1/|T|) Σ_{t∈T} log p_θ(y_t | y_<t, x), the prompt masked out; a
 prompt's targets train together, the prompt computed once (--share-prompts, sft.share_prompts: ~2.3x fewer tokens
 on qa). A share of the instances (--val-fraction; whole instances, so no prompt is in both) is the validation set.
-Training writes what `rewrite.py train` writes (OUT/checkpoint-STEP/, OUT/final/ in HF layout, metrics.jsonl, loss.svg);
---resume continues from the latest checkpoint on the saved OUT/sft_data.jsonl with the saved flags
+Training writes what `rewrite.py train` writes (OUT/checkpoint-STEP/, OUT/final/ in HF layout, metrics.jsonl,
+loss.svg); --resume continues from the latest checkpoint on the saved OUT/sft_data.jsonl with the saved flags
 (OUT/run_config.json; no task-model call); --data FILE trains a new run on an earlier run's chats (another --lr
 on the same data), --max-steps 0 builds the data only. OUT/final is an editor folder for train_grpo.py --editor,
-and, frozen, the --eval inference-only row. A run writes OUT only (and reads nothing else but --data); the task model is the embedded server unless
---task-url names one. This module imports skill_r1.loop (the prompt, the parser, the scoring) and minskill.sft.
+and, frozen, the --eval inference-only row. A run writes OUT only (and reads nothing else but --data); the task
+model is the embedded server unless --task-url names one. This module imports skill_r1.loop (the prompt, the
+parser, the scoring) and minskill.sft.
 """
 from __future__ import annotations
 
@@ -419,7 +420,7 @@ def run(args, argv: list[str]) -> int:
               "training from step 0"), flush=True)
     elif args.data is not None:   # an earlier run's chats, read (and checked) before OUT is touched
         rows = read_data(Path(args.data))
-        write_run(out, args, argv, rows)
+        write_run(out, args, argv, rows, script)
         print(f"wrote {out / DATA_FILE}: the {len(rows)} chats of {args.data} (not rebuilt: no task-model call)",
               flush=True)
     else:
@@ -438,7 +439,7 @@ def run(args, argv: list[str]) -> int:
         if not rows:
             raise ValueError(f"no chat was built ({counts['left_out']} targets did not fit --max-skill-tokens "
                              f"{args.max_skill_tokens}: raise it)")
-        write_run(out, args, argv, rows)
+        write_run(out, args, argv, rows, script)
         kinds = {k: sum(r["target_kind"] == k for r in rows) for k in TARGET_KINDS}
         print(f"wrote {out / DATA_FILE}: {len(rows)} chats from {len(instances)} training instances "
               f"({', '.join(f'{k} {n}' for k, n in kinds.items())}; {counts['left_out']} targets left out: did not "
@@ -453,9 +454,9 @@ def run(args, argv: list[str]) -> int:
     return 0 if summary["step"] > 0 or summary["finished"] or args.max_steps == 0 else 1
 
 
-def write_run(out: Path, args, argv: list[str], rows: list[dict]) -> None:
+def write_run(out: Path, args, argv: list[str], rows: list[dict], script: str) -> None:
     """Open OUT (minskill.runs) and write the flags (OUT/run_config.json, for --resume) and the chats, atomically."""
-    open_run_folder(out, False, args.overwrite, "cold_start")
+    open_run_folder(out, False, args.overwrite, script)
     write_text_atomic(out / RUN_CONFIG, json.dumps({"command": "python -m minskill.skill_r1.cold_start " +
                                                      " ".join(argv), "args": vars(args)}, indent=2) + "\n")
     write_jsonl_atomic(out / DATA_FILE, rows)

@@ -218,7 +218,8 @@ def _split_too_small(args, by_type: dict[str, list], probe: bool, n_evals: int, 
                 f"{f' beside {probe_text}' if probe else ''}, not --eval-instances {args.eval_instances}: ask for at "
                 f"most {fit}, lower --eval-tasks or --tasks-per-instance"
                 f"{', or --probe-instances' if probe else ''}, "
-                f"{'' if args.eval_scoring == 'shared' else 'score on shared tasks (--eval-scoring shared), '}or {more}")
+                f"{'' if args.eval_scoring == 'shared' else 'score on shared tasks (--eval-scoring shared), '}"
+                f"or {more}")
     return (f"{split}, beside --eval's --eval-instances {args.eval_instances} instance(s) of {each} "
             f"(pass the --eval-* flags you will evaluate with), has room for "
             f"{n_probes} of {probe_text}, not {args.probe_instances}: lower "
@@ -417,7 +418,6 @@ def evaluate(args) -> int:
     write_json_atomic(out / EVAL_FILE, record)
     print(f"\nwrote {out / EVAL_FILE}; python -m minskill.report {out} draws the evaluation as one HTML page")
     return 0
-
 
 
 def eval_record(args, evo: list[Instance], test: list[list]) -> dict:
