@@ -87,7 +87,7 @@ from minskill.runs import (TRAINER_STATE, check_run_folder, given_flags, load_tr
                            older_checkpoints, recover_checkpoint, resume_flags, save_checkpoint,
                            set_rng_state)
 from minskill.serve.server import embedded_client
-from minskill.skill_r1.evaluate import check_heldout, evaluate, probe, probe_instances
+from minskill.skill_r1.evaluate import check_heldout, evaluate, probe, probe_instances, with_heldout_seed
 from minskill.skill_r1.grpo import check_loss_config, policy_loss
 from minskill.skill_r1.loop import (EvolveConfig, Instance, all_zero_note, assign_advantages, autocast, check_config,
                                     SuiteError, evolve_batch, load_tasks, make_instances, step_seed)
@@ -99,7 +99,7 @@ RESUME_MUST_MATCH = ("suite", "seed_skills", "generations", "candidates", "rollo
                      "eps_low", "eps_high", "beta", "agg", "ppo_epochs", "tasks_per_instance", "n_tasks",
                      "editor_temperature", "editor_top_p", "max_skill_tokens", "context_tokens",
                      "task_max_tokens", "task_temperature", "instances_per_step", "micro_batch", "lr",
-                     "weight_decay", "warmup_ratio", "grad_clip", "bf16", "seed", "lora_rank", "lora_alpha",
+                     "weight_decay", "warmup_ratio", "grad_clip", "bf16", "seed", "heldout_seed", "lora_rank", "lora_alpha",
                      "lora_dropout", "lora_targets", "lora_base_dtype", "carry_gate", "carry_gate_alpha")
 # what `setup` reads from trainer_state.pt
 TRAINER_STATE_KEYS = ("args", "editor_spec", "optimizer", "scheduler", "rng", "metrics", "step")
@@ -136,6 +136,7 @@ class TrainConfig(EvolveConfig):
     save_every: int = 2
     keep_checkpoints: int = 1         # 1: each save replaces the last
     seed: int = 0
+    heldout_seed: int = 0             # the held-out draw (--eval, the probe), apart from the training seed
     frozen_row: bool = True
     eval_instances: int = 12
     eval_tasks: int = 20
@@ -434,7 +435,7 @@ def restore_flags(args, given: set[str]) -> None:
     """--resume: the checkpoint's flags where none is given (the resume policy, minskill.runs.resume_flags):
     a given flag of RESUME_MUST_MATCH that differs is refused, naming it with both values."""
     check_run_folder(args.out, args.resume, args.overwrite, "train_grpo.py")   # before the checkpoint is read
-    saved = resume_state(Path(args.out), mmap=True)[1]["args"]
+    saved = with_heldout_seed(resume_state(Path(args.out), mmap=True)[1]["args"])
     changed = resume_flags(args, saved, given, set(vars(args)) - set(RESUME_MUST_MATCH), "train_grpo.py")
     if any(note.startswith("--steps ") for note in changed):
         print(f"note: --steps {saved['steps']} -> {args.steps} changes the cosine schedule")
@@ -597,7 +598,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    "those of an uninterrupted run (the resume policy: minskill/runs.py)")
     m.add_argument("--overwrite", action="store_true", help="replace the run that a non-empty --out holds "
                    "(without --resume or --overwrite such an --out is refused)")
-    m.add_argument("--seed", type=int, default=d.seed, help="seeds the suite, the instance order, every sample")
+    m.add_argument("--seed", type=int, default=d.seed, help="seeds the training tasks, the instance order, every sample")
+    m.add_argument("--heldout-seed", type=int, default=d.heldout_seed, help="seeds the held-out draw (--eval's "
+                   "instances, the probe's), so runs of two --seed share their probe and evaluation (default %(default)s)")
     t.add_argument("--threads", type=int, default=None, help="torch CPU threads of this process and of the "
                    "embedded task-model server (default: torch's choice; 1 is much faster on a CPU that other busy "
                    "processes share)")

@@ -120,3 +120,28 @@ def test_eval_refuses_an_editor_whose_probe_meets_its_tasks(tmp_path, capsys):
     check_probes_of({str(ckpt): trained_flags}, evo, test, args)                      # no error
     check_probes_of({str(ckpt): {**trained_flags, "probe_every": 0}}, *heldout_split(flags())[:2], flags())
     assert train_grpo.parse_args(["--eval", "--eval-instances", "4", "--skillr1-editor", str(ckpt)]).eval
+
+
+def test_training_seeds_share_the_probe_and_the_evaluation_heldout_seed_moves_them():
+    """--seed draws the training tasks and samples, not the held-out split: two training seeds probe on the same
+    instances and are evaluated on the same tasks (before, seed 1's probe shared 12 of its 32 tasks with the
+    seed-0 evaluation, so --eval refused its editor); --heldout-seed draws another split, still clear of --eval."""
+    argv = ["--tasks-per-instance", "8", "--eval-instances", "24", "--eval-scoring", "shared"]
+    evo0, test0, probe0 = heldout_split(flags(*argv), probe=True)
+    evo1, test1, probe1 = heldout_split(flags(*argv, "--seed", "1"), probe=True)
+    assert task_ids(evo0, test0) == task_ids(evo1, test1) and task_ids(probe0) == task_ids(probe1)
+    assert train_grpo.load_tasks(flags("--seed", "1"), "train") != train_grpo.load_tasks(flags(), "train")
+    evo2, test2, probe2 = heldout_split(flags(*argv, "--heldout-seed", "1"), probe=True)
+    assert task_ids(probe2) != task_ids(probe0) and not task_ids(evo2, test2) & task_ids(probe2)
+
+
+def test_a_run_saved_before_heldout_seed_is_checked_with_the_probe_it_drew_with_its_seed():
+    """A trainer_state.pt without heldout_seed drew its probe with --seed: --eval rebuilds that probe, and
+    refuses an evaluation that meets it; the same run saved with heldout_seed 0 is clear."""
+    argv = ["--tasks-per-instance", "8", "--eval-instances", "24", "--eval-scoring", "shared"]
+    old_run = {k: v for k, v in vars(flags(*argv, "--probe-every", "8", "--seed", "1")).items() if k != "heldout_seed"}
+    assert skill_r1_eval.with_heldout_seed(old_run)["heldout_seed"] == 1
+    evo, test, _ = heldout_split(flags(*argv))
+    with pytest.raises(HeldoutSplitError, match="meet the probe of old-run"):
+        check_probes_of({"old-run": old_run}, evo, test, flags(*argv))
+    check_probes_of({"new-run": {**old_run, "heldout_seed": 0}}, evo, test, flags(*argv))   # no error

@@ -31,8 +31,10 @@ model's busy seconds in it), and the paired table as printed. `python -m minskil
 The probe scores the editor during training on instances of the same held-out split (`heldout_split`):
 --eval takes exactly --eval-instances instances of --tasks-per-instance + --eval-tasks tasks from the front
 of each type's tasks (types in turn), and a training run with --probe-every takes --probe-instances instances
-of --tasks-per-instance tasks from the end of what is left, so with the same --suite, --seed, --n-tasks,
---tasks-per-instance, --eval-instances, --eval-tasks and --probe-instances the two never share a task. A split
+of --tasks-per-instance tasks from the end of what is left, so with the same --suite, --heldout-seed, --n-tasks,
+--tasks-per-instance, --eval-instances, --eval-tasks and --probe-instances the two never share a task. The
+held-out draw is seeded by --heldout-seed, not --seed: runs of two training seeds share their probe and their
+evaluation (runs saved before the flag drew it with --seed: `with_heldout_seed`). A split
 that cannot hold both, or fewer instances than asked, is refused (HeldoutSplitError, naming the flags and
 how many instances fit), never shrunk. --eval also rebuilds the probe of every editor it evaluates from the
 flags in that editor's trainer_state.pt and refuses when the probe shares a task id with its instances (an
@@ -112,7 +114,7 @@ def heldout_by_type(args) -> dict[str, list]:
     large enough for --eval's instances and the probe's (qa at the defaults: 3 x 24 + 4 = 76 tasks per type),
     or, where the suite holds fewer, as large as it holds (`_largest_draw`); heldout_split says when that is
     too few."""
-    tasks = load_tasks(args, "heldout")
+    tasks = load_tasks(args, "heldout", seed=args.heldout_seed)
     n_types = len({t.type for t in tasks}) or 1
     m, s = args.tasks_per_instance, args.eval_tasks
     per_type = ((math.ceil(args.eval_instances / n_types) * m + s) if args.eval_scoring == "shared" else
@@ -131,7 +133,7 @@ def _largest_draw(args, want: int, drawn: list) -> list:
     distinct tasks, so success is monotone in n)."""
     def draw(n: int) -> list | None:
         try:
-            return load_suite(args.suite, split="heldout", seed=args.seed, n=n)
+            return load_suite(args.suite, split="heldout", seed=args.heldout_seed, n=n)
         except (ValueError, FileNotFoundError):
             return None
 
@@ -234,6 +236,12 @@ def heldout_instances(args) -> tuple[list[Instance], list[list]]:
     return evo, test
 
 
+def with_heldout_seed(flags: dict) -> dict:
+    """A run's saved flags with its held-out seed: runs saved before --heldout-seed existed drew their held-out
+    split (and so their probe) with --seed."""
+    return flags if "heldout_seed" in flags else {**flags, "heldout_seed": flags.get("seed", 0)}
+
+
 def probe_instances(args) -> list[Instance]:
     """The training run's held-out probe (--probe-every): heldout_split's probe instances, clear of the
     instances --eval takes with the same flags (with the defaults on qa: --eval uses 3 x 24 tasks of each
@@ -250,7 +258,7 @@ def check_probes_of(trained: dict[str, dict | None], evo: list[Instance], test: 
         if not flags or not flags.get("probe_every") or flags.get("suite") != args.suite:
             continue
         try:
-            theirs = {x.id for inst in probe_instances(argparse.Namespace(**{**vars(args), **flags}))
+            theirs = {x.id for inst in probe_instances(argparse.Namespace(**{**vars(args), **with_heldout_seed(flags)}))
                       for x in inst.tasks}
         except HeldoutSplitError as e:   # a run of an earlier version, whose probe this rule cannot rebuild
             print(f"warning: cannot rebuild the held-out probe of {spec} to check it against --eval's tasks: {e}")

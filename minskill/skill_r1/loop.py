@@ -380,10 +380,11 @@ class SuiteError(ValueError):
     """--suite names no readable suite (a missing file, a malformed line): the script reports it as a usage error."""
 
 
-def load_tasks(args, split: str) -> list:
-    """--suite's tasks of `split`; a bad suite file raises SuiteError naming it, before any model call."""
+def load_tasks(args, split: str, seed: int | None = None) -> list:
+    """--suite's tasks of `split`, drawn with `seed` (default --seed); a bad suite file raises SuiteError naming
+    it, before any model call."""
     try:
-        return load_suite(args.suite, split=split, seed=args.seed, n=args.n_tasks)
+        return load_suite(args.suite, split=split, seed=args.seed if seed is None else seed, n=args.n_tasks)
     except (ValueError, FileNotFoundError) as e:
         raise SuiteError(f"--suite {args.suite}: {e}") from e
 
