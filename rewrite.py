@@ -132,13 +132,9 @@ def restore_train_flags(parser: argparse.ArgumentParser, args, argv: list[str]) 
 def cmd_train(args) -> int:
     if not args.data:
         raise ValueError("the data (JSONL files of SFT records) are required, except with --resume")
-    cfg = sft.SFTConfig(lr=args.lr, warmup_ratio=args.warmup_ratio, min_lr_ratio=args.min_lr_ratio,
-                        epochs=args.epochs, batch_size=args.batch_size, micro_batch_size=args.micro_batch,
-                        max_length=args.max_length, too_long=args.too_long, weight_decay=args.weight_decay,
-                        grad_clip=args.grad_clip, bf16=resolve_bf16(args), gradient_checkpointing=args.grad_checkpointing,
-                        chunk_tokens=args.chunk_tokens, val_fraction=args.val_fraction, eval_every=args.eval_every,
-                        save_every=args.save_every, keep_checkpoints=args.keep_checkpoints,
-                        log_every=args.log_every, seed=args.seed, max_steps=args.max_steps)
+    resolve_bf16(args)      # --bf16's default: on for CUDA, off for the CPU
+    cfg = sft.config_from_args(args, max_length=args.max_length, too_long=args.too_long,
+                               chunk_tokens=args.chunk_tokens, log_every=args.log_every)
     lora = lora_settings(args)      # before anything is read: a bad --lora-* flag is a ValueError naming it
     if distributed.is_main():   # torchrun: rank 0 alone checks and writes the run folder (the others would see
         check_run_folder(args.out, bool(args.resume), args.overwrite, "rewrite.py train")   # its writes)

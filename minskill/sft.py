@@ -10,6 +10,7 @@ the Skill-R1 editor's own prompts and skill replies; this module holds what they
                            token that stops it
     collate, target_nll    right-padded batches and the chunked target-token loss
     SFTConfig, train_sft   the optimiser, schedule and training loop with checkpoints, resume and validation
+    config_from_args       the SFTConfig of the flags both SFT commands share
     sft_throughput         the benchmark hook (minskill.bench)
 
 With x the prompt tokens and y = (y_1..y_n) the target tokens, the loss of a batch is the token-level mean over
@@ -209,6 +210,20 @@ class SFTConfig:
         if self.epochs <= 0 or self.lr <= 0 or self.max_length < 2:
             raise ValueError("epochs and lr must be positive and max_length at least 2")
         self.adam_betas = tuple(self.adam_betas)
+
+
+# The command-line flags both SFT commands (rewrite.py train, skill_r1.cold_start) spell the same way, and the
+# SFTConfig field each sets; the flags one command alone has go to config_from_args' `fields`
+FLAG_FIELDS = {"lr": "lr", "warmup_ratio": "warmup_ratio", "min_lr_ratio": "min_lr_ratio", "epochs": "epochs",
+               "batch_size": "batch_size", "micro_batch": "micro_batch_size", "weight_decay": "weight_decay",
+               "grad_clip": "grad_clip", "bf16": "bf16", "grad_checkpointing": "gradient_checkpointing",
+               "val_fraction": "val_fraction", "eval_every": "eval_every", "save_every": "save_every",
+               "keep_checkpoints": "keep_checkpoints", "seed": "seed", "max_steps": "max_steps"}
+
+
+def config_from_args(args, **fields) -> SFTConfig:
+    """The SFTConfig an SFT command's parsed flags name (FLAG_FIELDS), with `fields` for the rest."""
+    return SFTConfig(**{field: getattr(args, flag) for flag, field in FLAG_FIELDS.items()}, **fields)
 
 
 def split_records(records: list, val_fraction: float, seed: int = 0) -> tuple[list, list]:

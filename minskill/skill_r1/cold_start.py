@@ -388,13 +388,8 @@ def restore_flags(args, given: set[str]) -> None:
 
 
 def sft_config(args) -> sft.SFTConfig:
-    return sft.SFTConfig(lr=args.lr, warmup_ratio=args.warmup_ratio, min_lr_ratio=args.min_lr_ratio, epochs=args.epochs,
-                         batch_size=args.batch_size, micro_batch_size=args.micro_batch,
-                         max_length=args.context_tokens + args.max_skill_tokens, weight_decay=args.weight_decay,
-                         grad_clip=args.grad_clip, bf16=args.bf16, gradient_checkpointing=args.grad_checkpointing,
-                         val_fraction=args.val_fraction, eval_every=args.eval_every, save_every=args.save_every,
-                         keep_checkpoints=args.keep_checkpoints, seed=args.seed, max_steps=args.max_steps,
-                         share_prompts=args.share_prompts)
+    return sft.config_from_args(args, max_length=args.context_tokens + args.max_skill_tokens,
+                                share_prompts=args.share_prompts)
 
 
 def evolve_config(args) -> EvolveConfig:
