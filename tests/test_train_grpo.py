@@ -23,6 +23,7 @@ from minskill.nn.sampling import completion_logprobs
 from minskill.nn.weights import load_model
 from minskill.serve.client import ChatClient
 from minskill.serve.server import ScriptedBackend, start_server
+from minskill.skill_r1.eval_table import success_interval
 from minskill.skill_r1.evaluate import heldout_instances, kl_to_frozen, probe_instances, success
 from minskill.skill_r1.grpo import policy_loss
 from minskill.skill_r1.loop import EvolveConfig
@@ -421,8 +422,22 @@ def test_eval_scoring_shared_scores_a_types_instances_on_one_set_of_tasks(editor
     assert "6 evaluation tasks per row (instance × task: 2 distinct tasks" in printed
     no_skill = record["rows"][0]   # one skill for all of a type's instances: its 2 distinct tasks count once each
     assert no_skill["ci95"] == pytest.approx(list(wilson_interval(no_skill["success"] * 2, 2)))
-    editor = record["rows"][2]     # a skill per instance: 6 scores
-    assert editor["ci95"] == pytest.approx(list(wilson_interval(editor["success"] * 6, 6)))
+    editor = record["rows"][2]     # a skill per instance: the interval is by instance, and 3 say little
+    assert editor["ci95"] == [0.0, 1.0]
+
+
+def test_an_editor_rows_success_interval_is_by_instance_a_fixed_skill_rows_by_distinct_task():
+    """Two editor rows with the same 32 scores and the same success 0.5: where every instance scores 0.5 the
+    instances agree and the interval is narrow; where half score 1 and half 0 it is wide. A row without an
+    editor keeps the Wilson interval over its distinct tasks."""
+    agree = {"spec": "ckpt", "success": 0.5, "scores": [[1.0, 1.0, 0.0, 0.0]] * 8}
+    split = {"spec": "ckpt", "success": 0.5, "scores": [[1.0] * 4] * 4 + [[0.0] * 4] * 4}
+    assert success_interval(agree, []) == pytest.approx([0.5, 0.5])
+    low, high = success_interval(split, [])
+    assert low < 0.3 and high > 0.7 and 0.0 <= low and high <= 1.0
+    tasks = [[SimpleNamespace(id=f"t{i}") for i in range(4)]] * 8   # shared: 4 distinct tasks
+    fixed = {"spec": None, "success": 0.5, "scores": agree["scores"]}
+    assert success_interval(fixed, tasks) == pytest.approx(list(wilson_interval(2, 4)))
 
 
 def test_combine_joins_separate_eval_runs_into_the_table_one_run_gives(straight_run, editor_dir, suite_file,

@@ -2,8 +2,13 @@
 joins the rows of several runs): the rows' success with its interval, and the paired comparisons by instance.
 
     success(row)     = mean over the row's evaluation scores (instance x task; a task's score: the mean of its n
-                       rollouts), with a 95% Wilson interval over them (success_interval: a row without an
-                       editor counts each distinct task once)
+                       rollouts), with a 95% interval (success_interval). A row with an editor samples one skill
+                       per instance, so the tasks of an instance are not independent and the instances are the
+                       unit: the interval is minskill.paired's sign-flip inversion applied to the per-instance
+                       means m_j (the subset means' order statistics, as for a paired difference), centred where
+                       the m_j are symmetric. A row without an editor (no skill, the seed skill) scores one fixed
+                       skill per type, so its tasks are the unit: a Wilson interval over its distinct tasks (with
+                       --eval-scoring shared a task repeated across a type's instances counts once)
     paired(row, a)   = minskill.paired.compare on the per-instance scores of the two rows: D̄, the mean of the
                        per-instance differences, its sign-flip test by instance and the interval that inverts it
 
@@ -11,7 +16,7 @@ Every row is compared with no skill, and each Skill-R1 row with every other row,
 """
 from __future__ import annotations
 
-from minskill.paired import compare
+from minskill.paired import compare, sign_flip
 from minskill.rollout import wilson_interval
 
 EVAL_FILE = "eval.json"   # an --eval run's record in its folder (evaluate.eval_record)
@@ -45,12 +50,13 @@ def print_table(rows: list[dict], evo: list, test: list[list], args, zero_note: 
 
 
 def success_interval(row: dict, test: list[list]) -> list[float]:
-    """The 95% Wilson interval of a row's success over its evaluation scores. A row without an editor (no
-    skill, the seed skill) gives every instance of a type the same skill, so with --eval-scoring shared its
-    repeated (skill, task) pairs count once: n is its distinct tasks (with own tasks, every score)."""
-    n = sum(len(g) for g in row["scores"])
-    if not row.get("spec"):
-        n = len({t.id for ts in test for t in ts})
+    """The 95% interval of a row's success (module docstring): by instance for a row with an editor (its
+    "spec"), a Wilson interval over the distinct tasks for a row without one."""
+    if row.get("spec"):
+        means = [sum(g) / len(g) for g in row["scores"] if g]
+        low, high = sign_flip(means)[1]
+        return [max(0.0, low), min(1.0, high)]     # too few instances: sign_flip's (-1, 1) is "anything"
+    n = len({t.id for ts in test for t in ts})
     return list(wilson_interval(row["success"] * n, n))
 
 

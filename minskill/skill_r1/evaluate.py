@@ -433,8 +433,8 @@ def eval_record(args, evo: list[Instance], test: list[list]) -> dict:
 
         {"kind": "skill-r1-eval", "version": 2, "flags": {the train_grpo.py flags}, "task_model",
          "instances": [{"id", "type", "evolve_tasks": [ids], "eval_tasks": [ids], "eval_questions": [...]}],
-         "rows": [{"name", "spec", "lambda", "success", "ci95" (Wilson), "per_generation", "evolve_calls",
-                   "eval_calls", "scores": [[score per evaluation task] per instance], "kl",
+         "rows": [{"name", "spec", "lambda", "success", "ci95" (eval_table.success_interval), "per_generation",
+                   "evolve_calls", "eval_calls", "scores": [[score per evaluation task] per instance], "kl",
                    "skills": [per instance: seed skill, each generation's candidates and rewards, carried skill],
                    "costs": {"task_model" | "task_model_evolve" | "task_model_evaluate": client.Usage counts +
                              wall_seconds, "editor": {"sampled_tokens", "seconds", "kl_seconds"}}}],
