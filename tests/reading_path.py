@@ -48,7 +48,7 @@ PATHS = {
                  "score_skills") +
         SINGLE_TURN_ROLLOUTS +
         _entries("minskill/skill_r1/loop.py", "Outcome", "Evolution", "HistoryEntry", "editor_messages",
-                 "_history_block", "_outcome_line", "_clip") +
+                 "_history_block", "outcome_line", "_clip") +
         # (the editor is sampled by nn/sampling.py:generate, language-model machinery like the model's forward)
         _entries("minskill/skill_r1/loop.py", "Candidate", "parse_candidate", "_carry", "Generation",
                  "assign_advantages") +

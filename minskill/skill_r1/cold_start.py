@@ -68,7 +68,7 @@ from minskill.nn.weights import load_model
 from minskill.rollout import SkillsNotFound, base_skills, load_skills, skill_text
 from minskill.runs import RunFolderError, check_run_folder, given_flags, open_run_folder, resume_flags
 from minskill.serve.server import embedded_client
-from minskill.skill_r1.loop import (OUTCOMES_SHOWN, EvolveConfig, HistoryEntry, Instance, SuiteError, _outcome_line,
+from minskill.skill_r1.loop import (OUTCOMES_SHOWN, EvolveConfig, HistoryEntry, Instance, SuiteError, outcome_line,
                                     check_config, editor_messages, load_tasks, make_instances, parse_candidate,
                                     score_skills, step_seed)
 from minskill.skills import slugify
@@ -175,7 +175,7 @@ def worked_examples(prompt_text: str, history: list[HistoryEntry], tasks=()) -> 
     for entry in reversed(history):
         for o in entry.outcomes[:OUTCOMES_SHOWN]:
             question = " ".join(o.question.split())
-            if o.reward < 1.0 or question in seen or o.reply.startswith("error:") or _outcome_line(o) not in prompt_text:
+            if o.reward < 1.0 or question in seen or o.reply.startswith("error:") or outcome_line(o) not in prompt_text:
                 continue
             answer = worked_answer(o.reply, by_question.get(question))
             if answer is not None:

@@ -196,7 +196,8 @@ def _clip(text: str, limit: int) -> str:   # one line of at most `limit` charact
     return text if len(text) <= limit else text[: max(limit - 3, 0)] + "..."
 
 
-def _outcome_line(o: Outcome) -> str:
+def outcome_line(o: Outcome) -> str:
+    """One past task as the editor's prompt shows it (skill_r1.cold_start finds its worked examples by it)."""
     verdict = "correct" if o.reward >= 1.0 else ("partly correct" if o.reward > 0 else "wrong")
     steps = f" after {o.steps} steps" if o.steps > 1 else ""
     return f"  task: {_clip(o.question, CLIP_OUTCOME_CHARS)} -> {verdict}{steps}; " \
@@ -209,7 +210,7 @@ def _history_block(entry: HistoryEntry) -> str:
                f"{_clip(entry.error or 'unparseable', 120)})"
     skill = _clip(entry.skill, CLIP_SKILL_CHARS) if entry.skill.strip() else "(no skill)"
     lines = [f"[generation {entry.generation}, reward {entry.reward:.2f}]", skill]
-    return "\n".join(lines + [_outcome_line(o) for o in entry.outcomes[:OUTCOMES_SHOWN]])
+    return "\n".join(lines + [outcome_line(o) for o in entry.outcomes[:OUTCOMES_SHOWN]])
 
 
 def editor_messages(instance: Instance, current_skill: str, current_reward: float, history: list[HistoryEntry],
