@@ -280,9 +280,7 @@ def latest_checkpoint(out_dir: str | os.PathLike) -> Path | None:
 
 
 def _prune_checkpoints(out_dir: Path, keep: int) -> None:
-    found = sorted((int(p.name.split("-", 1)[1]), p) for p in out_dir.glob("checkpoint-*")
-                   if p.name.split("-", 1)[1].isdigit())
-    for _, path in found[:max(0, len(found) - max(1, keep))]:   # the newest one always stays
+    for path in checkpoints(out_dir)[max(1, keep):]:   # newest first; the newest one always stays
         shutil.rmtree(path, ignore_errors=True)
 
 

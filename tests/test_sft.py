@@ -270,6 +270,18 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(tiny_dir, tmp_path):
     assert all(torch.equal(t, expected[n]) for n, t in saved.state_dict().items())
 
 
+def test_keep_checkpoints_leaves_the_newest_ones(tiny_dir, tmp_path):
+    """6 steps saved every step, keep 2: checkpoint-5 and checkpoint-6 stay (and final), the older ones go."""
+    tok = Tokenizer.from_pretrained(tiny_dir)
+    records = [record(n, m) for n, m in [("a", "One."), ("b", "Two two."), ("c", "Three."), ("d", "Four!")]]
+    examples, _ = masa_sft.encode_records(tok, records)
+    cfg = sft.SFTConfig(lr=1e-2, epochs=3, batch_size=2, micro_batch_size=1, save_every=1, log_every=100,
+                        keep_checkpoints=2)
+    sft.train_sft(load_pretrained(tiny_dir), tok, examples, tmp_path / "run", cfg, log=lambda _: None)
+    assert [p.name for p in sft.checkpoints(tmp_path / "run")] == ["checkpoint-6", "checkpoint-5"]
+    assert (tmp_path / "run" / "final").is_dir()
+
+
 def test_svg_plot_and_throughput_hook(tiny_dir, tmp_path):
     sft.write_svg_plot(tmp_path / "p.svg", {"train": [(1, 3.0), (2, 2.0)], "val": [(2, 2.5)]}, "t", "x", "y")
     text = (tmp_path / "p.svg").read_text()
