@@ -24,7 +24,7 @@ from minskill.nn.weights import load_model
 from minskill.serve.client import ChatClient
 from minskill.serve.server import ScriptedBackend, start_server
 from minskill.skill_r1.eval_table import success_interval
-from minskill.skill_r1.evaluate import heldout_instances, kl_to_frozen, probe_instances, success
+from minskill.skill_r1.evaluate import heldout_instances, kl_reference, kl_to_frozen, probe_instances, success
 from minskill.skill_r1.grpo import policy_loss
 from minskill.skill_r1.loop import EvolveConfig
 from tiny import make_tiny_model_dir
@@ -288,7 +288,7 @@ def test_eval_prints_the_papers_rows(straight_run, editor_dir, suite_file, task_
     assert names[2].startswith("Skill-R1 inference-only") and names[3].startswith("vanilla GRPO (λ = 0.5)")
     assert names[4].startswith("Skill-R1 (λ = 0.5)")           # λ read from the checkpoint's trainer state
     assert "warning: " in printed and "trained with λ = 0.5, yet it fills the row 'vanilla GRPO" in printed
-    assert printed.count("KL(trained ‖ frozen editor) = ") == 2      # the two trained rows, not the frozen one
+    assert printed.count(f"KL(trained ‖ {editor_dir}) = ") == 2      # the two trained rows, not the frozen one
     for line in table[2:]:
         cells = [c.strip() for c in line.split("|")[1:-1]]
         assert 0.0 <= float(cells[1].split()[0]) <= 1.0
@@ -332,7 +332,7 @@ def check_eval_folder(out, printed):
             for written in row["skills"]:
                 assert len(written["generations"]) == 2 and all(len(g["candidates"]) == 3 for g in written["generations"])
                 assert written["carried"] == written["generations"][-1]["carried"]
-            assert (row["kl"] is None) == (row["spec"] == record["flags"]["editor"])
+            assert (row["kl"] is None) == (row["spec"] == record["flags"]["editor"]) == (row["kl_reference"] is None)
     printed_paired = [[c.strip() for c in line.split("|")[1:-1]] for line in lines[lines.index(
         next(line for line in lines if line.startswith("| row |"))) + 1:]]
     assert [[p["row"], p["against"], f"{p['p']:.3f}", f"{p['per_task_gained']} / {p['per_task_lost']}"]
@@ -484,6 +484,23 @@ def test_kl_to_frozen_is_the_mean_log_ratio_of_the_sampled_tokens(editor_dir, st
         logp_0, _ = completion_logprobs(frozen, [c.prompt_ids for c in cands], [c.token_ids for c in cands])
     by_hand = float(((logp - logp_0) * mask).sum() / mask.sum())
     assert by_hand != 0 and kl_to_frozen(trained, str(editor_dir), evolutions, args) == pytest.approx(by_hand, abs=1e-5)
+
+
+def test_a_trained_rows_kl_is_to_the_editor_its_training_started_from(editor_dir, straight_run, tmp_path):
+    """kl_reference: None for --editor itself; the --editor recorded in a checkpoint's trainer_state.pt (not the
+    eval run's --editor) while it loads; --editor once that folder is gone."""
+    ckpt = straight_run[0] / "checkpoint"
+    args = SimpleNamespace(editor="smollm2-135m")
+    assert kl_reference("smollm2-135m", args) is None
+    assert kl_reference(str(ckpt), args) == str(editor_dir)
+    moved = shutil.copytree(editor_dir, tmp_path / "start")
+    state = torch.load(ckpt / "trainer_state.pt", weights_only=False)
+    state["args"]["editor"] = str(moved)
+    shutil.copytree(ckpt, tmp_path / "ckpt")
+    torch.save(state, tmp_path / "ckpt" / "trainer_state.pt")
+    assert kl_reference(str(tmp_path / "ckpt"), args) == str(moved)
+    shutil.rmtree(moved)
+    assert kl_reference(str(tmp_path / "ckpt"), args) == "smollm2-135m"
 
 
 def test_eval_counts_n_identical_greedy_rollouts_once(task_url):

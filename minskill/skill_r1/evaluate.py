@@ -57,7 +57,7 @@ import torch
 from minskill.cli import client_args
 from minskill.files import write_json_atomic
 from minskill.nn.shared_prefix import grouped_logprobs
-from minskill.nn.weights import load_model
+from minskill.nn.weights import DEFAULT_MODEL, load_model
 from minskill.rollout import load_skills, run_rollouts, skill_text
 from minskill.runs import TRAINER_STATE, check_run_folder, load_trainer_state, open_run_folder
 from minskill.serve.client import usage_delta
@@ -317,7 +317,7 @@ def skill_row(client, name: str, skills: list[str], evo: list[Instance], test: l
     u0, t0 = client.usage, time.time()
     final, calls, scores = success(client, skills, test, args)
     return {"name": name, "spec": None, "success": final, "eval_calls": calls, "scores": scores,
-            "per_generation": [], "evolve_calls": 0, "kl": None,
+            "per_generation": [], "evolve_calls": 0, "kl": None, "kl_reference": None,
             "skills": [{"instance": x.id, "seed_skill": s, "carried": s, "generations": []}
                        for x, s in zip(evo, skills)],
             "costs": {"task_model": {**usage_delta(client.usage, u0), "wall_seconds": time.time() - t0}}}
@@ -336,10 +336,10 @@ def editor_row(client, name: str, spec: str, evo: list[Instance], seed_skills: l
                                   seed_skills=seed_skills)
     evolve_calls, evolve_wall = client.stats["calls"] - c0, time.time() - t0
     evolve_usage = usage_delta(client.usage, u0)
-    kl, t_kl = None, time.time()
-    if spec != args.editor:  # a trained editor: how far it moved from the one it started from
-        kl = kl_to_frozen(editor, args.editor, evolutions, args)
-        print(f"{name}: KL(trained ‖ frozen editor) = {kl:.4f} nats per token of the skills it wrote", flush=True)
+    kl, t_kl, reference = None, time.time(), kl_reference(spec, args)
+    if reference is not None:  # a trained editor: how far it moved from the one it started from
+        kl = kl_to_frozen(editor, reference, evolutions, args)
+        print(f"{name}: KL(trained ‖ {reference}) = {kl:.4f} nats per token of the skills it wrote", flush=True)
     kl_seconds = time.time() - t_kl
     del editor
     u1, t1 = client.usage, time.time()
@@ -349,7 +349,7 @@ def editor_row(client, name: str, spec: str, evo: list[Instance], seed_skills: l
     sampled = sum(len(c.token_ids) for ev in evolutions for c in ev.candidates())
     return {"name": f"{name}: {spec}", "spec": spec, "success": final,
             "eval_calls": sum(c for _, c, _ in per_gen), "scores": scores, "per_generation": [x for x, _, _ in per_gen],
-            "evolve_calls": evolve_calls, "kl": kl, "skills": [written_skills(ev) for ev in evolutions],
+            "evolve_calls": evolve_calls, "kl": kl, "kl_reference": reference, "skills": [written_skills(ev) for ev in evolutions],
             "costs": {"task_model_evolve": {**evolve_usage, "wall_seconds": evolve_wall},
                       "task_model_evaluate": {**usage_delta(client.usage, u1), "wall_seconds": time.time() - t1},
                       # the editor samples while no task-model request is out: the evolve phase's wall time
@@ -368,6 +368,15 @@ def written_skills(ev) -> dict:
                              "candidates": [{"skill": c.skill, "reply": c.text if c.skill is None else None,
                                              "reward": c.reward} for c in gen.candidates]}
                             for gen in ev.generations]}
+
+
+def kl_reference(spec: str, args) -> str | None:
+    """π_0 of a row's KL: None for --editor itself (untrained); for a trained editor the one its training
+    started from (the --editor in its trainer_state.pt) where that still loads from here, else --editor."""
+    if spec == args.editor:
+        return None
+    started = (trained_args(spec) or {}).get("editor")
+    return started if started and (started == DEFAULT_MODEL or Path(started).is_dir()) else args.editor
 
 
 def kl_to_frozen(editor, frozen_spec: str, evolutions, args) -> float:
@@ -435,6 +444,7 @@ def eval_record(args, evo: list[Instance], test: list[list]) -> dict:
          "instances": [{"id", "type", "evolve_tasks": [ids], "eval_tasks": [ids], "eval_questions": [...]}],
          "rows": [{"name", "spec", "lambda", "success", "ci95" (eval_table.success_interval), "per_generation",
                    "evolve_calls", "eval_calls", "scores": [[score per evaluation task] per instance], "kl",
+                   "kl_reference" (π_0 of "kl": kl_reference),
                    "skills": [per instance: seed skill, each generation's candidates and rewards, carried skill],
                    "costs": {"task_model" | "task_model_evolve" | "task_model_evaluate": client.Usage counts +
                              wall_seconds, "editor": {"sampled_tokens", "seconds", "kl_seconds"}}}],
