@@ -380,8 +380,8 @@ def kl_reference(spec: str, args) -> str | None:
 
 
 def kl_to_frozen(editor, frozen_spec: str, evolutions, args) -> float:
-    """Mean over the sampled skill tokens of log π_θ(y) − log π_0(y), π_0 the untrained editor: the Monte-Carlo
-    estimate of KL(π_θ ‖ π_0) at the sampling temperature (exact in expectation for --editor-top-p 1)."""
+    """Mean over the sampled skill tokens of log π_θ(y) − log π_0(y), π_0 `frozen_spec` (kl_reference): the
+    Monte-Carlo estimate of KL(π_θ ‖ π_0) at the sampling temperature (exact in expectation for --editor-top-p 1)."""
     frozen = load_model(frozen_spec, dtype=torch.float32, device=editor.device)[0].eval()
     cands = [c for ev in evolutions for c in ev.candidates() if c.token_ids]
     total, n = 0.0, 0
