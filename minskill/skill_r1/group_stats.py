@@ -1,0 +1,109 @@
+"""What K candidates and G generations buy, measured on training runs' lineage.jsonl (no new run).
+
+    python -m minskill.skill_r1.group_stats runs/skill-r1-cs runs/skill-r1-cs-seed1
+
+A training step evolves each instance for G generations of K candidates; lineage.jsonl (skill_r1.records) keeps
+every candidate's reward r_{g,k} and the seed skill's r_0. Two questions a recipe must answer:
+
+K. The intra-generation advantage A_intra = (r_{g,k} − mean_k r_{g,k}) / std_k r_{g,k} is 0 for every candidate
+   of a group whose K rewards are equal, so such a group gives no gradient. For K' ≤ K the share of groups that
+   would have had zero variance, and the best-of-K' reward, are exact averages over all C(K, K') subsets of the
+   K recorded rewards of each group (sampling K' of the K candidates without replacement):
+
+       zero(K') = mean_groups mean_{S ⊆ group, |S| = K'} 1[all r in S equal]
+       best(K') = mean_groups mean_{S ⊆ group, |S| = K'} (max_{r ∈ S} r − r_0)
+
+G. Generation g + 1 is written from generation g's outcomes in the prompt, by the same weights (one step), so
+   D = mean_k r_{g+1,k} − mean_k r_{g,k} per group measures what the extra generation adds. Its mean over the
+   records is tested by paired.sign_flip (a record: one instance at one step). The carried reward after each
+   generation is also printed; it was selected on the same tasks it is scored on, so it is biased upward.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import statistics
+import sys
+from pathlib import Path
+
+from minskill.files import read_jsonl
+from minskill.paired import sign_flip
+
+LINEAGE_FILE = "lineage.jsonl"
+
+
+def read_groups(path) -> list[dict]:
+    """One dict per lineage record: {"seed": r_0, "generations": [[r_{1,k}], [r_{2,k}], ...], "carried": [r]}.
+    A record without the skills' rewards is a ValueError naming the file and line."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / LINEAGE_FILE
+    groups = []
+    for line, record in read_jsonl(path):
+        try:
+            skills = record["skills"]
+            reward = {s["id"]: float(s["reward"]) for s in skills}
+            seed = [reward[s["id"]] for s in skills if s["generation"] == 0][0]
+            n_gen = max(s["generation"] for s in skills)
+            generations = [[reward[s["id"]] for s in skills if s["generation"] == g] for g in range(1, n_gen + 1)]
+            carried = [reward[c] for c in record["carried"]]
+        except (KeyError, IndexError, TypeError, ValueError) as e:
+            raise ValueError(f"{path}:{line}: not a lineage record with rewards ({type(e).__name__}: {e})") from None
+        groups.append({"seed": seed, "generations": generations, "carried": carried})
+    if not groups:
+        raise ValueError(f"{path}: no lineage record")
+    return groups
+
+
+def subset_stats(groups: list[dict], k: int) -> tuple[float, float]:
+    """(zero(k), best(k)) of the module docstring over every generation's group of every record."""
+    zero, best = [], []
+    for group in groups:
+        for rewards in group["generations"]:
+            subsets = list(itertools.combinations(rewards, k))
+            zero.append(statistics.mean(float(len(set(s)) == 1) for s in subsets))
+            best.append(statistics.mean(max(s) - group["seed"] for s in subsets))
+    return statistics.mean(zero), statistics.mean(best)
+
+
+def report(groups: list[dict]) -> list[str]:
+    sizes = {len(r) for g in groups for r in g["generations"]}
+    n_gen = min(len(g["generations"]) for g in groups)
+    if len(sizes) != 1 or min(sizes) < 2:
+        raise ValueError(f"the groups hold {sorted(sizes)} candidates: K must be one value ≥ 2 across the runs")
+    k = sizes.pop()
+    lines = [f"{len(groups)} instances × G = {n_gen} generations × K = {k} candidates",
+             "| K' | groups with zero reward variance (no gradient) | best of K' − seed skill |", "|---|---|---|"]
+    for k_sub in range(2, k + 1):
+        zero, best = subset_stats(groups, k_sub)
+        lines.append(f"| {k_sub} | {zero:.3f} | {best:+.3f} |")
+    for g in range(n_gen):
+        means = [statistics.mean(grp["generations"][g]) - grp["seed"] for grp in groups]
+        bests = [max(grp["generations"][g]) - grp["seed"] for grp in groups]
+        carried = statistics.mean(grp["carried"][g + 1] for grp in groups if len(grp["carried"]) > g + 1)
+        lines.append(f"generation {g + 1}: mean candidate − seed {statistics.mean(means):+.3f}, best − seed "
+                     f"{statistics.mean(bests):+.3f}, carried reward {carried:.3f}")
+    for g in range(1, n_gen):
+        d = [statistics.mean(grp["generations"][g]) - statistics.mean(grp["generations"][g - 1]) for grp in groups]
+        p, (low, high), how = sign_flip(d)
+        lines.append(f"generation {g + 1} − generation {g} (mean candidate, paired by record: one instance at one "
+                     f"step): {statistics.mean(d):+.3f} ({low:+.3f} to {high:+.3f}), p {p:.4f} ({how} sign flip)")
+    return lines
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m minskill.skill_r1.group_stats", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("runs", nargs="+", help="train_grpo.py training folders (or their lineage.jsonl)")
+    args = parser.parse_args(argv)
+    try:
+        groups = [g for run in args.runs for g in read_groups(run)]
+        print("\n".join(report(groups)))
+    except (OSError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
