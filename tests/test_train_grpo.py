@@ -296,8 +296,9 @@ def test_eval_prints_the_papers_rows(straight_run, editor_dir, suite_file, task_
     assert all(int(line.split("|")[-3]) > 0 for line in table[4:])  # editor rows spent calls evolving
     # with the scripted model: no skill answers nothing ('no' to everything)
     assert table[2].split("|")[2].strip().startswith("0.000")
-    # the paired table: every row against no skill, then Skill-R1 against the three other rows
-    assert paired[0].startswith("| row | against | paired difference") and len(paired) == 2 + 4 + 3
+    # the paired table: every row against no skill, Skill-R1 against the three other rows, GRPO against the frozen
+    assert paired[0].startswith("| row | against | paired difference") and len(paired) == 2 + 4 + 3 + 1
+    assert paired[-1].startswith("| vanilla GRPO (λ = 0.5): ") and "| Skill-R1 inference-only (editor frozen): " in paired[-1]
     success = {line.split("|")[1].strip().split(":")[0]: float(line.split("|")[2].split()[0]) for line in table[2:]}
     for line in paired[2:]:
         row, against, diff, p, counts = [c.strip() for c in line.split("|")[1:-1]]

@@ -61,7 +61,8 @@ def success_interval(row: dict, test: list[list]) -> list[float]:
 
 
 def paired_rows(rows: list[dict], seed: int) -> list[dict]:
-    """Every row against no skill, and each Skill-R1 row against every other row (each pair once), compared
+    """Every row against no skill, each Skill-R1 row against every other row (each pair once), and each vanilla
+    GRPO row against the inference-only row (what GRPO training did to the editor it started from), compared
     on the same tasks by instance (minskill.paired.compare: the sign-flip test on the per-instance differences
     and its interval; the per-task counts only describe)."""
     by_name = {r["name"]: r["scores"] for r in rows}
@@ -69,6 +70,8 @@ def paired_rows(rows: list[dict], seed: int) -> list[dict]:
     skill_r1 = [r["name"] for r in rows if r["name"].startswith("Skill-R1 (")]
     for k, name in enumerate(skill_r1):
         pairs += [(name, r["name"]) for r in rows[1:] if r["name"] != name and r["name"] not in skill_r1[:k]]
+    frozen = [r["name"] for r in rows if r["name"].startswith("Skill-R1 inference-only")]
+    pairs += [(r["name"], f) for r in rows if r["name"].startswith("vanilla GRPO") for f in frozen]
     return [{"row": b, "against": a, **compare(by_name[a], by_name[b], seed=seed)} for b, a in pairs]
 
 

@@ -15,10 +15,11 @@ carried after each generation g, and the task-model requests spent writing the s
 those spent scoring them (evaluate); a trained editor's row prints its KL to the frozen editor on the skills
 it wrote (how far training moved it). A task's score is the mean over its n rollouts (n identical greedy
 replies count once). A second table compares the rows paired on the same tasks (minskill.paired.compare):
-every row against no skill, and each Skill-R1 row against every other row. The unit is the instance (its
-scoring tasks share the one skill evolved on it, so they are not independent): the mean per-instance
-difference D̄ with the 95% interval by instance and the p of the exact sign-flip permutation test on the J
-per-instance differences; the tasks gained / lost are counted per task, as a description only (not a test).
+every row against no skill, each Skill-R1 row against every other row, and vanilla GRPO against
+inference-only. The unit is the instance (its scoring tasks share the one skill evolved on it, so they are
+not independent): the mean per-instance difference D̄ with the 95% interval by instance and the p of the
+exact sign-flip permutation test on the J per-instance differences; the tasks gained / lost are counted per
+task, as a description only (not a test).
 A trained editor's λ is read from its checkpoint, so a row cannot silently show the wrong method.
 
 `--eval` also writes a run folder (--out, default runs/skill-r1-eval-TIME; a non-empty one is refused without
