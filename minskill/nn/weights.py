@@ -448,6 +448,11 @@ def cache_root(cache_dir=None) -> Path:
     return Path(cache_dir or os.environ.get("MINSKILL_CACHE") or Path.home() / ".cache" / "minskill").expanduser()
 
 
+def is_model_spec(spec) -> bool:
+    """Whether resolve_model takes `spec` at all: an existing folder, or the offline default's name."""
+    return spec == DEFAULT_MODEL or Path(spec).is_dir()
+
+
 def resolve_model(spec, cache_dir=None) -> Path:
     """A local HF folder for `spec`: an existing folder as is, or the default model (converted once)."""
     if Path(spec).is_dir():

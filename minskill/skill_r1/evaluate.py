@@ -58,7 +58,7 @@ import torch
 from minskill.cli import client_args
 from minskill.files import write_json_atomic
 from minskill.nn.shared_prefix import grouped_logprobs
-from minskill.nn.weights import DEFAULT_MODEL, load_model
+from minskill.nn.weights import is_model_spec, load_model
 from minskill.rollout import load_skills, run_rollouts, skill_text
 from minskill.runs import TRAINER_STATE, check_run_folder, load_trainer_state, open_run_folder
 from minskill.serve.client import usage_delta
@@ -377,7 +377,7 @@ def kl_reference(spec: str, args) -> str | None:
     if spec == args.editor:
         return None
     started = (trained_args(spec) or {}).get("editor")
-    return started if started and (started == DEFAULT_MODEL or Path(started).is_dir()) else args.editor
+    return started if started and is_model_spec(started) else args.editor
 
 
 def kl_to_frozen(editor, frozen_spec: str, evolutions, args) -> float:
