@@ -6,7 +6,8 @@ An --eval row depends only on the flags, the held-out tasks and the seeds, never
 editor trained later can be evaluated in a run of its own (`--no-frozen-row --skillr1-editor NEW`) and its
 row joined to the earlier ones here; the paired table (eval_table.paired_rows: every row against no skill, each
 Skill-R1 row against every other row, vanilla GRPO against inference-only, by instance) is then computed over all
-of them, e.g. Skill-R1 against the inference-only row of another run. What must agree, else it is refused naming the difference:
+of them, e.g. Skill-R1 against the inference-only row of another run. What must agree, else it is refused naming
+the difference:
 
     the flags that shape a row (COMPARED_FLAGS: suite, seed, tasks per instance, the --eval-* split, G, K, n,
     the editor's sampling and budgets, the task model's), the task model, the instances with their evolve

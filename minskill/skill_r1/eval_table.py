@@ -20,6 +20,8 @@ from minskill.paired import compare, sign_flip
 from minskill.rollout import wilson_interval
 
 EVAL_FILE = "eval.json"   # an --eval run's record in its folder (evaluate.eval_record)
+FROZEN_ROW = "Skill-R1 inference-only (editor frozen)"   # the editor rows' names begin so (evaluate.eval_editors)
+GRPO_ROW = "vanilla GRPO"
 
 
 def print_table(rows: list[dict], evo: list, test: list[list], args, zero_note: str = "") -> None:
@@ -70,8 +72,8 @@ def paired_rows(rows: list[dict], seed: int) -> list[dict]:
     skill_r1 = [r["name"] for r in rows if r["name"].startswith("Skill-R1 (")]
     for k, name in enumerate(skill_r1):
         pairs += [(name, r["name"]) for r in rows[1:] if r["name"] != name and r["name"] not in skill_r1[:k]]
-    frozen = [r["name"] for r in rows if r["name"].startswith("Skill-R1 inference-only")]
-    pairs += [(r["name"], f) for r in rows if r["name"].startswith("vanilla GRPO") for f in frozen]
+    frozen = [r["name"] for r in rows if r["name"].startswith(FROZEN_ROW)]
+    pairs += [(r["name"], f) for r in rows if r["name"].startswith(GRPO_ROW) for f in frozen]
     return [{"row": b, "against": a, **compare(by_name[a], by_name[b], seed=seed)} for b, a in pairs]
 
 

@@ -63,7 +63,7 @@ from minskill.rollout import load_skills, run_rollouts, skill_text
 from minskill.runs import TRAINER_STATE, check_run_folder, load_trainer_state, open_run_folder
 from minskill.serve.client import usage_delta
 from minskill.serve.server import embedded_client
-from minskill.skill_r1.eval_table import EVAL_FILE, paired_rows, print_table, success_interval
+from minskill.skill_r1.eval_table import EVAL_FILE, FROZEN_ROW, GRPO_ROW, paired_rows, print_table, success_interval
 from minskill.skill_r1.loop import (EvolveConfig, Instance, all_zero_note, autocast, check_config, evolve_batch,
                                     load_tasks, step_seed)
 from minskill.tasks import load_suite
@@ -90,12 +90,9 @@ def _trained_args(path: str, mtime_ns: int, size: int) -> dict:
     return load_trainer_state(Path(path).parent, restore_rng=False)["args"]
 
 
-FROZEN_ROW = "Skill-R1 inference-only (editor frozen)"
-
-
 def eval_editors(args) -> list[tuple[str, str | None]]:
     """--eval's editor rows: (row name, editor spec or None when the row is skipped)."""
-    editors = [(FROZEN_ROW, args.editor if args.frozen_row else None), ("vanilla GRPO (λ = 0)", args.grpo_editor)]
+    editors = [(FROZEN_ROW, args.editor if args.frozen_row else None), (f"{GRPO_ROW} (λ = 0)", args.grpo_editor)]
     return editors + [("Skill-R1 (λ > 0)", spec) for spec in args.skillr1_editor or [None]]
 
 
@@ -427,7 +424,7 @@ def evaluate(args) -> int:
                 continue
             trained_lam = float(trained[spec]["lam"]) if trained[spec] else None   # λ of the run that wrote it
             if trained_lam is not None and name != FROZEN_ROW:
-                if (trained_lam == 0) != name.startswith("vanilla"):
+                if (trained_lam == 0) != name.startswith(GRPO_ROW):
                     print(f"warning: {spec} was trained with λ = {trained_lam}, yet it fills the row '{name}'")
                 name = f"{name.split(' (')[0]} (λ = {trained_lam:g})"
             done(name, editor_row(client, name, spec, evo, seed_skills, test, args), trained_lam)
