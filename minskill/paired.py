@@ -39,6 +39,9 @@ tasks T_j, so the d(t) of one instance share one sampled skill and are not indep
     per task (descriptive only, not a test: the tasks of an instance share one skill)
         per_task_gained = #{t : d(t) > 0},   per_task_lost = #{t : d(t) < 0}      (ties drop out)
 
+    What p and the interval generalise over (`generalises_over`, said under each table of them): new
+    instances; where the instances share their scoring tasks, not new scoring tasks.
+
 By task (`compare_tasks`, `sign_test_p`, `sign_test_p_greater`): where the tasks are independent draws scored
 under one fixed skill set (the gates of minskill/gates.py, the transfer matrix of minskill/masa/transfer.py), the
 task is the unit:
@@ -153,6 +156,22 @@ def bootstrap_by_instance(diffs: list[list[float]], draws: int = 10_000, seed: i
     lo = means[int(math.floor((1 - level) / 2 * draws))]
     hi = means[min(draws - 1, int(math.ceil((1 + level) / 2 * draws)) - 1)]
     return lo, hi
+
+
+def generalises_over(task_ids: list[list[str]]) -> str:
+    """What `compare`'s p and interval generalise over, said under every table of them
+    (train_grpo.py --eval, combine, the report): the instances are the sample; where the
+    instances share their scoring tasks (an id repeated: --eval-scoring shared), the tasks
+    are not."""
+    n_scored = sum(len(ids) for ids in task_ids)
+    n_distinct = len({t for ids in task_ids for t in ids})
+    if n_distinct < n_scored:
+        return (f"p-values and intervals generalise over new instances (each a skill evolved "
+                f"afresh on evolve tasks of its own), not over new scoring tasks: each type's "
+                f"instances share one set of scoring tasks ({n_distinct} distinct here), so a "
+                f"difference holds on these tasks.")
+    return ("p-values and intervals generalise over new instances (each a skill evolved afresh "
+            "and scored on tasks of its own).")
 
 
 def compare_tasks(scores_a: list[float], scores_b: list[float], draws: int = 10_000, seed: int = 0) -> dict:

@@ -11,7 +11,8 @@ early. Three readers turn a reply into what the caller asked for, or raise an er
 * `parse_skillset(reply)` -> a `SkillSet`: MASA's JSON library when the reply holds one (`extract_json`),
   else the `SkillSet.to_markdown()` layout read leniently: `# General skills`, `# Task-specific skills:
   <type>` and `# Common mistakes` sections (levels 1-3, bold or not), skills cut at each front matter (or
-  each level-2/3 heading when there is none), duplicate names numbered, a bad task type slugified.
+  each level-2/3 heading when there is none), duplicate names numbered, a bad task type slugified;
+  a reply of more than skillsets.MAX_SKILLS skills refused before any is read.
 * `extract_json(reply)` -> the JSON value in a reply (see its docstring): lenient for a prompted LLM (the
   first object or array that decodes, in a fence or in prose), strict for a model trained to answer in
   JSON (the text from its first "{" to its last "}", which may hold several objects in a row).
@@ -28,7 +29,7 @@ import re
 from minskill.skills import (MAX_BODY_CHARS, MAX_COMPATIBILITY_CHARS, MAX_DESCRIPTION_CHARS, MAX_NAME_CHARS,
                              SPEC_FIELDS, Skill, SkillFormatError, SkillParseError, slugify, split_front_matter,
                              validate_name, validate_task_type)
-from minskill.skillsets import SkillSet, parse_mistakes
+from minskill.skillsets import MAX_SKILLS, SkillSet, parse_mistakes
 
 __all__ = ["extract_json", "nested_deeper_than", "parse_skill", "parse_skillset", "SkillParseError"]
 
@@ -38,6 +39,9 @@ _FENCE = re.compile(r"^[ \t]*(`{3,}|~{3,})[^\n]*$", re.M)
 _SECTION = re.compile(r"^#{1,3}[ \t]*(?:\*\*)?(general[ \t]+skills?|task[- ]specific[ \t]+skills?"
                       r"(?:[ \t]*(?:for|:|-|—|\()[ \t]*(.+?)\)?)?|common[ \t]+mistakes?)"
                       r"(?:\*\*)?[ \t]*:?[ \t]*$", re.I | re.M)
+# after a '---' line, the next non-blank line is a name/description key (matched in place: no
+# copy of the rest of the text per '---' line)
+_OPENS_FRONT_MATTER = re.compile(r"[\r\n]*(?:name|description)\s*:")
 _CHATTER = re.compile(r"^(let me know|i hope|hope this|feel free|this skill (?:should|will)|"
                       r"note that this|good luck)", re.I)
 
@@ -60,8 +64,7 @@ def _fenced_blocks(text: str) -> list[str]:
 def _front_matter_start(text: str) -> int | None:
     """Offset of a '---' line that opens front matter (the next non-blank line is a name/description key)."""
     for match in re.finditer(r"^---[ \t]*\r?$", text, re.M):
-        following = text[match.end():].lstrip("\r\n")
-        if re.match(r"(?:name|description)\s*:", following):
+        if _OPENS_FRONT_MATTER.match(text, match.end()):
             return match.start()
     return None
 
@@ -146,7 +149,7 @@ def parse_skill(reply: str) -> Skill:
 def _split_skills(section: str) -> list[str]:
     """A section's text cut at every '---' line that opens a front matter."""
     starts = [m.start() for m in re.finditer(r"^---[ \t]*\r?$", section, re.M)
-              if re.match(r"(?:name|description)\s*:", section[m.end():].lstrip("\r\n"))]
+              if _OPENS_FRONT_MATTER.match(section, m.end())]
     if not starts:
         # no front matter: one skill per level-2/3 heading, or the whole text as one skill
         heads = [m.start() for m in re.finditer(r"^#{2,3}[ \t]+\S", section, re.M)]
@@ -176,7 +179,7 @@ def parse_skillset(reply: str) -> SkillSet:
             raise SkillParseError(f"JSON skill library is invalid ({error})", reply) from None
     text = _unwrap(reply)
     sections = list(_SECTION.finditer(text))
-    skillset = SkillSet()
+    skillset, found = SkillSet(), 0
     chunks = [(None, text[:sections[0].start()] if sections else text)]
     for i, match in enumerate(sections):
         end = sections[i + 1].start() if i + 1 < len(sections) else len(text)
@@ -199,15 +202,20 @@ def parse_skillset(reply: str) -> SkillSet:
             group = skillset.task_specific.setdefault(task_type, [])
         else:
             group = skillset.general
-        taken = {s.name for s in group}
-        for piece in _split_skills(chunk):
-            if not piece.strip():
-                continue
+        pieces = [piece for piece in _split_skills(chunk) if piece.strip()]
+        found += len(pieces)
+        if found > MAX_SKILLS:   # refused before any is parsed: 20,000 headings cost one reading
+            raise SkillParseError(f"the reply holds more than {MAX_SKILLS} skills ({found} "
+                                  f"counted so far); a skill set holds at most {MAX_SKILLS}", reply)
+        taken, next_suffix = {s.name for s in group}, {}
+        for piece in pieces:
             skill = _lenient_skill(piece, reply)
-            base, k = skill.name, 2
+            base = skill.name
+            k = next_suffix.get(base, 2)   # where this name's last duplicate left off: linear work
             while skill.name in taken:
                 skill.name = f"{base[:MAX_NAME_CHARS - 4]}-{k}"
                 k += 1
+            next_suffix[base] = k
             taken.add(skill.name)
             group.append(skill)
     if not len(skillset) and not skillset.common_mistakes:

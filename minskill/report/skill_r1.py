@@ -2,11 +2,13 @@
 
 Training: the curves of metrics.jsonl, the cost per role, and the skill lineage of every instance across
 generations (lineage.jsonl: each skill diffed against its parent, with its reward and the tasks it gained and
-lost). --eval: the table and paired table as printed and, per instance, the skills each editor wrote with
-their rewards and the tasks gained and lost against no skill.
+lost). --eval: the table and paired table as printed, with what the p-values generalise
+over (paired.generalises_over), and, per instance, the skills each editor wrote with their
+rewards and the tasks gained and lost against no skill.
 """
 from __future__ import annotations
 
+from minskill.paired import generalises_over
 from minskill.report.html import (SECONDS_NOTE, Safe, cost_table, details, diff_html, flags_table, gained_lost_html,
                                   join, kv_table, missing_box, not_recorded, num, page, plot, pre, table, tag,
                                   tasks_list, usage_row)
@@ -176,7 +178,9 @@ def eval_tables(record: dict) -> Safe:
                     "the mean per-instance difference, the two-sided sign-flip permutation test on the "
                     "per-instance differences and the interval that inverts it. per task: tasks scored higher / "
                     "lower, a description only (the tasks of an instance share one skill).",
-                    cls="muted small") if paired else None)
+                    cls="muted small") if paired else None,
+                tag("p", generalises_over([x["eval_tasks"] for x in record["instances"]]),
+                    cls="muted small") if paired and record.get("instances") else None)
 
 
 def eval_costs(record: dict) -> Safe:

@@ -14,9 +14,13 @@ the difference:
     and evaluation tasks (by id), and the no-skill and seed-skill rows' per-task scores (the same task model
     answering the same prompts: a difference means the runs did not measure alike)
 
-Rows come in the order of the runs given (the first run's no-skill and seed-skill rows open the table); a
-row whose name and editor appear twice is refused. Writes OUT/eval.json (evaluate.eval_record's format, with
-"combined_from": the eval.json files read) and prints the tables as --eval does.
+Rows come in the order of the runs given (the first run's no-skill and seed-skill rows open the
+table); a row whose name (an editor row's names its editor) appears twice is refused. Every
+field combine reads is checked first (check_record): a record of another shape is refused naming
+FILE and the field. Writes OUT/eval.json (evaluate.eval_record's format, with "combined_from":
+the eval.json files read, and each row's "ci95" recomputed from its scores by
+eval_table.success_interval, as the table prints it: a run's stored interval may be of an older
+kind) and prints the tables as --eval does.
 """
 from __future__ import annotations
 
@@ -25,15 +29,25 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
-from minskill.files import read_json, write_json_atomic
-from minskill.runs import RunFolderError, check_run_folder, open_run_folder
-from minskill.skill_r1.eval_table import EVAL_FILE, paired_rows, print_table
+from minskill.files import ShapeError, check_shape, read_json, write_json_atomic
+from minskill.runs import RUN_MARKER, RunFolderError, check_run_folder, open_run_folder
+from minskill.skill_r1.eval_table import (EVAL_FILE, paired_rows, print_table, recorded_tasks,
+                                          success_interval)
 
 COMPARED_FLAGS = ("suite", "seed", "n_tasks", "tasks_per_instance", "eval_instances", "eval_tasks", "eval_scoring",
                   "generations", "candidates", "rollouts", "seed_skills", "editor_temperature", "editor_top_p",
                   "max_skill_tokens", "context_tokens", "task_max_tokens", "task_temperature", "task_quantize",
                   "carry_gate", "carry_gate_alpha")
 SKILL_ROWS = 2   # each run opens with the no-skill and the seed-skill rows
+# what combine reads of an eval.json (minskill.files.check_shape): check_alike's fields, the
+# flags that print_table names, the row fields that the tables print or are computed from
+ROW_SHAPE = {"name": str, "spec?": (None, str), "success": float, "scores": [[float]],
+             "per_generation": [float], "evolve_calls": int, "eval_calls": int}
+RECORD_SHAPE = {"flags": {"suite": str, "seed": int, "generations": int, "candidates": int,
+                          "rollouts": int, "task_model": object, "task_url": object,
+                          "task_quantize": object},
+                "task_model": (None, str), "rows": [ROW_SHAPE], "wall_seconds?": float,
+                "instances": [{"id": object, "type": str, "eval_tasks": [str]}]}
 
 
 def read_eval(path: str) -> tuple[Path, dict]:
@@ -44,7 +58,45 @@ def read_eval(path: str) -> tuple[Path, dict]:
         raise ValueError(f"{file}: not a train_grpo.py --eval record")
     if not record.get("finished"):
         raise ValueError(f"{file}: the evaluation did not finish (its paired table is missing): run it again")
+    check_record(file, record)
     return file, record
+
+
+def check_record(file: Path, record: dict) -> None:
+    """Refuse (ValueError naming FILE and the field) a record whose fields that combine reads
+    are not as --eval writes them: RECORD_SHAPE, the two fixed-skill rows at least, per row one
+    score group per instance holding one score in [0, 1] per evaluation task and a success in
+    [0, 1], a seed that numpy accepts, no row name twice."""
+    try:
+        check_shape(record, RECORD_SHAPE, str(file))
+    except ShapeError as e:
+        raise ValueError(str(e)) from None
+    rows, instances, seed = record["rows"], record["instances"], record["flags"]["seed"]
+    if len(rows) < SKILL_ROWS:
+        raise ValueError(f"{file}: field rows: {len(rows)} rows; an --eval run opens with the "
+                         f"no-skill and the seed-skill rows")
+    if seed < 0:
+        raise ValueError(f"{file}: field flags.seed: expected 0 or more, got {seed}")
+    names = set()
+    for i, row in enumerate(rows):
+        where = f"{file}: field rows[{i}]"
+        if len(row["scores"]) != len(instances):
+            raise ValueError(f"{where}.scores: {len(row['scores'])} groups, expected one per "
+                             f"instance ({len(instances)})")
+        for j, (group, instance) in enumerate(zip(row["scores"], instances)):
+            if len(group) != len(instance["eval_tasks"]):
+                raise ValueError(f"{where}.scores[{j}]: {len(group)} scores, expected one per "
+                                 f"evaluation task of instances[{j}] "
+                                 f"({len(instance['eval_tasks'])})")
+            bad = next((k for k, x in enumerate(group) if not 0 <= x <= 1), None)
+            if bad is not None:
+                raise ValueError(f"{where}.scores[{j}][{bad}]: expected a score in [0, 1], got "
+                                 f"{group[bad]!r}")
+        if not 0 <= row["success"] <= 1:
+            raise ValueError(f"{where}.success: expected a share in [0, 1], got {row['success']!r}")
+        if row["name"] in names:
+            raise ValueError(f"{where}.name: the row {row['name']!r} appears twice")
+        names.add(row["name"])
 
 
 def check_alike(first: tuple[Path, dict], other: tuple[Path, dict]) -> None:
@@ -69,14 +121,16 @@ def combine(paths: list[str]) -> dict:
     runs = [read_eval(p) for p in paths]
     for other in runs[1:]:
         check_alike(runs[0], other)
-    rows, seen = list(runs[0][1]["rows"]), {(r["name"], r.get("spec")) for r in runs[0][1]["rows"]}
+    rows, seen = list(runs[0][1]["rows"]), {r["name"] for r in runs[0][1]["rows"]}
     for file, record in runs[1:]:
         for row in record["rows"][SKILL_ROWS:]:
-            if (row["name"], row.get("spec")) in seen:
+            if row["name"] in seen:
                 raise ValueError(f"{file}: the row '{row['name']}' is already in an earlier run given")
-            seen.add((row["name"], row.get("spec")))
+            seen.add(row["name"])
             rows.append(row)
     head = runs[0][1]
+    test = recorded_tasks(head["instances"])   # a run's stored "ci95" may be older: recomputed
+    rows = [{**r, "ci95": success_interval(r, test)} for r in rows]
     return {**head, "rows": rows, "paired": paired_rows(rows, head["flags"]["seed"]),
             "combined_from": [str(f) for f, _ in runs], "usage": None,
             "wall_seconds": sum(r.get("wall_seconds", 0.0) for _, r in runs), "finished": True}
@@ -93,20 +147,33 @@ def main(argv=None) -> int:
         p.error("give at least two --eval runs")
     out = Path(args.out)
     try:
-        check_run_folder(out, False, args.overwrite, "combine")
+        check_out(out, args.overwrite)
         record = combine(args.runs)
-    except (RunFolderError, ValueError, OSError) as e:
+    except RunFolderError as e:
+        print(e, file=sys.stderr)     # (its message names the script)
+        return 2
+    except (ValueError, OSError) as e:
         print(f"combine: {e}", file=sys.stderr)
         return 2
     flags = SimpleNamespace(**record["flags"])
     evo = [SimpleNamespace(type=x["type"]) for x in record["instances"]]
-    test = [[SimpleNamespace(id=t) for t in x["eval_tasks"]] for x in record["instances"]]
     print(f"rows of {', '.join(record['combined_from'])}")
-    print_table(record["rows"], evo, test, flags)
+    print_table(record["rows"], evo, recorded_tasks(record["instances"]), flags)
     open_run_folder(out, False, args.overwrite, "combine")
     write_json_atomic(out / EVAL_FILE, record)
     print(f"\nwrote {out / EVAL_FILE}; python -m minskill.report {out} draws the evaluation as one HTML page")
     return 0
+
+
+def check_out(out: Path, overwrite: bool) -> None:
+    """runs.check_run_folder for a script without --resume: a non-empty --out is refused naming
+    --overwrite only (runs' own refusal offers --resume, which combine has not)."""
+    held = sorted(p.name for p in out.iterdir() if p.name != RUN_MARKER) if out.is_dir() else []
+    if held and not overwrite:
+        more = f", ... ({len(held)} entries)" if len(held) > 5 else ""
+        raise ValueError(f"--out {out} is not empty (it holds {', '.join(held[:5])}{more}): pass "
+                         f"--overwrite to replace what it holds, or choose another --out")
+    check_run_folder(out, False, overwrite, "combine")
 
 
 if __name__ == "__main__":

@@ -13,10 +13,15 @@ joins the rows of several runs): the rows' success with its interval, and the pa
                        per-instance differences, its sign-flip test by instance and the interval that inverts it
 
 Every row is compared with no skill, and each Skill-R1 row with every other row, each pair once.
+What p and the intervals generalise over (paired.generalises_over: under the paired table, and in
+the report): new instances, each a skill evolved afresh; with --eval-scoring shared not new
+scoring tasks, which the instances of a type share.
 """
 from __future__ import annotations
 
-from minskill.paired import compare, sign_flip
+from types import SimpleNamespace
+
+from minskill.paired import compare, generalises_over, sign_flip
 from minskill.rollout import wilson_interval
 
 EVAL_FILE = "eval.json"   # an --eval run's record in its folder (evaluate.eval_record)
@@ -48,7 +53,13 @@ def print_table(rows: list[dict], evo: list, test: list[list], args, zero_note: 
           "(on each instance's own tasks); evaluate calls: requests spent scoring them.")
     if zero_note and all(r["success"] == 0 for r in rows) and all(x == 0 for r in rows for x in r["per_generation"]):
         print("note: " + zero_note)
-    print_paired(rows, args)
+    print_paired(rows, args, test)
+
+
+def recorded_tasks(instances: list[dict]) -> list[list]:
+    """The evaluation tasks of eval.json's instances as print_table and success_interval take them
+    (objects with an id)."""
+    return [[SimpleNamespace(id=t) for t in x["eval_tasks"]] for x in instances]
 
 
 def success_interval(row: dict, test: list[list]) -> list[float]:
@@ -77,8 +88,9 @@ def paired_rows(rows: list[dict], seed: int) -> list[dict]:
     return [{"row": b, "against": a, **compare(by_name[a], by_name[b], seed=seed)} for b, a in pairs]
 
 
-def print_paired(rows: list[dict], args) -> None:
-    """The paired table (paired_rows) as Markdown: by instance first, the per-task counts last."""
+def print_paired(rows: list[dict], args, test: list[list]) -> None:
+    """The paired table (paired_rows) as Markdown: by instance first, the per-task counts last, then
+    what its p-values generalise over (paired.generalises_over)."""
     pairs = paired_rows(rows, args.seed)
     print("\n| row | against | paired difference (95% CI, by instance) | p (sign-flip, by instance) | "
           "per task: gained / lost |\n|---|---|---|---|---|")
@@ -92,3 +104,4 @@ def print_paired(rows: list[dict], args) -> None:
               f"sign-flip permutation test on those differences ({pairs[0]['test']}); the interval inverts it "
               f"(minskill/paired.py; with fewer than 6 instances it is the whole range). per task: tasks scored "
               f"higher / lower, a description only, not a test.")
+        print(generalises_over([[x.id for x in ts] for ts in test]))
