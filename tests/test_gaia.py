@@ -3,6 +3,7 @@ file_name, Annotator Metadata) loads with GAIA's system prompt and each task's f
 ending "FINAL ANSWER: X" is scored by GAIA's scorer on X; `--skills base` gives GAIA's base skills."""
 import json
 import os
+import re
 import warnings
 
 import pytest
@@ -57,6 +58,8 @@ def oracle(style):
     ("{}", 1.0),                                                    # no template: the whole reply is scored
     ("final answer: maybe\nFINAL ANSWER: {}\n", 1.0),              # the last template counts
     ("The answer is {}.", 0.0),                                     # GAIA's scorer: not a bare answer
+    ("**FINAL ANSWER:** {}", 1.0),                                  # bold (it was "** 17": 0)
+    ("Final answer: `{}`\nThe rest of the reply explains it.", 1.0),   # code, then a line of prose
 ])
 def test_an_oracle_scores_on_gaia_metadata_as_gaia_scores_it(tmp_path, style, expected):
     suite = write_gaia(tmp_path / "2023" / "validation")
@@ -191,3 +194,65 @@ def test_train_grpo_seed_skills_base_without_base_skills_is_a_usage_error(tmp_pa
                            "--out", str(tmp_path / "run")], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
     assert "no built-in base skills for its task types (sum)" in done.stderr
+
+
+# --------------------------------------------------------------------------- GAIA's test split
+
+def hide(rows, keep=()):
+    """The rows as GAIA's test split gives them: "Final answer" "?" but in those of ids in keep."""
+    return [row if row["task_id"] in keep else dict(row, **{"Final answer": "?"}) for row in rows]
+
+
+def test_the_test_split_is_answered_not_scored_and_written_for_the_leaderboard(tmp_path, capsys):
+    kept = {GAIA_ROWS[0]["task_id"], GAIA_ROWS[1]["task_id"]}   # two with answers: those are scored
+    suite = write_gaia(tmp_path / "2023" / "test", hide(GAIA_ROWS, kept))
+
+    def model(messages, request):   # the first sample answers right (bold, as instruct models do)
+        reply = oracle("Thinking.\n**FINAL ANSWER:** {}")(messages, request)
+        return ("I reasoned.", reply if request.sample_index == 0 else "FINAL ANSWER: wrong")
+
+    with start_server(ScriptedBackend(model)) as server:
+        client = server.client(max_retries=0)
+        out = tmp_path / "run"
+        argv = ["--suite", str(suite), "--split", "all", "--skills", "base", "--n", "2",
+                "--temperature", "1", "--task-url", client.base_url, "--task-model", client.model,
+                "--out", str(out)]
+        assert rollout.main(argv) == 0
+        first = (out / "submission.jsonl").read_text()
+        assert rollout.main(argv + ["--resume"]) == 0   # nothing left to run: the same file again
+    assert (out / "submission.jsonl").read_text() == first
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["n"] == 4 and summary["success_rate"] == 0.5   # the two kept tasks' samples only
+    assert "hidden answers" in capsys.readouterr().err
+    lines = [json.loads(line) for line in first.splitlines()]
+    hidden = sorted((r for r in GAIA_ROWS if r["task_id"] not in kept), key=lambda r: r["task_id"])
+    assert [line["task_id"] for line in lines] == [row["task_id"] for row in hidden]   # one a task
+    assert [line["model_answer"] for line in lines] == [row["Final answer"] for row in hidden]
+    assert all(line["reasoning_trace"].startswith("I reasoned.\n\nThinking.\n**FINAL ANSWER:** ")
+               for line in lines)
+    assert all(t.error is None for t in load_trajectories(out / "trajectories.jsonl"))
+
+
+@pytest.mark.parametrize("answer, shown", [("?", "'?'"), ("", "''"),
+                                           (None, "missing field 'Final answer'")])
+def test_a_hidden_answer_is_refused_where_it_would_be_scored(tmp_path, answer, shown):
+    row = {k: v for k, v in GAIA_ROWS[1].items() if k != "Final answer"}
+    if answer is not None:
+        row["Final answer"] = answer
+    suite = write_gaia(tmp_path, [GAIA_ROWS[0], row])
+    with pytest.raises(ValueError, match=rf"metadata.jsonl:2: {re.escape(shown)}: the answer of "
+                                         rf"task {row['task_id']} is hidden .* GAIA's leaderboard"):
+        load_suite(str(suite), split="all")   # what training, searches and their evaluations call
+    tasks = load_suite(str(suite), split="all", hidden_answers=True)
+    assert tasks[1].answer is None and tasks[0].answer == GAIA_ROWS[0]["Final answer"]
+    with pytest.raises(ValueError, match="no reference answer"):
+        tasks[1].score("")   # a blank reply never scores 1 against it (GAIA's scorer: 1)
+
+
+def test_a_plain_line_of_the_gaia_verifier_with_answer_question_mark_is_hidden_too(tmp_path):
+    path = tmp_path / "plain.jsonl"
+    line = {"id": "a", "question": "Q?", "answer": "?", "verifier": "gaia"}
+    path.write_text(json.dumps(line) + "\n")
+    with pytest.raises(ValueError, match=r"plain.jsonl:1: '\?': the answer of task a is hidden"):
+        load_suite(str(path), split="all")
+    assert load_suite(str(path), split="all", hidden_answers=True)[0].answer is None

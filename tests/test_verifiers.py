@@ -61,7 +61,7 @@ def test_gaia_match_prints_and_warns_nothing(capsys):
     ("FINAL ANSWER: 2 \nFINAL ANSWER:  3, 5 \n", "3, 5"),    # the last template, stripped
     ("Final answer: Paris", "Paris"),                          # any case
     ("FINAL ANSWER : 4", "4"),
-    ("The answer is 17.", "The answer is 17."),                # none: the whole reply
+    ("The answer is 17.", "The answer is 17"),                 # none: the whole reply, no full stop
     ("  42\n", "42"),
 ])
 def test_gaia_final_answer_is_the_text_after_the_last_template(reply, extracted):
@@ -79,6 +79,63 @@ def test_gaia_final_answer_is_the_text_after_the_last_template(reply, extracted)
 ])
 def test_the_gaia_verifier_scores_the_final_answer(reply, truth, expected):
     assert verify("gaia", reply, truth) is expected
+
+
+
+# How instruct models end a reply (GAIA's template, written their way); {} is the bare answer.
+INSTRUCT_STYLES = [
+    "FINAL ANSWER: {}",                                   # GAIA's own (the control)
+    "**FINAL ANSWER:** {}",
+    "**Final Answer**: {}",
+    "**FINAL ANSWER: {}**",
+    "*Final answer:* {}",
+    "Final answer: `{}`",
+    "FINAL ANSWER: {}\nThis is because the question asks for it.",
+    "FINAL ANSWER:\n{}",
+    "### Final Answer\n\n{}",
+    "**Final Answer**\n\n**{}**",
+    'FINAL ANSWER: "{}"',
+    "FINAL ANSWER: {}.",
+    "FINAL ANSWER: **{}**.",
+    "FINAL ANSWER: [{}]",
+    "FINAL ANSWER:\n```\n{}\n```",
+    "Working.\n\\boxed{{{}}}",
+    "The final answer is: $\\boxed{{{}}}$",
+    "FINAL ANSWER: $\\boxed{{\\text{{{}}}}}$",
+    "final answer: a guess\n\nFINAL ANSWER: {}",
+]
+# (truth, a wrong bare answer): a number, a string, lists of numbers and of strings
+ANSWERS = [("17", "18"), ("Saint Petersburg", "Moscow"), ("2, 3, 5", "2, 3, 7"),
+           ("apple; pear", "apple; plum")]
+
+
+@pytest.mark.parametrize("style", INSTRUCT_STYLES)
+@pytest.mark.parametrize("truth, wrong", ANSWERS)
+def test_every_instruct_style_scores_as_gaia_s_scorer_on_the_bare_answer(style, truth, wrong):
+    for bare in (truth, wrong):
+        reply = style.format(bare)
+        assert gaia_final_answer(reply) == bare
+        assert verify("gaia", reply, truth) is gaia_match(bare, truth)
+    assert verify("gaia", style.format(truth), truth)   # (was 0: "** 17", "`17`", "17\nThis is")
+
+
+@pytest.mark.parametrize("reply, extracted", [
+    ('FINAL ANSWER: "a", "b"', '"a", "b"'),            # quotes of each element stay (not one pair)
+    ("FINAL ANSWER: **a** and **b**", "**a** and **b**"),
+    ("FINAL ANSWER: ", ""),                              # nothing after the template: nothing
+    ("**FINAL ANSWER:**", ""),
+    ("FINAL ANSWER: 18\n\\boxed{17}", "18"),             # the template outranks a \boxed{} below it
+    ("\\boxed{\\frac{1}{2}} then \\boxed{3", "\\frac{1}{2}"),   # the last \boxed{} that closes
+])
+def test_gaia_final_answer_takes_off_only_what_wraps_the_whole_answer(reply, extracted):
+    assert gaia_final_answer(reply) == extracted
+
+
+@pytest.mark.parametrize("truth", ["?", "", "  ", "...", "-"])
+@pytest.mark.parametrize("reply", ["", "FINAL ANSWER:", "FINAL ANSWER: ?", "FINAL ANSWER: 17"])
+def test_a_reference_with_nothing_to_compare_is_refused_not_scored(reply, truth):
+    with pytest.raises(ValueError, match="nothing to compare"):   # GAIA's scorer: "" is right
+        verify("gaia", reply, truth)
 
 
 # --------------------------------------------------------------------------- exact match

@@ -4,7 +4,10 @@
                seed=0, n=None)
 
 * `qa` — single-turn questions (counting, lookup, arithmetic, conversion), lenient final-answer check;
-  `load_suite("qa", path=FILE)` (or a .jsonl name) reads GAIA-format or {question, answer, type} JSONL.
+  `load_suite("qa", path=FILE)` (or a .jsonl name) reads GAIA-format or {question, answer, type}
+  JSONL; a GAIA task whose answer is hidden (GAIA's test split: "?") is refused unless
+  `hidden_answers=True` (then its answer is None: answered, never scored; `gaia_submission` makes
+  what GAIA's leaderboard takes instead).
 * `household` — ALFWorld-like text environment, six task types.
 * `webwalk` — WebWalker-like navigation of a generated website, levels easy/medium/hard.
 * `webshop` — WebShop-like shopping (search[query], click[...], WebShop's reward), MASA's seven categories.
@@ -27,14 +30,15 @@ from .base import NOTHING_HAPPENS, SPLITS, Environment, Task, TaskWarning, check
 from .household import TASK_TYPES as HOUSEHOLD_TYPES
 from .household import TYPE_NAMES, HouseholdEnv, generate_household
 from .household import oracle_actions as household_oracle
-from .qa import GAIA_PROMPT, GAIA_TYPES, generate_qa, load_jsonl
+from .qa import (GAIA_PROMPT, GAIA_SUBMISSION, GAIA_TYPES, gaia_submission, generate_qa,
+                 is_hidden_answer, load_jsonl, withhold_hidden)
 from .qa import TASK_TYPES as QA_TYPES
 from .searchqa import TASK_TYPES as SEARCHQA_TYPES
 from .searchqa import TYPE_NAMES as SEARCHQA_TYPE_NAMES
 from .searchqa import SearchQAEnv, generate_searchqa
 from .searchqa import oracle_actions as searchqa_oracle
 from .verifiers import (exact_match, extract_final_number, final_answer_match, gaia_final_answer, gaia_match,
-                        numeric_match, token_f1, verify)
+                        gaia_score, numeric_match, token_f1, verify)
 from .webshop import TASK_TYPES as WEBSHOP_TYPES
 from .webshop import WebShopEnv, generate_webshop
 from .webshop import oracle_actions as webshop_oracle
@@ -43,8 +47,10 @@ from .webwalk import oracle_actions as webwalk_oracle
 
 __all__ = ["Task", "Environment", "HouseholdEnv", "WebWalkEnv", "WebShopEnv", "SearchQAEnv", "NOTHING_HAPPENS",
            "SPLITS", "SUITES", "BASE_SKILLS_DIR", "ENVIRONMENTS", "ORACLES", "load_suite", "make_env", "oracle_actions",
-           "task_types", "gaia_match", "gaia_final_answer", "GAIA_PROMPT", "exact_match", "numeric_match",
-           "final_answer_match", "extract_final_number", "verify", "normalize_action", "split_of", "TaskWarning",
+           "task_types", "gaia_match", "gaia_final_answer", "gaia_score", "GAIA_PROMPT",
+           "GAIA_SUBMISSION", "gaia_submission", "is_hidden_answer", "withhold_hidden",
+           "exact_match", "numeric_match", "final_answer_match", "extract_final_number", "verify",
+           "normalize_action", "split_of", "TaskWarning",
            "SUITE_TYPES", "suite_types", "skill_key_type", "is_task_file", "token_f1"]
 
 # The hand-written base skills of each built-in suite: BASE_SKILLS_DIR/<suite>/ (Agent Skills skill sets).
@@ -65,12 +71,13 @@ ORACLES = {"household": household_oracle, "webwalk": webwalk_oracle, "webshop": 
 
 
 def load_suite(name: str, split: str = "train", seed: int = 0, n: int | None = None,
-               path: str | Path | None = None) -> list[Task]:
+               path: str | Path | None = None, hidden_answers: bool = False) -> list[Task]:
     """Tasks of a built-in suite or of a JSONL file (`name` ending in .jsonl, or `path`).
 
     split: "train", "heldout" or "all". n: number of tasks (default per suite: qa 50 per type,
     household, webwalk, webshop and searchqa 10 per type); JSONL files give all their tasks of the split unless n
-    is set.
+    is set. hidden_answers: a JSONL file's GAIA tasks whose answers are hidden load (answer None)
+    instead of being an error (tasks.qa).
     """
     if n is not None and n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
@@ -78,7 +85,7 @@ def load_suite(name: str, split: str = "train", seed: int = 0, n: int | None = N
         file = Path(path if path is not None else name)
         if path is not None and name not in ("qa", str(path)):
             raise ValueError(f"a JSONL file holds qa tasks; got suite {name!r} with path={path}")
-        return load_jsonl(file, split=split, seed=seed, n=n)
+        return load_jsonl(file, split=split, seed=seed, n=n, hidden_answers=hidden_answers)
     if name not in SUITES:
         raise ValueError(f"unknown suite {name!r}; built in: {', '.join(SUITES)} (or a .jsonl file)")
     if check_split(split) == "all":
@@ -120,7 +127,7 @@ def suite_types(name: str) -> list[str]:
         return list(SUITE_TYPES[name])
     with warnings.catch_warnings():   # (a missing task file was named when the suite's tasks were loaded)
         warnings.simplefilter("ignore", TaskWarning)
-        return task_types(load_suite(name, split="all"))
+        return task_types(load_suite(name, split="all", hidden_answers=True))   # (GAIA's test too)
 
 
 def skill_key_type(key: str, types) -> str | None:

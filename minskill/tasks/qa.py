@@ -37,17 +37,28 @@ which retrieval, MASA's teacher and Skill-R1's editor quote), as GAIA runs it:
   any other file is named with its size; a missing file is named as not available, with a TaskWarning
   naming the line and the task.
 A task with neither (a plain line, another verifier, no file) has no prompt of its own: its question is it.
+
+Hidden answers. GAIA's test split gives every task the "Final answer" "?" (GAIA's authors keep
+the answers); GAIA's scorer would compare a reply with "?" like with any answer, and call a blank
+one right. A task of the `gaia` verifier whose answer is hidden ("?", blank or missing:
+`is_hidden_answer`) is refused as FILE:LINE, since nothing can score it, unless the caller takes
+such tasks (`hidden_answers=True`; the evaluation command does): then it loads with answer None,
+is answered and never scored, and `gaia_submission` makes the lines GAIA's leaderboard takes
+instead, {"task_id", "model_answer", "reasoning_trace"}, model_answer being the bare answer the
+`gaia` verifier reads of the reply; `withhold_hidden` keeps such tasks' rollouts out of a run's
+scores and hands those lines to the caller's writer.
 """
 from __future__ import annotations
 
 import codecs
 import json
+import sys
 import warnings
 from pathlib import Path
 
 from .base import (Task, TaskWarning, check_split, check_task_type, counts_per_type, interleave, rng_for, split_of,
                    stable_hash, task_id)
-from .verifiers import VERIFIERS
+from .verifiers import VERIFIERS, gaia_final_answer
 
 TASK_TYPES = ("counting", "lookup", "arithmetic", "conversion")
 DEFAULT_PER_TYPE = 50
@@ -63,6 +74,8 @@ GAIA_PROMPT = ("You are a general AI assistant. I will ask you a question. Repor
                "otherwise. If you are asked for a comma separated list, apply the above rules depending of "
                "whether the element to be put in the list is a number or a string.")
 FILE_CHARS = 8000   # characters of a task's text file put into its prompt (~2,000 tokens)
+HIDDEN_ANSWER = "?"   # the "Final answer" of every task of GAIA's test split
+GAIA_SUBMISSION = "submission.jsonl"   # the file of gaia_submission's lines in a run's --out
 
 # --------------------------------------------------------------------------- generated problems
 
@@ -207,9 +220,10 @@ def _generate_type(task_type: str, split: str, seed: int, count: int) -> list[Ta
 # --------------------------------------------------------------------------- JSONL
 
 def load_jsonl(path: str | Path, split: str = "all", seed: int = 0, n: int | None = None,
-               file_chars: int = FILE_CHARS) -> list[Task]:
+               file_chars: int = FILE_CHARS, hidden_answers: bool = False) -> list[Task]:
     """Tasks from a JSONL file in GAIA's or the plain {question, answer, type} format (see the module
-    docstring for their prompts and for what is an error)."""
+    docstring for their prompts, for what is an error, and for hidden answers, which load as None
+    with `hidden_answers`)."""
     check_split(split)
     path = Path(path)
     if not path.is_file():
@@ -226,6 +240,14 @@ def load_jsonl(path: str | Path, split: str = "all", seed: int = 0, n: int | Non
             raise ValueError(f"{where}: not readable JSON: nested too deeply (Python's parser gives up at "
                              f"about 1,000 levels)") from None
         task = _task_from_record(record, where)
+        if task.verifier == "gaia" and is_hidden_answer(task.answer):
+            if not hidden_answers:
+                what = "missing field 'Final answer'" if task.answer is None else repr(task.answer)
+                raise ValueError(f"{where}: {what}: the answer of task {task.id} is hidden (as in "
+                                 f"GAIA's test split), so nothing can score it; `python -m "
+                                 f"minskill.rollout --suite {path} --split all` answers such tasks "
+                                 f"into OUT/{GAIA_SUBMISSION} for GAIA's leaderboard")
+            task.answer = None
         check_task_type(task.type, where)  # now, not after a whole search when its skills are saved
         prompt = task_prompt(task, path.parent, where, file_chars)
         task.prompt = prompt if prompt != task.question else ""
@@ -242,6 +264,11 @@ def load_jsonl(path: str | Path, split: str = "all", seed: int = 0, n: int | Non
     if seed:
         rng_for("jsonl", split, seed).shuffle(tasks)
     return tasks if n is None else tasks[:n]
+
+
+def is_hidden_answer(answer) -> bool:
+    """Whether a GAIA task's answer is hidden: "?" (GAIA's test split), blank or missing."""
+    return answer is None or answer.strip() in ("", HIDDEN_ANSWER)
 
 
 def _lines(path: Path):
@@ -279,7 +306,7 @@ def _task_from_record(record, where: str) -> Task:
         raise ValueError(f"{where}: expected a JSON object, got {type(record).__name__}")
     if "Question" in record:  # GAIA
         question = _text_field(record, "Question", where)
-        answer = _text_field(record, "Final answer", where)
+        answer = _text_field(record, "Final answer", where, required=False)   # "?": hidden
         identifier = _text_field(record, "task_id", where, required=False) or f"gaia-{stable_hash(question):012x}"
         level = _text_field(record, "Level", where, required=False) or "unknown"
         metadata = {"level": level}
@@ -370,3 +397,35 @@ def _attachment(name: str, folder: Path, where: str, identifier: str, max_chars:
     body, cut = text
     note = f"\n(The first {max_chars:,} characters of the file.)" if cut else ""
     return f"Attached file: {name}\n```\n{body.rstrip(chr(10))}\n```{note}"
+
+
+# --------------------------------------------------------------------------- GAIA's leaderboard
+
+def withhold_hidden(trajectories, hidden: set, write) -> list:
+    """The trajectories that can be scored. Those of the `hidden` task ids (answers hidden: GAIA's
+    test split) cannot: their gaia_submission lines go to `write(lines)`, which writes them and
+    returns the file's path (the evaluation command: OUT/submission.jsonl, whole each run), and a
+    line on stderr says so."""
+    if not hidden:
+        return list(trajectories)
+    submission = write(gaia_submission(t for t in trajectories if t.task_id in hidden))
+    print(f"{len(hidden)} tasks have hidden answers (GAIA's test split), which nothing here can "
+          f"score: they are left out of the scores, and {submission} holds their answers for "
+          f"GAIA's leaderboard (it takes every task of the split: --split all)", file=sys.stderr)
+    return [t for t in trajectories if t.task_id not in hidden]
+
+
+def gaia_submission(trajectories) -> list[dict]:
+    """The lines GAIA's leaderboard takes for rollouts of GAIA tasks (rollout.Trajectory: task_id,
+    sample, reply, reasoning, error), one a task (sorted by task_id, so that a resumed run writes
+    the same file), from its first rollout: {"task_id", "model_answer": the bare answer the gaia
+    verifier reads of the reply (gaia_final_answer), "reasoning_trace": the model's reasoning and
+    reply}; a rollout that failed answers ""."""
+    first: dict = {}
+    for traj in trajectories:
+        if traj.task_id not in first or traj.sample < first[traj.task_id].sample:
+            first[traj.task_id] = traj
+    return [{"task_id": t.task_id,
+             "model_answer": "" if t.error else gaia_final_answer(t.reply or ""),
+             "reasoning_trace": "\n\n".join(filter(None, (t.reasoning, t.reply)))}
+            for _, t in sorted(first.items())]

@@ -1,9 +1,14 @@
 """Answer verifiers: turn (model reply, reference answer) into a 0/1 reward.
 
-* `gaia_match` — GAIA's official quasi-exact-match scorer (`question_scorer` of the GAIA leaderboard's
-  `scorer.py`), reproduced branch for branch, without its prints and warnings. The `gaia` verifier scores
-  `gaia_final_answer(reply)` with it: the text after the last "FINAL ANSWER:" (GAIA's answer template;
-  any case, surrounding whitespace dropped), or the whole reply when it holds none. The scorer's rules:
+* `gaia_match` — GAIA's official quasi-exact-match scorer (`question_scorer` of the GAIA
+  leaderboard's `scorer.py`), reproduced branch for branch, without its prints and warnings. The
+  `gaia` verifier (`gaia_score`) scores `gaia_final_answer(reply)` with it: the bare answer after
+  the last "FINAL ANSWER:" (GAIA's answer template) in the styles instruct models write it
+  ("**FINAL ANSWER:** 17", "**Final Answer**: 17", "Final answer: `17`", a heading "### Final
+  Answer" above it, a line of explanation below it, quotes, bold, brackets, \\boxed{17}, a
+  trailing full stop), else the last \\boxed{...}, else the whole reply. A reference answer with
+  nothing to compare (blank, or the "?" of GAIA's test split) is refused (ValueError): the scorer
+  would call a blank answer right. The scorer's rules:
     - the ground truth parses as a float  -> number: drop `$`, `%`, `,` from the prediction, parse it as a
       float (a failed parse is +inf, i.e. wrong) and compare with `==`;
     - else the ground truth contains `,` or `;` -> list: split both on `,`/`;`; different lengths are wrong;
@@ -31,9 +36,9 @@ import re
 import string
 from collections import Counter
 
-__all__ = ["gaia_match", "gaia_final_answer", "exact_match", "normalize_answer", "numeric_match",
-           "extract_final_number", "extract_numbers", "final_answer_match", "contains_match", "token_f1", "VERIFIERS",
-           "verify"]
+__all__ = ["gaia_match", "gaia_final_answer", "gaia_score", "exact_match", "normalize_answer",
+           "numeric_match", "extract_final_number", "extract_numbers", "final_answer_match",
+           "contains_match", "token_f1", "VERIFIERS", "verify"]
 
 
 # --------------------------------------------------------------------------- GAIA quasi exact match
@@ -91,14 +96,93 @@ def gaia_match(prediction: str | None, ground_truth: str) -> bool:
     return _gaia_normalize_str(prediction) == _gaia_normalize_str(ground_truth)
 
 
-_GAIA_TEMPLATE = re.compile(r"FINAL ANSWER\s*:", re.I)
+def gaia_score(reply: str, answer: str) -> bool:
+    """The `gaia` verifier: GAIA's scorer on the reply's final answer. A reference answer with
+    nothing to compare (blank, or punctuation only: the "?" of GAIA's test split, whose answers
+    are hidden) is a ValueError, since GAIA's scorer would call a blank answer right."""
+    if not _gaia_normalize_str(str(answer)):
+        raise ValueError(f"reference answer {answer!r} has nothing to compare a reply with (a "
+                         f"hidden answer, as in GAIA's test split, cannot be scored)")
+    return gaia_match(gaia_final_answer(reply), answer)
+
+
+# "FINAL ANSWER:" as instruct models write it (any case): plain, in bold or italics with the
+# colon inside or outside ("**FINAL ANSWER:** 17", "**Final Answer**: 17"), or a heading or bold
+# line of its own with the answer below ("### Final Answer", "**Final answer**"). A match ends
+# where the answer starts. (No two runs of spaces meet: a reply is untrusted text, and their
+# backtracking would take time squared.)
+_GAIA_TEMPLATE = re.compile(
+    r"final[ \t]+answer(?:\*{1,2}|_{1,2})?[ \t]*[:：](?:[ \t]*(?:\*{1,2}|_{1,2})(?=\s))?"
+    r"|^[ \t]*(?:#{1,6}[ \t]+)?(?:\*{1,2}|_{1,2})?final[ \t]+answer(?:\*{1,2}|_{1,2})?[ \t]*$",
+    re.I | re.M)
+_FENCE = re.compile(r"\s*(?:```|~~~)[\w+-]*\s*")          # a code fence line ("```", "```text")
+_BOXED = re.compile(r"\\boxed\s*\{")
+_LATEX_TEXT = re.compile(r"\\(?:text|textbf|textit|mathrm|mathbf|mbox)\s*\{")
+# Pairs that wrap an answer as a whole: markdown emphasis and code, quotes, brackets, LaTeX math.
+_WRAPPERS = (("**", "**"), ("*", "*"), ("`", "`"), ('"', '"'), ("'", "'"), ("“", "”"),
+             ("‘", "’"), ("«", "»"), ("[", "]"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]"))
+_MAX_LAYERS = 8   # wrappers taken off one answer at most; \boxed{} tried at most
 
 
 def gaia_final_answer(reply: str) -> str:
-    """What GAIA scores of a reply: the text after its last "FINAL ANSWER:" (GAIA's system prompt asks the
-    model to finish with "FINAL ANSWER: [YOUR FINAL ANSWER]"), stripped; the whole reply when there is none."""
+    """What GAIA scores of a reply, as GAIA's leaderboard takes it (`model_answer`): the bare
+    answer of its last "FINAL ANSWER:" (GAIA's system prompt asks the model to finish with
+    "FINAL ANSWER: [YOUR FINAL ANSWER]"), in the styles instruct models write it; else its last
+    \\boxed{...}; else the whole reply. The answer is the first line after the template (a line of
+    explanation below it is not part of it), without what wraps it as a whole (bold, italics,
+    backticks or a code fence, quotes, square brackets, $...$, \\boxed{}, \\text{}) and without a
+    trailing full stop."""
     matches = list(_GAIA_TEMPLATE.finditer(reply))
-    return (reply[matches[-1].end():] if matches else reply).strip()
+    if matches:
+        lines = reply[matches[-1].end():].splitlines()
+        answer = next((line for line in lines if line.strip() and not _FENCE.fullmatch(line)), "")
+    else:
+        answer = reply   # (_unwrap takes its last \boxed{...}, where it has one)
+    return _unwrap(answer)
+
+
+def _unwrap(answer: str) -> str:
+    """The answer without what wraps it as a whole, its trailing full stop and outer spaces."""
+    for _ in range(_MAX_LAYERS):   # (bounded: a reply is untrusted text, "*" * 100_000 included)
+        previous, answer = answer, answer.strip()
+        boxed = _last_boxed(answer)
+        if boxed is not None:
+            answer = boxed
+        latex = _LATEX_TEXT.match(answer)
+        if latex and _braced(answer, latex.end()) == len(answer):
+            answer = answer[latex.end():-1]
+        if answer.endswith(".") and not answer.endswith(".."):
+            answer = answer[:-1]
+        if answer.count("**") == 1 and (answer.startswith("**") or answer.endswith("**")):
+            answer = answer.replace("**", "")   # bold opened before "FINAL ANSWER:"
+        for opening, closing in _WRAPPERS:
+            inner = answer[len(opening):len(answer) - len(closing)]
+            if (len(answer) >= len(opening) + len(closing) and answer.startswith(opening)
+                    and answer.endswith(closing) and opening not in inner and closing not in inner):
+                answer = inner
+                break
+        if answer == previous:
+            break
+    return answer
+
+
+def _last_boxed(text: str) -> str | None:
+    """What the last \\boxed{...} of `text` holds (its braces balanced), or None when none."""
+    for match in list(_BOXED.finditer(text))[-_MAX_LAYERS:][::-1]:   # (each try reads to the end)
+        end = _braced(text, match.end())
+        if end is not None:
+            return text[match.end():end - 1]
+    return None
+
+
+def _braced(text: str, start: int) -> int | None:
+    """The index after the brace closing the one opened just before `start`; None when none does."""
+    depth = 1
+    for index in range(start, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[index], 0)
+        if depth == 0:
+            return index + 1
+    return None
 
 
 # --------------------------------------------------------------------------- SQuAD / Search-R1 exact match
@@ -226,7 +310,7 @@ def final_answer_match(prediction: str, answer: str, choices: list[str] | None =
 # --------------------------------------------------------------------------- dispatch by name
 
 VERIFIERS = {
-    "gaia": lambda reply, answer, spec: gaia_match(gaia_final_answer(reply), answer),
+    "gaia": lambda reply, answer, spec: gaia_score(reply, answer),
     "exact": lambda reply, answer, spec: exact_match(reply, answer),
     "numeric": lambda reply, answer, spec: numeric_match(reply, answer),
     "contains": lambda reply, answer, spec: contains_match(reply, answer),
