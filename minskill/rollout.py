@@ -19,16 +19,26 @@ What happens for one task:
   any), its reply is parsed leniently into one action (`parse_action`), and
   `obs, done, success = env.step(action)`. All live episodes advance in lock-step:
   one round of concurrent requests per step across every live episode, so the server batches them.
-* **Lenient action parsing** (`parse_action`): small models wrap actions in prose, so each reply line is
-  stripped of "Action:", "> ", bullets, numbering and quotes; the first line that starts with an action
-  verb wins (else the first line holding one, from the verb on). When the environment lists admissible
+* **Lenient action parsing** (`parse_action`, minskill/tasks/base.py): small models wrap actions in prose,
+  so each reply line is stripped of "Action:", "> ", bullets, numbering and quotes; the first line that starts
+  with an action verb wins (else the first line holding one, from the verb on). When the environment lists admissible
   actions, the candidate is matched to one of them: equal up to case and spacing, else the longest one it
   starts with, else the closest one with the same verb (difflib ratio >= 0.75); free-text actions
   ("answer <text>") pass through. Whatever comes out goes to the environment, which answers
   "Nothing happens." to anything that changes nothing. An agent prompt keeps the first user message and
   the last `history` exchanges, so long episodes stay within a small model's context.
-* **Failures never crash a run.** A garbage reply is simply a failed task (reward 0). An HTTP failure, an
-  exception in a verifier or an environment ends that task as failed with `.error` set.
+* **A prompt too long for the task model's context** (its server's HTTP 400 for the length, `is_context_refusal`:
+  a 2,048-token llama.cpp slot under a long skill library) is trimmed as the teacher's are (minskill/masa/
+  fitting.py): the episode's prompts keep half as many past exchanges, oldest dropped first (the system prompt
+  and the first user message, which holds the task, are kept), and the request is sent again, until it fits;
+  the episode keeps the shorter window for its later steps. `.trimmed` counts the refusals, `.history_kept` is
+  the window it ended with, and the summary counts the trimmed episodes. A prompt that does not fit even with
+  no past exchange ends its task with `.error` saying so.
+* **Failures never crash a run, and are never a silent 0.** A garbage reply is simply a failed task (reward
+  0). An HTTP failure, an exception in a verifier or an environment ends that task as failed with `.error`
+  set; the summary counts them (`errors`) apart from the tasks the model got wrong, and `all_failed` says when
+  every rollout of a run ended so (the task model unreachable): the evaluation command, the transfer matrix,
+  evolve_masa.py's held-out table, rewrite.py's comparison and train_grpo.py --eval then exit non-zero.
 * **Trajectories** are appended to `out_path` as JSONL the moment they finish (append + flush per line),
   so an interrupted run keeps what it did; `load_trajectories` reads them back (with `files.read_jsonl`);
   `runs.clean_staging` clears what killed writes left in a run folder.
@@ -39,7 +49,8 @@ Rewards (per trajectory i; `summarize` averages them over trajectories, overall 
     success_i = reward_i >= 1
     NH_i      = number of steps whose observation was exactly "Nothing happens." (the action changed nothing)
     NHR_i     = NH_i / steps_i          (0 for single-turn tasks and episodes of 0 steps)
-    SR        = mean_i success_i,   NHR = mean_i NHR_i
+    SR        = mean_i success_i,   NHR = mean_i NHR_i      (a rollout that ended with an error counts as failed;
+                                                             errors = #{i : error_i}, reported beside SR)
     R         = SR − λ · NHR             (MASA's adjusted reward; λ = `lam_nh`, by default LAM_NH = 0.1, which
                                           the search, rewrite.py and --lam-nh read; computed here and only
                                           here: callers read summary["adjusted_reward"])
@@ -48,7 +59,8 @@ The success rate is reported with a 95% Wilson score interval (z = 1.96, k succe
 
     center = (p + z²/2n) / (1 + z²/n),   half = z·sqrt(p(1−p)/n + z²/4n²) / (1 + z²/n),   p = k/n
 
-Evaluation command (prints a table per task type, writes trajectories.jsonl + summary.json):
+Evaluation command (prints a table per task type, writes trajectories.jsonl + summary.json; exits 1 when every
+rollout ended with an error, naming the first; --resume runs the missing and the failed tasks again):
 
     python -m minskill.rollout --suite qa --skills base --split heldout --n-tasks 320
 """
@@ -56,9 +68,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import difflib
 import math
-import re
 import signal
 import sys
 import threading
@@ -66,7 +76,7 @@ import time
 import warnings
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Callable, Iterable, Protocol, runtime_checkable
+from typing import Callable, Protocol, runtime_checkable
 
 from minskill.files import append_jsonl, read_jsonl, write_json_atomic, write_jsonl_atomic
 from minskill.cli import QUANTIZE_HELP, add_extra_body_arg, client_args
@@ -77,9 +87,9 @@ from minskill.runs import clean_staging
 from minskill.serve.client import chat_as_completed
 from minskill.serve.server import embedded_client
 from minskill.skillsets import SkillSet
-from minskill.tasks import (BASE_SKILLS_DIR, SUITES, TaskWarning, is_task_file, load_suite, make_env, skill_key_type,
-                            suite_types)
-from minskill.tasks.base import NOTHING_HAPPENS
+from minskill.tasks import (BASE_SKILLS_DIR, GAIA_SUBMISSION, SUITES, TaskWarning, is_task_file, load_suite,
+                            make_env, skill_key_type, suite_types, withhold_hidden)
+from minskill.tasks.base import NOTHING_HAPPENS, is_context_refusal, parse_action
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -101,6 +111,9 @@ class Trajectory:
     sample: int = 0                      # index of this rollout among the n of its task
     reasoning: str = ""                  # what the model thought before its answer (client.split_reasoning), kept
     #                                      for the report; never scored (multi-turn: each step's, blank-line apart)
+    trimmed: int = 0                     # multi-turn: prompts the task model refused as too long for its context,
+    #                                      each sent again with half the past exchanges (module docstring)
+    history_kept: int | None = None      # the past exchanges its prompts were cut to by those refusals (None: never)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -159,93 +172,6 @@ def _with_system(system: str, messages: list[dict]) -> list[dict]:
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Lenient action parsing
-
-_PREFIX = re.compile(r"^\s*(?:[-*•>]+\s*|\d+[.)]\s+|(?:next\s+)?action\s*\d*\s*[:=-]\s*|"
-                     r"(?:i\s+will|i'll|let's|let\s+me)\s+)+", re.IGNORECASE)
-
-
-def _verbs(syntax: Iterable[str], admissible: Iterable[str]) -> list[str]:
-    """First words of the allowed actions ("go", "take", "click", ...), longest first."""
-    words = {s.split()[0].lower() for s in list(syntax) + list(admissible) if s.split()}
-    return sorted(words, key=len, reverse=True)
-
-
-def _clean(line: str) -> str:
-    line = line.strip().strip("`").strip()
-    prev = None
-    while prev != line:  # prefixes can stack: "> Action: `go to desk 1`"
-        prev = line
-        line = _PREFIX.sub("", line).strip().strip("`\"'*").strip()
-    return re.sub(r"\s+", " ", line).rstrip(" .!;:")
-
-
-def _norm(text: str) -> str:
-    return re.sub(r"\s+", " ", text.lower()).strip().rstrip(" .!;:")
-
-
-def match_admissible(candidate: str, admissible: list[str], cutoff: float = 0.75,
-                     same_verb: bool = True) -> str | None:
-    """The admissible action `candidate` means: equal up to case/spacing/trailing punctuation; else the
-    longest admissible action it starts with ("go to desk 1 to look" -> "go to desk 1"); else the closest
-    one (with the same first word, when `same_verb`) whose difflib similarity ratio is >= cutoff.
-    None when nothing fits."""
-    cand = _norm(candidate)
-    if not cand:
-        return None
-    by_norm = {_norm(a): a for a in admissible}
-    if cand in by_norm:
-        return by_norm[cand]
-    prefixes = [a for n, a in by_norm.items() if cand.startswith(n + " ")]
-    if prefixes:
-        return max(prefixes, key=len)
-    verb = cand.split()[0]
-    pool = [n for n in by_norm if n.split()[0] == verb or not same_verb]
-    close = difflib.get_close_matches(cand, pool, n=1, cutoff=cutoff)
-    return by_norm[close[0]] if close else None
-
-
-def parse_action(reply: str, admissible: list[str] | None = None, syntax: list[str] | None = None) -> str:
-    """One action out of a free-form reply. Each line is stripped of "Action:", "> ", bullets, numbering
-    and quotes; the first line that starts with an action verb wins (failing that, the first line holding a
-    verb, from that verb on); with admissible actions the result is matched to one of them when its verb is
-    among theirs (free-text actions such as "answer <text>" pass through). "" when the reply is empty."""
-    admissible = list(admissible or [])
-    verbs = _verbs(syntax or [], admissible)
-    lines = [c for c in (_clean(l) for l in (reply or "").splitlines()) if c]
-    if not lines:
-        return ""
-    candidate, by_verb = None, False
-    if verbs:
-        verb_alt = "|".join(re.escape(v) for v in verbs)
-        starts = re.compile(rf"^(?:{verb_alt})\b", re.IGNORECASE)
-        inside = re.compile(rf"\b(?:{verb_alt})\b", re.IGNORECASE)
-        candidate = next((l for l in lines if starts.match(l)), None)
-        if candidate is None:
-            for l in lines:
-                m = inside.search(l)
-                if m:
-                    candidate = _clean(l[m.start():])
-                    break
-    if candidate is None:
-        candidate = lines[0]
-    else:
-        by_verb = True  # "Answer: 42" / "answer is 42" -> "answer 42" (the verb as the syntax spells it)
-        m = re.match(rf"^({verb_alt})\b\s*(?:[:=]|\bis\b)?\s*", candidate, re.IGNORECASE)
-        candidate = (m.group(1).lower() + " " + candidate[m.end():]).strip()
-    if admissible:
-        matched = match_admissible(candidate, admissible)
-        if matched is not None:
-            return matched
-        # no action verb anywhere: perhaps a line is a misspelt admissible action ("opne cabinet 1")
-        for l in lines if not by_verb else []:
-            matched = match_admissible(l, admissible, cutoff=0.85, same_verb=False)
-            if matched is not None:
-                return matched
-    return candidate
-
-
-# ----------------------------------------------------------------------------------------------------------
 # The agent prompt
 
 def _first_user_message(task, observation: str, syntax: list[str]) -> str:
@@ -268,8 +194,8 @@ def _turn_prompt(admissible: list[str]) -> str:
 # Running
 
 def _score(task, reply: str) -> tuple[float, str | None]:
-    try:
-        return float(task.score(reply)), None
+    try:   # (a task whose answer is hidden, GAIA's test split's, is answered and never scored)
+        return (0.0 if getattr(task, "answer", "") is None else float(task.score(reply))), None
     except Exception as e:  # a verifier bug must not take the whole run down
         return 0.0, f"verifier failed: {type(e).__name__}: {e}"
 
@@ -302,18 +228,29 @@ class _Episode:
                                    {"role": "user", "content": _first_user_message(task, obs, self.syntax)}]))
         self.admissible = list(self.env.admissible_actions())
         self.done = self.budget <= 0
+        self.shown = 0          # the past exchanges the last prompt showed
 
     def prompt(self, history: int | None) -> list[dict]:
-        """The messages sent for the next step: system + first user turn + the last `history` exchanges,
-        with the admissible actions appended to the newest observation only (they are long)."""
+        """The messages sent for the next step: system + first user turn + the last `history` exchanges (fewer
+        once the task model refused a prompt as too long: `trim`), with the admissible actions appended to the
+        newest observation only (they are long)."""
         msgs = self.traj.messages
         head = 2 if msgs[0]["role"] == "system" else 1
-        tail = msgs[head:]
-        if history is not None and len(tail) > 2 * history:
-            tail = tail[len(tail) - 2 * history:]
-        out = [dict(m) for m in msgs[:head] + tail]
+        past = (len(msgs) - head) // 2     # each step appended (the reply, its observation)
+        keep = min(x for x in (past, history, self.traj.history_kept) if x is not None)
+        self.shown = keep
+        out = [dict(m) for m in msgs[:head] + msgs[len(msgs) - 2 * keep:]]
         out[-1]["content"] += _turn_prompt(self.admissible)
         return out
+
+    def trim(self) -> bool:
+        """After the task model refused the last prompt as too long: keep half the past exchanges it showed
+        (the oldest go; the newest, which holds the current observation, stays) in this and later prompts.
+        False when it showed one or none: nothing is left to drop."""
+        if self.shown <= 1:
+            return False
+        self.traj.history_kept, self.traj.trimmed = self.shown // 2, self.traj.trimmed + 1
+        return True
 
     def advance(self, reply: str) -> None:
         t = self.traj
@@ -415,17 +352,23 @@ def _run_multi_turn(client, multi: list, system: list, finish: Callable, *, n, t
     """All episodes in lock-step: one round of concurrent requests per step across every live episode.
     `max_steps` overrides the tasks' budgets, `history` bounds the past exchanges a prompt keeps (None = all),
     `on_step(step, live_episodes)` runs before each step."""
+    def request(ep: _Episode) -> dict:
+        return dict(messages=ep.prompt(history), n=1, temperature=temperature, max_tokens=max_tokens,
+                    seed=None if seed is None else seed + ep.sample)
+
     episodes = _start_episodes(multi, system, finish, n, max_steps)
     step = 0
     while episodes:
         if on_step is not None:
             on_step(step, len(episodes))
         step += 1
-        requests = [dict(messages=ep.prompt(history), n=1, temperature=temperature,
-                         max_tokens=max_tokens, seed=None if seed is None else seed + ep.sample)
-                    for ep in episodes]
-        for ep, answer in zip(episodes, _chat_all(client, requests)):
-            if isinstance(answer, BaseException):
+        for ep, answer in zip(episodes, _fitting_replies(client, episodes, request)):
+            if is_context_refusal(answer):
+                why = (f"{ep.shown} past exchange shown after {ep.traj.trimmed} trims" if ep.shown else
+                       "the system prompt and the task alone do not fit")
+                ep.fail(f"prompt too long for the task model's context, nothing left to trim ({why}): "
+                        f"{_chat_error(answer)}")
+            elif isinstance(answer, BaseException):
                 ep.fail(_chat_error(answer))
             else:
                 try:
@@ -436,6 +379,18 @@ def _run_multi_turn(client, multi: list, system: list, finish: Callable, *, n, t
             if ep.done:
                 finish(ep.traj, ep.position)
         episodes = [ep for ep in episodes if not ep.done]
+
+
+def _fitting_replies(client, episodes: list[_Episode], request: Callable) -> list:
+    """Each episode's reply (or exception) to `request(episode)`, sent concurrently; a prompt the task model
+    refuses as too long (is_context_refusal) is built again shorter (_Episode.trim) and sent again, until it
+    fits or nothing is left to drop (then the refusal is its answer)."""
+    answers, todo = [None] * len(episodes), list(range(len(episodes)))
+    while todo:
+        for k, answer in zip(todo, _chat_all(client, [request(episodes[k]) for k in todo])):
+            answers[k] = answer
+        todo = [k for k in todo if is_context_refusal(answers[k]) and episodes[k].trim()]
+    return answers
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -453,12 +408,12 @@ def wilson_interval(successes: float, n: int, z: float = 1.96) -> tuple[float, f
 
 
 def _stats(trajs: list[Trajectory], lam_nh: float) -> dict:
-    n, wins = len(trajs), sum(t.success for t in trajs)
-    d = max(n, 1)   # the divisor of the means: no trajectories, every mean 0
+    n, wins, d = len(trajs), sum(t.success for t in trajs), max(len(trajs), 1)   # d: the means' divisor
     sr, nhr = wins / d, sum(t.nothing_happens / t.steps if t.steps else 0.0 for t in trajs) / d
     return dict(n=n, success_rate=sr, success_ci95=list(wilson_interval(wins, n)), nhr=nhr,
                 adjusted_reward=sr - lam_nh * nhr, mean_reward=sum(t.reward for t in trajs) / d,
-                mean_steps=sum(t.steps for t in trajs) / d, errors=sum(t.error is not None for t in trajs))
+                mean_steps=sum(t.steps for t in trajs) / d, errors=sum(t.error is not None for t in trajs),
+                trimmed=sum(t.trimmed > 0 for t in trajs))
 
 
 LAM_NH = 0.1   # the default λ of R = SR − λ·NHR: MASA's search (MasaConfig), rewrite.py and --lam-nh read it
@@ -470,6 +425,17 @@ def summarize(trajectories, lam_nh: float = LAM_NH) -> dict:
     types = sorted({t.task_type for t in trajs})
     per_type = {ty: _stats([t for t in trajs if t.task_type == ty], lam_nh) for ty in types}
     return {**_stats(trajs, lam_nh), "lam_nh": lam_nh, "per_type": per_type}
+
+
+def all_failed(trajectories) -> str | None:
+    """When there are rollouts and every one ended with an error, none scored (the task model unreachable, or
+    refusing every request): a sentence saying so and quoting the first error. None otherwise. Every evaluation
+    that reports a success rate asks this, and stops non-zero on it rather than report a 0."""
+    trajs = list(trajectories)
+    if not trajs or any(t.error is None for t in trajs):
+        return None
+    return (f"every one of the {len(trajs)} rollouts ended with an error, none was scored (is the task model "
+            f"reachable?); the first: {trajs[0].error[:600]}")
 
 
 def format_table(summary: dict) -> str:
@@ -583,7 +549,8 @@ def _parser() -> argparse.ArgumentParser:
     add_extra_body_arg(p, "task")
     p.add_argument("--action-max-tokens", type=int, default=64, help="reply budget of one agent action")
     p.add_argument("--max-steps", type=int, default=None, help="override the tasks' step budget")
-    p.add_argument("--history", type=int, default=8, help="past exchanges kept in an agent prompt")
+    p.add_argument("--history", type=int, default=8, help="past exchanges kept in an agent prompt (halved, "
+                   "oldest dropped, while the task model refuses the prompt as too long for its context)")
     p.add_argument("--skill-max-tokens", type=int, default=1024, help="token budget of the rendered skills")
     add_retrieval_args(p)
     p.add_argument("--lam-nh", type=float, default=LAM_NH,
@@ -593,16 +560,17 @@ def _parser() -> argparse.ArgumentParser:
                    help="seconds one request may take (a CPU batch of long replies is slow; default 600)")
     p.add_argument("--out", default=None, help="output folder (default runs/eval-SUITE-TIME)")
     p.add_argument("--resume", action="store_true",
-                   help="OUT/trajectories.jsonl exists: keep it and run only the missing (task, sample)s")
+                   help="OUT/trajectories.jsonl exists: keep it and run only the missing (task, sample)s and "
+                        "those that ended with an error")
     return p
 
 
 def _resume(traj_path: Path, tasks: list, n: int) -> tuple[list[Trajectory], list]:
     """(trajectories kept, tasks still to run) of an earlier run's trajectories.jsonl. A task with only some
-    of its n samples done is run again whole; its partial samples are dropped. What is kept is written back,
-    so that new lines never follow a torn one."""
+    of its n samples done, or one that ended with an error (the task model was down), is run again whole; its
+    other samples are dropped. What is kept is written back, so that new lines never follow a torn one."""
     previous = load_trajectories(traj_path)
-    done = {(t.task_id, t.sample) for t in previous}
+    done = {(t.task_id, t.sample) for t in previous if t.error is None}
     complete = {t.id for t in tasks if all((t.id, j) in done for j in range(n))}
     previous = [t for t in previous if t.task_id in complete]
     write_jsonl_atomic(traj_path, [t.to_json() for t in previous])
@@ -628,9 +596,11 @@ def main(argv=None) -> int:
         # `timeout`/`kill` send SIGTERM: exit through the `with` blocks so the embedded server is stopped too
         signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
-        tasks = load_suite(args.suite, split=args.split, seed=args.task_seed, n=args.n_tasks)
+        tasks = load_suite(args.suite, split=args.split, seed=args.task_seed, n=args.n_tasks,
+                           hidden_answers=True)
     except (ValueError, FileNotFoundError) as e:
         p.error(str(e))
+    hidden = {t.id for t in tasks if t.answer is None and not t.multi_turn}   # GAIA's test split
     try:
         skills = load_skills(args.skills, args.suite)
         check_retrieval_args(args)
@@ -669,7 +639,9 @@ def main(argv=None) -> int:
         except RetrievalError as e:
             p.error(str(e))
         stats = dict(getattr(client, "stats", {}) or {})
-    summary = summarize(previous + trajs, lam_nh=args.lam_nh)
+    scored = withhold_hidden(previous + trajs, hidden,   # GAIA's test split: its answers are hidden
+                             lambda lines: write_jsonl_atomic(out_dir / GAIA_SUBMISSION, lines))
+    summary = summarize(scored, lam_nh=args.lam_nh)
     summary["run"] = dict(suite=args.suite, split=args.split, n_tasks=args.n_tasks, task_seed=args.task_seed,
                           skills=args.skills, retrieve=args.retrieve, temperature=args.temperature, n=args.n,
                           task_url=args.task_url, task_model=args.task_model,
@@ -679,12 +651,22 @@ def main(argv=None) -> int:
                           command="python -m minskill.rollout " + " ".join(sys.argv[1:] if argv is None else argv))
     write_json_atomic(out_dir / "summary.json", summary, indent=2)
     print(format_table(summary))
-    if summary["n"] and summary["mean_reward"] == 0.0 and n_multi:
+    if summary["n"] and summary["mean_reward"] == 0.0 and n_multi and summary["errors"] < summary["n"]:
         print(f"\nNote: every reward is 0 on this suite — the task model solved none of the "
               f"{summary['n']} episodes (it is too weak for this multi-turn suite).")
+    if summary["trimmed"]:
+        print(f"\n{summary['trimmed']} episodes had their prompts trimmed to fit the task model's context (oldest "
+              f"past exchanges dropped; see .trimmed and .history_kept in {traj_path})")
     if summary["errors"]:
-        print(f"\n{summary['errors']} trajectories failed with an error (see .error in {traj_path})")
+        print(f"\n{summary['errors']} of the {summary['n']} trajectories ended with an error and were not scored "
+              f"(counted as failed; see .error in {traj_path}; --resume runs them again)")
     print(f"\nwrote {traj_path} and {out_dir / 'summary.json'}")
+    failed = all_failed(trajs)
+    if failed:
+        where = args.task_url or "the embedded server"
+        print(f"error: {failed}\n(task model: {where}; once it answers, rerun with --resume --out {out_dir})",
+              file=sys.stderr)
+        return 1
     return 0
 
 

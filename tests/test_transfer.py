@@ -22,7 +22,7 @@ from helpers import CHROMIUM, TASK, XSS, assert_self_contained_and_escaped, brow
 from minskill.masa import transfer
 from minskill.report.provenance import load_transfer
 from minskill.report.transfer import render_transfer
-from minskill.runs import RUN_MARKER
+from minskill.runs import mark_run_folder
 from minskill.serve.server import ScriptedBackend, start_server
 from minskill.skillsets import SkillSet
 from tiny import make_tiny_model_dir
@@ -228,7 +228,7 @@ def test_a_non_empty_out_is_refused_without_overwrite(env, tmp_path):
     assert code == 2 and "--overwrite" in stderr and (tmp_path / "keep.txt").exists()
     code, _, stderr = run_main(argv + ["--overwrite"])     # no run started there: not cleared
     assert code == 2 and "not a minskill run folder" in stderr and (tmp_path / "keep.txt").exists()
-    (tmp_path / RUN_MARKER).write_text("")                 # as if a run had started there
+    mark_run_folder(tmp_path, "transfer")                  # as if a run had started there
     code, _, stderr = run_main(argv + ["--overwrite"])
     assert code == 0, stderr
     assert not (tmp_path / "keep.txt").exists() and cells_of(tmp_path)[("none", "a")]["success"] == 0.5  # tasks 0, 1: solves 0

@@ -15,24 +15,12 @@ the prompt is the builder's whole prompt and the step is ask_teacher's, unchange
 from __future__ import annotations
 
 import itertools
-import re
 from typing import Any, Callable
 
 from minskill.masa.teacher import TeacherReplyError
 from minskill.serve.caching import BudgetExhausted
 from minskill.serve.client import ChatError
-
-# What a server's HTTP 400 says when the prompt (with the reply's max_tokens) does not fit its context: llama.cpp
-# "the request exceeds the available context size", vLLM and OpenAI "This model's maximum context length is N
-# tokens" (OpenAI's code: context_length_exceeded), minskill's server "... but the model's context is N tokens".
-# Conservative: only these phrases, so that no other 400 (a bad field) is taken for a prompt to trim.
-CONTEXT_REFUSAL = re.compile(r"exceeds the available context size|maximum context length|context_length_exceeded|"
-                             r"the model's context is \d+ tokens", re.I)
-
-
-def is_context_refusal(error: BaseException) -> bool:
-    """Whether `error` is a server's refusal of a prompt too long for its context (HTTP 400, CONTEXT_REFUSAL)."""
-    return isinstance(error, ChatError) and error.status == 400 and CONTEXT_REFUSAL.search(error.message) is not None
+from minskill.tasks.base import CONTEXT_REFUSAL, is_context_refusal  # noqa: F401 (the agent loop's too)
 
 
 class NothingToTrim(Exception):

@@ -48,7 +48,9 @@ written atomically (minskill.runs): transfer.json (the arguments, libraries, tar
 ci95, per-task rewards and the paired difference to its reference: diff, gained, lost, p, ci95 by bootstrap),
 table.md (the matrix), trajectories/F/L.jsonl, rewritten/F/L/ (Agent Skills) with --rewriter. transfer.json is
 written once the targets answer and after every cell ("complete": false until the end). `python -m minskill.report
-OUT` draws it as a heat map (minskill/report/transfer.py).
+OUT` draws it as a heat map (minskill/report/transfer.py). A rollout that ended with an error (no reply) is a failed
+task, counted apart ("errors"; "[k errors]" in table.md); a cell whose every rollout did (rollout.all_failed) stops
+the run with exit status 1, unsaved, for --resume to score.
 
 Resume. `python -m minskill.masa.transfer --resume --out OUT` continues an interrupted matrix (Ctrl-C, a kill, a failing
 endpoint) with the arguments transfer.json saved ("args": all but --api-key, --out, --overwrite). It keeps every
@@ -85,7 +87,7 @@ from minskill.cli import LABELLED_EXTRA_BODY_HELP, QUANTIZE_CHOICES, add_device_
 from minskill.nn.weights import DEFAULT_MODEL, load_model
 from minskill.retrieval import (RetrievalError, add_retrieval_args, check_retrieval_args, retriever_from_args,
                                 with_retrieval)
-from minskill.rollout import fit_to_suite, load_skills, run_rollouts, summarize
+from minskill.rollout import all_failed, fit_to_suite, load_skills, run_rollouts, summarize
 from minskill.runs import check_run_folder, given_flags, open_run_folder, resume_flags
 from minskill.serve.client import ChatError
 from minskill.serve.server import embedded_client
@@ -420,6 +422,8 @@ def score_matrix(run: dict, rows: list[Row], targets: list[Target], tasks: list,
                                                              retrievers[target.label])
             write_jsonl_atomic(in_out(out, "trajectories", target.label, f"{row.label}.jsonl"),
                                [t.to_json() for t in trajectories])
+            if all_failed(trajectories):   # no cell of 0s: stop unsaved (main: exit 1), --resume scores it
+                raise RuntimeError(f"{row.label} on target {target.label}: {all_failed(trajectories)}")
         cell = cell_record(row, target, reference, summary, rewards.get(key), rewards.get((reference, target.label)))
         run["cells"].append(cell)
         save_run(run, out)

@@ -59,7 +59,7 @@ from minskill.cli import client_args
 from minskill.files import write_json_atomic
 from minskill.nn.shared_prefix import grouped_logprobs
 from minskill.nn.weights import is_model_spec, load_model
-from minskill.rollout import load_skills, run_rollouts, skill_text
+from minskill.rollout import all_failed, load_skills, run_rollouts, skill_text
 from minskill.runs import TRAINER_STATE, check_run_folder, load_trainer_state, open_run_folder
 from minskill.serve.client import usage_delta
 from minskill.serve.server import embedded_client
@@ -67,6 +67,11 @@ from minskill.skill_r1.eval_table import EVAL_FILE, FROZEN_ROW, GRPO_ROW, paired
 from minskill.skill_r1.loop import (EvolveConfig, Instance, all_zero_note, autocast, check_config, evolve_batch,
                                     load_tasks, step_seed)
 from minskill.tasks import load_suite
+
+
+class TaskModelFailed(RuntimeError):
+    """Every rollout of a row's scoring ended with an error (the task model did not answer): no row of 0s is
+    written; train_grpo.py stops with the message and exit status 1."""
 
 
 class HeldoutSplitError(ValueError):
@@ -297,15 +302,23 @@ def probe(editor, tokenizer, client, instances: list[Instance], seed_skills: lis
 
 def success(client, skills: list[str], test: list[list], args) -> tuple[float, int, list[list[float]]]:
     """(success rate, task-model requests, per-instance task scores) of skills[j] on the evaluation tasks
-    test[j]. A task's score is the mean over its n rollouts, so n identical greedy replies count once."""
-    c0, scores = client.stats["calls"], []
+    test[j]. A task's score is the mean over its n rollouts, so n identical greedy replies count once. A rollout
+    that ended with an error scores 0 and is reported apart; TaskModelFailed when every one did."""
+    c0, scores, ended = client.stats["calls"], [], []
     for skill, tasks in zip(skills, test):
         trajectories = run_rollouts(client, tasks, skill or None, n=args.rollouts, temperature=args.task_temperature,
                                     max_tokens=args.task_max_tokens, seed=args.seed)
+        ended += trajectories
         per_task: dict[str, list[float]] = {}
         for tr in trajectories:
             per_task.setdefault(tr.task_id, []).append(tr.reward)
         scores.append([sum(per_task[t.id]) / len(per_task[t.id]) for t in tasks])
+    failed, errors = all_failed(ended), [t.error for t in ended if t.error is not None]
+    if failed:
+        raise TaskModelFailed(failed)
+    if errors:
+        print(f"  {len(errors)} of {len(ended)} rollouts ended with an error, scored 0 (the first: {errors[0][:300]})",
+              flush=True)
     flat = [x for g in scores for x in g]
     return sum(flat) / len(flat), client.stats["calls"] - c0, scores
 

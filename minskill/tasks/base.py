@@ -1,5 +1,7 @@
 """The common task interface: `Task` (single-turn question + verifier, or multi-turn environment) and
-`Environment` (text observations, a step budget, a success flag, the "Nothing happens." counter).
+`Environment` (text observations, a step budget, a success flag, the "Nothing happens." counter); what an agent
+loop (minskill/rollout.py) needs beside them: `parse_action`, a free-form reply read leniently as one action of the
+environment, and `is_context_refusal`, a server's refusal of a prompt too long for its context.
 
 Splits. A generated task is identified by a *problem key* (what makes it the problem it is, e.g.
 ("arithmetic", 3, "+", 4)). Its split is a pure function of the key:
@@ -12,10 +14,12 @@ drawn.
 """
 from __future__ import annotations
 
+import difflib
 import hashlib
 import random
 import re
 from dataclasses import asdict, dataclass, field
+from typing import Iterable
 
 from .verifiers import verify
 
@@ -201,3 +205,112 @@ def normalize_action(action: str) -> str:
     text = " ".join(str(action).strip().split()).lower()
     text = text.strip("`'\"")
     return text[:-1].rstrip() if text.endswith(".") else text
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Lenient action parsing
+
+_PREFIX = re.compile(r"^\s*(?:[-*•>]+\s*|\d+[.)]\s+|(?:next\s+)?action\s*\d*\s*[:=-]\s*|"
+                     r"(?:i\s+will|i'll|let's|let\s+me)\s+)+", re.IGNORECASE)
+
+
+def _verbs(syntax: Iterable[str], admissible: Iterable[str]) -> list[str]:
+    """First words of the allowed actions ("go", "take", "click", ...), longest first."""
+    words = {s.split()[0].lower() for s in list(syntax) + list(admissible) if s.split()}
+    return sorted(words, key=len, reverse=True)
+
+
+def _clean(line: str) -> str:
+    line = line.strip().strip("`").strip()
+    prev = None
+    while prev != line:  # prefixes can stack: "> Action: `go to desk 1`"
+        prev = line
+        line = _PREFIX.sub("", line).strip().strip("`\"'*").strip()
+    return re.sub(r"\s+", " ", line).rstrip(" .!;:")
+
+
+def _norm(text: str) -> str:
+    return re.sub(r"\s+", " ", text.lower()).strip().rstrip(" .!;:")
+
+
+def match_admissible(candidate: str, admissible: list[str], cutoff: float = 0.75,
+                     same_verb: bool = True) -> str | None:
+    """The admissible action `candidate` means: equal up to case/spacing/trailing punctuation; else the
+    longest admissible action it starts with ("go to desk 1 to look" -> "go to desk 1"); else the closest
+    one (with the same first word, when `same_verb`) whose difflib similarity ratio is >= cutoff.
+    None when nothing fits."""
+    cand = _norm(candidate)
+    if not cand:
+        return None
+    by_norm = {_norm(a): a for a in admissible}
+    if cand in by_norm:
+        return by_norm[cand]
+    prefixes = [a for n, a in by_norm.items() if cand.startswith(n + " ")]
+    if prefixes:
+        return max(prefixes, key=len)
+    verb = cand.split()[0]
+    pool = [n for n in by_norm if n.split()[0] == verb or not same_verb]
+    close = difflib.get_close_matches(cand, pool, n=1, cutoff=cutoff)
+    return by_norm[close[0]] if close else None
+
+
+def parse_action(reply: str, admissible: list[str] | None = None, syntax: list[str] | None = None) -> str:
+    """One action out of a free-form reply. Each line is stripped of "Action:", "> ", bullets, numbering
+    and quotes; the first line that starts with an action verb wins (failing that, the first line holding a
+    verb, from that verb on); with admissible actions the result is matched to one of them when its verb is
+    among theirs (free-text actions such as "answer <text>" pass through). "" when the reply is empty."""
+    admissible = list(admissible or [])
+    verbs = _verbs(syntax or [], admissible)
+    lines = [c for c in (_clean(l) for l in (reply or "").splitlines()) if c]
+    if not lines:
+        return ""
+    candidate, by_verb = None, False
+    if verbs:
+        verb_alt = "|".join(re.escape(v) for v in verbs)
+        starts = re.compile(rf"^(?:{verb_alt})\b", re.IGNORECASE)
+        inside = re.compile(rf"\b(?:{verb_alt})\b", re.IGNORECASE)
+        candidate = next((l for l in lines if starts.match(l)), None)
+        if candidate is None:
+            for l in lines:
+                m = inside.search(l)
+                if m:
+                    candidate = _clean(l[m.start():])
+                    break
+    if candidate is None:
+        candidate = lines[0]
+    else:
+        by_verb = True  # "Answer: 42" / "answer is 42" -> "answer 42" (the verb as the syntax spells it)
+        m = re.match(rf"^({verb_alt})\b\s*(?:[:=]|\bis\b)?\s*", candidate, re.IGNORECASE)
+        candidate = (m.group(1).lower() + " " + candidate[m.end():]).strip()
+    if admissible:
+        matched = match_admissible(candidate, admissible)
+        if matched is not None:
+            return matched
+        # no action verb anywhere: perhaps a line is a misspelt admissible action ("opne cabinet 1")
+        for l in lines if not by_verb else []:
+            matched = match_admissible(l, admissible, cutoff=0.85, same_verb=False)
+            if matched is not None:
+                return matched
+    return candidate
+
+
+# ----------------------------------------------------------------------------------------------------------
+# A prompt too long for the task model
+
+# What a server's HTTP 400 says when the prompt (with the reply's max_tokens) does not fit its context: llama.cpp
+# "the request exceeds the available context size", vLLM and OpenAI "This model's maximum context length is N
+# tokens" (OpenAI's code: context_length_exceeded), minskill's server "... but the model's context is N tokens".
+# Conservative: only these phrases, so that no other 400 (a bad field) is taken for a prompt to trim. Kept here,
+# below both readers: the agent loop (minskill/rollout.py trims an episode's history) and the teacher's prompts
+# (minskill/masa/fitting.py).
+CONTEXT_REFUSAL = re.compile(r"exceeds the available context size|maximum context length|context_length_exceeded|"
+                             r"the model's context is \d+ tokens", re.I)
+
+
+def is_context_refusal(error) -> bool:
+    """Whether `error` is a server's refusal of a prompt too long for its context: HTTP 400 and CONTEXT_REFUSAL in
+    its message. Read off the error's `status` and `message` (minskill.serve.client.ChatError's), so that tasks/
+    still imports nothing else of minskill."""
+    message = getattr(error, "message", None)
+    return (isinstance(error, Exception) and getattr(error, "status", None) == 400 and isinstance(message, str)
+            and CONTEXT_REFUSAL.search(message) is not None)
