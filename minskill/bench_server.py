@@ -6,18 +6,24 @@ configuration, in one run, printed as one table.
     python -m minskill.bench server --workload rollouts        # python -m minskill.rollout's requests: held-out
                                                                 # qa tasks under skills none / base / a long library
     python -m minskill.bench server --workload clients         # the former sweep: 1, 4, 16 closed-loop clients
+    python -m minskill.bench server --workload stop-string     # one request, with and without stop
 
 Each configuration is a `python -m minskill.serve` subprocess (serve.server.embedded_client: --model, --quantize,
 --dtype, --max-batch, --threads as given here, then the configuration's own flags), started once, warmed up with
 one short request, sent the same requests as every other configuration by --clients closed-loop clients
 (a client sends its next request when its reply arrives), then stopped. CONFIGURATIONS:
 
-    today          --prefix-cache-mb 0  --scheduler static       static batching, no prefix cache (asked for
-                                                                 explicitly: the server's default is now
-                                                                 `new`)
-    prefix-cache   --prefix-cache-mb MB --scheduler static       (ablations, with --configs)
-    continuous     --prefix-cache-mb 0  --scheduler continuous
-    new            --prefix-cache-mb MB --scheduler continuous   MB = --prefix-cache-mb (default 256)
+    today          --prefix-cache-mb 0  --scheduler static      static batching, no prefix cache, not batch-
+                   --batch-invariant off                        invariant (asked for explicitly: the server's
+                                                                default is now `new`)
+    prefix-cache   --prefix-cache-mb MB --scheduler static      (ablations, with --configs; all three
+    continuous     --prefix-cache-mb 0  --scheduler continuous   --batch-invariant off)
+    cascade        --prefix-cache-mb MB --scheduler continuous  shared prefixes kept once in the batch
+                   --batch-invariant off                        (serve.cascade): the default before invariance
+    new            --prefix-cache-mb MB --scheduler continuous  the server's default: a request's tokens do not
+                   --batch-invariant on                         depend on its batch (serve.aligned); `--configs
+                                                                cascade,new` is what invariance costs
+                                                                MB = --prefix-cache-mb (default 256)
 
 The server's flags are read from `python -m minskill.serve --help` first (`plan`). A flag the server lacks is
 left out when the configuration asks for today's value of it (TODAY: a server without the flag behaves so);
@@ -34,6 +40,10 @@ Workloads (the requests are fixed before any server starts; greedy, seed 0):
                    order (8,8,8,128: a quarter of the replies 16x longer than the others)
     rollouts       rollout.run_rollouts on --requests (16) held-out qa tasks, --max-tokens (64) per reply, three
                    times: skills none, the suite's base skills, the long library (as shared-prefix's)
+    stop-string    one "write a long story" request of --n (16) samples, --max-tokens (512) each
+                   (seeded, temperature 1), sent without a stop string, then with one that never
+                   matches (NEVER_STOP): checking a stop string costs the new text only, so the
+                   ratio of the two walls stays near 1 however long the replies (which are equal)
 
 Columns, per configuration and workload (rollouts: per skill set):
 
@@ -46,7 +56,8 @@ Columns, per configuration and workload (rollouts: per skill set):
                              (greedy float32 replies must not change with the engine)
 
 Then, per configuration after the first, its ratios to the first: throughput (requests/s) and p50 latency,
-and for rollouts the wall of each skill set over the wall with no skill.
+for rollouts the wall of each skill set over the wall with no skill, and for stop-string the wall
+with the stop string over the wall without.
 """
 from __future__ import annotations
 
@@ -69,17 +80,21 @@ from minskill.serve.server import embedded_client
 from minskill.skillsets import SkillSet
 from minskill.tasks import load_suite
 
-WORKLOADS = ("shared-prefix", "mixed-lengths", "rollouts", "clients")
-DEFAULT_REQUESTS = {"shared-prefix": 32, "mixed-lengths": 32, "rollouts": 16}
-DEFAULT_MAX_TOKENS = {"shared-prefix": 16, "rollouts": 64}
+WORKLOADS = ("shared-prefix", "mixed-lengths", "rollouts", "stop-string", "clients")
+DEFAULT_REQUESTS = {"shared-prefix": 32, "mixed-lengths": 32, "rollouts": 16, "stop-string": 1}
+DEFAULT_MAX_TOKENS = {"shared-prefix": 16, "rollouts": 64, "stop-string": 512}
+NEVER_STOP = "</never-stop>"   # stop-string's: as long as a usual stop string; no reply holds it
+STOP_LABELS = ("no stop", "stop never matching")
 MB = "MB"   # stands for --prefix-cache-mb in CONFIGURATIONS
 CONFIGURATIONS = {
-    "today": {"--prefix-cache-mb": "0", "--scheduler": "static"},
-    "prefix-cache": {"--prefix-cache-mb": MB, "--scheduler": "static"},
-    "continuous": {"--prefix-cache-mb": "0", "--scheduler": "continuous"},
-    "new": {"--prefix-cache-mb": MB, "--scheduler": "continuous"},
+    "today": {"--prefix-cache-mb": "0", "--scheduler": "static", "--batch-invariant": "off"},
+    "prefix-cache": {"--prefix-cache-mb": MB, "--scheduler": "static", "--batch-invariant": "off"},
+    "continuous": {"--prefix-cache-mb": "0", "--scheduler": "continuous", "--batch-invariant": "off"},
+    "cascade": {"--prefix-cache-mb": MB, "--scheduler": "continuous", "--batch-invariant": "off"},
+    "new": {"--prefix-cache-mb": MB, "--scheduler": "continuous", "--batch-invariant": "on"},
 }
-TODAY = {"--prefix-cache-mb": "0", "--scheduler": "static"}   # what a server without the flag does
+# what a server without the flag does
+TODAY = {"--prefix-cache-mb": "0", "--scheduler": "static", "--batch-invariant": "off"}
 STORY_TOPICS = ("a lighthouse keeper", "a lost dog", "a city under the sea", "a clockmaker", "a mountain village",
                 "a robot gardener", "two rival chefs", "a winter storm")
 
@@ -93,7 +108,9 @@ def add_server_args(p) -> None:
     p.add_argument("--requests", type=int, default=None, help="server: requests, or rollout tasks (default "
                    "shared-prefix 32, mixed-lengths 32, rollouts 16)")
     p.add_argument("--max-tokens", type=int, default=None, help="server: reply budget (default shared-prefix 16, "
-                   "rollouts 64)")
+                   "rollouts 64, stop-string 512)")
+    p.add_argument("--n", type=int, default=16,
+                   help="server, stop-string: samples of the request (default 16)")
     p.add_argument("--lengths", default="8,8,8,128", help="server, mixed-lengths: reply budgets, cycled")
     p.add_argument("--prefix-tokens", type=int, default=1000, help="server: tokens of the default long library")
     p.add_argument("--library", default=None, help="server: the long library (a MASA .json, a skill-set folder "
@@ -173,9 +190,15 @@ def _qa_requests(tasks, system: list[str], max_tokens: int) -> list[dict]:
 
 
 def workload_requests(args, tokenizer) -> dict[str, list[dict] | tuple]:
-    """{label: chat requests} for shared-prefix and mixed-lengths; {label: (tasks, skills)} for rollouts."""
+    """{label: chat requests} for shared-prefix, mixed-lengths and stop-string; {label: (tasks,
+    skills)} for rollouts."""
     n = args.requests or DEFAULT_REQUESTS[args.workload]
     max_tokens = args.max_tokens or DEFAULT_MAX_TOKENS.get(args.workload, 16)
+    if args.workload == "stop-string":
+        story = f"Write a long, detailed story about {STORY_TOPICS[0]}."
+        request = dict(messages=[{"role": "user", "content": story}], n=args.n, temperature=1.0,
+                       max_tokens=max_tokens, seed=0)
+        return dict(zip(STOP_LABELS, ([request], [dict(request, stop=[NEVER_STOP])])))
     if args.workload == "mixed-lengths":
         lengths = [int(x) for x in args.lengths.split(",")]
         return {"mixed-lengths": [dict(messages=[{"role": "user", "content": f"Write a long, detailed story about "
@@ -310,6 +333,12 @@ def ratios(rows: list[Row]) -> list[str]:
             lines.append(f"{row.config} / {ref.config}, {row.label}: throughput {speed:.2f}×, p50 latency {p50:.2f}×")
     for config in dict.fromkeys(row.config for row in rows):
         by_label = {row.label: row for row in rows if row.config == config}
+        if all(label in by_label for label in STOP_LABELS):
+            without, stop = (by_label[label] for label in STOP_LABELS)
+            same = [c.texts for c in without.calls] == [c.texts for c in stop.calls]
+            lines.append(f"{config}: decoding with a stop string that never matches / without: "
+                         f"wall {stop.wall / without.wall:.2f}× "
+                         f"({'the same replies' if same else 'REPLIES DIFFER'})")
         none = by_label.get("rollouts, skills none")
         if none is not None:
             lines.append(f"{config}: wall vs no skill: " + ", ".join(
@@ -333,6 +362,7 @@ def check_args(args) -> None:
     except ValueError:
         raise SystemExit(f"bench server: --lengths must be comma-separated integers, got {args.lengths!r}")
     for flag, value in (("--clients", args.clients), ("--requests", args.requests), ("--max-tokens", args.max_tokens),
+                        ("--n", args.n),
                         ("--prefix-tokens", args.prefix_tokens), ("--max-batch", args.max_batch),
                         *(("--lengths", x) for x in lengths)):
         if value is not None and value < 1:

@@ -84,6 +84,32 @@ def _cut_at_stop(text: str, stop_strings) -> str | None:
     return text[:min(hits)] if hits else None
 
 
+def stop_string_ended(tokenizer, tokens: list[int], stop_strings) -> bool:
+    """Whether decode(tokens) holds a stop string, where decode(tokens[:-1]) held none (the check
+    runs after every token): _cut_at_stop(tokenizer.decode(tokens), stop_strings) is not None, read
+    from the last tokens' text only, so that a check costs the new text, not the whole reply (which
+    made decoding quadratic).
+
+    Byte-level BPE decodes the bytes of all its tokens at once, U+FFFD for those that are no
+    character. The last token changes the text from its predecessors' last character on (one they
+    left unfinished) and adds at most as many characters as it decodes to alone (`added`), so a stop
+    string that was not there before starts in the last `longest + added` characters. A window of
+    the last tokens decodes to the text's end after the U+FFFD of the bytes it opens in the middle
+    of (UTF-8 resynchronises at the first byte that is not a continuation byte): the window doubles
+    until those characters lie past them."""
+    longest = max((len(s) for s in stop_strings if s), default=0)
+    if not longest or not tokens:
+        return False
+    added, width = len(tokenizer.decode(tokens[-1:])), longest + 8
+    while width < len(tokens):
+        tail = tokenizer.decode(tokens[-width:])
+        start = len(tail) - added - longest
+        if start >= len(tail) - len(tail.lstrip("\ufffd")):
+            return _cut_at_stop(tail[start:], stop_strings) is not None
+        width *= 2
+    return _cut_at_stop(tokenizer.decode(tokens), stop_strings) is not None
+
+
 def _left_pad(seqs: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     width = max(len(s) for s in seqs)
     ids = [[pad_id] * (width - len(s)) + list(s) for s in seqs]
@@ -271,7 +297,7 @@ class _Rows:
                 opts.on_token(r, tok)
             stop_list = opts.stop_strings[self.prompt[r]]
             if tok in opts.stop_token_ids or \
-                    (stop_list and _cut_at_stop(tokenizer.decode(self.tokens[r]), stop_list) is not None):
+                    (stop_list and stop_string_ended(tokenizer, self.tokens[r], stop_list)):
                 self.finish[r] = "stop"
             elif len(self.tokens[r]) < opts.max_new_tokens[self.prompt[r]]:
                 still.append(r)

@@ -64,6 +64,7 @@ from tokenizers.decoders import ByteLevel as ByteLevelDecoder
 from minskill.nn.quantize import Int8Linear, apply_quantization
 from minskill.nn.sampling import generate
 from minskill.nn.weights import load_model
+from minskill.serve.aligned import pad_single_rows
 from minskill.serve.embeddings import mean_pooled_embeddings
 from minskill.serve.errors import BackendError, bad_request, check_body_and_model
 from minskill.serve.fields import CHAT_FIELDS, COMPLETION_FIELDS, check_fields
@@ -207,23 +208,29 @@ class ModelBackend:
     """A minskill Transformer + Tokenizer; a batch is served by sampling.generate (one call per n)."""
 
     def __init__(self, model, tokenizer, name: str = "minskill", prefix_cache_mb: float = 0,
-                 scheduler: str = "static"):
+                 scheduler: str = "static", batch_invariant: bool = False):
         """prefix_cache_mb > 0: prompt prefixes' keys/values are kept (minskill.serve.prefix_cache), up to that
         many MB; scheduler "continuous": the server lets requests join and leave the running batch at each
         decoding step (minskill.serve.scheduler). With both off (0, "static") a batch is one sampling.generate
-        call per n, as before."""
+        call per n, as before. batch_invariant: a request's tokens do not depend on which requests share its
+        batch (minskill.serve.aligned; always through the engine)."""
         if scheduler not in SCHEDULERS or not prefix_cache_mb >= 0:
             raise ValueError(f"ModelBackend: scheduler must be one of {SCHEDULERS} and prefix_cache_mb >= 0, got "
                              f"{scheduler!r}, {prefix_cache_mb!r}")
         self.model, self.tokenizer, self.name, self.scheduler = model, tokenizer, name, scheduler
         self.max_context = int(model.config.max_position_embeddings)
         self.prefix_cache = PrefixCache(prefix_cache_mb) if prefix_cache_mb > 0 else None
-        self.engine = Engine(model, tokenizer, None, tokenizer.pad_token_id, self.prefix_cache)
+        self.batch_invariant = batch_invariant
+        if batch_invariant:
+            pad_single_rows(model)
+        self.engine = Engine(model, tokenizer, None, tokenizer.pad_token_id, self.prefix_cache,
+                             batch_invariant=batch_invariant)
         self._owners: dict[int, Callable] = {}     # id(sequence) in the engine -> its request's answer()
 
     @classmethod
     def from_spec(cls, spec: str, dtype=None, device=None, name: str | None = None,
-                  quantize: str | None = None, prefix_cache_mb: float = 0, scheduler: str = "static"):
+                  quantize: str | None = None, prefix_cache_mb: float = 0, scheduler: str = "static",
+                  batch_invariant: bool = False):
         """Load `spec`; quantize="int8" serves it with int8 weights (minskill.nn.quantize)."""
         model, tokenizer = load_model(spec, dtype=dtype, device=device)
         model.eval()
@@ -231,7 +238,7 @@ class ModelBackend:
         # a quantized model answers differently: its default name says so (clients, caches and reports see it)
         suffix = "-int8" if any(isinstance(m, Int8Linear) for m in model.modules()) else ""
         return cls(model, tokenizer, name or (Path(str(spec).rstrip("/")).name or str(spec)) + suffix,
-                   prefix_cache_mb=prefix_cache_mb, scheduler=scheduler)
+                   prefix_cache_mb=prefix_cache_mb, scheduler=scheduler, batch_invariant=batch_invariant)
 
     # ---- the engine (minskill.serve.scheduler): used when the prefix cache or continuous batching is on
     def start(self, request: CompletionRequest, on_done: Callable[[list], None]):
@@ -338,7 +345,7 @@ class ModelBackend:
         return on_token
 
     def complete(self, requests):
-        if self.prefix_cache is not None or self.scheduler != "static":
+        if self.prefix_cache is not None or self.scheduler != "static" or self.batch_invariant:
             return self._complete_with_engine(requests)
         results: list = [None] * len(requests)
         by_n = collections.defaultdict(list)   # generate takes one n per call
@@ -571,6 +578,12 @@ def parse_chat_request(payload, backend: Backend) -> CompletionRequest:
     except (ValueError, KeyError) as error:  # e.g. a chat template that refuses this message order
         raise bad_request(f"cannot format these messages for the model: {error}", "messages")
     key = "max_tokens" if payload.get("max_tokens") is not None else "max_completion_tokens"
+    if payload.get("max_tokens") is not None and payload.get("max_completion_tokens") is not None:
+        both = [_integer(payload, k, None, 1, backend.max_context)
+                for k in ("max_tokens", "max_completion_tokens")]
+        if both[0] != both[1]:   # neither is ignored
+            raise bad_request(f"'max_tokens' ({both[0]}) and 'max_completion_tokens' ({both[1]}) "
+                              "differ: give one of them", "max_completion_tokens")
     return _request(payload, backend, prompt_tokens, "messages", key, None, messages=messages,
                     enable_thinking=thinking, logprobs=logprobs, top_logprobs=top_logprobs)
 
