@@ -48,8 +48,9 @@ from minskill.masa.search import MasaConfig, MasaSearch
 from minskill.plot import write_svg_plot
 from minskill.retrieval import (RetrievalError, add_retrieval_args, check_retrieval_args, retriever_from_args,
                                 with_retrieval)
-from minskill.rollout import fit_to_suite, load_skills, summarize
-from minskill.runs import check_run_folder, given_flags, open_run_folder, resume_flags
+from minskill.rollout import all_failed, fit_to_suite, load_skills, summarize
+from minskill.runs import (check_run_folder, given_flags, open_run_folder, restart_flags,
+                           resume_flags, started_flags)
 from minskill.serve.caching import BudgetExhausted, CachingClient, CallBudget
 from minskill.serve.client import ChatError
 from minskill.serve.server import embedded_client
@@ -190,19 +191,23 @@ def run_usage(run: Run) -> dict:
 
 def resume_args(parser: argparse.ArgumentParser, args: argparse.Namespace, out: Path, argv=None):
     """--resume: (the arguments of the resume policy, minskill.runs.resume_flags: the saved run's where `argv`
-    gives none, a given one of RESUMABLE_OVERRIDES taken, another that differs refused; the saved state)."""
+    gives none, a given one of RESUMABLE_OVERRIDES taken, another that differs refused; the saved
+    state, None for a run stopped before its first checkpoint: it starts again, restart_flags)."""
     state_path = out / "state.json"
-    if not state_path.is_file():
+    if not state_path.is_file() and started_flags(out, "evolve_masa.py") is None:
         parser.error(f"--resume: no saved run in {out} (state.json is missing)")
     try:
-        saved = check_state(read_json(state_path, f"--resume: {state_path}"), f"--resume: {state_path}")
+        where = f"--resume: {state_path}"
+        saved = check_state(read_json(state_path, where), where) if state_path.is_file() else None
     except ValueError as e:   # a state.json cut, edited by hand or nested too deeply: say so, no traceback
         parser.error(str(e))
     args.out = str(out)
-    resume_flags(args, saved["args"], given_flags(parser, argv), RESUMABLE_OVERRIDES, "evolve_masa.py")
-    search_state = saved.get("search") or {"phase": "start", "candidates": []}
-    log(f"resuming {out}: phase {search_state['phase']}, {len(search_state['candidates'])} candidates, "
-        f"{saved['calls_spent']} calls spent")
+    flags = saved["args"] if saved else restart_flags(out, "evolve_masa.py", say=log)
+    resume_flags(args, flags, given_flags(parser, argv), RESUMABLE_OVERRIDES, "evolve_masa.py")
+    if saved:
+        search_state = saved.get("search") or {"phase": "start", "candidates": []}
+        log(f"resuming {out}: phase {search_state['phase']}, {len(search_state['candidates'])} "
+            f"candidates, {saved['calls_spent']} calls spent")
     return args, saved
 
 
@@ -259,10 +264,13 @@ def set_up(parser: argparse.ArgumentParser, args: argparse.Namespace, argv=None)
             flag = "--model-card" if args.model_card else ("--target-checkpoint" if args.target_checkpoint
                                                            else "--model-spec")
             parser.error(f"{flag}: {e}")
-    out = open_run_folder(out, args.resume, args.overwrite, "evolve_masa.py", keep=("target_cache.jsonl",))
+    if args.cache and not args.no_cache and Path(args.cache).is_symlink():   # (appends: through it)
+        parser.error(f"--cache {args.cache} is a symbolic link; a run writes no file through one")
     state = saved or {"version": 1, "args": {k: v for k, v in vars(args).items()
                                              if k not in ("resume", "overwrite", "merge")},
                       "card": None, "calls_spent": 0, "search": None, "events": [], "gate_tasks": gate_ids}
+    out = open_run_folder(out, args.resume, args.overwrite, "evolve_masa.py",
+                          keep=("target_cache.jsonl",), settings=state["args"])
     STARTED = time.time()   # progress lines and run.json count from here
     return Run(args, out, state, config, prelim, tasks, heldout, base_skills,
                CallBudget(args.max_calls, spent=saved["calls_spent"] if saved else 0),
@@ -475,20 +483,15 @@ def run_search(run: Run, target, teacher) -> tuple[MasaSearch | None, str | None
 
 
 def stopped_by(run: Run, error: BaseException) -> int:
-    """The exit status and the message for a run cut off by a failing endpoint (1) or Ctrl-C (130)."""
-    saved = (run.out / "state.json").exists()
-    resume = f"python evolve_masa.py --resume --out {run.out}"
-    if isinstance(error, ChatError):  # the client already retried; an endpoint that keeps failing ends the run
-        log(f"FAILED: {error}")
-        if saved:
-            log(f"The last finished iteration is saved; fix the endpoint and continue with: {resume}")
-        return 1
-    if saved:
-        log(f"interrupted; the state of the last finished iteration is in {run.out / 'state.json'}. "
-            f"Continue with: {resume}")
-    else:
-        log("interrupted before the first checkpoint; there is nothing to resume")
-    return 130
+    """The exit status and the message for a run cut off by a failing endpoint (1: the client
+    already retried) or Ctrl-C (130); --resume continues it (from the start if nothing is saved)."""
+    failed, resume = isinstance(error, ChatError), f"python evolve_masa.py --resume --out {run.out}"
+    log(f"FAILED: {error}" if failed else "interrupted")
+    fix = "fix the endpoint, then " if failed else ""
+    log(f"the last finished iteration is saved in {run.out / 'state.json'}; {fix}continue with: "
+        f"{resume}" if (run.out / "state.json").exists() else
+        f"nothing was saved yet; {fix}{resume} starts it again from the beginning")
+    return 1 if failed else 130
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -535,7 +538,8 @@ def write_outputs(run: Run, search: MasaSearch, target, teacher, stopped: str | 
 
 
 def heldout_evaluation(run: Run, search: MasaSearch, target, library: SkillSet, results: dict) -> str | None:
-    """Base vs evolved skills on the held-out split: heldout.md and results["heldout"]; the table, or None."""
+    """Base vs evolved skills on the held-out split: heldout.md and results["heldout"]; the table, or None (and
+    results["heldout_error"] when every rollout of a set ended with an error: rollout.all_failed; main exits 1)."""
     if not run.heldout:
         return None
     try:
@@ -544,6 +548,10 @@ def heldout_evaluation(run: Run, search: MasaSearch, target, library: SkillSet, 
         for name, skills in (("base", search.candidates[0].skills), ("evolved", library)):
             log(f"[held-out] {name} skills on {len(run.heldout)} tasks  calls {run.budget.spent}")
             trajs = masa.rollouts(target, run.heldout, with_retrieval(skills, retriever), run.config, run.budget)
+            if all_failed(trajs):   # the target stopped answering: no table of 0s
+                results["heldout_error"] = f"the {name} skills on the held-out split: {all_failed(trajs)}"
+                log(f"[held-out] not evaluated: {results['heldout_error']}")
+                return None
             runs[name] = (trajs, summarize(trajs, lam_nh=run.config.lam_nh))
     except BudgetExhausted:
         results["notes"].append("budget spent: no held-out evaluation (rerun with --resume and a larger --max-calls)")
@@ -562,7 +570,7 @@ def heldout_evaluation(run: Run, search: MasaSearch, target, library: SkillSet, 
 
 def heldout_table(base: dict, evolved: dict, paired: dict) -> str:
     head = ("| task type | n | success base | success evolved | Δ | NHR base | NHR evolved | steps base | "
-            "steps evolved | gained / lost |\n|---|---|---|---|---|---|---|---|---|---|")
+            "steps evolved | gained / lost | errors base | errors evolved |\n" + "|---" * 12 + "|")
     rows = [head]
     names = list(base["per_type"]) + ["**all**"]
     for name in names:
@@ -571,7 +579,8 @@ def heldout_table(base: dict, evolved: dict, paired: dict) -> str:
         gained, lost = paired.get(name, (0, 0))
         rows.append(f"| {name} | {b['n']} | {b['success_rate']:.2f} | {e['success_rate']:.2f} | "
                     f"{e['success_rate'] - b['success_rate']:+.2f} | {b['nhr']:.2f} | {e['nhr']:.2f} | "
-                    f"{b['mean_steps']:.1f} | {e['mean_steps']:.1f} | {gained} / {lost} |")
+                    f"{b['mean_steps']:.1f} | {e['mean_steps']:.1f} | {gained} / {lost} | "
+                    f"{b['errors']} | {e['errors']} |")
     return "\n".join(rows)
 
 
@@ -680,6 +689,9 @@ def main(argv=None) -> int:
             return 0
         written = write_outputs(run, search, target, teacher, stopped)   # 4: outputs
     print_summary(run, search, target, teacher, written)
+    if written["results"].get("heldout_error"):   # the library is written; the held-out table is not
+        log(f"error: no held-out table: {written['results']['heldout_error']}")
+        return 1
     return 0
 
 

@@ -53,8 +53,9 @@ from minskill.masa.sft import encode_records, read_records
 from minskill.nn.lora import BASE_DTYPES, add_lora_arguments, apply_lora, lora_settings
 from minskill.nn.weights import load_model, resolve_model
 from minskill.retrieval import add_retrieval_args, check_retrieval_args, retriever_from_args, with_retrieval
-from minskill.rollout import load_skills, run_rollouts, summarize
-from minskill.runs import check_run_folder, given_flags, open_run_folder, resume_flags
+from minskill.rollout import all_failed, load_skills, run_rollouts, summarize
+from minskill.runs import (RUN_MARKER, check_run_folder, given_flags, open_run_folder, restart_note,
+                           resume_flags, started_flags)
 from minskill.serve.client import ChatClient, usage_delta
 from minskill.serve.server import embedded_client
 from minskill.skillsets import SkillSet, check_replaceable
@@ -119,13 +120,21 @@ NOT_FLAGS = ("func", "argv", "command")   # what main adds to the parsed flags
 def restore_train_flags(parser: argparse.ArgumentParser, args, argv: list[str]) -> None:
     """`train --resume`: the flags saved in run_config.json of the checkpoint's run folder, where `argv` gives
     none (the resume policy, minskill.runs.resume_flags; a given flag outside RESUME_MAY_CHANGE that differs is
-    refused). A folder without run_config.json holds nothing to resume: cmd_train says so."""
+    refused, and so is a saved value its flag could not take). A run killed before it wrote
+    run_config.json has its flags in its marker (minskill.runs.started_flags); a folder without
+    either holds nothing to resume: cmd_train says so."""
     folder = Path(args.out) if args.resume == "latest" else Path(args.resume).parent
     path = folder / "run_config.json"
-    if not path.is_file():
+    if path.is_file():
+        config = read_json(path, f"--resume: {path}")
+        saved = check_shape(config, {"args": dict}, f"--resume: {path}")["args"]
+    elif args.resume == "latest" and started_flags(folder, "rewrite.py train") is not None:
+        saved, path = started_flags(folder, "rewrite.py train"), folder / RUN_MARKER
+    else:
         return
-    config = check_shape(read_json(path, f"--resume: {path}"), {"args": dict}, f"--resume: {path}")
-    resume_flags(args, config["args"], given_flags(parser, argv), RESUME_MAY_CHANGE, "rewrite.py train")
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    resume_flags(args, saved, given_flags(parser, argv), RESUME_MAY_CHANGE, "rewrite.py train",
+                 parser=commands.choices["train"], source=str(path))
     check_resumed_device(parser, args)
 
 
@@ -141,7 +150,13 @@ def cmd_train(args) -> int:
     resume = False if not args.resume else (True if args.resume == "latest" else args.resume)
     if resume:
         with distributed.main_first():   # rank 0 first puts back a checkpoint that a kill left aside
-            sft.resume_candidates(args.out, resume)   # nothing to resume: refused before anything loads or is written
+            restart = resume is True and not sft.checkpoints(args.out) and \
+                started_flags(args.out, "rewrite.py train") is not None   # killed before one
+            if not restart:   # nothing to resume: refused before anything loads or is written
+                sft.resume_candidates(args.out, resume)
+        if restart:
+            print(restart_note(args.out), flush=True)
+            resume = False
     warn = lambda message: print(message, file=sys.stderr, flush=True) if distributed.is_main() else None  # noqa: E731
     records, problems = read_records(args.data, warn=warn)
     if args.val_file:
@@ -169,19 +184,25 @@ def cmd_train(args) -> int:
           f"{truncated} truncated -> {len(train)} train / {len(val)} validation examples", flush=True)
     out = Path(args.out)
     if distributed.is_main():
-        write_run_config(args, cfg, open_run_folder(out, bool(args.resume), args.overwrite, "rewrite.py train"),
-                         records, problems, train, val, too_long, truncated)
+        folder = open_run_folder(out, bool(args.resume), args.overwrite, "rewrite.py train",
+                                 settings=run_flags(args))
+        write_run_config(args, cfg, folder, records, problems, train, val, too_long, truncated)
     summary = sft.train_sft(model, tokenizer, train, out, cfg, val_examples=val, resume=resume,
                             log=lambda line: print(line, flush=True), title="Rewriter SFT")
     distributed.close()
     return 0 if summary["step"] > 0 or summary["finished"] else 1
 
 
+def run_flags(args) -> dict:
+    """The flags a run saves (run_config.json, its marker) for --resume to restore."""
+    return {k: v for k, v in vars(args).items() if k not in NOT_FLAGS}
+
+
 def write_run_config(args, cfg, out: Path, records, problems, train, val, too_long: int, truncated: int) -> None:
     """OUT/run_config.json: the command, the data and their counts, the flags (what --resume restores)."""
     write_text_atomic(out / "run_config.json", json.dumps(
         {"command": "python rewrite.py " + " ".join(args.argv), "data": args.data, "val_file": args.val_file,
-         "args": {k: v for k, v in vars(args).items() if k not in NOT_FLAGS},   # what --resume restores
+         "args": run_flags(args),   # what --resume restores
          "base_model": args.base_model, "config": vars(cfg) | {"adam_betas": list(cfg.adam_betas)},
          "lora": {k: getattr(args, k) for k in ("lora_rank", "lora_alpha", "lora_dropout", "lora_targets",
                                                 "lora_base_dtype")},
@@ -192,20 +213,21 @@ def write_run_config(args, cfg, out: Path, records, problems, train, val, too_lo
 # ----------------------------------------------------------------------------------------------- apply
 
 def _table(rows: list[tuple[str, dict | None, str]]) -> str:
-    """One Markdown table: a row per skill variant, with per-task-type success columns."""
+    """One Markdown table: a row per skill variant, with per-task-type success columns; errors: the rollouts
+    that ended with an error (no reply from the task model), counted as failed in success."""
     types = sorted({t for _, s, _ in rows if s for t in s["per_type"]})
-    head = ("| skills | n | success | 95% CI | NHR | adjusted R | mean steps | "
+    head = ("| skills | n | success | 95% CI | NHR | adjusted R | mean steps | errors | "
             + "".join(f"{t} | " for t in types))
-    lines = [head.rstrip(), "|" + "---|" * (7 + len(types))]
+    lines = [head.rstrip(), "|" + "---|" * (8 + len(types))]
     for name, s, note in rows:
         if s is None:
-            lines.append(f"| {name} | – | {note} |" + " |" * (5 + len(types)))
+            lines.append(f"| {name} | – | {note} |" + " |" * (5 + len(types)))   # 8 + types columns
             continue
         lo, hi = s["success_ci95"]
         per_type = "".join(f" {s['per_type'][t]['success_rate']:.2f} |" if t in s["per_type"] else " – |"
                            for t in types)
         lines.append(f"| {name} | {s['n']} | {s['success_rate']:.2f} | {lo:.2f}–{hi:.2f} | {s['nhr']:.2f} | "
-                     f"{s['adjusted_reward']:.2f} | {s['mean_steps']:.1f} |{per_type}")
+                     f"{s['adjusted_reward']:.2f} | {s['mean_steps']:.1f} | {s['errors']} |{per_type}")
     return "\n".join(lines)
 
 
@@ -303,6 +325,11 @@ def compare(args, card: dict, skills, rewritten, rewriter_cost: dict | None = No
             trajectories = run_rollouts(task_client, tasks, with_retrieval(variant, retriever), n=1,
                                         temperature=0.0, max_tokens=args.task_max_tokens, seed=args.seed,
                                         out_path=report_dir / f"trajectories-{name.replace(' ', '_')}.jsonl")
+            failed = all_failed(trajectories)
+            if failed:   # a table of 0s would hide it: stop, the trajectories kept in the folder
+                log(f"error: the '{name}' skills were not scored: {failed}\n(their trajectories are in "
+                    f"{report_dir}; once the task model answers, rerun with --overwrite)")
+                return 1
             summary = summarize(trajectories, lam_nh=args.lam_nh)
             rows.append((name, summary, ""))
             results[name] = summary

@@ -85,9 +85,10 @@ from minskill.nn.weights import load_model, resolve_model
 from minskill.rollout import SkillsNotFound, load_skills, skill_text
 from minskill.runs import (TRAINER_STATE, check_run_folder, given_flags, load_trainer_state, open_run_folder,
                            older_checkpoints, recover_checkpoint, resume_flags, save_checkpoint,
-                           set_rng_state)
+                           restart_flags, set_rng_state, started_flags)
 from minskill.serve.server import embedded_client
-from minskill.skill_r1.evaluate import check_heldout, evaluate, probe, probe_instances, with_heldout_seed
+from minskill.skill_r1.evaluate import (TaskModelFailed, check_heldout, evaluate, probe, probe_instances,
+                                        with_heldout_seed)
 from minskill.skill_r1.grpo import check_loss_config, policy_loss
 from minskill.skill_r1.loop import (EvolveConfig, Instance, all_zero_note, assign_advantages, autocast, check_config,
                                     SuiteError, evolve_batch, load_tasks, make_instances, step_seed)
@@ -356,7 +357,7 @@ def setup(args) -> Run:
         set_rng_state(state["rng"])
         rows, start_step = list(state["metrics"]), state["step"]
         print(f"resuming {ckpt} at step {start_step}", flush=True)
-    else:
+    else:   # (a run --resume starts again, too: restore_flags said so)
         torch.manual_seed(args.seed)
         random.seed(args.seed)
     tasks = load_tasks(args, "train")
@@ -366,12 +367,11 @@ def setup(args) -> Run:
     run = Run(out, editor, tokenizer, ref_model, optimizer, scheduler, tasks, instances,
               load_skills(args.seed_skills, args.suite), editor_spec,
               probe_instances(args) if args.probe_every else [], rows, start_step)
-    lineage = out / "lineage.jsonl"
-    kept_lineage = lineage_before(lineage, start_step) if args.resume else []   # checked before anything is written
+    kept_lineage = lineage_before(out / "lineage.jsonl", start_step) if args.resume else []
     if distributed.is_main():
-        open_run_folder(out, args.resume, args.overwrite, "train_grpo.py")
+        open_run_folder(out, args.resume, args.overwrite, "train_grpo.py", settings=vars(args))
         write_jsonl_atomic(out / "metrics.jsonl", rows)  # exactly the steps the checkpoint holds
-        write_jsonl_atomic(lineage, kept_lineage)
+        write_jsonl_atomic(out / "lineage.jsonl", kept_lineage)
     print_plan(run, args)
     if distributed.world() > 1:
         print(f"data-parallel over {distributed.world()} ranks (torchrun): each evolves its share of a step's "
@@ -416,10 +416,12 @@ def build_editor(args, ckpt: Path | None, editor_spec: str):
     return editor, tokenizer, ref_model
 
 
-def resume_state(out: Path, mmap: bool = False) -> tuple[Path, dict]:
-    """(OUT/checkpoint, its trainer state) for --resume; exits when there is none or it cannot be read. The RNG
-    states are restored later, once the models are built. mmap: the tensors are mapped, not read (the flags)."""
+def resume_state(out: Path, mmap: bool = False) -> tuple[Path | None, dict | None]:
+    """(OUT/checkpoint, its trainer state, RNG states not restored) for --resume; (None, None): a
+    run started again (runs.started_flags); else an exit. mmap: the tensors are mapped, not read."""
     ckpt = find_checkpoint(out)
+    if ckpt is None and started_flags(out, "train_grpo.py") is not None:
+        return None, None
     if ckpt is None:
         sys.exit(f"--resume: no checkpoint in {out} (nothing to resume; drop --resume to start a run)")
     try:
@@ -435,7 +437,8 @@ def restore_flags(args, given: set[str]) -> None:
     """--resume: the checkpoint's flags where none is given (the resume policy, minskill.runs.resume_flags):
     a given flag of RESUME_MUST_MATCH that differs is refused, naming it with both values."""
     check_run_folder(args.out, args.resume, args.overwrite, "train_grpo.py")   # before the checkpoint is read
-    saved = with_heldout_seed(resume_state(Path(args.out), mmap=True)[1]["args"])
+    state = resume_state(Path(args.out), mmap=True)[1]   # None: a run started again (said so)
+    saved = with_heldout_seed(state["args"] if state else restart_flags(args.out, "train_grpo.py"))
     changed = resume_flags(args, saved, given, set(vars(args)) - set(RESUME_MUST_MATCH), "train_grpo.py")
     if any(note.startswith("--steps ") for note in changed):
         print(f"note: --steps {saved['steps']} -> {args.steps} changes the cosine schedule")
@@ -693,3 +696,5 @@ if __name__ == "__main__":
         sys.exit(main())
     except (SuiteError, SkillsNotFound) as e:   # a bad --suite file, --seed-skills naming none: usage errors
         sys.exit(f"train_grpo.py: {e}")
+    except TaskModelFailed as e:                # --eval: a row's every rollout ended with an error
+        sys.exit(f"train_grpo.py --eval: {e}")

@@ -4,11 +4,12 @@ own defaults (from its config dataclass). And where the models run: --device and
 at parse time, so that `cuda` without a GPU stops a script before it loads anything."""
 import argparse
 import json
+import math
 
 import torch
 
 from minskill.nn.quantize import QUANTIZE_CHOICES
-from minskill.serve.client import ChatClient
+from minskill.serve.client import MAX_REPLY_BYTES, ChatClient
 
 
 class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -21,8 +22,8 @@ class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 
 QUANTIZE_HELP = ("the embedded server's weights: none = float (default), int8 (1.6x faster batch-1 decode on a "
-                 "CPU, the same accuracy on the held-out qa tasks, but greedy replies then depend on the batch a "
-                 "request shares: README), auto = int8 on a CPU")
+                 "CPU, the same accuracy on the held-out qa tasks; greedy replies do not depend on the batch: "
+                 "docs/http-api.md), auto = int8 on a CPU")
 
 
 def add_task_model_args(group, *, concurrency: int | None, max_tokens: int, quantize: str = "none",
@@ -46,6 +47,7 @@ def add_task_model_args(group, *, concurrency: int | None, max_tokens: int, quan
     group.add_argument("--task-max-tokens", type=int, default=max_tokens,
                        help=f"longest task-model reply, in tokens (default {max_tokens})")
     add_extra_body_arg(group, "task")
+    add_max_reply_arg(group)
 
 
 def add_teacher_args(group, *, url_help: str = "the embedded server", main=None) -> None:
@@ -108,6 +110,27 @@ def add_extra_body_arg(group, role: str) -> None:
                        "is set apart from the answer either way (minskill.serve.client)")
 
 
+def add_max_reply_arg(group) -> None:
+    """--max-reply-mb: the most one reply body of a model endpoint may hold (ChatClient's
+    max_reply_bytes; the default is far above any real reply)."""
+    group.add_argument("--max-reply-mb", type=reply_megabytes, default=None, metavar="MB",
+                       help="most MB (2^20 bytes) of one reply body read from a model endpoint; "
+                       "a larger reply is an error naming its size (default "
+                       f"{MAX_REPLY_BYTES / 2**20:g})")
+
+
+def reply_megabytes(text: str) -> float:
+    """argparse `type` of --max-reply-mb: a finite number of MB that is at least one byte."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value * 2**20 >= 1):
+        raise argparse.ArgumentTypeError(f"--max-reply-mb must be a finite number > 0, got "
+                                         f"{text!r:.50}")
+    return value
+
+
 def with_extra_body(client, extra_body):
     """`client` (a ChatClient) when `extra_body` (None: {}) is its own, else a client of the same endpoint, model
     and settings that sends it (one endpoint serving two roles, e.g. a task model that is the teacher too)."""
@@ -115,15 +138,18 @@ def with_extra_body(client, extra_body):
         return client
     return ChatClient(client.base_url, client.model, client.api_key, extra_body=extra_body, timeout=client.timeout,
                       max_retries=client.max_retries, max_workers=client.max_workers, backoff_base=client.backoff_base,
-                      backoff_max=client.backoff_max, attempt_timeout=client.attempt_timeout)
+                      backoff_max=client.backoff_max, attempt_timeout=client.attempt_timeout,
+                      max_reply_bytes=client.max_reply_bytes)
 
 
 def client_args(args, role: str) -> dict:
-    """url/model/api_key/extra_body of --{role}-*, and the script's --device (where an embedded server runs): the
-    keyword arguments of serve.server.embedded_client."""
+    """url/model/api_key/extra_body of --{role}-*, the script's --device (where an embedded server
+    runs) and its --max-reply-mb: the keyword arguments of serve.server.embedded_client."""
+    mb = getattr(args, "max_reply_mb", None)
     return {"url": getattr(args, f"{role}_url", None), "model": getattr(args, f"{role}_model", None),
             "api_key": getattr(args, f"{role}_api_key", None), "extra_body": getattr(args, f"{role}_extra_body", None),
-            "device": getattr(args, "device", None)}
+            "device": getattr(args, "device", None),
+            "max_reply_bytes": MAX_REPLY_BYTES if mb is None else int(mb * 2**20)}
 
 
 # ---- device and precision -------------------------------------------------------------------------

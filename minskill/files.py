@@ -7,9 +7,13 @@ lowest layers (the model's weights, the server's call cache) use them too.
   `write_text_atomic` / `write_json_atomic` / `write_jsonl_atomic` on top of it: a temp file in the same
   folder, then `os.replace`, so a reader (or a killed run) sees the old file or the new one, never half.
 * `read_json(path, where)`: a JSON file people write or edit (a byte order mark is fine); a missing file
-  or one that does not parse (nested too deeply for Python's parser included) is an error naming `where`.
+  or one that does not parse (not UTF-8, or nested too deeply for Python's parser, included) is an
+  error naming `where`.
 * `append_jsonl` / `read_jsonl`: the logs that runs append to (metrics, trajectories, the call cache);
   the reader takes a byte order mark, drops a torn last line and names FILE:LINE for any other bad line.
+  Every append opens its file with `open_append`, which never follows a symbolic link (`LinkError`
+  naming it): a link planted in a run folder cannot make a run write outside it (atomic writes
+  replace a link).
 * `check_shape(value, shape, where)`: what a reader of a run file (--resume, the report) uses of it has the
   shape it expects, else `ShapeError` (a ValueError) naming `where` (FILE or FILE:LINE) and the field. A
   shape is a type (`float`: any number, `int`: an integer, never a bool; `object`: anything), None (null),
@@ -21,6 +25,7 @@ lowest layers (the model's weights, the server's call cache) use them too.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import tempfile
@@ -58,9 +63,27 @@ def write_text_atomic(path: str | Path, text: str) -> Path:
     return Path(path)
 
 
+class LinkError(ValueError):
+    """A file a run would write through a symbolic link (module docstring); the message names it."""
+
+
+def open_append(path: str | Path, binary: bool = False):
+    """`path` opened to append (created, 0644, when absent; text: UTF-8), never through a symbolic
+    link: a link there is a LinkError naming it. Binary: unbuffered, one write is one write(2)."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as e:
+        if e.errno == errno.ELOOP or Path(path).is_symlink():
+            raise LinkError(f"{path} is a symbolic link (to {Path(path).resolve()}): minskill "
+                            f"writes no file through a link; remove it") from None
+        raise
+    return os.fdopen(fd, "ab", buffering=0) if binary else os.fdopen(fd, "a", encoding="utf-8")
+
+
 def append_jsonl(path, record: dict) -> None:
     """Append one JSON line and flush it to disk (a crash loses at most the line being written)."""
-    with open(path, "a", encoding="utf-8") as f:
+    with open_append(path) as f:
         f.write(json.dumps(record, ensure_ascii=False) + "\n")
         f.flush()
         os.fsync(f.fileno())
@@ -93,13 +116,16 @@ def read_jsonl(path) -> list[tuple[int, Any]]:
 
 def read_json(path: str | Path, where: str | None = None, missing: str | None = None):
     """A JSON file that people write or edit (a byte order mark is accepted): FileNotFoundError (`missing`,
-    or one naming `where`) when it is absent, ValueError naming `where` when it does not parse."""
+    or one naming `where`) when it is absent, ValueError naming `where` when it does not parse (not
+    UTF-8 included)."""
     path = Path(path)
     where = where or str(path)
     if not path.is_file():
         raise FileNotFoundError(missing or f"{where}: no such file")
     try:
         return json.loads(path.read_text(encoding="utf-8-sig"))
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{where}: not UTF-8 ({e.reason} at byte {e.start})") from None
     except json.JSONDecodeError as e:
         raise ValueError(f"{where}: not valid JSON ({e})") from None
     except RecursionError:

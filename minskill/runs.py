@@ -15,6 +15,17 @@ a model; `open_run_folder` applies it again, then clears (with --overwrite) and 
 its marker RUN_MARKER (`.minskill-run`) when it starts a run, then `clean_staging` undoes what a killed
 earlier run left half-written; a script calls it at the moment it writes its first file. Both raise
 `RunFolderError`, a `SystemExit` whose message is the refusal, so a script's `main` needs no handler of its own.
+A run writes no file through a symbolic link, so both refuse a folder to continue (--resume), or
+what --overwrite would keep, that holds one (`_first_link`); files.open_append refuses one met
+later.
+
+The marker is a JSON file: the script that started the run, the folder's inode (what ties the marker
+to the folder it was written in: a marker copied or planted elsewhere does not match), and the flags
+the run was started with (API keys left out). A run killed before it saved anything to resume from
+(its first checkpoint, state.json) holds only what it began writing: --resume starts it again from
+the beginning, in place, with those flags (`started_flags`: None when `script` started no run there,
+which leaves nothing to resume), and says so (`restart_flags`, `restart_note`); nothing in the
+folder is deleted.
 
 Resuming: the one policy of all three scripts, applied by `resume_flags` (for users: docs/formats.md,
 "Resuming a run"). --resume continues the run that --out holds with the settings it saved: a flag not given takes the
@@ -27,11 +38,13 @@ minskill.sft.RUN_SETTINGS, the device, the data files' paths). The data are chec
 reads the saved suite, evolve_masa.py refuses other gate tasks, `rewrite.py train` other training records.
 `given_flags` says which flags a command line gave explicitly.
 
---overwrite deletes, so it clears only what is certainly a run (`check_overwrite`): a folder holding the marker,
-given by its own name (not a symbolic link: the link's target is what would be emptied), that is not the home
-or root folder, the current folder or one above it, and holds no `.git` (a work tree). A folder written
-before runs had the marker is refused too; delete it by hand. A folder holding nothing but the marker counts
-as empty.
+--overwrite deletes, so it clears only what is certainly a run (`check_overwrite`), the path
+resolved before any check: a folder given by its own name (not a symbolic link, nor reached through
+one by `LINK/sub/..`: the link's target is what would be emptied), that is not the home or root
+folder, the current folder or one above it, holds no `.git` at any depth (a work tree), and holds
+the marker of a run started in it (`_marker_problem`: a regular file, not a link, of this user,
+whose inode matches). A folder written before runs had this marker is refused too; delete it by
+hand. A folder holding nothing but the marker counts as empty.
 
 What a run folder holds is written here too, once for both trainers and all three scripts (the files in
 it: minskill/files.py):
@@ -54,9 +67,11 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import os
 import random
 import shutil
+import stat
 import tempfile
 from pathlib import Path
 from typing import Collection, Sequence
@@ -79,30 +94,6 @@ class RunFolderError(SystemExit):
     """A refused --out. Subclasses SystemExit: an uncaught refusal prints the message and exits with 1."""
 
 
-def _entries(out: Path) -> list[str]:
-    return sorted(p.name for p in out.iterdir() if p.name != RUN_MARKER)
-
-
-def check_overwrite(out: str | Path, script: str) -> None:
-    """Refuse (RunFolderError) to --overwrite `out` unless it is certainly a minskill run folder (module
-    docstring). Writes nothing."""
-    out = Path(out)
-    if out.is_symlink():
-        raise RunFolderError(f"{script}: --overwrite refuses to clear {out}: it is a symbolic link (to "
-                             f"{out.resolve()}); give the run folder itself as --out")
-    real, cwd = out.resolve(), Path.cwd().resolve()
-    if real in (Path.home().resolve(), Path(real.anchor)) or cwd.is_relative_to(real):
-        raise RunFolderError(f"{script}: --overwrite refuses to clear {real} (the home or root folder, or the "
-                             f"current folder or one above it); choose a run folder for --out")
-    if (real / ".git").exists():
-        raise RunFolderError(f"{script}: --overwrite refuses to clear {real}: it holds .git (a git work tree, "
-                             f"not a run); choose a run folder for --out")
-    if not (real / RUN_MARKER).is_file():
-        raise RunFolderError(f"{script}: --overwrite refuses to clear {real}: it is not a minskill run folder "
-                             f"(no {RUN_MARKER}, the file every run writes in the folder it starts in); delete "
-                             f"what it holds yourself, or choose another --out")
-
-
 def check_run_folder(out: str | Path, resume: bool, overwrite: bool, script: str) -> None:
     """Refuse `out` (RunFolderError) unless the rule in the module docstring allows it. Writes nothing."""
     out = Path(out)
@@ -111,6 +102,8 @@ def check_run_folder(out: str | Path, resume: bool, overwrite: bool, script: str
                              f"{out}, or replace it: choose one)")
     if out.exists() and not out.is_dir():
         raise RunFolderError(f"{script}: --out {out} is a file, not a folder")
+    if resume and out.is_dir():
+        _refuse_links(out, script)     # the run goes on writing there
     if resume or not out.is_dir():
         return
     held = _entries(out)
@@ -124,22 +117,50 @@ def check_run_folder(out: str | Path, resume: bool, overwrite: bool, script: str
                          f"the run it holds, --overwrite to replace it, or choose another --out")
 
 
+def check_overwrite(out: str | Path, script: str) -> None:
+    """Refuse (RunFolderError) to --overwrite `out` unless it is certainly a minskill run folder
+    (module docstring). Writes nothing."""
+    given = Path(out)
+    real, cwd = given.resolve(), Path.cwd().resolve()
+    refuse = f"{script}: --overwrite refuses to clear {real}"
+    if real in (Path.home().resolve(), Path(real.anchor)) or cwd.is_relative_to(real):
+        raise RunFolderError(f"{refuse} (the home or root folder, or the current folder or one "
+                             f"above it); choose a run folder for --out")
+    named = Path(os.path.normpath(given.absolute()))     # LINK/sub/.. names LINK
+    if named.resolve() != real or named.parent.resolve() / named.name != real:
+        raise RunFolderError(f"{script}: --overwrite refuses to clear {given}: it is a symbolic "
+                             f"link, or is reached through one (to {real}); give the run folder "
+                             f"itself as --out")
+    git = _first_named(real, ".git")
+    if git is not None:
+        raise RunFolderError(f"{refuse}: it holds {git.relative_to(real)} (a git work tree, not a "
+                             f"run); choose a run folder for --out")
+    problem = _marker_problem(real)
+    if problem is not None:
+        raise RunFolderError(f"{refuse}: it is not a minskill run folder ({problem}); delete what "
+                             f"it holds yourself, or choose another --out")
+
+
 def open_run_folder(out: str | Path, resume: bool, overwrite: bool, script: str,
-                    keep: tuple[str, ...] = ()) -> Path:
-    """check_run_folder, then (with --overwrite) delete every entry of `out` but those named in `keep`,
-    then create `out` and (unless resuming: that run writes nothing before it is checked) its RUN_MARKER.
-    Returns it as a Path."""
+                    keep: tuple[str, ...] = (), settings: dict | None = None) -> Path:
+    """check_run_folder, then refuse a symbolic link among what stays, then (with --overwrite)
+    delete every entry of `out` but those named in `keep`, then create `out` and write its
+    RUN_MARKER: when it starts a run, and on --resume when `settings` (the run's flags, which the
+    marker keeps) are given. Returns it as a Path."""
     out = Path(out)
     check_run_folder(out, resume, overwrite, script)
-    if overwrite and out.is_dir():
-        for entry in out.iterdir():
-            if entry.name not in (*keep, RUN_MARKER):
-                _remove(entry)
-    out.mkdir(parents=True, exist_ok=True)
-    if not resume and not (out / RUN_MARKER).is_file():
-        write_text_atomic(out / RUN_MARKER, f"A minskill run folder (started by {script}). --overwrite clears "
-                                            f"only folders holding this file.\n")
-    clean_staging(out)
+    real = out.resolve()       # what was checked (DIR/sub/.. is DIR, but not once sub is gone)
+    if real.is_dir():
+        kept = None if resume else keep if overwrite else ()    # (the marker is rewritten)
+        _refuse_links(real, script, kept)
+        if overwrite:
+            for entry in real.iterdir():
+                if entry.name not in (*keep, RUN_MARKER):
+                    _remove(entry)
+    real.mkdir(parents=True, exist_ok=True)
+    if not resume or settings is not None:
+        mark_run_folder(real, script, settings)
+    clean_staging(real)
     return out
 
 
@@ -170,6 +191,117 @@ def _remove(entry: Path) -> None:
         entry.unlink(missing_ok=True)
 
 
+def _entries(out: Path) -> list[str]:
+    return sorted(p.name for p in out.iterdir() if p.name != RUN_MARKER)
+
+
+def _first_named(folder: Path, name: str) -> Path | None:
+    """The first entry called `name` at any depth of `folder` (links not followed), or None."""
+    for parent, dirs, files in os.walk(folder):
+        if name in dirs or name in files:
+            return Path(parent, name)
+    return None
+
+
+def _first_link(folder: Path, names: Collection[str] | None = None) -> Path | None:
+    """The first symbolic link at any depth of `folder` (under its entries `names` only, when
+    given), or None."""
+    for parent, dirs, files in os.walk(folder):
+        top = Path(parent) == folder
+        for entry in (*dirs, *files):
+            wanted = not top or names is None or entry in names
+            if wanted and os.path.islink(os.path.join(parent, entry)):
+                return Path(parent, entry)
+        if top and names is not None:
+            dirs[:] = [d for d in dirs if d in names]
+    return None
+
+
+def _refuse_links(out: Path, script: str, names: Collection[str] | None = None) -> None:
+    """RunFolderError naming a symbolic link in `out` (under its entries `names` only, when
+    given)."""
+    link = _first_link(out, names)
+    if link is not None:
+        target = link.resolve()
+        inside = target.is_relative_to(out.resolve())
+        raise RunFolderError(f"{script}: --out {out} holds a symbolic link, "
+                             f"{link.relative_to(out)} (to {target}"
+                             f"{'' if inside else ', which is outside the run folder'}): a run "
+                             f"writes no file through a link; remove it, or choose another --out")
+
+
+# ------------------------------------------------------------------------------------ the marker
+
+def restart_flags(out: str | Path, script: str, say=print) -> dict | None:
+    """started_flags; when there are some, `say` tells that the run starts again with them."""
+    flags = started_flags(out, script)
+    if flags is not None:
+        say(restart_note(out))
+    return flags
+
+
+def restart_note(out: str | Path) -> str:
+    """What a script says when --resume starts a run again (module docstring)."""
+    return (f"--resume: {out} holds nothing to resume from yet (the run stopped before it saved "
+            f"any): starting it again from the beginning, with the flags it was started with")
+
+
+def started_flags(out: str | Path, script: str) -> dict | None:
+    """The flags `script` started the run in `out` with (its marker's), when it did (module
+    docstring: a run that saved nothing to resume from is started again with them); None when
+    `out` holds no run it started."""
+    out = Path(out)
+    if not out.is_dir() or _marker_problem(out) is not None:
+        return None
+    marker = _read_marker(out / RUN_MARKER) or {}
+    if marker.get("script") != script or not isinstance(marker.get("args"), dict):
+        return None
+    return marker["args"]
+
+
+def _marker_problem(folder: Path) -> str | None:
+    """Why `folder`'s RUN_MARKER does not show that a run started in it (module docstring), or
+    None."""
+    path = folder / RUN_MARKER
+    try:
+        found = path.lstat()
+    except FileNotFoundError:
+        return f"no {RUN_MARKER}, the file every run writes in the folder it starts in"
+    if not stat.S_ISREG(found.st_mode):
+        link = stat.S_ISLNK(found.st_mode)
+        return f"its {RUN_MARKER} is {'a symbolic link' if link else 'not a regular file'}"
+    if hasattr(os, "getuid") and found.st_uid != os.getuid():
+        return f"its {RUN_MARKER} belongs to another user"
+    marker = _read_marker(path)
+    if marker is None or marker.get("inode") != folder.stat().st_ino:
+        return (f"its {RUN_MARKER} was not written by a run started in this folder: copied or "
+                f"planted there, or written by an older minskill")
+    return None
+
+
+def _read_marker(path: Path) -> dict | None:
+    """The marker's JSON object (never read through a link), or None when it is not one."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        with os.fdopen(fd, "rb") as f:
+            marker = json.loads(f.read(1 << 20).decode("utf-8"))
+    except (OSError, ValueError, RecursionError):   # (bad UTF-8 and bad JSON are ValueErrors)
+        return None
+    return marker if isinstance(marker, dict) else None
+
+
+def mark_run_folder(folder: str | Path, script: str, settings: dict | None = None) -> None:
+    """Write `folder`'s RUN_MARKER (module docstring), as open_run_folder does when a run starts
+    there."""
+    folder = Path(folder)
+    flags = {k: v for k, v in (settings or {}).items()
+             if not k.endswith("api_key")}    # no secret in a dotfile
+    write_text_atomic(folder / RUN_MARKER, json.dumps(
+        {"about": "a minskill run folder: --overwrite clears only a folder holding this marker",
+         "script": script, "folder": str(folder.resolve()), "inode": folder.stat().st_ino,
+         "args": flags}, indent=1, ensure_ascii=False) + "\n")
+
+
 # ------------------------------------------------------------------------------------------ resume
 
 def given_flags(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> set[str]:
@@ -194,25 +326,65 @@ def _comparable(value):
 
 
 def resume_flags(args: argparse.Namespace, saved: dict, given: set[str], may_change: Collection[str],
-                 script: str) -> list[str]:
+                 script: str, parser: argparse.ArgumentParser | None = None,
+                 source: str = "the saved flags") -> list[str]:
     """The resume policy (module docstring) applied to `args` in place: every setting in `saved` (the flags the
     run saved, by dest) that `given` lacks takes its saved value; a given one that differs is a RunFolderError
     naming each such flag with both values, unless it is in `may_change`. RUN_FOLDER_FLAGS are left as given.
-    Returns "--flag saved -> given" for each may-change flag given anew."""
-    refused, changed = [], []
+    With `parser`, a saved value that its flag could not have parsed (a file edited by hand) is a
+    RunFolderError naming `source` and the flag. Returns "--flag saved -> given" for each may-change
+    flag given anew."""
+    actions = {a.dest: a for a in parser._actions} if parser is not None else {}
+    refused, changed, mistyped = [], [], []
     for name, value in saved.items():
         if name in RUN_FOLDER_FLAGS or not hasattr(args, name):
             continue
         if name not in given:
+            problem = _saved_flag_problem(actions[name], value) if name in actions else None
+            if problem:
+                mistyped.append(f"--{name.replace('_', '-')} {value!r}"[:200] + f" ({problem})")
             setattr(args, name, value)
         elif _comparable(getattr(args, name)) != _comparable(value):
             (changed if name in may_change else refused).append(
                 f"--{name.replace('_', '-')} {value!r} -> {getattr(args, name)!r}")
+    if mistyped:
+        raise RunFolderError(f"{script}: --resume: {source}: these saved flags are not values the "
+                             f"flag takes: {', '.join(mistyped)}; correct them, or start a new run "
+                             f"in another --out")
     if refused:
         raise RunFolderError(f"{script}: --resume continues the run in --out with the settings it saved, and these "
                              f"flags differ from them (saved -> given): {', '.join(refused)}; drop them to take "
                              f"the saved values, or start a new run in another --out")
     return changed
+
+
+# a flag's value by its `type`, once read back from JSON (a float flag takes an integer too)
+_SAVED_KINDS = {int: (int,), float: (int, float), str: (str,), None: (str,)}
+
+
+def _saved_flag_problem(action: argparse.Action, value) -> str | None:
+    """Why a saved `value` is not one `action` could have parsed (a string for a number, a value
+    out of its choices, null for a flag that has a default), or None. A flag with a converter of
+    its own is not checked."""
+    if value is None:
+        return None if action.default is None else "null, but the flag has a value"
+    if action.nargs == 0:    # store_true, --x/--no-x, counts
+        kinds = tuple({type(v) for v in (action.const, action.default) if v is not None}) or (bool,)
+        names = {bool: "true or false", int: "an integer"}
+        return None if type(value) in kinds else \
+            "expected " + " or ".join(names.get(k, k.__name__) for k in kinds)
+    if action.type not in _SAVED_KINDS:
+        return None      # (a converter of its own may make anything of the text: a list, say)
+    many = action.nargs in ("*", "+") or isinstance(action.nargs, int) or \
+        isinstance(action, argparse._AppendAction)
+    if many and not isinstance(value, list):
+        return "expected a list"
+    for item in value if many else [value]:
+        if isinstance(item, bool) or not isinstance(item, _SAVED_KINDS[action.type]):
+            return "expected " + {int: "an integer", float: "a number"}.get(action.type, "a string")
+        if action.choices is not None and item not in action.choices:
+            return f"not one of {', '.join(map(str, action.choices))}"
+    return None
 
 
 # ------------------------------------------------------------------------------------------ checkpoints

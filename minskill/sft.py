@@ -77,7 +77,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from minskill import distributed
-from minskill.files import read_jsonl, write_jsonl_atomic
+from minskill.files import open_append, read_jsonl, write_jsonl_atomic
 from minskill.nn.lora import ADAPTER_DIR, has_lora, load_peft_adapter, trainable_parameters
 from minskill.nn.model import Transformer
 from minskill.nn.optim import lr_factor
@@ -511,7 +511,7 @@ def train_sft(model: Transformer, tokenizer: Tokenizer, train_examples: list[Exa
     model.train()
     started, tokens_seen, steps_done = time.perf_counter(), 0, 0
     train_loss = val_loss = None
-    with open(metrics_path if main else os.devnull, "a", encoding="utf-8") as metrics:
+    with open_append(metrics_path) if main else open(os.devnull, "a") as metrics:   # (no link)
         while step < stop_step:
             epoch, index = divmod(step, steps_per_epoch)
             order = epoch_order(len(train_examples), cfg.seed, epoch, groups)

@@ -15,7 +15,8 @@ import rewrite
 import train_grpo
 from minskill.masa import transfer
 from minskill.nn.optim import lr_factor
-from minskill.runs import RUN_MARKER, RunFolderError, check_run_folder, given_flags, open_run_folder, resume_flags
+from minskill.runs import (RUN_MARKER, RunFolderError, check_run_folder, given_flags,
+                           mark_run_folder, open_run_folder, resume_flags)
 
 
 def snapshot(folder: Path) -> dict:
@@ -26,11 +27,11 @@ def snapshot(folder: Path) -> dict:
 def earlier_run(tmp_path):
     out = tmp_path / "run"
     (out / "checkpoint").mkdir(parents=True)
+    mark_run_folder(out, "x")                           # what every run writes where it starts
     (out / "checkpoint" / "trainer_state.pt").write_bytes(b"the earlier run's state")
     (out / "metrics.jsonl").write_text('{"step": 0}\n{"step": 1}\n')
     (out / "run_config.json").write_text('{"earlier": true}\n')
     (out / "state.json").write_text('{"version": 1}\n')
-    (out / RUN_MARKER).write_text("a run folder\n")          # what every run writes where it starts
     return out
 
 
@@ -91,7 +92,7 @@ def _not_runs(tmp_path: Path, monkeypatch) -> dict[str, str]:
         (tmp_path / name).mkdir()
         (tmp_path / name / "precious.txt").write_text(name)
         if name != "plain":
-            (tmp_path / name / RUN_MARKER).write_text("a run folder\n")
+            mark_run_folder(tmp_path / name, "x")
     (tmp_path / "repo" / ".git").mkdir()
     (tmp_path / "repo" / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
     (tmp_path / "link").symlink_to(tmp_path / "real", target_is_directory=True)

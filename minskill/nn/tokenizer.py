@@ -68,7 +68,7 @@ def _read_json(path: Path) -> dict:
     try:
         with open(path, encoding="utf-8") as f:
             return json.load(f)
-    except json.JSONDecodeError as e:
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:   # (bad UTF-8: named, no traceback)
         raise ValueError(f"{path} is not valid JSON: {e}") from e
 
 

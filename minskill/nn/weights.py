@@ -179,7 +179,8 @@ def _safetensors_files(path: Path) -> dict[str, set | None]:
     if not (path / "model.safetensors.index.json").is_file():
         raise FileNotFoundError(f"{path}: neither model.safetensors nor model.safetensors.index.json")
     files: dict[str, set | None] = {}
-    for key, file in json.loads((path / "model.safetensors.index.json").read_text())["weight_map"].items():
+    index = read_json_object(path / "model.safetensors.index.json", "a safetensors index")
+    for key, file in index["weight_map"].items():
         if Path(file).name != file:
             raise ValueError(f"{path}/model.safetensors.index.json: shard name {file!r} is not a plain file name")
         files.setdefault(file, set()).add(key)

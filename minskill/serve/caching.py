@@ -24,11 +24,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import threading
 from pathlib import Path
 
-from minskill.files import check_shape, read_jsonl
+from minskill.files import check_shape, open_append, read_jsonl
 from minskill.serve.client import ChatResult, Usage
 
 # a cache line (what _store writes); a line of another shape is an error naming FILE:LINE, not a crash at its hit
@@ -151,11 +150,8 @@ class CachingClient:
                 # one write(2) of the whole line with O_APPEND: concurrent appends do not interleave
                 self.cache_path.parent.mkdir(parents=True, exist_ok=True)
                 line = (json.dumps({"key": key, "result": record}, ensure_ascii=False) + "\n").encode("utf-8")
-                fd = os.open(self.cache_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-                try:
-                    os.write(fd, line)
-                finally:
-                    os.close(fd)
+                with open_append(self.cache_path, binary=True) as f:   # (never through a link)
+                    f.write(line)
 
     def chat(self, messages, n=1, temperature=0.0, top_p=1.0, max_tokens=256, stop=None, seed=None):
         return self.chat_many([dict(messages=messages, n=n, temperature=temperature, top_p=top_p,

@@ -66,7 +66,9 @@ from minskill.cli import add_device_args, add_task_model_args, client_args, reso
 from minskill.files import check_shape, read_json, read_jsonl, write_jsonl_atomic, write_text_atomic
 from minskill.nn.weights import load_model
 from minskill.rollout import SkillsNotFound, base_skills, load_skills, skill_text
-from minskill.runs import RunFolderError, check_run_folder, given_flags, open_run_folder, resume_flags
+from minskill.runs import (RUN_MARKER, RunFolderError, check_run_folder, given_flags,
+                           open_run_folder, restart_note, resume_flags, started_flags)
+from minskill.serve.client import lone_surrogate_at
 from minskill.serve.server import embedded_client
 from minskill.skill_r1.loop import (OUTCOMES_SHOWN, EvolveConfig, HistoryEntry, Instance, SuiteError, outcome_line,
                                     check_config, editor_messages, load_tasks, make_instances, parse_candidate,
@@ -283,12 +285,16 @@ def encode_rows(tokenizer, rows: list[dict], max_length: int) -> list[sft.Exampl
 
 
 def read_data(path: Path) -> list[dict]:
-    """OUT/sft_data.jsonl of an earlier run (--resume); a line that is not such a chat is a ValueError naming it."""
+    """OUT/sft_data.jsonl of an earlier run (--resume, --data); a line that is not such a chat, or
+    that holds a string no tokenizer takes (a lone surrogate), is a ValueError naming FILE:LINE."""
     rows = []
     for n, row in read_jsonl(path):
         if not (isinstance(row, dict) and isinstance(row.get("messages"), list) and isinstance(row.get("target"), str)
                 and isinstance(row.get("instance"), str)):
             raise ValueError(f"{path}:{n}: not a cold-start chat (needs instance, messages, target)")
+        if (where := lone_surrogate_at(row)) is not None:
+            raise ValueError(f"{path}:{n}: {where} is not Unicode text (a lone surrogate: a "
+                             f"\\ud800-\\udfff escape without its pair)")
         rows.append(row)
     return rows
 
@@ -359,7 +365,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    "the --context-tokens and --max-skill-tokens it was built with")
     args = p.parse_args(argv)
     if args.resume:
-        restore_flags(args, given_flags(p, argv))
+        restore_flags(p, args, given_flags(p, argv))
     for name in ("tasks_per_instance", "max_skill_tokens", "context_tokens", "rollouts", "task_max_tokens",
                  "batch_size", "micro_batch", "save_every", "keep_checkpoints"):
         if getattr(args, name) < 1:
@@ -378,13 +384,20 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def restore_flags(args, given: set[str]) -> None:
-    """--resume: the flags of OUT/run_config.json where none is given (minskill.runs.resume_flags); a given flag
-    outside RESUME_MAY_CHANGE that differs is refused. A folder without it holds nothing to resume: `run` says so."""
+def restore_flags(parser: argparse.ArgumentParser, args, given: set[str]) -> None:
+    """--resume: the flags of OUT/run_config.json (of the run's marker, when it stopped before
+    writing that: minskill.runs.started_flags) where none is given (minskill.runs.resume_flags); a
+    given flag outside RESUME_MAY_CHANGE that differs is refused, and so is a saved value its flag
+    could not take. A folder without either holds nothing to resume: `run` says so."""
     path = Path(args.out) / RUN_CONFIG
     if path.is_file():
         saved = check_shape(read_json(path, f"--resume: {path}"), {"args": dict}, f"--resume: {path}")["args"]
-        resume_flags(args, saved, given, RESUME_MAY_CHANGE, "cold_start")
+    elif started_flags(args.out, "cold_start") is not None:
+        saved, path = started_flags(args.out, "cold_start"), Path(args.out) / RUN_MARKER
+    else:
+        return
+    resume_flags(args, saved, given, RESUME_MAY_CHANGE, "cold_start", parser=parser,
+                 source=str(path))
 
 
 def sft_config(args) -> sft.SFTConfig:
@@ -401,15 +414,21 @@ def evolve_config(args) -> EvolveConfig:
 def run(args, argv: list[str]) -> int:
     out, script = Path(args.out), "cold_start"
     check_run_folder(out, args.resume, args.overwrite, script)   # before any model loads
-    if args.resume and not (out / DATA_FILE).is_file():
+    restart = args.resume and not (out / DATA_FILE).is_file()   # stopped before writing its chats
+    if restart and started_flags(out, script) is None:
         raise RunFolderError(f"{script}: --resume: no {out / DATA_FILE} (nothing to resume; drop --resume)")
+    reads_data = args.data is not None and (restart or not args.resume)
+    if reads_data and not Path(args.data).is_file():
+        raise ValueError(f"--data {args.data}: no such file")
     resume = args.resume and bool(sft.checkpoints(out))   # killed before its first checkpoint: from step 0
     cfg, scfg = evolve_config(args), sft_config(args)
     set_up_device(args.device)
     torch.manual_seed(args.seed)
     editor, tokenizer = load_model(args.editor, dtype=torch.float32, device=args.device)
     check_config(editor, cfg)
-    if args.resume:
+    if restart:
+        print(restart_note(out), flush=True)   # (it stopped before writing its chats)
+    if args.resume and not restart:
         rows = read_data(out / DATA_FILE)
         print(f"resume: {len(rows)} chats from {out / DATA_FILE}" + ("" if resume else "; no checkpoint yet: "
               "training from step 0"), flush=True)
@@ -450,8 +469,10 @@ def run(args, argv: list[str]) -> int:
 
 
 def write_run(out: Path, args, argv: list[str], rows: list[dict], script: str) -> None:
-    """Open OUT (minskill.runs) and write the flags (OUT/run_config.json, for --resume) and the chats, atomically."""
-    open_run_folder(out, False, args.overwrite, script)
+    """Open OUT (minskill.runs) and write the flags (OUT/run_config.json and its marker, for
+    --resume) and the chats, atomically. A run started again by --resume opens OUT as it stands
+    (nothing in it is deleted)."""
+    open_run_folder(out, args.resume, args.overwrite, script, settings=vars(args))
     write_text_atomic(out / RUN_CONFIG, json.dumps({"command": "python -m minskill.skill_r1.cold_start " +
                                                      " ".join(argv), "args": vars(args)}, indent=2) + "\n")
     write_jsonl_atomic(out / DATA_FILE, rows)
