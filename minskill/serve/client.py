@@ -20,30 +20,27 @@ Contract
 * `chat_many(requests)` runs many `chat` calls on a bounded thread pool; results come back in order.
 * `chat_as_completed(client, requests)` runs them the same way and yields each result as it arrives.
 * `embed(texts) -> list[list[float]]`: `POST {base_url}/embeddings`, one vector per text (retrieval).
-* `max_workers` bounds the client's requests in flight, client-wide: however many threads call `chat`
-  (callers stack thread pools), at most `max_workers` requests are out at once; the others wait for a
-  slot before their deadline starts (waiting for a slot is not the server's time). A retrying request
-  keeps its slot through its backoff, which adds no load while the server says it is overloaded.
+* `max_workers` bounds the client's requests in flight, client-wide: however many threads call `chat` (callers stack
+  thread pools), at most `max_workers` requests are out at once; the others wait for a slot, and their deadline starts
+  once they hold one. A retrying request keeps its slot through its backoff (no load while the server is overloaded).
 * `timeout` (seconds) bounds a whole `chat` call begun at t0: the model lookup, every attempt and every
   backoff wait end by the deadline T = t0 + timeout. An attempt begun at t may take
 
       limit = min(attempt_timeout, T - t)        (attempt_timeout None: T - t)
 
-  seconds: its connect and read timeouts are `limit`, and a watchdog shuts its connection down when
-  `limit` is over (a read timeout bounds each socket read only, so a server that sends a byte every
-  half second would hold the call as long as it likes). Not bounded: name resolution, and reads
-  through a SOCKS proxy (bounded per read only).
+  seconds: its connect and read timeouts are `limit`, and a watchdog shuts its connection down when `limit` is over (a
+  read timeout bounds each socket read only, so a server that sends a byte every half second would hold the call as long
+  as it likes). Not bounded: name resolution, and reads through a SOCKS proxy (bounded per read only).
 * Retried (up to `max_retries` times): connection errors (refused, reset), attempts that timed out,
   HTTP 429 and 5xx. Attempt a = 0, 1, ... that fails waits, before attempt a+1,
 
       delay_a = max(retry_after, U(0, min(backoff_max, backoff_base * 2**a)))
 
-  i.e. exponential backoff with "full jitter" (a uniform draw below the exponential cap, which
-  spreads out clients that failed together), but never less than the server's `Retry-After`:
-  retry_after = min(Retry-After, MAX_RETRY_AFTER = 60 s), in delta-seconds or an HTTP date; absent,
-  unparseable, negative or non-finite ("inf", "nan") values count as 0. A retry whose wait would
-  reach T is not made. When the call gives up, `ChatError` says how many attempts were made, why no
-  more, and what the last failure was.
+  i.e. exponential backoff with "full jitter" (a uniform draw below the exponential cap, which spreads out clients that
+  failed together), but never less than the server's `Retry-After`: retry_after = min(Retry-After,
+  MAX_RETRY_AFTER = 60 s), in delta-seconds or an HTTP date; absent, unparseable, negative or non-finite ("inf", "nan")
+  values count as 0. A retry whose wait would reach T is not made. When the call gives up, `ChatError` says how many
+  attempts were made, why no more, and what the last failure was.
 * Not retried: any other 4xx raises `ChatError` carrying the server's message, the status and the
   endpoint. A reply that is not the expected JSON (or has choices, finish reasons or usage counts of
   the wrong type) raises `ChatError` quoting the start of the body.
@@ -51,15 +48,13 @@ Contract
   (content, reasoning fields, error messages, model ids) has its lone surrogates (JSON's "\\ud800" escape,
   which no UTF-8 file, JSON writer with ensure_ascii=False or tokenizer accepts) and the bytes that are not
   UTF-8 replaced by U+FFFD, so no reply's content can crash the writer of a state file or the next request.
-* Every failure of a call raises `ChatError` (`status`: the HTTP status, None without a reply): of the
-  connection, the server, the model list (`GET {base_url}/models`), or the reply. Only arguments that
-  cannot be sent at all (messages not a list of dicts, values JSON cannot encode) raise TypeError or
-  ValueError instead, without a chat request.
+* Every failure of a call raises `ChatError` (`status`: the HTTP status, None without a reply): of the connection, the
+  server, the model list (`GET {base_url}/models`), or the reply. Only arguments that cannot be sent at all (messages
+  not a list of dicts, values JSON cannot encode) raise TypeError or ValueError instead, without a chat request.
 * `stats` (thread-safe): calls (successful chat calls), prompt_tokens, completion_tokens,
   retries (re-sent requests), failures (chat calls that raised ChatError).
-* `usage` (thread-safe, a `Usage` snapshot; what a run writes as its cost per role): calls, failures,
-  prompt_tokens, completion_tokens (reasoning_tokens: the part of them that was reasoning) and two kinds of
-  seconds of the chat calls:
+* `usage` (thread-safe, a `Usage` snapshot; what a run writes as its cost per role): calls, failures, prompt_tokens,
+  completion_tokens (reasoning_tokens: the part of them that was reasoning) and two kinds of seconds of the chat calls:
 
       request_seconds = Σ_calls (end − start)          start: the call holds its slot; end: it returns
       busy_seconds    = |∪_calls [start, end]|           wall seconds with at least one call in flight
@@ -88,16 +83,20 @@ import urllib3
 from requests.adapters import HTTPAdapter
 
 BODY_QUOTE_CHARS = 200  # how much of an unexpected reply body an error message quotes
+MAX_REPLY_BYTES = 64 << 20  # most bytes of a reply body read (16 replies of 32,768 tokens: ~2 MB)
 MAX_RETRY_AFTER = 60.0  # seconds: a longer Retry-After (a server asking for a day) is cut to this
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # (the only str characters UTF-8 cannot encode)
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+REASONING_FIELDS = ("reasoning_content", "reasoning")   # vLLM/SGLang --reasoning-parser, DeepSeek; OpenRouter
+_THINK_BLOCK = re.compile(f"{THINK_OPEN}(.*?){THINK_CLOSE}", re.DOTALL)
+_current = threading.local()  # .watchdog: the _Watchdog of the attempt this thread is making, if any
 
 
 class ChatError(RuntimeError):
     """A chat request failed for good. `status` is the HTTP status (None: no HTTP reply)."""
 
     def __init__(self, message: str, status: int | None = None, endpoint: str = "", method: str = "POST"):
-        self.message = message
-        self.status = status
-        self.endpoint = endpoint
+        self.message, self.status, self.endpoint = message, status, endpoint
         where = f"{method} {endpoint}" if endpoint else "chat request"
         super().__init__(f"{where} failed" + (f" with HTTP {status}" if status else "") + f": {message}")
 
@@ -156,9 +155,6 @@ def _parse_retry_after(value: str | None) -> float:
     return min(seconds, MAX_RETRY_AFTER) if math.isfinite(seconds) and seconds >= 0 else 0.0
 
 
-_LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # (the only str characters UTF-8 cannot encode)
-
-
 def unicode_text(text: str) -> str:
     """`text` with each lone surrogate (JSON's "\\ud800" escape decodes to one) replaced by U+FFFD: what a
     model wrote becomes text that UTF-8, JSON files and tokenizers all accept (they refuse a lone surrogate)."""
@@ -191,19 +187,16 @@ def _unicode_json(value):
     stack = [value]
     while stack:  # (a loop, not recursion: the body may be as deep as json.loads allows)
         node = stack.pop()
-        if isinstance(node, dict):
+        if isinstance(node, dict):   # its keys made text here (order kept), its values below as a list's items
             items = list(node.items())
             node.clear()
-            for key, item in items:
-                node[unicode_text(key)] = unicode_text(item) if isinstance(item, str) else item
-                if not isinstance(item, str):
-                    stack.append(item)
-        elif isinstance(node, list):
-            for i, item in enumerate(node):
-                if isinstance(item, str):
-                    node[i] = unicode_text(item)
-                else:
-                    stack.append(item)
+            node.update((unicode_text(key), item) for key, item in items)
+        entries = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+        for key, item in entries:
+            if isinstance(item, str):
+                node[key] = unicode_text(item)
+            else:
+                stack.append(item)
     return value
 
 
@@ -216,13 +209,14 @@ def _decode_json(content: bytes):
         raise ValueError("JSON nested too deeply") from None
 
 
-def _server_message(response: requests.Response) -> str:
-    """The error message in an error reply: OpenAI's {"error": {"message"}}, or common variants."""
-    text = response.content.decode("utf-8", "replace")
+def _server_message(content: bytes, reason: str | None) -> str:
+    """The error message in an error reply's body: OpenAI's {"error": {"message"}}, or common
+    variants (reason: the HTTP reason phrase, for an empty body)."""
+    text = content.decode("utf-8", "replace")
     try:
-        body = _decode_json(response.content)
+        body = _decode_json(content)
     except ValueError:
-        return _quote(text) if text.strip() else response.reason or "(empty body)"
+        return _quote(text) if text.strip() else reason or "(empty body)"
     if isinstance(body, dict):
         error = body.get("error", body.get("detail", body.get("message")))
         if isinstance(error, dict) and isinstance(error.get("message"), str):
@@ -239,11 +233,6 @@ def normalize_base_url(base_url: str) -> str:
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise ValueError(f"base_url must look like http://host:port/v1, got {base_url!r}")
     return base_url if parts.path else base_url + "/v1"
-
-
-THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
-REASONING_FIELDS = ("reasoning_content", "reasoning")   # vLLM/SGLang --reasoning-parser, DeepSeek; OpenRouter
-_THINK_BLOCK = re.compile(f"{THINK_OPEN}(.*?){THINK_CLOSE}", re.DOTALL)
 
 
 def split_reasoning(content: str) -> tuple[str, str]:
@@ -333,9 +322,6 @@ def usage_delta(after: dict, before: dict) -> dict:
 
 
 # ---- the per-attempt deadline ----------------------------------------------------------------------
-_current = threading.local()  # .watchdog: the _Watchdog of the attempt this thread is making, if any
-
-
 class _Watchdog:
     """Shuts down the connection of one attempt once `seconds` have passed, which ends a blocked read
     at once: timeouts on the socket bound each read alone, and a trickling server never trips them."""
@@ -359,8 +345,7 @@ class _Watchdog:
             self._cut()
 
     def _cut(self) -> None:
-        sock = getattr(self._connection, "sock", None)
-        if sock is not None:
+        if (sock := getattr(self._connection, "sock", None)) is not None:
             try:  # socket.socket's shutdown also for TLS: an SSLSocket's own would unwrap under the reader
                 socket.socket.shutdown(sock, socket.SHUT_RDWR)
             except OSError:
@@ -376,8 +361,7 @@ class _Watched:
     """Mixed into urllib3's connection classes: shows the connection that waits for a reply to the watchdog."""
 
     def getresponse(self, *args, **kwargs):
-        watchdog = getattr(_current, "watchdog", None)
-        if watchdog is not None:
+        if (watchdog := getattr(_current, "watchdog", None)) is not None:
             watchdog.watch(self)
         return super().getresponse(*args, **kwargs)
 
@@ -409,18 +393,20 @@ class _WatchedAdapter(HTTPAdapter):
 class ChatClient:
     SETS = ("model", "messages", "n", "temperature", "top_p", "max_tokens", "stop", "seed")  # no extra_body key
 
-    def __init__(self, base_url=None, model=None, api_key=None, timeout=120.0, max_retries=5,
-                 max_workers=8, backoff_base=0.5, backoff_max=30.0, attempt_timeout=None, extra_body=None):
+    def __init__(self, base_url=None, model=None, api_key=None, timeout=120.0, max_retries=5, max_workers=8,
+                 backoff_base=0.5, backoff_max=30.0, attempt_timeout=None, extra_body=None,
+                 max_reply_bytes=MAX_REPLY_BYTES):
         base_url = base_url or os.environ.get("OPENAI_BASE_URL")
         if not base_url:
-            raise ValueError("no endpoint: pass base_url (e.g. http://127.0.0.1:8000/v1) "
-                             "or set OPENAI_BASE_URL")
+            raise ValueError("no endpoint: pass base_url (e.g. http://127.0.0.1:8000/v1) or set OPENAI_BASE_URL")
         if (max_retries < 0 or max_workers < 1 or not timeout > 0 or backoff_base < 0 or backoff_max < 0
-                or (attempt_timeout is not None and not attempt_timeout > 0)):
-            raise ValueError(f"ChatClient: need max_retries >= 0, max_workers >= 1, timeout > 0, "
-                             f"attempt_timeout > 0 (or None) and backoff >= 0, got max_retries={max_retries}, "
-                             f"max_workers={max_workers}, timeout={timeout}, attempt_timeout={attempt_timeout}, "
-                             f"backoff_base={backoff_base}, backoff_max={backoff_max}")
+                or (attempt_timeout is not None and not attempt_timeout > 0)
+                or type(max_reply_bytes) is not int or max_reply_bytes < 1):
+            raise ValueError(f"ChatClient: need max_retries >= 0, max_workers >= 1, timeout > 0, attempt_timeout > 0"
+                             f" (or None), backoff >= 0 and an integer max_reply_bytes >= 1, got max_retries="
+                             f"{max_retries}, max_workers={max_workers}, timeout={timeout}, attempt_timeout="
+                             f"{attempt_timeout}, backoff_base={backoff_base}, backoff_max={backoff_max}, "
+                             f"max_reply_bytes={max_reply_bytes!r}")
         if extra_body is not None and not isinstance(extra_body, dict):
             raise ValueError(f"extra_body must be a JSON object (a dict), got {type(extra_body).__name__}")
         if clash := sorted(set(extra_body or ()) & set(self.SETS)):
@@ -433,9 +419,9 @@ class ChatClient:
         self.timeout, self.max_retries, self.max_workers = timeout, max_retries, max_workers
         self.attempt_timeout = attempt_timeout  # None: an attempt may use all the time the call has left
         self.backoff_base, self.backoff_max = backoff_base, backoff_max
+        self.max_reply_bytes = max_reply_bytes   # a longer reply body: ChatError, not read on
         self._lock = threading.Lock()
-        # max_workers bounds this client's requests in flight however many threads call it (callers stack pools)
-        self._slots = threading.BoundedSemaphore(max_workers)
+        self._slots = threading.BoundedSemaphore(max_workers)   # client-wide (module docstring: max_workers)
         self._sessions = threading.local()  # requests.Session is not thread-safe: one per thread
         self._stats = dict(retries=0, failures=0)   # calls and tokens: counted once, by self._usage
         self._usage = Usage()
@@ -455,8 +441,7 @@ class ChatClient:
 
     def reset_stats(self) -> None:
         with self._lock:
-            for key in self._stats:
-                self._stats[key] = 0
+            self._stats = dict.fromkeys(self._stats, 0)
         self._usage = Usage()
 
     def _count(self, **deltas) -> None:
@@ -473,10 +458,8 @@ class ChatClient:
         return session
 
     def _headers(self) -> dict:
-        headers = {"Content-Type": "application/json"}
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
-        return headers
+        authorization = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        return {"Content-Type": "application/json", **authorization}
 
     def backoff_delay(self, attempt: int, retry_after: float = 0.0) -> float:
         """Full-jitter exponential backoff after failed attempt `attempt` (0-based), >= Retry-After."""
@@ -496,7 +479,10 @@ class ChatClient:
         watchdog = _current.watchdog = _Watchdog(limit)
         try:
             response = self._session().request(method, url, headers=self._headers(), data=data,
-                                               timeout=(limit, limit))
+                                               timeout=(limit, limit), stream=True)
+            content = self._read_body(response, url, method)
+        except ChatError:
+            raise
         except Exception as error:  # whatever the exchange raised, the caller gets a ChatError
             if watchdog.expired or isinstance(error, requests.Timeout):
                 raise _Retryable(f"{timed_out} ({type(error).__name__})") from None
@@ -509,15 +495,35 @@ class ChatClient:
             _current.watchdog = None
         status = response.status_code
         if status == 429 or status >= 500:
-            raise _Retryable(_server_message(response), status,
+            raise _Retryable(_server_message(content, response.reason), status,
                              _parse_retry_after(response.headers.get("Retry-After")))
         if status >= 400:
-            raise ChatError(_server_message(response), status, url, method)
+            raise ChatError(_server_message(content, response.reason), status, url, method)
         try:
-            return _decode_json(response.content)
+            return _decode_json(content)
         except ValueError as error:
-            raise ChatError(f"reply is not JSON ({error}); body starts "
-                            f"{_quote(response.content.decode('utf-8', 'replace'))}", status, url, method) from None
+            text = content.decode("utf-8", "replace")
+            raise ChatError(f"reply is not JSON ({error}); body starts {_quote(text)}", status, url, method) from None
+
+    def _read_body(self, response: requests.Response, url: str, method: str) -> bytes:
+        """The reply's body, or ChatError naming its size once it is over max_reply_bytes (as its Content-Length
+        says, or as it arrives: a chunked, streamed or compressed body), so a 200 MB reply is never held in memory."""
+        cap, declared = self.max_reply_bytes, response.headers.get("Content-Length", "").strip()
+        if declared.isdigit() and int(declared) > cap:
+            said = f"its Content-Length is {int(declared)} bytes"
+        else:
+            chunks, size = [], 0
+            for chunk in response.iter_content(1 << 16):
+                chunks.append(chunk)
+                size += len(chunk)
+                if size > cap:
+                    break
+            if size <= cap:
+                return b"".join(chunks)
+            said = f"more than {cap} bytes arrived"
+        response.close()   # the rest is never read: the connection is dropped, not reused
+        raise ChatError(f"reply body too large: {said}, over max_reply_bytes = {cap} (a script's "
+                        "--max-reply-mb); not read", response.status_code, url, method)
 
     def _request(self, method: str, url: str, payload: dict | None, deadline: float):
         data = None if payload is None else json.dumps(payload)  # TypeError here: the caller's values
@@ -578,11 +584,10 @@ class ChatClient:
                 payload["stop"] = [stop] if isinstance(stop, str) else list(stop)
             if seed is not None:
                 payload["seed"] = seed
-            result = self._parse(self._request("POST", self.endpoint, payload, deadline), n)
+            return self._parse(self._request("POST", self.endpoint, payload, deadline), n)
         except ChatError:
             self._count(failures=1)   # a ChatError; `usage` also counts a call that raised anything else
             raise
-        return result
 
     def _parse(self, body, n: int) -> ChatResult:
         def wrong_shape(problem: str) -> ChatError:
@@ -645,11 +650,9 @@ class ChatClient:
         return [[float(x) for x in v] for v in vectors]
 
     def chat_many(self, requests: list[dict], return_exceptions=False) -> list:
-        """Run `chat(**request)` for each request concurrently (at most max_workers at once).
-
-        Results are in request order. With return_exceptions, a failed request's slot holds its
-        exception; otherwise the first failure (in request order) is raised once the pool stops.
-        """
+        """Run `chat(**request)` for each request concurrently (at most max_workers at once). Results are in
+        request order. With return_exceptions, a failed request's slot holds its exception; otherwise the first
+        failure (in request order) is raised once the pool stops."""
         if not requests:
             return []
         with ThreadPoolExecutor(max_workers=min(self.max_workers, len(requests))) as pool:
@@ -668,8 +671,7 @@ class ChatClient:
 
     def close(self) -> None:
         """Close this thread's connection pool (other threads' sessions close when collected)."""
-        session = getattr(self._sessions, "session", None)
-        if session is not None:
+        if (session := getattr(self._sessions, "session", None)) is not None:
             session.close()
             self._sessions.session = None
 

@@ -17,32 +17,31 @@ parts (joined with "\n"; minskill.serve.backends). `"stream": true` is answered 
 token as the model decodes them (minskill.serve.sse). /v1/embeddings gives mean-pooled, L2-normalised final
 hidden states of the model (minskill.serve.embeddings); it runs through the same queue as chat, alone in its batch.
 
-Bad input. Every request the server cannot serve gets a 4xx with OpenAI's error body
-{"error": {"message", "type", "param", "code"}}, never a 500: a body shorter than its Content-Length (the
-client half-closed: never served as if complete), that is not JSON, is nested too deeply to decode, or
-holds a lone surrogate ("\\ud800" is valid JSON but no Unicode text); a field of the
-wrong type or range (400, `param` names it); a `model` other than the one served (404, code
-"model_not_found"; leaving `model` out is fine); http.server's own refusals (a malformed request line or
-header). A 500 means a bug or a failing backend; its body names the exception, the traceback goes to stderr.
-Message contents are text: special-token text typed in them is encoded as plain characters, never as the
-chat format's control tokens (see minskill.nn.tokenizer), so a message cannot open a turn of its own.
+Bad input. Every request the server cannot serve gets a 4xx with OpenAI's error body {"error": {"message", "type",
+"param", "code"}}, never a 500: a body shorter than its Content-Length (the client half-closed: never served as if
+complete), that is not JSON, is nested too deeply to decode, or holds a lone surrogate ("\\ud800" is valid JSON but
+no Unicode text); a field of the wrong type or range (400, `param` names it); a `model` other than the one served
+(404, code "model_not_found"; leaving `model` out is fine); http.server's own refusals (a malformed request line or
+header). A 500 means a bug or a failing backend; its body names the exception, the traceback goes to stderr. Message
+contents are text: special-token text typed in them is encoded as plain characters, never as the chat format's
+control tokens (see minskill.nn.tokenizer), so a message cannot open a turn of its own.
 
 Stalled clients. A request's line, headers and body must all arrive within `request_timeout` seconds of
 the server starting to wait for it (on a new connection, or after the previous reply on a kept-alive
 one); else the connection is closed (a body cut short gets a 408 first). At most `max_connections`
 connections are open at once (each holds a thread); one beyond that is closed at once, and clients retry.
 
-Batching. Each HTTP request is handled on its own thread, validated there, then queued. One
-scheduler thread repeatedly takes the oldest pending requests, up to `max_batch` *samples*
-(a request with n=4 counts 4; a request bigger than max_batch runs alone), and serves them with one
-`backend.complete(batch)` call; for a model that is one `sampling.generate` call per distinct n,
-with per-prompt temperature / top_p / max_tokens / stop / seed. While a batch runs, new requests
-pile up and form the next batch, so throughput grows with concurrency. Prompts are left padded and
-masked, and each seeded prompt draws from its own generator, so a greedy (or seeded) reply does not
-depend on what else shared its batch (`--scheduler static --prefix-cache-mb 0`). The default engine lets a
-request join the running batch at the next decoding step and a finished one leave at once (`--scheduler
-continuous`), and computes shared prompt prefixes' keys/values once and keeps them once in the running batch
-(`--prefix-cache-mb 256`; minskill.serve.scheduler, prefix_cache, cascade; docs/http-api.md).
+Batching. Each HTTP request is handled on its own thread, validated there, then queued. One scheduler thread
+repeatedly takes the oldest pending requests, up to `max_batch` *samples* (a request with n=4 counts 4; a request
+bigger than max_batch runs alone), and serves them with one `backend.complete(batch)` call; for a model that is one
+`sampling.generate` call per distinct n, with per-prompt temperature / top_p / max_tokens / stop / seed. While a
+batch runs, new requests pile up and form the next batch, so throughput grows with concurrency. Prompts are left
+padded and masked, and each seeded prompt draws from its own generator, so a greedy (or seeded) reply does not
+depend on what else shared its batch (`--scheduler static --prefix-cache-mb 0`). The default engine lets a request
+join the running batch at the next decoding step and a finished one leave at once (`--scheduler continuous`), and
+computes shared prompt prefixes' keys/values once and keeps them once in the running batch (`--prefix-cache-mb 256`;
+minskill.serve.scheduler, prefix_cache, cascade; docs/http-api.md). With `--batch-invariant on` (the default) a
+request's tokens do not depend on its batch (serve.aligned).
 
 Cancellation. A handler thread waiting for its batch checks every 0.5 s whether its client closed the
 connection (a client that timed out does); then the request leaves the queue, or, if its batch is running,
@@ -75,6 +74,7 @@ import collections
 import hmac
 import io
 import json
+import math
 import os
 import re
 import secrets
@@ -142,9 +142,7 @@ class BatchScheduler:
         self.batch_window = batch_window  # seconds the first request of a batch waits for companions
         self.pending: collections.deque[_Job] = collections.deque()
         self.condition = threading.Condition()
-        self.stopping = False
-        self.batches_served = 0
-        self.cancelled_requests = 0
+        self.stopping, self.batches_served, self.cancelled_requests = False, 0, 0
         self.thread = threading.Thread(target=self._run, name="minskill-scheduler", daemon=True)
         self.thread.start()
 
@@ -269,10 +267,7 @@ class BatchScheduler:
             self.pending.clear()
             self.condition.notify_all()
         for job in abandoned:
-            job.error = BackendError(503, "the server is shutting down", code="shutting_down")
-            job.done.set()
-            if job.events is not None:
-                job.events.put(None)
+            self.finish(job, BackendError(503, "the server is shutting down", code="shutting_down"))
         self.thread.join(timeout)
 
 
@@ -303,8 +298,7 @@ class _DeadlineReader(io.RawIOBase):
 
 
 class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"  # keep-alive: clients reuse connections
-    server_version = "minskill"
+    protocol_version, server_version = "HTTP/1.1", "minskill"  # HTTP/1.1: keep-alive, clients reuse connections
 
     def log_message(self, format, *args):  # quiet: the scheduler logs one line per batch on request
         pass
@@ -327,25 +321,14 @@ class _Handler(BaseHTTPRequestHandler):
         self._send_error(BackendError(code, message or self.responses.get(code, ("error",))[0],
                                       "invalid_request_error"))
 
-    def do_GET(self):
-        self._handle("GET")
+    def do_GET(self):   # every method is routed alike: _handle answers 405 for one a path does not accept
+        self._handle(self.command)
 
-    def do_POST(self):
-        self._handle("POST")
-
-    def do_PUT(self):
-        self._handle("PUT")
-
-    def do_DELETE(self):
-        self._handle("DELETE")
-
-    def do_PATCH(self):
-        self._handle("PATCH")
+    do_POST = do_PUT = do_DELETE = do_PATCH = do_GET
 
     def _send_json(self, status: int, body: dict, headers: dict | None = None):
         data = json.dumps(body).encode()
-        # reading is over: no deadline now; a client that stops reading its reply fails each write after
-        # request_timeout seconds
+        # reading is over: no deadline; a client that stops reading its reply fails each write after request_timeout s
         self.reader.deadline = None
         self.connection.settimeout(self.server.state.request_timeout)
         try:
@@ -413,8 +396,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_error(BackendError(500, f"internal error: {type(error).__name__}: {error}"))
 
     def _authorized(self, api_key: str) -> bool:
-        header = self.headers.get("Authorization", "")
-        scheme, _, token = header.partition(" ")
+        scheme, _, token = self.headers.get("Authorization", "").partition(" ")
         return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), api_key.encode())
 
     def _read_json(self, state: "ServerState"):
@@ -558,12 +540,13 @@ def embedded_client(url=None, model=None, api_key=None, model_spec="smollm2-135m
     `model` is the name to ask `url` for; a local server is asked for the one model it serves (its name
     from /v1/models), whatever `model` says, since it answers any other name with 404 model_not_found.
 
-    The local server is `python -m minskill.serve --model model_spec --port 0 --quantize quantize` on
-    127.0.0.1 (quantize="int8" or "auto": int8 weights, minskill.nn.quantize) with a random API key (passed through the environment); it is terminated when the block
-    exits, also on an exception. If it dies or is not healthy within startup_timeout seconds, RuntimeError shows
-    the tail of its stderr. The yielded client's `server_process` is the subprocess.Popen. `device`: the server's
-    --device (the script's own, resolved; None: the server's default, auto). prefix_cache_mb, scheduler: the
-    server's --prefix-cache-mb and --scheduler (the server's defaults; later server_args override them).
+    The local server is `python -m minskill.serve --model model_spec --port 0 --quantize quantize` on 127.0.0.1
+    (quantize="int8" or "auto": int8 weights, minskill.nn.quantize) with a random API key (passed through the
+    environment); it is terminated when the block exits, also on an exception. If it dies or is not healthy within
+    startup_timeout seconds, RuntimeError shows the tail of its stderr. The yielded client's `server_process` is the
+    subprocess.Popen. `device`: the server's --device (the script's own, resolved; None: the server's default,
+    auto). prefix_cache_mb, scheduler: the server's --prefix-cache-mb and --scheduler (the server's defaults; later
+    server_args override them).
     """
     if url is not None:
         yield ChatClient(url, model=model, api_key=api_key, **client_kwargs)
@@ -625,6 +608,58 @@ def embedded_client(url=None, model=None, api_key=None, model_spec="smollm2-135m
 
 # ---- command line ---------------------------------------------------------------------------------
 def main(argv=None):
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    timeout, cache = args.request_timeout, args.prefix_cache_mb   # "inf", "1e400": floats too
+    for flag, value, ok, need in (
+            ("--max-batch", args.max_batch, args.max_batch >= 1, "positive"),
+            ("--threads", args.threads, args.threads is None or args.threads >= 1, "positive"),
+            ("--request-timeout", timeout, math.isfinite(timeout) and timeout > 0, "finite, > 0"),
+            ("--max-connections", args.max_connections, args.max_connections >= 1, "positive"),
+            ("--prefix-cache-mb", cache, math.isfinite(cache) and cache >= 0, "finite, >= 0"),
+            ("--port", args.port, 0 <= args.port <= 65535, "from 0 to 65535 (0: a free port)")):
+        if not ok:
+            parser.error(f"{flag} must be {need}, got {value}")
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    threads = torch.get_num_threads()
+    set_up_device(args.device)
+    auto = torch.bfloat16 if is_cuda(args.device) else torch.float32
+    dtype = auto if args.dtype == "auto" else getattr(torch, args.dtype)
+    print(f"minskill.serve: {threads} torch thread{'s' if threads != 1 else ''}, device {args.device}, "
+          f"{str(dtype).removeprefix('torch.')} weights", file=sys.stderr, flush=True)
+    try:
+        backend = ModelBackend.from_spec(args.model, dtype=dtype, device=args.device, name=args.served_model_name,
+                                         quantize=args.quantize, prefix_cache_mb=cache, scheduler=args.scheduler,
+                                         batch_invariant=args.batch_invariant == "on")
+    except (ValueError, OSError) as error:
+        print(f"minskill.serve: cannot load model {args.model!r}: {error}", file=sys.stderr)
+        return 2
+    try:
+        server = start_server(backend, args.host, args.port, args.api_key or os.environ.get(API_KEY_ENV),
+                              args.max_batch, args.log_requests, request_timeout=timeout,
+                              max_connections=args.max_connections)
+    except OSError as error:   # the port is in use, the host is not an address of this machine, ...
+        print(f"minskill.serve: cannot listen on --host {args.host} --port {args.port}: "
+              f"{error.strerror or error} (another --port, or 0 for a free one)", file=sys.stderr)
+        return 2
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+    print(f"minskill.serve: serving {backend.name} at {server.url}", flush=True)
+    # an embedded server must not outlive the run that started it, even one killed without cleanup
+    parent = int(os.environ.get(PARENT_PID_ENV, "0"))
+    while not stop.wait(0.5):
+        if parent and os.getppid() != parent:
+            print("minskill.serve: the process that started it is gone; stopping", file=sys.stderr, flush=True)
+            break
+    server.close()
+    print("minskill.serve: stopped", file=sys.stderr, flush=True)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m minskill.serve", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m", help="model spec: an HF folder or smollm2-135m")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
@@ -644,6 +679,11 @@ def main(argv=None):
     parser.add_argument("--scheduler", choices=SCHEDULERS, default=DEFAULT_SCHEDULER,
                         help="continuous (default): requests join and leave the running batch at each decoding "
                              "step; static: a batch runs until its longest reply ends")
+    parser.add_argument("--batch-invariant", choices=("on", "off"), default="on",
+                        help="on (default): a request's tokens do not depend on which requests share its batch "
+                             "or when they came (bit for bit with bfloat16 or int8 weights; float32 to ~1e-5 in "
+                             "the logits: minskill.serve.aligned); off: shared prefixes kept once (cascade), "
+                             "faster with a long shared system prompt (docs/benchmarks.md)")
     parser.add_argument("--served-model-name", default=None, help="model id reported to clients")
     parser.add_argument("--log-requests", action="store_true", help="log one line per batch on stderr")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice; "
@@ -653,46 +693,7 @@ def main(argv=None):
                              f"connection is closed after that (default {DEFAULT_REQUEST_TIMEOUT:g})")
     parser.add_argument("--max-connections", type=int, default=DEFAULT_MAX_CONNECTIONS,
                         help=f"most connections open at once (default {DEFAULT_MAX_CONNECTIONS})")
-    args = parser.parse_args(argv)
-    for flag, value, ok in (("--max-batch", args.max_batch, args.max_batch >= 1),
-                            ("--threads", args.threads, args.threads is None or args.threads >= 1),
-                            ("--request-timeout", args.request_timeout, args.request_timeout > 0),
-                            ("--max-connections", args.max_connections, args.max_connections >= 1),
-                            ("--prefix-cache-mb", args.prefix_cache_mb, args.prefix_cache_mb >= 0)):
-        if not ok:
-            parser.error(f"{flag} must be positive, got {value}")
-
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    threads = torch.get_num_threads()
-    set_up_device(args.device)
-    auto = torch.bfloat16 if is_cuda(args.device) else torch.float32
-    dtype = auto if args.dtype == "auto" else getattr(torch, args.dtype)
-    print(f"minskill.serve: {threads} torch thread{'s' if threads != 1 else ''}, device {args.device}, "
-          f"{str(dtype).removeprefix('torch.')} weights", file=sys.stderr, flush=True)
-    try:
-        backend = ModelBackend.from_spec(args.model, dtype=dtype, device=args.device,
-                                         name=args.served_model_name, quantize=args.quantize,
-                                         prefix_cache_mb=args.prefix_cache_mb, scheduler=args.scheduler)
-    except (ValueError, OSError) as error:
-        print(f"minskill.serve: cannot load model {args.model!r}: {error}", file=sys.stderr)
-        return 2
-    server = start_server(backend, args.host, args.port, args.api_key or os.environ.get(API_KEY_ENV),
-                          args.max_batch, args.log_requests, request_timeout=args.request_timeout,
-                          max_connections=args.max_connections)
-    stop = threading.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: stop.set())
-    print(f"minskill.serve: serving {backend.name} at {server.url}", flush=True)
-    # an embedded server must not outlive the run that started it, even one killed without cleanup
-    parent = int(os.environ.get(PARENT_PID_ENV, "0"))
-    while not stop.wait(0.5):
-        if parent and os.getppid() != parent:
-            print("minskill.serve: the process that started it is gone; stopping", file=sys.stderr, flush=True)
-            break
-    server.close()
-    print("minskill.serve: stopped", file=sys.stderr, flush=True)
-    return 0
+    return parser
 
 
 if __name__ == "__main__":
