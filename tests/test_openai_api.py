@@ -193,6 +193,63 @@ def test_text_stream_deltas_are_a_prefix_of_the_final_text():
     assert "".join(other) == "ENx"                      # the last "E" held back, the rest from the final text
 
 
+def _full_decode_deltas(tokenizer, stop, tokens):
+    """The deltas of a stream that decodes the whole reply at every token (what _TextStream did
+    before it decoded only the new text): the reference its deltas must equal."""
+    sent, out = 0, []
+    for i in range(1, len(tokens) + 1):
+        if tokens[i - 1] in tokenizer.stop_token_ids:
+            break
+        text = tokenizer.decode([t for t in tokens[:i]])
+        cuts = [j for j in (text.find(s) for s in stop) if j >= 0]
+        if cuts:
+            text = text[:min(cuts)]
+        else:
+            held = max((k for s in stop for k in range(1, min(len(s) - 1, len(text)) + 1)
+                        if s.startswith(text[-k:])), default=0)
+            text = text[:len(text) - held].rstrip("\ufffd")
+        if len(text) > sent:
+            out.append(text[sent:])
+            sent = len(text)
+        if cuts:
+            break
+    return out
+
+
+class CountingByteTokenizer(ByteTokenizer):
+    PIECES = {**ByteTokenizer.PIECES, 9: b"\xe2\x82", 10: b"\xac", 11: b"\x82", 12: b"\xf0\x9f\x98",
+              13: b"\x80D"}
+
+    def __init__(self):
+        self.sizes = []
+
+    def decode(self, ids):
+        self.sizes.append(len(ids))
+        return super().decode(ids)
+
+
+def test_text_stream_deltas_equal_a_whole_decode_at_every_token_and_cost_the_new_text():
+    import random
+    rng = random.Random(0)
+    for trial in range(400):
+        tokenizer = CountingByteTokenizer()
+        tokens = [rng.choice(list(tokenizer.PIECES)) for _ in range(rng.randint(1, 40))]
+        if rng.random() < 0.2:
+            tokens.insert(rng.randrange(len(tokens)), 0)          # a stop token somewhere
+        stop = rng.choice([[], ["END"], ["D!"], ["\u20ac", "lo E"], ["\ufffdx", "xx"]])
+        sent = []
+        stream = _TextStream(tokenizer, stop, sent.append)
+        for token in tokens:
+            stream.push(token)
+        assert sent == _full_decode_deltas(CountingByteTokenizer(), stop, tokens), \
+            (trial, tokens, stop)
+    tokenizer = CountingByteTokenizer()
+    stream = _TextStream(tokenizer, ["END"], [].append)
+    for token in [1, 2, 8] * 300:                  # a long reply of whole characters
+        stream.push(token)
+    assert max(tokenizer.sizes) <= 2               # each push decodes the new token and one before
+
+
 # ---- a tiny random model -----------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def tiny_backend(tmp_path_factory):

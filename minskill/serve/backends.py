@@ -410,17 +410,25 @@ _BYTE_OF_CHAR = _byte_of_char()
 
 
 class _TextStream:
-    """One choice's reply as text deltas while it is generated. Each token re-decodes the reply so far
-    (pieces of a byte-level BPE are not text alone); a delta is sent only where it cannot change any more:
-    not an incomplete UTF-8 character at the end (decoded as U+FFFD), not an end that could be the start of
-    a stop string, nothing from a stop string or a stop token on. So the deltas add up to a prefix of the
-    final Choice.text, which the server completes."""
+    """One choice's reply as text deltas while it is generated. Pieces of a byte-level BPE are not
+    text alone, so each token's text is read from a decode in context; a delta is sent only where it
+    cannot change any more: not an incomplete UTF-8 character at the end (decoded as U+FFFD), not an
+    end that could be the start of a stop string, nothing from a stop string or a stop token on. So
+    the deltas add up to a prefix of the final Choice.text, which the server completes.
+
+    A token costs the text it adds, not the whole reply (as the engine's stop check,
+    sampling.stop_string_ended): once the text ends in a whole character no later byte changes it
+    (`final`, `final_text`), and a new token's text is decode(tokens[anchor:]) after
+    decode(tokens[anchor:final]), the anchor one token before `final` (a decoder may write a token's
+    leading space only after another token); where that is no prefix, the reply is decoded whole."""
 
     def __init__(self, tokenizer, stop: list[str], emit: Callable[[str], None]):
         self.tokenizer, self.stop, self.emit = tokenizer, stop, emit
         self.stop_ids = set(tokenizer.stop_token_ids)
+        self.longest = max((len(s) for s in stop), default=0)
         self.tokens: list[int] = []
         self.sent, self.closed = 0, False
+        self.final, self.final_text = 0, ""     # tokens whose text is settled, and that text
 
     def push(self, token: int):
         if self.closed:
@@ -429,8 +437,12 @@ class _TextStream:
             self.closed = True
             return
         self.tokens.append(token)
-        text = self.tokenizer.decode(self.tokens)
-        cuts = [i for i in (text.find(s) for s in self.stop) if i >= 0]
+        settled, text = len(self.final_text), self._text()
+        if not text.endswith("\ufffd"):
+            self.final, self.final_text = len(self.tokens), text
+        # a stop string wholly in the settled text was found by an earlier push: look near its end
+        lo = max(0, settled - self.longest)
+        cuts = [i for i in (text.find(s, lo) for s in self.stop) if i >= 0]
         if cuts:
             text, self.closed = text[:min(cuts)], True
         else:
@@ -440,6 +452,15 @@ class _TextStream:
         if len(text) > self.sent:
             self.emit(text[self.sent:])
             self.sent = len(text)
+
+    def _text(self) -> str:
+        """decode(self.tokens), decoding only the tokens after `final` and one before it."""
+        anchor = max(self.final - 1, 0)
+        before = self.tokenizer.decode(self.tokens[anchor:self.final])
+        after = self.tokenizer.decode(self.tokens[anchor:])
+        if not after.startswith(before):
+            return self.tokenizer.decode(self.tokens)
+        return self.final_text + after[len(before):]
 
 
 # ---- request validation ---------------------------------------------------------------------------
