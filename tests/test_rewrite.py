@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 
 import evolve_masa
 import rewrite
-from helpers import TARGET, TASK, run_rewrite
+from helpers import TARGET, TASK, run_rewrite, run_rewrite_compare
 from minskill.serve.server import ScriptedBackend, start_server
 from minskill.skillsets import SkillSet
 
@@ -221,10 +221,7 @@ def test_apply_compare_prints_one_table_of_input_rewritten_and_teacher(trained, 
 
     with start_server(ScriptedBackend(script)) as server:
         out = files["root"] / "compared"
-        code, stdout, stderr = run_rewrite(["apply", "--compare", "--rewriter", str(trained[0]), "--model-card",
-                                    str(files["card"]), "--skills", str(files["skills"]), "--task", TASK,
-                                    "--out", str(out), "--max-new-tokens", "40", "--device", "cpu",
-                                    "--suite", str(tasks), "--split", "all", "--task-url", server.url])
+        code, stdout, stderr = run_rewrite_compare(trained[0], files, tasks, out, server.url)
     assert code == 0, stderr
     rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
             for line in stdout.splitlines() if line.startswith("| ") and "---" not in line}

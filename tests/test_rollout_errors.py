@@ -12,7 +12,7 @@ from contextlib import redirect_stderr, redirect_stdout
 import pytest
 
 import evolve_masa
-from helpers import TASK, argv as masa_argv, read, run_rewrite, skill, target_fn
+from helpers import argv as masa_argv, read, run_rewrite_compare, skill, target_fn
 from minskill import rollout
 from minskill.masa import transfer
 from minskill.report.masa import heldout_section
@@ -281,10 +281,7 @@ def test_rewrite_compare_stops_non_zero_when_the_task_model_never_answers(traine
 
     with start_server(ScriptedBackend(script)) as server:
         out = files["root"] / "errors-compared"
-        code, stdout, stderr = run_rewrite(["apply", "--compare", "--rewriter", str(trained[0]), "--model-card",
-                                            str(files["card"]), "--skills", str(files["skills"]), "--task", TASK,
-                                            "--out", str(out), "--max-new-tokens", "40", "--device", "cpu",
-                                            "--suite", str(tasks), "--split", "all", "--task-url", server.url])
+        code, stdout, stderr = run_rewrite_compare(trained[0], files, tasks, out, server.url)
     assert code == 1        # on the old code: 0, a table of 0.00s
     assert "'input' skills were not scored" in stderr and "the task model is not loaded" in stderr
     assert not (files["root"] / "errors-compared-compare" / "compare.json").exists()
