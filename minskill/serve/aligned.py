@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from minskill.nn.model import KVCache
+from minskill.serve.prefix_cache import one_row_per_prompt
 
 
 ALIGN = 64     # attention reads slots in multiples of this (module docstring: the kernels' tails)
@@ -117,15 +118,9 @@ def prefill_aligned(model, prompts: list[list[int]], extra: int, prefix_cache=No
             prefix_cache.store(prompt, len(blocks), row.k[:, 0, :, p:], row.v[:, 0, :, p:])
         n = len(prompt)
         cache.k[:, i, :, :n], cache.v[:, i, :, :n] = row.k[:, 0, :, :n], row.v[:, 0, :, :n]
-        cache.next_position[i] = len(prompt)
+        cache.next_position[i] = n
     cache.length = max(len(p) for p in unique)
-    where = {p: i for i, p in enumerate(unique)}
-    rows = [where[tuple(p)] for p in prompts]
-    logits = torch.cat(logits)
-    if rows != list(range(len(unique))):
-        cache = cache.select(rows)
-        logits = logits[torch.tensor(rows, device=logits.device)]
-    return cache, logits
+    return one_row_per_prompt(prompts, unique, cache, torch.cat(logits))
 
 
 def merge_aligned(a: AlignedCache, b: AlignedCache, room: int) -> AlignedCache:

@@ -35,7 +35,7 @@ import collections
 import torch
 
 from minskill.nn.model import KVCache
-from minskill.serve.prefix_cache import PrefixCache, block_keys, prefill as prefill_blocks
+from minskill.serve.prefix_cache import PrefixCache, block_keys, one_row_per_prompt, prefill as prefill_blocks
 
 MIN_SHARED_TOKENS = 64
 
@@ -102,7 +102,6 @@ def prefill_shared(model, prompts: list[list[int]], extra: int, cache: PrefixCac
     if missing:   # the prefixes computed first (each once: prefix_cache.prefill shares within a batch) and stored
         prefill_blocks(model, list(missing.values()), 0, cache, pad_id, dtype)
     unique = list(dict.fromkeys(tuple(p) for p in prompts))
-    where = {p: i for i, p in enumerate(unique)}
     group_of, prefix, own = [], [], []
     for p in unique:
         i = prompts.index(list(p))
@@ -135,8 +134,4 @@ def prefill_shared(model, prompts: list[list[int]], extra: int, cache: PrefixCac
     for i, (p, s) in enumerate(zip(unique, suffix)):
         lo = C + S - len(s)
         cache.store(list(p), (prefix[i] + cached[i]) // block, kv.k[:, i, :, lo:C + S], kv.v[:, i, :, lo:C + S])
-    rows = [where[tuple(p)] for p in prompts]
-    if rows != list(range(len(unique))):
-        kv = kv.select(rows)
-        logits = logits[torch.tensor(rows, device=logits.device)]
-    return kv, logits
+    return one_row_per_prompt(prompts, unique, kv, logits)

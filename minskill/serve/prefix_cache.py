@@ -113,12 +113,17 @@ def prefill(model, prompts: list[list[int]], extra: int, cache: PrefixCache | No
         if shared:   # recursively: a prefix two of these share is computed once too (each level is shorter)
             prefill(model, shared, 0, cache, pad_id, dtype)
     kv, logits = _prefill_unique(model, [list(p) for p in unique], extra, cache, pad_id, dtype)
+    return one_row_per_prompt(prompts, unique, kv, logits)
+
+
+def one_row_per_prompt(prompts: list[list[int]], unique: list[tuple], kv, logits):
+    """(kv, logits) of the distinct prompts `unique` (in that order) -> one row per prompt of `prompts`:
+    identical prompts are prefilled once and their rows repeated."""
     where = {p: i for i, p in enumerate(unique)}
     rows = [where[tuple(p)] for p in prompts]
-    if rows != list(range(len(unique))):
-        kv = kv.select(rows)
-        logits = logits[torch.tensor(rows, device=logits.device)]
-    return kv, logits
+    if rows == list(range(len(unique))):
+        return kv, logits
+    return kv.select(rows), logits[torch.tensor(rows, device=logits.device)]
 
 
 def _prefill_unique(model, prompts: list[list[int]], extra: int, cache: PrefixCache | None, pad_id: int, dtype):
