@@ -33,15 +33,14 @@ connections are open at once (each holds a thread); one beyond that is closed at
 
 Batching. Each HTTP request is handled on its own thread, validated there, then queued. One scheduler thread
 repeatedly takes the oldest pending requests, up to `max_batch` *samples* (a request with n=4 counts 4; a request
-bigger than max_batch runs alone), and serves them with one `backend.complete(batch)` call; for a model that is one
-`sampling.generate` call per distinct n, with per-prompt temperature / top_p / max_tokens / stop / seed. While a
-batch runs, new requests pile up and form the next batch, so throughput grows with concurrency. Prompts are left
-padded and masked, and each seeded prompt draws from its own generator, so a greedy (or seeded) reply does not
-depend on what else shared its batch (`--scheduler static --prefix-cache-mb 0`). The default engine lets a request
-join the running batch at the next decoding step and a finished one leave at once (`--scheduler continuous`), and
-computes shared prompt prefixes' keys/values once and keeps them once in the running batch (`--prefix-cache-mb 256`;
-minskill.serve.scheduler, prefix_cache, cascade; docs/http-api.md). With `--batch-invariant on` (the default) a
-request's tokens do not depend on its batch (serve.aligned).
+bigger than max_batch runs alone). The default engine (minskill.serve.scheduler) lets a request join the running
+batch at the next decoding step and a finished one leave at once (`--scheduler continuous`), keeps prompt prefixes'
+keys/values (`--prefix-cache-mb 256`, serve.prefix_cache) and is batch-invariant (`--batch-invariant on`,
+serve.aligned): each row's keys at its own slots, so a request's tokens do not depend on what shares its batch or
+when it came (docs/http-api.md). `--batch-invariant off` keeps a shared prefix once in the batch (serve.cascade);
+`--scheduler static --prefix-cache-mb 0 --batch-invariant off` serves a batch with one `sampling.generate` call per
+distinct n (left padded: bf16 and int8 replies then move with the batch). Each seeded sample draws from its own
+generator, so where the logits are batch-invariant a seeded reply is too.
 
 Cancellation. A handler thread waiting for its batch checks every 0.5 s whether its client closed the
 connection (a client that timed out does); then the request leaves the queue, or, if its batch is running,
