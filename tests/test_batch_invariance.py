@@ -1,5 +1,6 @@
-"""Batch-invariant decoding (minskill.serve.aligned): a greedy request's logits, bit for bit, do not depend on
-which requests share its batch, when they join or leave, or what the prefix cache held when it came."""
+"""Batch-invariant decoding (minskill.serve.aligned): a greedy request's logits, bit for bit, do not
+depend on which requests share its batch, when they join or leave, or what the prefix cache held
+when it came."""
 import pytest
 import torch
 
@@ -13,12 +14,13 @@ from tiny import make_tiny_model_dir
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
-    return make_tiny_model_dir(tmp_path_factory.mktemp("inv") / "m", family="llama", chat_format="chatml",
-                               init_std=0.2)
+    return make_tiny_model_dir(tmp_path_factory.mktemp("inv") / "m", family="llama",
+                               chat_format="chatml", init_std=0.2, max_position_embeddings=1024)
 
 
 def _model(path, mode):
-    model, tokenizer = load_model(str(path), dtype=torch.bfloat16 if mode == "bf16" else torch.float32)
+    dtype = torch.bfloat16 if mode == "bf16" else torch.float32
+    model, tokenizer = load_model(str(path), dtype=dtype)
     model.eval()
     if mode == "int8":
         quantize_int8(model)
@@ -29,12 +31,13 @@ def _prompt(seed, length):
     return torch.randint(3, 300, (length,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
-LIBRARY = _prompt(99, 40)                 # a shared system prompt: more than two prefix-cache blocks
+LIBRARY = _prompt(99, 40)            # a shared system prompt: more than two prefix-cache blocks
 MINE = LIBRARY + _prompt(7, 13)
 
 
 def _decode(model, tokenizer, companions, invariant=True, warm=()):
-    """The target's tokens and its logits at every step. companions: (join step, prompt, max_new_tokens);
+    """The target's tokens and its logits at every step. companions: (join step, prompt,
+    max_new_tokens);
     warm: prompts run to the end first (they fill the prefix cache)."""
     cache = PrefixCache(4)
     engine = Engine(model, tokenizer, [], tokenizer.pad_token_id, cache, batch_invariant=invariant)
@@ -58,8 +61,9 @@ def _decode(model, tokenizer, companions, invariant=True, warm=()):
 
 COMPANIONS = [
     [(0, _prompt(3, 30), 9)],                                               # running before it came
-    [(2, LIBRARY + _prompt(4, 5), 4)],                                      # joins with it, same library
+    [(2, LIBRARY + _prompt(4, 5), 4)],                               # joins with it, same library
     [(0, LIBRARY + _prompt(5, 70), 20), (4, _prompt(6, 9), 2), (6, LIBRARY + _prompt(8, 1), 30)],
+    [(0, _prompt(9, 300), 12), (1, LIBRARY[:32] + _prompt(10, 150), 25)],   # rows of other widths
     [(2, MINE, 14)],                                                        # the same prompt twice
 ]
 
@@ -74,17 +78,19 @@ def test_a_greedy_row_has_the_same_bits_whatever_shares_its_batch(tiny_dir, mode
         assert tokens == alone_tokens
         assert all(torch.equal(a, b) for a, b in zip(alone, logits))
     # when it comes after its library was cached by another request, or after itself
-    for warm in ([LIBRARY + _prompt(11, 20)], [MINE]):
+    for warm in ([LIBRARY + _prompt(11, 20)], [MINE],
+                 [LIBRARY[:16] + _prompt(12, 3), LIBRARY[:32] + _prompt(13, 90)]):
         tokens, logits = _decode(model, tokenizer, COMPANIONS[2], warm=warm)
         assert all(torch.equal(a, b) for a, b in zip(alone, logits))
 
 
 def test_without_it_the_bits_move_with_the_batch(tiny_dir):
-    """The left-padded engine (cascade, shared write offset) is what the aligned one fixes: its logits for the
-    same request differ with its companions (so the test above tests something)."""
+    """The left-padded engine (cascade, one write offset) is what the aligned one fixes: its logits
+    for the same request differ with its companions (so the test above tests something)."""
     model, tokenizer = _model(tiny_dir, "bf16")
     _, alone = _decode(model, tokenizer, [], invariant=False)
-    moved = [not all(torch.equal(a, b) for a, b in zip(alone, _decode(model, tokenizer, c, invariant=False)[1]))
+    moved = [not all(torch.equal(a, b)
+                     for a, b in zip(alone, _decode(model, tokenizer, c, invariant=False)[1]))
              for c in COMPANIONS[:3]]
     assert any(moved)
 
@@ -113,6 +119,7 @@ def test_one_row_runs_as_two_and_a_batch_as_it_is():
     assert type(linear) is TwoRowLinear
     x = torch.randn(5, 1, 8, dtype=torch.bfloat16)
     assert linear(x[:1]).shape == (1, 1, 3)
-    assert torch.equal(linear(x[:1])[0], torch.nn.functional.linear(x[:2], linear.weight, linear.bias)[0])
+    two = torch.nn.functional.linear(x[:2], linear.weight, linear.bias)
+    assert torch.equal(linear(x[:1])[0], two[0])
     assert linear(x).shape == (5, 1, 3)
     assert ALIGN % 16 == 0          # a multiple of every SIMD width the attention kernels use

@@ -1,9 +1,16 @@
-"""The real offline default (SmolLM2-135M) behind the embedded server: the same held-out qa rollouts give the
-same replies one request at a time and twelve at a time, with int8 weights (what --task-quantize auto picks)."""
+"""The real offline default (SmolLM2-135M): the same held-out qa rollouts give the same replies one
+request at a time and twelve at a time behind the embedded server (int8 weights, what
+--task-quantize auto picks), and a prompt prefilled from prefix blocks that other prompts computed
+has the bits of a cold prefill."""
 import pytest
+import torch
 
+from minskill.nn.quantize import quantize_int8
+from minskill.nn.weights import load_model
 from minskill.rollout import base_skills, run_rollouts
+from minskill.serve.aligned import pad_single_rows, prefill_aligned
 from minskill.serve.client import ChatClient
+from minskill.serve.prefix_cache import PrefixCache
 from minskill.serve.server import embedded_client
 from minskill.tasks import load_suite
 
@@ -16,6 +23,33 @@ def test_rollout_replies_do_not_depend_on_the_concurrency(quantize, dtype):
     skills = base_skills("qa")
     with embedded_client(quantize=quantize, server_args=("--dtype", dtype), max_workers=12) as many:
         one = ChatClient(many.base_url, model=many.model, api_key=many.api_key, max_workers=1)
-        replies = [[t.reply for t in run_rollouts(client, tasks, skills, max_tokens=256)] for client in (one, many)]
+        replies = [[t.reply for t in run_rollouts(client, tasks, skills, max_tokens=256)]
+                   for client in (one, many)]
     assert all(replies[0])                     # the server answered every task
     assert replies[0] == replies[1]
+
+
+def _tokens(seed, n):
+    return torch.randint(3, 40000, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+@pytest.mark.parametrize("mode", ["int8", "bf16"])
+def test_a_prefix_cached_by_other_prompts_gives_the_bits_of_a_cold_prefill(mode):
+    """Each query reads a key width fixed by its own position (serve.aligned): the blocks a
+    637-token prompt stored, prefilled in a call of another width, are those the 1,041-token prompt
+    computes itself."""
+    model, _ = load_model(dtype=torch.bfloat16 if mode == "bf16" else torch.float32)
+    model.eval()
+    if mode == "int8":
+        quantize_int8(model)
+    pad_single_rows(model)
+    library = _tokens(5, 900)
+    with torch.inference_mode():
+        for target in (library + _tokens(77, 141), library[:300] + _tokens(78, 13)):
+            _, cold = prefill_aligned(model, [target], 4, PrefixCache(256))
+            for chain in ([300], [600], [300, 600, 900]):
+                cache = PrefixCache(256)
+                for n in chain:
+                    prefill_aligned(model, [library[:n] + _tokens(n, 37)], 4, cache)
+                _, warm = prefill_aligned(model, [target], 4, cache)
+                assert torch.equal(cold, warm), (len(target), chain)

@@ -1,6 +1,7 @@
-"""The README's pasted outputs are held to the code: the main job's command is run as the README gives it and
-its printed lines are compared with the README's block, field by field ("…" stands for fields the README
-leaves out). A change that moves them fails here until the README is re-run and re-pasted."""
+"""The README's pasted outputs are held to the code: the main job's command is run as the README
+gives it and its printed lines are compared with the README's block, field by field ("…" stands for
+fields the README leaves out). A change that moves them fails here until the README is re-run and
+re-pasted."""
 import os
 import re
 import subprocess
@@ -27,7 +28,8 @@ def _main_command() -> str:
 
 
 def _matches(shown: str, printed: str) -> bool:
-    """Every " | "-separated field the README shows is a field of the printed line, in order ("…": skipped)."""
+    """Every " | "-separated field the README shows is a field of the printed line, in order
+    ("…": skipped)."""
     fields = [f for f in printed.split(" | ")]
     at = 0
     for part in shown.split(" | "):
@@ -50,8 +52,8 @@ def test_the_readme_gives_the_default_command_and_its_output():
 @pytest.mark.slow
 def test_the_default_run_prints_what_the_readme_shows(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    done = subprocess.run([sys.executable, "train_grpo.py", "--out", str(tmp_path / "run")], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=1800)
+    command = [sys.executable, "train_grpo.py", "--out", str(tmp_path / "run")]
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
     assert done.returncode == 0, done.stderr[-3000:]
     printed = done.stdout.splitlines()
     shown = _block_after("It prints a line per step")
@@ -60,4 +62,5 @@ def test_the_default_run_prints_what_the_readme_shows(tmp_path):
         got = [l for l in printed if l.startswith(prefix)]
         assert len(want) == len(got), (want, got)
         for w, g in zip(want, got):
-            assert _matches(w, g), f"README.md shows\n  {w}\nthe code prints\n  {g}\n(re-run and re-paste it)"
+            assert _matches(w, g), \
+                f"README.md shows\n  {w}\nthe code prints\n  {g}\n(re-run and re-paste it)"
