@@ -662,7 +662,7 @@ def print_summary(run: Run, search: MasaSearch, target, teacher, written: dict) 
 
 def merge(args) -> int:
     out = Path(args.out or "runs/masa-merged")
-    check_run_folder(out, False, args.overwrite, "evolve_masa.py --merge")
+    check_run_folder(out, False, args.overwrite, "evolve_masa.py --merge", resumable=False)
     records = masa_data.merge_sft_runs(args.merge)
     open_run_folder(out, False, args.overwrite, "evolve_masa.py --merge")
     write_jsonl_atomic(out / "sft.jsonl", records)

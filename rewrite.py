@@ -213,8 +213,9 @@ def write_run_config(args, cfg, out: Path, records, problems, train, val, too_lo
 # ----------------------------------------------------------------------------------------------- apply
 
 def _table(rows: list[tuple[str, dict | None, str]]) -> str:
-    """One Markdown table: a row per skill variant, with per-task-type success columns; errors: the rollouts
-    that ended with an error (no reply from the task model), counted as failed in success."""
+    """One Markdown table: a row per skill variant, with per-task-type success columns; errors: the
+    rollouts that ended with an error (no reply from the task model), counted as failed in
+    success."""
     types = sorted({t for _, s, _ in rows if s for t in s["per_type"]})
     head = ("| skills | n | success | 95% CI | NHR | adjusted R | mean steps | errors | "
             + "".join(f"{t} | " for t in types))
@@ -227,7 +228,8 @@ def _table(rows: list[tuple[str, dict | None, str]]) -> str:
         per_type = "".join(f" {s['per_type'][t]['success_rate']:.2f} |" if t in s["per_type"] else " – |"
                            for t in types)
         lines.append(f"| {name} | {s['n']} | {s['success_rate']:.2f} | {lo:.2f}–{hi:.2f} | {s['nhr']:.2f} | "
-                     f"{s['adjusted_reward']:.2f} | {s['mean_steps']:.1f} | {s['errors']} |{per_type}")
+                     f"{s['adjusted_reward']:.2f} | {s['mean_steps']:.1f} | {s['errors']} |"
+                     f"{per_type}")
     return "\n".join(lines)
 
 
@@ -239,7 +241,8 @@ def compare_folder(args) -> Path:
 def cmd_apply(args) -> int:
     check_retrieval_args(args)   # bad --retrieve flags: refused before the rewriter runs
     if args.compare:             # an earlier comparison is not replaced without --overwrite (minskill.runs)
-        check_run_folder(compare_folder(args), False, args.overwrite, "rewrite.py apply --compare")
+        check_run_folder(compare_folder(args), False, args.overwrite, "rewrite.py apply --compare",
+                         resumable=False)
     out = Path(args.out)
     if out.exists() and any(out.iterdir()) and not args.overwrite:
         print(f"rewrite.py apply: --out {out} exists and is not empty (pass --overwrite)", file=sys.stderr)
@@ -327,8 +330,8 @@ def compare(args, card: dict, skills, rewritten, rewriter_cost: dict | None = No
                                         out_path=report_dir / f"trajectories-{name.replace(' ', '_')}.jsonl")
             failed = all_failed(trajectories)
             if failed:   # a table of 0s would hide it: stop, the trajectories kept in the folder
-                log(f"error: the '{name}' skills were not scored: {failed}\n(their trajectories are in "
-                    f"{report_dir}; once the task model answers, rerun with --overwrite)")
+                log(f"error: the '{name}' skills were not scored: {failed}\n(their trajectories "
+                    f"are in {report_dir}; once the task model answers, rerun with --overwrite)")
                 return 1
             summary = summarize(trajectories, lam_nh=args.lam_nh)
             rows.append((name, summary, ""))

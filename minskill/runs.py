@@ -94,8 +94,10 @@ class RunFolderError(SystemExit):
     """A refused --out. Subclasses SystemExit: an uncaught refusal prints the message and exits with 1."""
 
 
-def check_run_folder(out: str | Path, resume: bool, overwrite: bool, script: str) -> None:
-    """Refuse `out` (RunFolderError) unless the rule in the module docstring allows it. Writes nothing."""
+def check_run_folder(out: str | Path, resume: bool, overwrite: bool, script: str,
+                     resumable: bool = True) -> None:
+    """Refuse `out` (RunFolderError) unless the rule in the module docstring allows it. Writes nothing.
+    resumable=False: `script` has no --resume, so a refusal does not offer it."""
     out = Path(out)
     if resume and overwrite:
         raise RunFolderError(f"{script}: --resume and --overwrite contradict each other (continue the run in "
@@ -113,8 +115,9 @@ def check_run_folder(out: str | Path, resume: bool, overwrite: bool, script: str
         check_overwrite(out, script)   # a mistyped --out must not wipe a home folder, a source tree, a link's target
         return
     shown = ", ".join(held[:5]) + (f", ... ({len(held)} entries)" if len(held) > 5 else "")
-    raise RunFolderError(f"{script}: --out {out} is not empty (it holds {shown}): pass --resume to continue "
-                         f"the run it holds, --overwrite to replace it, or choose another --out")
+    resume_it = "--resume to continue the run it holds, " if resumable else ""
+    raise RunFolderError(f"{script}: --out {out} is not empty (it holds {shown}): pass {resume_it}"
+                         f"--overwrite to replace it, or choose another --out")
 
 
 def check_overwrite(out: str | Path, script: str) -> None:

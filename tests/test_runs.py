@@ -35,8 +35,9 @@ def earlier_run(tmp_path):
     return out
 
 
-def assert_refused(message: str, out: Path):
-    assert str(out) in message and "--resume" in message and "--overwrite" in message
+def assert_refused(message: str, out: Path, resumable: bool = True):
+    """The refusal names the folder and --overwrite, and offers --resume only to a command that has it."""
+    assert str(out) in message and "--overwrite" in message and ("--resume" in message) == resumable
 
 
 @pytest.mark.parametrize("script, argv", [
@@ -49,7 +50,7 @@ def test_every_script_refuses_a_non_empty_out_and_writes_nothing(earlier_run, sc
     before = snapshot(earlier_run)
     with pytest.raises(SystemExit) as refused:
         argv(earlier_run)
-    assert_refused(str(refused.value.code), earlier_run)
+    assert_refused(str(refused.value.code), earlier_run, resumable=script != "evolve_masa.py --merge")
     assert str(refused.value.code).startswith(script)
     assert snapshot(earlier_run) == before
 
@@ -57,6 +58,13 @@ def test_every_script_refuses_a_non_empty_out_and_writes_nothing(earlier_run, sc
 def test_the_refusal_lists_what_the_folder_holds(earlier_run):
     with pytest.raises(RunFolderError, match="checkpoint, metrics.jsonl, run_config.json, state.json"):
         check_run_folder(earlier_run, resume=False, overwrite=False, script="x")
+
+
+def test_a_command_without_resume_is_not_told_to_pass_it(earlier_run):
+    """combine, train_grpo.py --eval, rewrite.py apply --compare and evolve_masa.py --merge have no --resume."""
+    with pytest.raises(RunFolderError) as refused:
+        check_run_folder(earlier_run, resume=False, overwrite=False, script="x", resumable=False)
+    assert_refused(str(refused.value.code), earlier_run, resumable=False)
 
 
 def test_empty_or_absent_out_and_resume_are_allowed(tmp_path, earlier_run):

@@ -30,7 +30,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from minskill.files import ShapeError, check_shape, read_json, write_json_atomic
-from minskill.runs import RUN_MARKER, RunFolderError, check_run_folder, open_run_folder
+from minskill.runs import RunFolderError, check_run_folder, open_run_folder
 from minskill.skill_r1.eval_table import (EVAL_FILE, paired_rows, print_table, recorded_tasks,
                                           success_interval)
 
@@ -147,7 +147,7 @@ def main(argv=None) -> int:
         p.error("give at least two --eval runs")
     out = Path(args.out)
     try:
-        check_out(out, args.overwrite)
+        check_run_folder(out, False, args.overwrite, "combine", resumable=False)
         record = combine(args.runs)
     except RunFolderError as e:
         print(e, file=sys.stderr)     # (its message names the script)
@@ -165,15 +165,6 @@ def main(argv=None) -> int:
     return 0
 
 
-def check_out(out: Path, overwrite: bool) -> None:
-    """runs.check_run_folder for a script without --resume: a non-empty --out is refused naming
-    --overwrite only (runs' own refusal offers --resume, which combine has not)."""
-    held = sorted(p.name for p in out.iterdir() if p.name != RUN_MARKER) if out.is_dir() else []
-    if held and not overwrite:
-        more = f", ... ({len(held)} entries)" if len(held) > 5 else ""
-        raise ValueError(f"--out {out} is not empty (it holds {', '.join(held[:5])}{more}): pass "
-                         f"--overwrite to replace what it holds, or choose another --out")
-    check_run_folder(out, False, overwrite, "combine")
 
 
 if __name__ == "__main__":

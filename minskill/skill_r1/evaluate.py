@@ -70,8 +70,8 @@ from minskill.tasks import load_suite
 
 
 class TaskModelFailed(RuntimeError):
-    """Every rollout of a row's scoring ended with an error (the task model did not answer): no row of 0s is
-    written; train_grpo.py stops with the message and exit status 1."""
+    """Every rollout of a row's scoring ended with an error (the task model did not answer): no row
+    of 0s is written; train_grpo.py stops with the message and exit status 1."""
 
 
 class HeldoutSplitError(ValueError):
@@ -302,8 +302,9 @@ def probe(editor, tokenizer, client, instances: list[Instance], seed_skills: lis
 
 def success(client, skills: list[str], test: list[list], args) -> tuple[float, int, list[list[float]]]:
     """(success rate, task-model requests, per-instance task scores) of skills[j] on the evaluation tasks
-    test[j]. A task's score is the mean over its n rollouts, so n identical greedy replies count once. A rollout
-    that ended with an error scores 0 and is reported apart; TaskModelFailed when every one did."""
+    test[j]. A task's score is the mean over its n rollouts, so n identical greedy replies count
+    once. A rollout that ended with an error scores 0 and is reported apart; TaskModelFailed when
+    every one did."""
     c0, scores, ended = client.stats["calls"], [], []
     for skill, tasks in zip(skills, test):
         trajectories = run_rollouts(client, tasks, skill or None, n=args.rollouts, temperature=args.task_temperature,
@@ -317,8 +318,8 @@ def success(client, skills: list[str], test: list[list], args) -> tuple[float, i
     if failed:
         raise TaskModelFailed(failed)
     if errors:
-        print(f"  {len(errors)} of {len(ended)} rollouts ended with an error, scored 0 (the first: {errors[0][:300]})",
-              flush=True)
+        print(f"  {len(errors)} of {len(ended)} rollouts ended with an error, scored 0 "
+              f"(the first: {errors[0][:300]})", flush=True)
     flat = [x for g in scores for x in g]
     return sum(flat) / len(flat), client.stats["calls"] - c0, scores
 
@@ -409,7 +410,8 @@ def evaluate(args) -> int:
     """Print the table of the paired rows (module docstring) for the flags of train_grpo.py and write the run
     folder --out (default runs/skill-r1-eval-TIME): eval.json, rewritten after every row (`eval_record`)."""
     out = Path(args.out or f"runs/skill-r1-eval-{time.strftime('%Y%m%d-%H%M%S')}")
-    check_run_folder(out, False, args.overwrite, "train_grpo.py --eval")    # before any model is loaded
+    # before any model is loaded
+    check_run_folder(out, False, args.overwrite, "train_grpo.py --eval", resumable=False)
     evo, test = heldout_instances(args)
     editors = eval_editors(args)
     trained = {spec: trained_args(spec) for _, spec in editors if spec}
