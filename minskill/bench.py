@@ -2,7 +2,8 @@
 
     python -m minskill.bench model     # decode/prefill/train speed and peak memory vs Hugging Face transformers;
                                        # decode of float32 / bfloat16 / int8 vs llama.cpp on the same GGUF
-    python -m minskill.bench server --workload shared-prefix|mixed-lengths|rollouts|stop-string|clients
+    python -m minskill.bench server \\
+        --workload shared-prefix|mixed-lengths|rollouts|stop-string|clients
                                        # minskill's server, engine configurations side by side (today's
                                        # static batching, the new engine): minskill/bench_server.py
     python -m minskill.bench grpo      # seconds per Skill-R1 training step: editor sampling, rollouts, update

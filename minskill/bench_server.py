@@ -13,16 +13,20 @@ Each configuration is a `python -m minskill.serve` subprocess (serve.server.embe
 one short request, sent the same requests as every other configuration by --clients closed-loop clients
 (a client sends its next request when its reply arrives), then stopped. CONFIGURATIONS:
 
-    today          --prefix-cache-mb 0  --scheduler static      static batching, no prefix cache, not batch-
-                   --batch-invariant off                        invariant (asked for explicitly: the server's
-                                                                default is now `new`)
-    prefix-cache   --prefix-cache-mb MB --scheduler static      (ablations, with --configs; all three
-    continuous     --prefix-cache-mb 0  --scheduler continuous   --batch-invariant off)
-    cascade        --prefix-cache-mb MB --scheduler continuous  shared prefixes kept once in the batch
-                   --batch-invariant off                        (serve.cascade): the default before invariance
-    new            --prefix-cache-mb MB --scheduler continuous  the server's default: a request's tokens do not
-                   --batch-invariant on                         depend on its batch (serve.aligned); `--configs
-                                                                cascade,new` is what invariance costs
+    today          --prefix-cache-mb 0  --scheduler static      static batching, no prefix cache,
+                   --batch-invariant off                        not batch-invariant (asked for
+                                                                explicitly: the server's default is
+                                                                now `new`)
+    prefix-cache   --prefix-cache-mb MB --scheduler static      (ablations, with --configs; all
+    continuous     --prefix-cache-mb 0  --scheduler continuous   three --batch-invariant off)
+    cascade        --prefix-cache-mb MB --scheduler continuous  shared prefixes kept once in the
+                   --batch-invariant off                        batch (serve.cascade): the default
+                                                                before invariance
+    new            --prefix-cache-mb MB --scheduler continuous  the server's default: a request's
+                   --batch-invariant on                         tokens do not depend on its batch
+                                                                (serve.aligned);
+                                                                `--configs cascade,new` is what
+                                                                invariance costs
                                                                 MB = --prefix-cache-mb (default 256)
 
 The server's flags are read from `python -m minskill.serve --help` first (`plan`). A flag the server lacks is
@@ -89,7 +93,8 @@ MB = "MB"   # stands for --prefix-cache-mb in CONFIGURATIONS
 CONFIGURATIONS = {
     "today": {"--prefix-cache-mb": "0", "--scheduler": "static", "--batch-invariant": "off"},
     "prefix-cache": {"--prefix-cache-mb": MB, "--scheduler": "static", "--batch-invariant": "off"},
-    "continuous": {"--prefix-cache-mb": "0", "--scheduler": "continuous", "--batch-invariant": "off"},
+    "continuous": {"--prefix-cache-mb": "0", "--scheduler": "continuous",
+                   "--batch-invariant": "off"},
     "cascade": {"--prefix-cache-mb": MB, "--scheduler": "continuous", "--batch-invariant": "off"},
     "new": {"--prefix-cache-mb": MB, "--scheduler": "continuous", "--batch-invariant": "on"},
 }

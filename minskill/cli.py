@@ -22,8 +22,8 @@ class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 
 QUANTIZE_HELP = ("the embedded server's weights: none = float (default), int8 (1.6x faster batch-1 decode on a "
-                 "CPU, the same accuracy on the held-out qa tasks; greedy replies do not depend on the batch: "
-                 "docs/http-api.md), auto = int8 on a CPU")
+                 "CPU, the same accuracy on the held-out qa tasks; greedy replies do not depend on "
+                 "the batch: docs/http-api.md), auto = int8 on a CPU")
 
 
 def add_task_model_args(group, *, concurrency: int | None, max_tokens: int, quantize: str = "none",

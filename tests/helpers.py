@@ -300,11 +300,12 @@ def run_rewrite(argv):
 
 
 def run_rewrite_compare(rewriter, files, suite, out, task_url):
-    """`rewrite.py apply --compare` of the shared fixtures' card, skills and TASK on `suite` (all of it),
-    the task model at `task_url`: (exit code, stdout, stderr)."""
-    return run_rewrite(["apply", "--compare", "--rewriter", str(rewriter), "--model-card", str(files["card"]),
-                        "--skills", str(files["skills"]), "--task", TASK, "--out", str(out),
-                        "--max-new-tokens", "40", "--device", "cpu", "--suite", str(suite), "--split", "all",
+    """`rewrite.py apply --compare` of the shared fixtures' card, skills and TASK on `suite`
+    (all of it), the task model at `task_url`: (exit code, stdout, stderr)."""
+    return run_rewrite(["apply", "--compare", "--rewriter", str(rewriter),
+                        "--model-card", str(files["card"]), "--skills", str(files["skills"]),
+                        "--task", TASK, "--out", str(out), "--max-new-tokens", "40",
+                        "--device", "cpu", "--suite", str(suite), "--split", "all",
                         "--task-url", task_url])
 
 

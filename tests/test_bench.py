@@ -58,9 +58,12 @@ def test_plan_runs_what_the_server_accepts_and_says_why_it_skips_the_rest():
     runnable, skipped = plan(["today", "new", "continuous"], HELP_NEW, "64")
     assert runnable == {"today": ["--prefix-cache-mb", "0", "--scheduler", "static"],
                         "continuous": ["--prefix-cache-mb", "0", "--scheduler", "continuous"]}
-    assert "--batch-invariant on" in skipped["new"]   # a server without the flag is not batch-invariant
-    runnable, skipped = plan(["today", "cascade", "new"], HELP_NEW + "  --batch-invariant {on,off}\n", "64")
-    assert runnable == {"today": ["--prefix-cache-mb", "0", "--scheduler", "static", "--batch-invariant", "off"],
+    # a server without the flag is not batch-invariant
+    assert "--batch-invariant on" in skipped["new"]
+    runnable, skipped = plan(["today", "cascade", "new"],
+                             HELP_NEW + "  --batch-invariant {on,off}\n", "64")
+    assert runnable == {"today": ["--prefix-cache-mb", "0", "--scheduler", "static",
+                                  "--batch-invariant", "off"],
                         "cascade": ["--prefix-cache-mb", "64", "--scheduler", "continuous",
                                     "--batch-invariant", "off"],
                         "new": ["--prefix-cache-mb", "64", "--scheduler", "continuous",

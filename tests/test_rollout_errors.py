@@ -1,8 +1,9 @@
-"""What a run must not hide: rollouts that ended with an error are counted apart from the tasks the model got
-wrong, a run whose every rollout errored (the task model unreachable) exits non-zero naming the first error, in
-the evaluation command, the transfer matrix, evolve_masa.py's held-out table and rewrite.py's comparison; and an
-agent prompt that outgrows the task model's context is trimmed (oldest exchanges first, the system prompt and the
-task kept) and counted, never a silent 0. Scripted task models behind the real HTTP server (loopback)."""
+"""What a run must not hide: rollouts that ended with an error are counted apart from the tasks the
+model got wrong, a run whose every rollout errored (the task model unreachable) exits non-zero
+naming the first error, in the evaluation command, the transfer matrix, evolve_masa.py's held-out
+table and rewrite.py's comparison; and an agent prompt that outgrows the task model's context is
+trimmed (oldest exchanges first, the system prompt and the task kept) and counted, never a silent 0.
+Scripted task models behind the real HTTP server (loopback)."""
 import io
 import json
 import socket
@@ -50,17 +51,19 @@ def run_main(main, argv) -> tuple[int, str, str]:
     return code, out.getvalue(), err.getvalue()
 
 
-# ---------------------------------------------------------------------------------------- the evaluation command
+# --------------------------------------------------------------------------- the evaluation command
 
 def test_an_unreachable_task_model_exits_non_zero_naming_the_first_error(tmp_path, no_backoff):
     url, out = closed_port_url(), tmp_path / "run"
-    code, stdout, stderr = run_main(rollout.main, ["--suite", "qa", "--n-tasks", 3, "--task-url", url,
-                                                   "--task-model", "m", "--out", out])
+    code, stdout, stderr = run_main(rollout.main, ["--suite", "qa", "--n-tasks", 3,
+                                                   "--task-url", url, "--task-model", "m",
+                                                   "--out", out])
     assert code == 1
-    assert "every one of the 3 rollouts ended with an error" in stderr and url.removesuffix("/v1") in stderr
+    assert ("every one of the 3 rollouts ended with an error" in stderr
+            and url.removesuffix("/v1") in stderr)
     assert "connection failed" in stderr and "--resume" in stderr
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["n"] == 3 and summary["errors"] == 3          # written, so the failure can be read back
+    assert summary["n"] == 3 and summary["errors"] == 3  # written, so the failure can be read back
     assert all(t.error for t in load_trajectories(out / "trajectories.jsonl"))
 
 
@@ -80,14 +83,18 @@ def test_some_failed_requests_are_counted_apart_and_resume_runs_them_again(tmp_p
 
     out = tmp_path / "run"
     with start_server(ScriptedBackend(flaky)) as server:
-        flags = ["--suite", "qa", "--n-tasks", 6, "--task-url", server.url, "--task-model", "scripted", "--out", out]
+        flags = ["--suite", "qa", "--n-tasks", 6, "--task-url", server.url,
+                 "--task-model", "scripted", "--out", out]
         code, stdout, _ = run_main(rollout.main, flags)
         assert code == 0      # some scored: a result, with its errors counted apart
         summary = json.loads((out / "summary.json").read_text())
-        wrong = sum(t.error is None and not t.success for t in load_trajectories(out / "trajectories.jsonl"))
-        assert summary["errors"] == 2 and summary["n"] == 6 and wrong == 6 - 2 - round(6 * summary["success_rate"])
+        wrong = sum(t.error is None and not t.success
+                    for t in load_trajectories(out / "trajectories.jsonl"))
+        assert (summary["errors"] == 2 and summary["n"] == 6
+                and wrong == 6 - 2 - round(6 * summary["success_rate"]))
         all_row = next(line for line in stdout.splitlines() if line.startswith("| **all** |"))
-        assert all_row.startswith(f"| **all** | 6 | {summary['success_rate']:.2f} |") and all_row.endswith("| 2 |")
+        assert (all_row.startswith(f"| **all** | 6 | {summary['success_rate']:.2f} |")
+                and all_row.endswith("| 2 |"))
         assert "2 of the 6 trajectories ended with an error and were not scored" in stdout
         # --resume runs the two failed tasks again, and only them
         flaky.down, before = False, len(seen)
@@ -102,15 +109,17 @@ def test_all_failed_says_so_only_when_nothing_was_scored():
     bad = Trajectory(task_id="a", task_type="t", messages=[], error="ChatError: connection refused")
     good = Trajectory(task_id="b", task_type="t", messages=[])
     assert all_failed([]) is None and all_failed([bad, good]) is None and all_failed([good]) is None
-    assert "every one of the 2 rollouts" in all_failed([bad, bad]) and "connection refused" in all_failed([bad, bad])
+    assert ("every one of the 2 rollouts" in all_failed([bad, bad])
+            and "connection refused" in all_failed([bad, bad]))
 
 
-# ---------------------------------------------------------------------------------------- the agent's context
+# ------------------------------------------------------------------------------ the agent's context
 
 def serve_agent(tasks, max_context: int, wander: int, log: list):
-    """A server of `max_context` words per prompt whose agent looks around `wander` times, then plays the task's
-    oracle plan; `log` gets every prompt it answers. Steps are counted per task as they are answered (a refused
-    prompt never reaches the agent), so the plan survives trimmed prompts."""
+    """A server of `max_context` words per prompt whose agent looks around `wander` times, then
+    plays the task's oracle plan; `log` gets every prompt it answers. Steps are counted per task as
+    they are answered (a refused prompt never reaches the agent), so the plan survives trimmed
+    prompts."""
     plans = {t.question: ["look"] * wander + oracle_actions(t) for t in tasks}
     step, lock = {q: 0 for q in plans}, threading.Lock()
 
@@ -135,25 +144,31 @@ def test_a_prompt_outgrowing_the_context_is_trimmed_oldest_first_and_counted():
         untrimmed = run_rollouts(server.client(max_retries=0), tasks, system)
     assert all(t.success and t.trimmed == 0 and t.history_kept is None for t in untrimmed)
     first, longest = min(map(words, full)), max(map(words, full))
-    limit = (first + longest) // 2            # the first steps fit; the later ones, with all 8 exchanges, do not
-    assert longest >= limit > max(words(p) for p in full if len(p) <= 4)   # one past exchange always fits
+    # the first steps fit; the later ones, with all 8 exchanges, do not
+    limit = (first + longest) // 2
+    # one past exchange always fits
+    assert longest >= limit > max(words(p) for p in full if len(p) <= 4)
 
     answered = []
     with serve_agent(tasks, limit, 6, answered) as server:
         trajs = run_rollouts(server.client(max_retries=0), tasks, system)
-    for task, t in zip(tasks, trajs):          # on the old code: HTTP 400 at the step that outgrew it, reward 0
+    # on the old code: HTTP 400 at the step that outgrew it, reward 0
+    for task, t in zip(tasks, trajs):
         assert t.error is None and t.success and t.reward == 1.0, t.error
         assert t.trimmed >= 1 and 1 <= t.history_kept < 8
         assert t.steps == len(oracle_actions(task)) + 6
     assert summarize(trajs)["trimmed"] == 2 and summarize(trajs)["errors"] == 0
-    for prompt in answered:                    # what reached the model: within its context, head kept, newest last
+    # what reached the model: within its context, head kept, newest last
+    for prompt in answered:
         assert words(prompt) < limit
         assert prompt[0] == {"role": "system", "content": system}
-        assert any(prompt[1]["content"].startswith(t.messages[1]["content"]) for t in trajs)   # the task's turn
+        # the task's turn
+        assert any(prompt[1]["content"].startswith(t.messages[1]["content"]) for t in trajs)
     # the trimmed prompts kept the newest exchanges: their last observation is the episode's latest
     for t in trajs:
         last = [p for p in answered if t.messages[1]["content"] == p[1]["content"]][-1]
-        assert last[-1]["content"].startswith(t.messages[-3]["content"])   # (+ the admissible actions)
+        # (+ the admissible actions)
+        assert last[-1]["content"].startswith(t.messages[-3]["content"])
         assert last[-2]["content"] == t.messages[-4]["content"]
         assert len(last) == 2 + 2 * t.history_kept
 
@@ -165,7 +180,8 @@ def test_a_prompt_that_cannot_fit_is_an_error_saying_so():
     for t in trajs:
         assert not t.success and t.steps == 0 and t.trimmed == 0
         assert "prompt too long for the task model's context" in t.error
-        assert "the system prompt and the task alone do not fit" in t.error and "HTTP 400" in t.error
+        assert ("the system prompt and the task alone do not fit" in t.error
+                and "HTTP 400" in t.error)
     assert summarize(trajs)["errors"] == 2
 
 
@@ -186,16 +202,18 @@ def test_another_400_is_not_taken_for_a_prompt_to_trim():
 def test_the_task_sides_and_the_teachers_refusal_are_the_same_check():
     from minskill.masa import fitting
     assert fitting.is_context_refusal is rollout.is_context_refusal
-    refusal = ChatError("the request exceeds the available context size, try increasing it", 400, "http://x/v1")
+    refusal = ChatError("the request exceeds the available context size, try increasing it", 400,
+                        "http://x/v1")
     assert rollout.is_context_refusal(refusal) and not rollout.is_context_refusal(RuntimeError("x"))
 
 
-# ---------------------------------------------------------------------------------------- the transfer matrix
+# ------------------------------------------------------------------------------ the transfer matrix
 
 def test_a_transfer_cell_whose_target_never_answers_stops_the_run_and_resume_scores_it(tmp_path):
     suite = tmp_path / "codes.jsonl"
-    suite.write_text("".join(json.dumps({"id": f"c{i}", "type": "code", "split": "heldout", "answer": str(i),
-                                         "question": f"What is code {i}?"}) + "\n" for i in range(4)))
+    suite.write_text("".join(json.dumps({"id": f"c{i}", "type": "code", "split": "heldout",
+                                         "answer": str(i), "question": f"What is code {i}?"})
+                             + "\n" for i in range(4)))
     SkillSet(general=[skill("tip", "Answer with the number.")]).save_json(tmp_path / "tip.json")
 
     def answers(messages, request):
@@ -216,21 +234,24 @@ def test_a_transfer_cell_whose_target_never_answers_stops_the_run_and_resume_sco
                  "--target-model", "up=m", "down=m", "--out", out, "--targets", f"up={up.url}"]
         code, stdout, stderr = run_main(transfer.main, flags + [f"down={dead.url}"])
         assert code == 1       # on the old code: 0, the cell saved as a success of 0.00
-        assert "every one of the 4 rollouts ended with an error" in stderr and "no model is loaded" in stderr
+        assert ("every one of the 4 rollouts ended with an error" in stderr
+                and "no model is loaded" in stderr)
         assert "tip on target down" in stderr and "--resume" in stderr
         run = json.loads((out / "transfer.json").read_text())
-        assert not run["complete"] and [(c["library"], c["target"]) for c in run["cells"]] == [("tip", "up")]
-        code, stdout, stderr = run_main(transfer.main, ["--resume", "--out", out, "--targets", f"up={up.url}",
-                                                        f"down={flaky.url}"])
+        assert (not run["complete"]
+                and [(c["library"], c["target"]) for c in run["cells"]] == [("tip", "up")])
+        code, stdout, stderr = run_main(transfer.main, ["--resume", "--out", out, "--targets",
+                                                        f"up={up.url}", f"down={flaky.url}"])
     assert code == 0, stderr
     cells = {c["target"]: c for c in json.loads((out / "transfer.json").read_text())["cells"]}
-    assert cells["up"]["errors"] == 0 and cells["down"]["errors"] == 1 and cells["down"]["success"] == 0.75
+    assert (cells["up"]["errors"] == 0 and cells["down"]["errors"] == 1
+            and cells["down"]["success"] == 0.75)
     assert "[1 errors]" in stdout
     page = render_transfer(load_transfer(out))
     assert "1 errors" in page and "1 rollouts ended with an error" in page
 
 
-# ---------------------------------------------------------------------------------------- evolve_masa.py
+# ----------------------------------------------------------------------------------- evolve_masa.py
 
 def test_a_held_out_split_the_target_never_answers_is_no_table_and_exits_non_zero(env, tmp_path):
     heldout = {json.loads(line)["question"] for line in env["suite"].read_text().splitlines()
@@ -255,28 +276,31 @@ def test_a_held_out_split_the_target_never_answers_is_no_table_and_exits_non_zer
 
 def test_the_held_out_table_and_report_count_errors_apart():
     def trajs(errors):
-        return [Trajectory(task_id=f"t{i}", task_type="sum", messages=[], success=i == 0, reward=float(i == 0),
-                           steps=1, error="HTTP 503" if i < errors + 1 and i else None) for i in range(4)]
+        return [Trajectory(task_id=f"t{i}", task_type="sum", messages=[], success=i == 0,
+                           reward=float(i == 0), steps=1,
+                           error="HTTP 503" if i < errors + 1 and i else None) for i in range(4)]
     base, evolved = summarize(trajs(0)), summarize(trajs(2))
     table = evolve_masa.heldout_table(base, evolved, {})
     assert table.splitlines()[0].endswith("| errors base | errors evolved |")
-    assert table.splitlines()[2].endswith("| 0 / 0 | 0 | 2 |") and table.splitlines()[3].endswith("| 0 / 0 | 0 | 2 |")
+    assert (table.splitlines()[2].endswith("| 0 / 0 | 0 | 2 |")
+            and table.splitlines()[3].endswith("| 0 / 0 | 0 | 2 |"))
     page = str(heldout_section({"heldout": {"base": base, "evolved": evolved, "gained_lost": {}}}))
     assert "errors evolved" in page and '<td class="num">2</td>' in page
 
 
-# ---------------------------------------------------------------------------------------- rewrite.py, --eval
+# ------------------------------------------------------------------------------- rewrite.py, --eval
 
 def test_rewrite_compare_stops_non_zero_when_the_task_model_never_answers(trained, files):
     tasks = files["root"] / "errors-tasks.jsonl"
-    tasks.write_text("".join(json.dumps({"id": f"t{i}", "question": f"What is {i} + {i}?", "answer": str(2 * i),
-                                         "type": "sum"}) + "\n" for i in range(3)))
+    tasks.write_text("".join(json.dumps({"id": f"t{i}", "question": f"What is {i} + {i}?",
+                                         "answer": str(2 * i), "type": "sum"}) + "\n"
+                             for i in range(3)))
     teacher_set = {"general_skills": [{"skill_id": "tip", "title": "Tip", "principle": "Sum tip.",
                                        "when_to_apply": "Always."}]}
 
     def script(messages, request):
         if "one shot" in messages[-1]["content"].lower() or "## Task:" in messages[-1]["content"]:
-            return json.dumps(teacher_set)                           # the teacher answers; the task model never
+            return json.dumps(teacher_set)  # the teacher answers; the task model never
         raise BackendError(400, "the task model is not loaded")
 
     with start_server(ScriptedBackend(script)) as server:
@@ -298,7 +322,8 @@ def test_eval_rows_stop_when_every_rollout_errored():
             raise BackendError(400, "no slot")
         return "no idea"
     with start_server(ScriptedBackend(some)) as server:
-        rate, _, scores = success(server.client(max_retries=0), [""], [tasks], args)   # some errors: scored
+        # some errors: scored
+        rate, _, scores = success(server.client(max_retries=0), [""], [tasks], args)
         assert rate == 0.0 and scores == [[0.0] * 4]
     def none(messages, request):
         raise BackendError(400, "no slot")

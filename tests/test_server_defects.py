@@ -79,7 +79,7 @@ def test_the_stop_check_on_the_new_text_gives_the_full_decode_answer(tmp_path):
             steps += 1
             if full:
                 stopped += 1
-                late += i > max(map(len, stops)) + 8     # found through a window, not the whole reply
+                late += i > max(map(len, stops)) + 8  # found through a window, not the whole reply
                 break
     assert stopped > 200 and late > 100 and steps > 4000   # both answers, often, on long replies
 
@@ -123,7 +123,8 @@ REPLY = 120
 
 
 def _long_decodes(decoded: list[int]) -> int:
-    """The decode calls given more tokens than a check needs (the stop string's length, a margin)."""
+    """The decode calls given more tokens than a check needs
+    (the stop string's length, a margin)."""
     return sum(n > 2 * (len(STOP) + 8) for n in decoded)
 
 
@@ -135,7 +136,7 @@ def test_generate_checks_a_stop_string_on_the_last_tokens_only(tiny):
                    tokenizer=counting, stop_strings=[STOP])
     assert [len(s.token_ids) for s in out] == [REPLY, REPLY]
     assert all(s.finish_reason == "length" for s in out)
-    assert _long_decodes(counting.decoded) <= 2          # each sample's final text only, not every step
+    assert _long_decodes(counting.decoded) <= 2  # each sample's final text only, not every step
 
 
 def test_the_engine_checks_a_stop_string_on_the_last_tokens_only(tiny):
@@ -145,7 +146,8 @@ def test_the_engine_checks_a_stop_string_on_the_last_tokens_only(tiny):
     prompt = tokenizer.encode("Write a long story.", special_tokens=False)
     rows = sequences_for(prompt, 2, 3, max_new_tokens=REPLY, stop_strings=(STOP,), temperature=1.0)
     engine.run(rows)
-    assert [len(s.tokens) for s in rows] == [REPLY, REPLY] and all(s.finish == "length" for s in rows)
+    assert ([len(s.tokens) for s in rows] == [REPLY, REPLY]
+            and all(s.finish == "length" for s in rows))
     assert _long_decodes(counting.decoded) == 0
 
 
@@ -205,7 +207,8 @@ def test_the_client_stops_reading_a_reply_over_its_cap(streaming):
 
 
 def test_a_reply_under_the_cap_is_read_whole():
-    with start_server(ScriptedBackend(lambda messages, request: "word " * 200, name="echo")) as server:
+    with start_server(ScriptedBackend(lambda messages, request: "word " * 200,
+                                      name="echo")) as server:
         reply = server.client(max_reply_bytes=4096).chat(USER, max_tokens=400)
         assert reply.text.split() == ["word"] * 200
         with pytest.raises(ChatError, match="reply body too large"):
@@ -257,13 +260,15 @@ def test_serve_says_the_port_is_in_use(tiny, capsys):
     ("x", "'max_completion_tokens' must be an integer"),
     (5, "'max_tokens' (3) and 'max_completion_tokens' (5) differ")])
 def test_max_completion_tokens_beside_max_tokens_is_never_ignored(value, problem):
-    with start_server(ScriptedBackend(lambda messages, request: "a b c d e f", name="echo")) as server:
+    with start_server(ScriptedBackend(lambda messages, request: "a b c d e f",
+                                      name="echo")) as server:
         url, body = server.url + "/chat/completions", {"messages": USER, "max_tokens": 3}
         reply = requests.post(url, json={**body, "max_completion_tokens": value}, timeout=30)
         assert reply.status_code == 400 and problem in reply.json()["error"]["message"]
         assert reply.json()["error"]["param"] == "max_completion_tokens"
         same = requests.post(url, json={**body, "max_completion_tokens": 3}, timeout=30)
-        assert same.status_code == 200 and same.json()["choices"][0]["message"]["content"] == "a b c"
+        assert (same.status_code == 200
+                and same.json()["choices"][0]["message"]["content"] == "a b c")
 
 
 def test_bench_server_prints_the_stop_string_ratio():

@@ -20,7 +20,8 @@ from typing import Any, Callable
 from minskill.masa.teacher import TeacherReplyError
 from minskill.serve.caching import BudgetExhausted
 from minskill.serve.client import ChatError
-from minskill.tasks.base import CONTEXT_REFUSAL, is_context_refusal  # noqa: F401 (the agent loop's too)
+from minskill.tasks.base import (CONTEXT_REFUSAL,  # noqa: F401 (the agent loop's too)
+                                 is_context_refusal)
 
 
 class NothingToTrim(Exception):

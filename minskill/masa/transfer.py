@@ -48,9 +48,9 @@ written atomically (minskill.runs): transfer.json (the arguments, libraries, tar
 ci95, per-task rewards and the paired difference to its reference: diff, gained, lost, p, ci95 by bootstrap),
 table.md (the matrix), trajectories/F/L.jsonl, rewritten/F/L/ (Agent Skills) with --rewriter. transfer.json is
 written once the targets answer and after every cell ("complete": false until the end). `python -m minskill.report
-OUT` draws it as a heat map (minskill/report/transfer.py). A rollout that ended with an error (no reply) is a failed
-task, counted apart ("errors"; "[k errors]" in table.md); a cell whose every rollout did (rollout.all_failed) stops
-the run with exit status 1, unsaved, for --resume to score.
+OUT` draws it as a heat map (minskill/report/transfer.py). A rollout that ended with an error (no
+reply) is a failed task, counted apart ("errors"; "[k errors]" in table.md); a cell whose every
+rollout did (rollout.all_failed) stops the run with exit status 1, unsaved, for --resume to score.
 
 Resume. `python -m minskill.masa.transfer --resume --out OUT` continues an interrupted matrix (Ctrl-C, a kill, a failing
 endpoint) with the arguments transfer.json saved ("args": all but --api-key, --out, --overwrite). It keeps every
@@ -422,8 +422,8 @@ def score_matrix(run: dict, rows: list[Row], targets: list[Target], tasks: list,
                                                              retrievers[target.label])
             write_jsonl_atomic(in_out(out, "trajectories", target.label, f"{row.label}.jsonl"),
                                [t.to_json() for t in trajectories])
-            if all_failed(trajectories):   # no cell of 0s: stop unsaved (main: exit 1), --resume scores it
-                raise RuntimeError(f"{row.label} on target {target.label}: {all_failed(trajectories)}")
+            if failed := all_failed(trajectories):   # no cell of 0s: stop unsaved (main: exit 1),
+                raise RuntimeError(f"{row.label} on target {target.label}: {failed}")   # --resume scores it
         cell = cell_record(row, target, reference, summary, rewards.get(key), rewards.get((reference, target.label)))
         run["cells"].append(cell)
         save_run(run, out)

@@ -205,8 +205,9 @@ class Attention(nn.Module):
         # one compute dtype for q, k, v: under autocast v_proj's output is bf16 while RoPE and q/k-norm left q and
         # k in float32; the fused SDPA kernels take one dtype (and a cache in that dtype is not re-cast each step)
         q, k = q.to(v.dtype), k.to(v.dtype)
-        if hasattr(cache, "attend"):   # a cache that lays out keys its own way and attends over them itself
-            o = cache.attend(layer, q, k, v)                     # (serve/aligned.py: batch-invariant decoding)
+        # a cache that lays out keys its own way and attends over them itself
+        if hasattr(cache, "attend"):
+            o = cache.attend(layer, q, k, v)  # (serve/aligned.py: batch-invariant decoding)
             return self.o_proj(o.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
         if cache is not None:  # the cache keeps this step's keys/values and returns all of them
             k, v = cache.update(layer, k, v)                                            # (B, n_kv, S, d)

@@ -119,9 +119,10 @@ def quantize_int8(model, use_kernel: bool | None = None):
 def apply_quantization(model, quantize: str | None):
     """The `--quantize` option of the frozen-model entry points: "none" (or None) leaves `model` as it is,
     "int8" quantizes it, "auto" quantizes it on a CPU with the int8 kernel. Returns `model`.
-    Not the default for a script's own models (a frozen model served by minskill.serve is where it pays). The
-    int8 kernel gives a row the same bits whatever rows share the call; the server's batch-invariant engine
-    (serve.aligned) keeps the rest of a row's arithmetic independent of its batch too."""
+    Not the default for a script's own models (a frozen model served by minskill.serve is where it
+    pays). The int8 kernel gives a row the same bits whatever rows share the call; the server's
+    batch-invariant engine (serve.aligned) keeps the rest of a row's arithmetic independent of its
+    batch too."""
     if quantize == "auto":
         quantize = "int8" if model.device.type == "cpu" and has_int8_kernel("cpu") else "none"
     if quantize in (None, "none"):

@@ -277,9 +277,10 @@ def edits_section(candidates: list[dict], by_id: dict, best_nodes: set[int]) -> 
 def heldout_section(results: dict | None) -> Safe:
     held = (results or {}).get("heldout")
     if not held:
-        failed = (results or {}).get("heldout_error")    # every held-out rollout ended with an error
-        return join(tag("h2", "Held-out"), not_recorded("results.json has no held-out table"
-                                                        + (f": {failed}" if isinstance(failed, str) else "")))
+        failed = (results or {}).get("heldout_error")  # every held-out rollout ended with an error
+        return join(tag("h2", "Held-out"),
+                    not_recorded("results.json has no held-out table"
+                                 + (f": {failed}" if isinstance(failed, str) else "")))
     base, evolved, paired = held["base"], held["evolved"], held.get("gained_lost") or {}
     names = sorted(base.get("per_type") or {}) + ["**all**"]
     rows = []
@@ -288,13 +289,14 @@ def heldout_section(results: dict | None) -> Safe:
         e = evolved if name == "**all**" else (evolved.get("per_type") or {}).get(name, {})
         gained, lost = paired.get(name, (0, 0))
         rows.append([name.strip("*"), b.get("n"), num(b.get("success_rate")), num(e.get("success_rate")),
-                     num(b.get("nhr")), num(e.get("nhr")), f"{gained} / {lost}", b.get("errors", "–"),
-                     e.get("errors", "–")])
+                     num(b.get("nhr")), num(e.get("nhr")), f"{gained} / {lost}",
+                     b.get("errors", "–"), e.get("errors", "–")])
     return join(tag("h2", "Held-out: base vs evolved skills"),
                 table(["task type", "n", "success base", "success evolved", "NHR base", "NHR evolved",
-                       "gained / lost", "errors base", "errors evolved"], rows, numeric=(1, 2, 3, 4, 5, 7, 8)),
-                tag("p", "A rollout that ended with an error (no reply from the target) counts as failed in "
-                         "success and is counted apart in the errors columns."))
+                       "gained / lost", "errors base", "errors evolved"], rows,
+                      numeric=(1, 2, 3, 4, 5, 7, 8)),
+                tag("p", "A rollout that ended with an error (no reply from the target) counts as "
+                         "failed in success and is counted apart in the errors columns."))
 
 
 def events_section(events: list[dict]) -> Safe | None:

@@ -28,7 +28,8 @@ def render_compare(run: dict) -> str:
     types = sorted({t for r in results.values() for t in (r.get("per_type") or {})})
     rows = [[name, r.get("n"), num(r.get("success_rate")),
              "–".join(f"{x:.2f}" for x in r.get("success_ci95") or []), num(r.get("nhr")), num(r.get("adjusted_reward")),
-             num(r.get("errors")),   # rollouts that ended with an error (counted as failed in success)
+             # rollouts that ended with an error (counted as failed in success)
+             num(r.get("errors")),
              *(num((r.get("per_type") or {}).get(t, {}).get("success_rate")) for t in types)] for name, r in results.items()]
     scores = {name: {t["task_id"]: float(t.get("reward", 0)) for t in ts} for name, ts in trajs.items()}
     questions = {t["task_id"]: next((m.get("content") or "" for m in t["messages"] if m.get("role") == "user"), "")
@@ -57,8 +58,9 @@ def render_compare(run: dict) -> str:
                   ("tasks", compare.get("n_tasks")),
                   ("task model", compare.get("task_model") or compare.get("task_url") or "the embedded default"),
                   ("rewriter", compare.get("rewriter")), ("task description", compare.get("task"))]),
-        tag("h2", "Results"), table(["skills", "n", "success", "95% CI", "NHR", "adjusted R", "errors", *types], rows,
-                                    numeric=tuple(range(1, 7 + len(types)))),
+        tag("h2", "Results"),
+        table(["skills", "n", "success", "95% CI", "NHR", "adjusted R", "errors", *types], rows,
+              numeric=tuple(range(1, 7 + len(types)))),
         tag("h2", "Tasks gained and lost against the input skills"),
         table(["pair", "tasks"], pairs) if pairs else not_recorded("trajectories of the input skills"),
         tag("h2", "The skills as the task model read them (system prompt per task type)"), *diffs,

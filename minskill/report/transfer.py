@@ -6,10 +6,11 @@ of a run that provenance.load_run read (load_transfer: transfer.json, checked en
 
 The heat map is inline SVG: a row per library, a column per target, each cell filled by its success rate
 on a white → blue scale (0 → 1) and labelled with the rate and the paired difference to its column's
-reference (Δ, tasks gained/lost, sign-test p; "reference" on the reference itself), and, in its corner, the
-rollouts that ended with an error (the target did not answer; counted as failed). The best success of
-each column has a dark border, so a crossing (target A best with library X, target B with Y) is visible
-at a glance. Every string of the run (labels, specs, model names, questions) goes through html.esc.
+reference (Δ, tasks gained/lost, sign-test p; "reference" on the reference itself), and, in its
+corner, the rollouts that ended with an error (the target did not answer; counted as failed). The
+best success of each column has a dark border, so a crossing (target A best with library X, target B
+with Y) is visible at a glance. Every string of the run (labels, specs, model names, questions) goes
+through html.esc.
 """
 from __future__ import annotations
 
@@ -56,9 +57,12 @@ def svg_cell(x: float, y: float, cell: dict | None, best: bool) -> str:
     lo, hi = cell.get("ci95") or (0.0, 1.0)
     errors = cell.get("errors") if isinstance(cell.get("errors"), int) else 0
     tip = (f"{cell['library']} on {cell['target']}: success {success:.3f} (95% {lo:.3f}–{hi:.3f}), n {cell['n']}; "
-           f"{delta_text(cell)}" + (f"; {errors} rollouts ended with an error (counted as failed)" if errors else ""))
-    # rollouts that ended with an error are failures of the target's endpoint, not of the library: shown apart
-    flag = svg_text(x + CELL_W - 5, y + 12, f"{errors} errors", 10, "#b00020" if success <= 0.55 else "#ffd7dc",
+           f"{delta_text(cell)}"
+           + (f"; {errors} rollouts ended with an error (counted as failed)" if errors else ""))
+    # rollouts that ended with an error are failures of the target's endpoint,
+    # not of the library: shown apart
+    flag = svg_text(x + CELL_W - 5, y + 12, f"{errors} errors", 10,
+                    "#b00020" if success <= 0.55 else "#ffd7dc",
                     anchor="end", weight="bold") if errors else ""
     border = (f'<rect x="{x + 2}" y="{y + 2}" width="{CELL_W - 4}" height="{CELL_H - 4}" fill="none" '
               f'stroke="#111" stroke-width="3"/>') if best else ""

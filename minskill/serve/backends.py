@@ -212,8 +212,8 @@ class ModelBackend:
         """prefix_cache_mb > 0: prompt prefixes' keys/values are kept (minskill.serve.prefix_cache), up to that
         many MB; scheduler "continuous": the server lets requests join and leave the running batch at each
         decoding step (minskill.serve.scheduler). With both off (0, "static") a batch is one sampling.generate
-        call per n, as before. batch_invariant: a request's tokens do not depend on which requests share its
-        batch (minskill.serve.aligned; always through the engine)."""
+        call per n, as before. batch_invariant: a request's tokens do not depend on which requests
+        share its batch (minskill.serve.aligned; always through the engine)."""
         if scheduler not in SCHEDULERS or not prefix_cache_mb >= 0:
             raise ValueError(f"ModelBackend: scheduler must be one of {SCHEDULERS} and prefix_cache_mb >= 0, got "
                              f"{scheduler!r}, {prefix_cache_mb!r}")
@@ -229,8 +229,8 @@ class ModelBackend:
 
     @classmethod
     def from_spec(cls, spec: str, dtype=None, device=None, name: str | None = None,
-                  quantize: str | None = None, prefix_cache_mb: float = 0, scheduler: str = "static",
-                  batch_invariant: bool = False):
+                  quantize: str | None = None, prefix_cache_mb: float = 0,
+                  scheduler: str = "static", batch_invariant: bool = False):
         """Load `spec`; quantize="int8" serves it with int8 weights (minskill.nn.quantize)."""
         model, tokenizer = load_model(spec, dtype=dtype, device=device)
         model.eval()
@@ -238,7 +238,8 @@ class ModelBackend:
         # a quantized model answers differently: its default name says so (clients, caches and reports see it)
         suffix = "-int8" if any(isinstance(m, Int8Linear) for m in model.modules()) else ""
         return cls(model, tokenizer, name or (Path(str(spec).rstrip("/")).name or str(spec)) + suffix,
-                   prefix_cache_mb=prefix_cache_mb, scheduler=scheduler, batch_invariant=batch_invariant)
+                   prefix_cache_mb=prefix_cache_mb, scheduler=scheduler,
+                   batch_invariant=batch_invariant)
 
     # ---- the engine (minskill.serve.scheduler): used when the prefix cache or continuous batching is on
     def start(self, request: CompletionRequest, on_done: Callable[[list], None]):

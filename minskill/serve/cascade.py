@@ -35,7 +35,8 @@ import collections
 import torch
 
 from minskill.nn.model import KVCache
-from minskill.serve.prefix_cache import PrefixCache, block_keys, one_row_per_prompt, prefill as prefill_blocks
+from minskill.serve.prefix_cache import (PrefixCache, block_keys, one_row_per_prompt,
+                                         prefill as prefill_blocks)
 
 MIN_SHARED_TOKENS = 64
 

@@ -117,8 +117,8 @@ def prefill(model, prompts: list[list[int]], extra: int, cache: PrefixCache | No
 
 
 def one_row_per_prompt(prompts: list[list[int]], unique: list[tuple], kv, logits):
-    """(kv, logits) of the distinct prompts `unique` (in that order) -> one row per prompt of `prompts`:
-    identical prompts are prefilled once and their rows repeated."""
+    """(kv, logits) of the distinct prompts `unique` (in that order) -> one row per prompt of
+    `prompts`: identical prompts are prefilled once and their rows repeated."""
     where = {p: i for i, p in enumerate(unique)}
     rows = [where[tuple(p)] for p in prompts]
     if rows == list(range(len(unique))):

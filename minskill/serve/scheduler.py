@@ -21,10 +21,10 @@ Invariants.
   * A row's tokens depend only on its own prompt, parameters and generator: padding is masked, positions are
     its own, and a seeded sample draws one uniform per token from its own torch.Generator, seeded as
     sampling.generate seeds it (seed s, sample j), so a seeded request gives the same tokens whatever shares
-    the batch, and the same as generate on the CPU. With batch_invariant (the server's default) a row's
-    logits have the same bits whatever shares the batch (int8, bf16; float32 to its GEMMs' rounding):
-    serve.aligned. Without it, a row's keys sit behind its companions' padding and its softmax sums
-    them in another order, so int8/bf16 greedy replies can change with the batch.
+    the batch, and the same as generate on the CPU. With batch_invariant (the server's default) a
+    row's logits have the same bits whatever shares the batch (int8, bf16; float32 to its GEMMs'
+    rounding): serve.aligned. Without it, a row's keys sit behind its companions' padding and its
+    softmax sums them in another order, so int8/bf16 greedy replies can change with the batch.
   * The cache has room for every row's remaining tokens (grown at each merge).
   * The engine runs on one thread (the server's scheduler thread); callbacks run on it.
 
@@ -42,8 +42,8 @@ from typing import Callable
 import torch
 
 from minskill.nn.model import KVCache
-from minskill.nn.sampling import (Sample, _cut_at_stop, _generators, _Plan, _sample_step, compute_dtype,
-                                   stop_string_ended)
+from minskill.nn.sampling import (Sample, _cut_at_stop, _generators, _Plan, _sample_step,
+                                   compute_dtype, stop_string_ended)
 from minskill.serve.aligned import merge_aligned, prefill_aligned
 from minskill.serve.cascade import groups_of, prefill_shared, with_groups
 from minskill.serve.prefix_cache import PrefixCache, prefill
@@ -88,11 +88,12 @@ def sequences_for(prompt, n: int, seed, **params) -> list[Sequence]:
 class Engine:
     """The running batch (module docstring). add() newcomers, step() until `rows` is empty."""
 
-    def __init__(self, model, tokenizer, stop_token_ids=None, pad_id: int = 0, prefix_cache: PrefixCache | None = None,
-                 batch_invariant: bool = False):
-        """stop_token_ids None: the tokenizer's, read at each step (as generate reads them at each call).
-        batch_invariant: every row's keys at the slots of their positions and prompts prefilled one by one
-        (serve.aligned), so a row's bits do not depend on its companions; no prefix is kept once (cascade)."""
+    def __init__(self, model, tokenizer, stop_token_ids=None, pad_id: int = 0,
+                 prefix_cache: PrefixCache | None = None, batch_invariant: bool = False):
+        """stop_token_ids None: the tokenizer's, read at each step (as generate reads them at each
+        call). batch_invariant: every row's keys at the slots of their positions and prompts
+        prefilled one by one (serve.aligned), so a row's bits do not depend on its companions; no
+        prefix is kept once (cascade)."""
         self.model, self.tokenizer, self.pad_id, self.prefix_cache = model, tokenizer, pad_id, prefix_cache
         self.batch_invariant = batch_invariant
         self._stop_token_ids = None if stop_token_ids is None else set(int(t) for t in stop_token_ids)
@@ -115,7 +116,8 @@ class Engine:
         prompts, dtype = [s.prompt for s in sequences], compute_dtype(self.model)
         if self.batch_invariant:            # each row at its own slots (serve.aligned)
             cache, logits = prefill_aligned(self.model, prompts, room, self.prefix_cache, dtype)
-        elif self.prefix_cache is not None:   # shared prefixes kept once in the batch (serve.cascade)
+        elif self.prefix_cache is not None:
+            # shared prefixes kept once in the batch (serve.cascade)
             cache, logits = prefill_shared(self.model, prompts, room, self.prefix_cache, self.pad_id, dtype,
                                            [s.prompt for s in self.rows],
                                            groups_of(self.cache)[0] if self.cache is not None else None)
@@ -146,8 +148,8 @@ class Engine:
                 s.top.append(list(zip(top[0][i][:s.top_logprobs], top[1][i][:s.top_logprobs])))
             if s.on_token is not None:
                 s.on_token(tok)
-            if tok in stop_token_ids or (s.stop_strings and stop_string_ended(self.tokenizer, s.tokens,
-                                                                                s.stop_strings)):
+            if tok in stop_token_ids or (
+                    s.stop_strings and stop_string_ended(self.tokenizer, s.tokens, s.stop_strings)):
                 s.finish = "stop"
             elif len(s.tokens) < s.max_new_tokens:
                 still.append(i)
@@ -180,7 +182,8 @@ class Engine:
         gone = [s for i, s in enumerate(self.rows) if i not in set(keep)]
         self.rows = [self.rows[i] for i in keep]
         if self.rows:
-            self.cache = self.cache.select(keep) if self.batch_invariant else trim_left(self.cache.select(keep))
+            self.cache = (self.cache.select(keep) if self.batch_invariant
+                          else trim_left(self.cache.select(keep)))
             self.logits = self.logits[torch.tensor(keep, device=self.logits.device)]
         else:
             self.cache = self.logits = None

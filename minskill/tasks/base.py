@@ -1,7 +1,8 @@
 """The common task interface: `Task` (single-turn question + verifier, or multi-turn environment) and
-`Environment` (text observations, a step budget, a success flag, the "Nothing happens." counter); what an agent
-loop (minskill/rollout.py) needs beside them: `parse_action`, a free-form reply read leniently as one action of the
-environment, and `is_context_refusal`, a server's refusal of a prompt too long for its context.
+`Environment` (text observations, a step budget, a success flag, the "Nothing happens." counter);
+what an agent loop (minskill/rollout.py) needs beside them: `parse_action`, a free-form reply read
+leniently as one action of the environment, and `is_context_refusal`, a server's refusal of a prompt
+too long for its context.
 
 Splits. A generated task is identified by a *problem key* (what makes it the problem it is, e.g.
 ("arithmetic", 3, "+", 4)). Its split is a pure function of the key:
@@ -207,7 +208,7 @@ def normalize_action(action: str) -> str:
     return text[:-1].rstrip() if text.endswith(".") else text
 
 
-# ----------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Lenient action parsing
 
 _PREFIX = re.compile(r"^\s*(?:[-*•>]+\s*|\d+[.)]\s+|(?:next\s+)?action\s*\d*\s*[:=-]\s*|"
@@ -235,10 +236,10 @@ def _norm(text: str) -> str:
 
 def match_admissible(candidate: str, admissible: list[str], cutoff: float = 0.75,
                      same_verb: bool = True) -> str | None:
-    """The admissible action `candidate` means: equal up to case/spacing/trailing punctuation; else the
-    longest admissible action it starts with ("go to desk 1 to look" -> "go to desk 1"); else the closest
-    one (with the same first word, when `same_verb`) whose difflib similarity ratio is >= cutoff.
-    None when nothing fits."""
+    """The admissible action `candidate` means: equal up to case/spacing/trailing punctuation; else
+    the longest admissible action it starts with ("go to desk 1 to look" -> "go to desk 1"); else
+    the closest one (with the same first word, when `same_verb`) whose difflib similarity ratio is
+    >= cutoff. None when nothing fits."""
     cand = _norm(candidate)
     if not cand:
         return None
@@ -254,11 +255,13 @@ def match_admissible(candidate: str, admissible: list[str], cutoff: float = 0.75
     return by_norm[close[0]] if close else None
 
 
-def parse_action(reply: str, admissible: list[str] | None = None, syntax: list[str] | None = None) -> str:
-    """One action out of a free-form reply. Each line is stripped of "Action:", "> ", bullets, numbering
-    and quotes; the first line that starts with an action verb wins (failing that, the first line holding a
-    verb, from that verb on); with admissible actions the result is matched to one of them when its verb is
-    among theirs (free-text actions such as "answer <text>" pass through). "" when the reply is empty."""
+def parse_action(reply: str, admissible: list[str] | None = None,
+                 syntax: list[str] | None = None) -> str:
+    """One action out of a free-form reply. Each line is stripped of "Action:", "> ", bullets,
+    numbering and quotes; the first line that starts with an action verb wins (failing that, the
+    first line holding a verb, from that verb on); with admissible actions the result is matched to
+    one of them when its verb is among theirs (free-text actions such as "answer <text>" pass
+    through). "" when the reply is empty."""
     admissible = list(admissible or [])
     verbs = _verbs(syntax or [], admissible)
     lines = [c for c in (_clean(l) for l in (reply or "").splitlines()) if c]
@@ -279,7 +282,8 @@ def parse_action(reply: str, admissible: list[str] | None = None, syntax: list[s
     if candidate is None:
         candidate = lines[0]
     else:
-        by_verb = True  # "Answer: 42" / "answer is 42" -> "answer 42" (the verb as the syntax spells it)
+        # "Answer: 42" / "answer is 42" -> "answer 42" (the verb as the syntax spells it)
+        by_verb = True
         m = re.match(rf"^({verb_alt})\b\s*(?:[:=]|\bis\b)?\s*", candidate, re.IGNORECASE)
         candidate = (m.group(1).lower() + " " + candidate[m.end():]).strip()
     if admissible:
@@ -294,23 +298,24 @@ def parse_action(reply: str, admissible: list[str] | None = None, syntax: list[s
     return candidate
 
 
-# ----------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # A prompt too long for the task model
 
-# What a server's HTTP 400 says when the prompt (with the reply's max_tokens) does not fit its context: llama.cpp
-# "the request exceeds the available context size", vLLM and OpenAI "This model's maximum context length is N
-# tokens" (OpenAI's code: context_length_exceeded), minskill's server "... but the model's context is N tokens".
-# Conservative: only these phrases, so that no other 400 (a bad field) is taken for a prompt to trim. Kept here,
-# below both readers: the agent loop (minskill/rollout.py trims an episode's history) and the teacher's prompts
+# What a server's HTTP 400 says when the prompt (with the reply's max_tokens) does not fit its
+# context: llama.cpp "the request exceeds the available context size", vLLM and OpenAI "This model's
+# maximum context length is N tokens" (OpenAI's code: context_length_exceeded), minskill's server
+# "... but the model's context is N tokens". Conservative: only these phrases, so that no other 400
+# (a bad field) is taken for a prompt to trim. Kept here, below both readers: the agent loop
+# (minskill/rollout.py trims an episode's history) and the teacher's prompts
 # (minskill/masa/fitting.py).
-CONTEXT_REFUSAL = re.compile(r"exceeds the available context size|maximum context length|context_length_exceeded|"
-                             r"the model's context is \d+ tokens", re.I)
+CONTEXT_REFUSAL = re.compile(r"exceeds the available context size|maximum context length|"
+                             r"context_length_exceeded|the model's context is \d+ tokens", re.I)
 
 
 def is_context_refusal(error) -> bool:
-    """Whether `error` is a server's refusal of a prompt too long for its context: HTTP 400 and CONTEXT_REFUSAL in
-    its message. Read off the error's `status` and `message` (minskill.serve.client.ChatError's), so that tasks/
-    still imports nothing else of minskill."""
+    """Whether `error` is a server's refusal of a prompt too long for its context: HTTP 400 and
+    CONTEXT_REFUSAL in its message. Read off the error's `status` and `message`
+    (minskill.serve.client.ChatError's), so that tasks/ still imports nothing else of minskill."""
     message = getattr(error, "message", None)
-    return (isinstance(error, Exception) and getattr(error, "status", None) == 400 and isinstance(message, str)
-            and CONTEXT_REFUSAL.search(message) is not None)
+    return (isinstance(error, Exception) and getattr(error, "status", None) == 400
+            and isinstance(message, str) and CONTEXT_REFUSAL.search(message) is not None)
