@@ -79,7 +79,7 @@ from pathlib import Path
 from typing import Callable, Protocol, runtime_checkable
 
 from minskill.files import append_jsonl, read_jsonl, write_json_atomic, write_jsonl_atomic
-from minskill.cli import QUANTIZE_HELP, add_extra_body_arg, client_args
+from minskill.cli import QUANTIZE_HELP, add_extra_body_arg, add_max_reply_arg, client_args
 from minskill.nn.quantize import QUANTIZE_CHOICES
 from minskill.retrieval import (RetrievalError, add_retrieval_args, check_retrieval_args, retriever_from_args,
                                 with_retrieval)
@@ -547,6 +547,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="sampling seed sent with each request")
     p.add_argument("--task-max-tokens", type=int, default=256, help="reply budget of a single-turn answer")
     add_extra_body_arg(p, "task")
+    add_max_reply_arg(p)
     p.add_argument("--action-max-tokens", type=int, default=64, help="reply budget of one agent action")
     p.add_argument("--max-steps", type=int, default=None, help="override the tasks' step budget")
     p.add_argument("--history", type=int, default=8, help="past exchanges kept in an agent prompt (halved, "

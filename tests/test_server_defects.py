@@ -222,6 +222,9 @@ def test_max_reply_mb_is_a_flag_of_the_scripts_that_reach_the_client():
     assert client_args(args, "teacher")["max_reply_bytes"] == 1 << 19
     default = evolve_masa.build_parser().parse_args([])
     assert client_args(default, "task")["max_reply_bytes"] >= 64 << 20
+    from minskill import rollout                   # the evaluation command reaches the client too
+    args = rollout._parser().parse_args(["--suite", "qa", "--skills", "none", "--max-reply-mb", "2"])
+    assert client_args(args, "task")["max_reply_bytes"] == 2 << 20
     for bad in ("0", "-1", "inf", "nan", "x"):
         with pytest.raises(Exception, match="--max-reply-mb must be a finite number > 0"):
             reply_megabytes(bad)
