@@ -678,16 +678,16 @@ def main(argv=None) -> int:
         return merge(args)
     run = set_up(parser, args, argv)
     with connect(run) as (target, teacher):
-        try:
+        try:   # a failing endpoint, or a target that answered none of an evaluation (TargetFailed)
             search, stopped = run_search(run, target, teacher)         # 1-3: card, hill climbing, trees
+            if search is None or search.climb is None:
+                run.state.update(calls_spent=run.budget.spent, usage=run_usage(run))
+                save_checkpoint(run.out, run.state)
+                log("no skill set was evaluated; nothing to write")
+                return 0
+            written = write_outputs(run, search, target, teacher, stopped)   # 4: outputs
         except (ChatError, KeyboardInterrupt) as e:
             return stopped_by(run, e)
-        if search is None or search.climb is None:
-            run.state.update(calls_spent=run.budget.spent, usage=run_usage(run))
-            save_checkpoint(run.out, run.state)
-            log("no skill set was evaluated; nothing to write")
-            return 0
-        written = write_outputs(run, search, target, teacher, stopped)   # 4: outputs
     print_summary(run, search, target, teacher, written)
     if written["results"].get("heldout_error"):   # the library is written; the held-out table is not
         log(f"error: no held-out table: {written['results']['heldout_error']}")

@@ -92,7 +92,8 @@ from minskill.skill_r1.evaluate import (TaskModelFailed, check_heldout, evaluate
 from minskill.skill_r1.grpo import check_loss_config, policy_loss
 from minskill.skill_r1.loop import (EvolveConfig, Instance, all_zero_note, assign_advantages, autocast, check_config,
                                     SuiteError, evolve_batch, load_tasks, make_instances, step_seed)
-from minskill.skill_r1.records import log_step, metrics_row, no_reward_yet, step_over_ranks
+from minskill.skill_r1.records import (errors_note, log_step, metrics_row, no_reward_yet,
+                                       step_over_ranks)
 
 # --resume (minskill.runs.resume_flags): flags that, given, must equal the checkpoint's, or the continued run would
 # not be the same run; every other flag may change (where and how fast it runs, how far, what it writes)
@@ -322,7 +323,7 @@ def held_out_probe(run: Run, client, args, after_steps: int) -> dict:
     print(f"held-out probe after {after_steps} steps: seed skill → mean candidate reward " +
           " → ".join(f"{r:.2f}" for r in result["reward_per_generation"]) +
           f" | carried {result['carried_reward']:.2f} | {result['beat_seed_share']:.0%} of candidates beat the "
-          f"seed skill | {result['seconds']:.0f} s", flush=True)
+          f"seed skill{errors_note(result)} | {result['seconds']:.0f} s", flush=True)
     return result
 
 
@@ -541,8 +542,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     a.add_argument("--ppo-epochs", type=int, default=d.ppo_epochs, help="optimizer passes over each step's samples "
                    "(default %(default)s)")
     a.add_argument("--tasks-per-instance", type=int, default=d.tasks_per_instance,
-                   help="tasks of one type forming one instance "
-                   "x (default %(default)s)")
+                   help="tasks of one type forming one instance x (default %(default)s)")
     a.add_argument("--editor-temperature", type=float, default=d.editor_temperature,
                    help="editor sampling temperature (default 1)")
     a.add_argument("--editor-top-p", type=float, default=d.editor_top_p, help="editor nucleus sampling (default 1)")
@@ -696,5 +696,5 @@ if __name__ == "__main__":
         sys.exit(main())
     except (SuiteError, SkillsNotFound) as e:   # a bad --suite file, --seed-skills naming none: usage errors
         sys.exit(f"train_grpo.py: {e}")
-    except TaskModelFailed as e:                # --eval: a row's every rollout ended with an error
-        sys.exit(f"train_grpo.py --eval: {e}")
+    except TaskModelFailed as e:   # every rollout of a step, a probe or an --eval row failed
+        sys.exit(f"train_grpo.py: {e}")

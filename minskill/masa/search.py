@@ -65,8 +65,9 @@ from minskill.masa import ucb
 from minskill.masa.model_card import ModelCard, as_model_card
 from minskill.masa.fitting import NothingToTrim, ask_fitting, trim_levels, trimmed
 from minskill.masa.teacher import TeacherReplyError, parse_attribution, parse_skillset_reply, parse_strengths
-from minskill.rollout import LAM_NH, run_rollouts, summarize
+from minskill.rollout import LAM_NH, all_failed, run_rollouts, summarize
 from minskill.serve.caching import BudgetExhausted, CallBudget
+from minskill.serve.client import ChatError
 from minskill.skills import Skill
 from minskill.skillsets import SkillSet
 from minskill.tasks.base import interleave
@@ -334,6 +335,16 @@ class Tree:
     iterations: int = 0
 
 
+class TargetFailed(ChatError):
+    """Every rollout of an evaluation ended with an error (rollout.all_failed): the target answered
+    nothing, so no R of 0 is taken. A ChatError: evolve_masa.py stops as on a failing endpoint
+    (exit 1, the last finished iteration saved for --resume)."""
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.args = (message,)   # said as it is, without ChatError's "chat request failed" frame
+
+
 def rollouts(target, tasks: list, skills: SkillSet | None, config: MasaConfig, budget: CallBudget | None = None):
     """One rollout per task under `skills`; BudgetExhausted if the budget refused a call (cached calls are free)."""
     refusals = budget.refusals if budget is not None else 0
@@ -353,19 +364,17 @@ def _transcript(traj) -> str:
 def failure_records(tasks, trajectories, limit: int) -> list[dict]:
     """Up to `limit` failed trajectories as short records for the teacher, round-robin over the task types."""
     by_id, by_type = {t.id: t for t in tasks}, {}
-    for traj in trajectories:
-        if not traj.success:
-            by_type.setdefault(traj.task_type, []).append(traj)
+    for traj in (t for t in trajectories if not t.success):
+        by_type.setdefault(traj.task_type, []).append(traj)
     return [episode_record(by_id.get(traj.task_id), traj) for traj in interleave(by_type, sorted(by_type))[:limit]]
 
 
 def episode_record(task, traj) -> dict:
     transcript = _transcript(traj) if traj.actions else ""   # multi-turn tasks: the episode's last steps
-    return {"task_id": traj.task_id, "task_type": traj.task_type,
-            "question": _clip(getattr(task, "question", "") if task is not None else "", 1500),
-            "expected": getattr(task, "answer", None) if task is not None else None,
-            "reply": _clip(traj.reply, 800), "transcript": transcript, "error": traj.error,
-            "steps": traj.steps, "nothing_happens": traj.nothing_happens}
+    return {"task_id": traj.task_id, "task_type": traj.task_type, "error": traj.error,
+            "question": _clip(getattr(task, "question", ""), 1500),   # task None: not among them
+            "expected": getattr(task, "answer", None), "reply": _clip(traj.reply, 800),
+            "transcript": transcript, "steps": traj.steps, "nothing_happens": traj.nothing_happens}
 
 
 def _metrics(summary: dict, trajectories=()) -> dict:
@@ -541,6 +550,8 @@ class MasaSearch:
         """(metrics, failure records) of `skills` on `tasks`: R is `adjusted_reward`, a task's in `task_rewards`."""
         trajectories = rollouts(self.target, tasks, skills, self.config, self.budget)
         metrics = _metrics(summarize(trajectories, lam_nh=self.config.lam_nh), trajectories)
+        if 0 < metrics["errors"] == metrics["n"]:   # the target answered nothing: stop, not R = 0
+            raise TargetFailed(all_failed(trajectories))
         return metrics, failure_records(tasks, trajectories, self.config.max_failures)
 
     def evaluate_candidate(self, candidate: Candidate, tasks: list) -> float:
@@ -623,6 +634,8 @@ def summarize_model(teacher, card: ModelCard, target, tasks: list, config: MasaC
     """Fill the card's strengths and weaknesses: roll the target out on `tasks` (preliminary tasks, kept
     apart from search and evaluation) and let the teacher summarise what it saw. Unchanged if skipped."""
     trajectories = rollouts(target, tasks, skills, config, budget)
+    if failed := all_failed(trajectories):   # a card written from errors would stay for the run
+        raise TargetFailed(f"the preliminary rollouts: {failed}")
     summary = summarize(trajectories, lam_nh=config.lam_nh)
     stats = "; ".join(f"{t}: {s['success_rate']:.2f} solved of {s['n']}" for t, s in summary["per_type"].items())
     by_id = {t.id: t for t in tasks}

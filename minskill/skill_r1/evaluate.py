@@ -64,14 +64,10 @@ from minskill.runs import TRAINER_STATE, check_run_folder, load_trainer_state, o
 from minskill.serve.client import usage_delta
 from minskill.serve.server import embedded_client
 from minskill.skill_r1.eval_table import EVAL_FILE, FROZEN_ROW, GRPO_ROW, paired_rows, print_table, success_interval
-from minskill.skill_r1.loop import (EvolveConfig, Instance, all_zero_note, autocast, check_config, evolve_batch,
-                                    load_tasks, step_seed)
+from minskill.skill_r1.loop import (EvolveConfig, Instance, TaskModelFailed, all_zero_note,
+                                    autocast, check_config, evolve_batch, load_tasks,
+                                    rollout_errors, step_seed)
 from minskill.tasks import load_suite
-
-
-class TaskModelFailed(RuntimeError):
-    """Every rollout of a row's scoring ended with an error (the task model did not answer): no row
-    of 0s is written; train_grpo.py stops with the message and exit status 1."""
 
 
 class HeldoutSplitError(ValueError):
@@ -280,16 +276,18 @@ def check_probes_of(trained: dict[str, dict | None], evo: list[Instance], test: 
 def probe(editor, tokenizer, client, instances: list[Instance], seed_skills: list[str], args) -> dict:
     """Score the current editor on the fixed held-out probe instances, cheaply: one generation of the evolve
     loop (no update) with --probe-candidates candidates, the same seeds at every probe, so the curve moves only
-    with the editor. Returns the mean reward of the seed skill and of the candidates; the editor never trains
-    on these instances."""
+    with the editor. Returns the mean reward of the seed skill and of the candidates, and how many
+    rollouts ended with an error (TaskModelFailed when all did); the editor never trains on these
+    instances."""
     c0, u0, t0 = client.stats["calls"], client.usage, time.time()
     cfg = dataclasses.replace(EvolveConfig.from_args(args), generations=1, candidates=args.probe_candidates)
     with torch.no_grad(), autocast(args.bf16, editor.device):
         evolutions = evolve_batch(editor, tokenizer, client, instances, cfg,
                                   seeds=[step_seed(args.seed, 10**6 + 1, k) for k in range(len(instances))],
                                   seed_skills=seed_skills)
-    n = len(evolutions)
-    return {"reward_per_generation": [sum(ev.seed_reward for ev in evolutions) / n,
+    n, errors = len(evolutions), rollout_errors(evolutions, "the held-out probe")
+    return {"errors": errors,
+            "reward_per_generation": [sum(ev.seed_reward for ev in evolutions) / n,
                                       sum(ev.generations[0].mean_reward for ev in evolutions) / n],
             "carried_reward": sum(ev.final_reward for ev in evolutions) / n,
             "beat_seed_share": sum(c.reward > ev.seed_reward for ev in evolutions for c in ev.candidates()) /

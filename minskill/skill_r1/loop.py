@@ -52,7 +52,7 @@ import torch
 from minskill import gates
 from minskill.nn.sampling import generate
 from minskill.replies import parse_skill
-from minskill.rollout import run_rollouts, skill_text
+from minskill.rollout import all_failed, run_rollouts, skill_text
 from minskill.skill_r1.grpo import bilevel_advantages
 from minskill.skills import SkillParseError
 from minskill.tasks import load_suite
@@ -105,6 +105,7 @@ class Outcome:
     reward: float
     reply: str           # the task model's (last) reply, or the error
     steps: int = 1
+    error: str | None = None   # why it ended unscored (rollout.Trajectory.error), counted apart
 
 
 @dataclass
@@ -259,8 +260,8 @@ def score_skills(client, jobs: list[tuple[Instance, str | None, int]],
         trajectories = run_rollouts(client, instance.tasks, skill or None, n=cfg.rollouts, seed=seed,
                                     temperature=cfg.task_temperature, max_tokens=cfg.task_max_tokens)
         task = {t.id: t for t in instance.tasks}
-        outcomes = [Outcome(task[tr.task_id].question, float(tr.reward),
-                            tr.reply or (f"error: {tr.error}" if tr.error else ""), max(tr.steps, 1))
+        outcomes = [Outcome(task[tr.task_id].question, float(tr.reward), tr.reply or (
+                            f"error: {tr.error}" if tr.error else ""), max(tr.steps, 1), tr.error)
                     for tr in trajectories]          # run_rollouts keeps task order, a task's samples together
         return sum(o.reward for o in outcomes) / max(len(outcomes), 1), outcomes
 
@@ -375,6 +376,22 @@ def autocast(bf16: bool, device):
     """bf16 autocast on `device` (the resolved --device) when asked: matmuls in bfloat16, weights and AdamW state in
     float32 (pure bf16 weights would round away updates of lr·1 relative size below 2^-8): docs/gpu.md."""
     return torch.autocast(torch.device(device).type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+
+
+class TaskModelFailed(RuntimeError):
+    """Every rollout of a training step, a held-out probe or an --eval row ended with an error (the
+    task model did not answer): nothing is recorded as 0s; train_grpo.py stops with the message and
+    exit status 1."""
+
+
+def rollout_errors(evolutions: list[Evolution], what: str) -> int:
+    """How many rollouts behind `evolutions` (seed skills and candidates) ended with an error, each
+    scored 0 and counted apart; TaskModelFailed naming `what` and the first error when all did."""
+    outcomes = [o for ev in evolutions
+                for o in ev.seed_outcomes + [o for c in ev.candidates() for o in c.outcomes]]
+    if failed := all_failed(outcomes):
+        raise TaskModelFailed(f"{what}: {failed}")
+    return sum(o.error is not None for o in outcomes)
 
 
 class SuiteError(ValueError):

@@ -15,7 +15,7 @@ from minskill import distributed, gates
 from minskill.files import append_jsonl
 from minskill.plot import write_svg_plot
 from minskill.serve.client import usage_delta
-from minskill.skill_r1.loop import OUTCOMES_SHOWN, all_zero_note
+from minskill.skill_r1.loop import OUTCOMES_SHOWN, all_zero_note, rollout_errors
 
 
 # policy_update's stats that are means over its trained tokens; the others are sums but for grad_norm (the norm of
@@ -45,7 +45,10 @@ def step_over_ranks(evolutions, cands, st, usage_now: dict, usage_before: dict):
 def metrics_row(step, evolutions, cands, st, usage, t0, t_sampled, lr) -> dict:
     """One row of metrics.jsonl: rewards per generation (averaged over the step's instances), the update's
     stats, the task model's usage (client.Usage) and the speeds. The editor samples while no task-model request
-    is out, so its seconds are the sampling phase's wall time minus the task model's busy seconds in it."""
+    is out, so its seconds are the sampling phase's wall time minus the task model's busy seconds in it.
+    `errors`: the step's rollouts that ended with an error (scored 0); when every one did,
+    TaskModelFailed stops the run before the step is recorded or saved."""
+    errors = rollout_errors(evolutions, f"training step {step + 1}")
     t_trained, n_inst, G = time.time(), len(evolutions), len(evolutions[0].generations)
 
     def per_generation(value):  # value(evolution, g) averaged over the instances, for g = 1..G
@@ -57,7 +60,7 @@ def metrics_row(step, evolutions, cands, st, usage, t0, t_sampled, lr) -> dict:
     # the carried skill that gained most over its instance's seed skill (a tie: the higher reward)
     best = max(evolutions, key=lambda ev: (ev.final_reward - ev.seed_reward, ev.final_reward))
     return {
-        "step": step,                                      # [seed skill, mean of generation 1..G candidates]
+        "step": step, "errors": errors,   # [seed skill, mean of generation 1..G candidates]:
         "reward_per_generation": [sum(ev.seed_reward for ev in evolutions) / n_inst] +
                                  per_generation(lambda ev, g: ev.generations[g].mean_reward),
         "carried_reward_per_generation": per_generation(lambda ev, g: ev.generations[g].current_reward),
@@ -102,11 +105,17 @@ def log_step(run, args, row: dict, t0: float, t_run: float, evolutions) -> None:
     print(f"step {step + 1}/{args.steps} | reward " + " → ".join(f"{r:.2f}" for r in row["reward_per_generation"]) +
           f" (best carried {row['best_skill_reward']:.2f}) | A_inter {sum(row['a_inter']) / len(row['a_inter']):+.2f}"
           f" | kl {row['kl']:.4f} | zero-var {row['zero_variance_groups']:.2f} | unparsed "
-          f"{row['unparsed_share']:.2f} | {row['task_calls']} task calls | "
+          f"{row['unparsed_share']:.2f} | {row['task_calls']} task calls{errors_note(row)} | "
           f"{time.time() - t0:.0f} s/step | ETA {eta / 60:.1f} min", flush=True)
     # said once, on this session's first step: a run that never saw a reward cannot learn
     if step == run.start_step and step + 1 < args.steps and no_reward_yet(run.rows):
         print(f"warning: so far {all_zero_note(run.tasks)}", flush=True)
+
+
+def errors_note(record: dict) -> str:
+    """A step's or probe's errored rollouts for its printed line; nothing when there were none."""
+    errors = record.get("errors", 0)
+    return f" ({errors} rollouts ended with an error, scored 0)" if errors else ""
 
 
 def no_reward_yet(rows: list[dict]) -> bool:
