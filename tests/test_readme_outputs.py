@@ -14,11 +14,11 @@ ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 
 
-def _block_after(marker: str) -> list[str]:
-    """The lines of the first ``` block after `marker` in the README."""
+def _block_after(marker: str, which: int = 0) -> list[str]:
+    """The lines of the ``` block after `marker` in the README (which: 0 the first, 1 the next)."""
     start = README.index(marker)
-    found = re.search(r"```[a-z]*\n(.*?)```", README[start:], re.S)
-    return found.group(1).splitlines()
+    blocks = re.finditer(r"^```[a-z]*\n(.*?)^```$", README[start:], re.S | re.M)
+    return [b.group(1) for b in blocks][which].splitlines()
 
 
 def _main_command() -> str:
@@ -49,6 +49,20 @@ def test_the_readme_gives_the_default_command_and_its_output():
     assert sum(l.startswith("step ") for l in shown) == 3
 
 
+def test_the_skill_r1_quick_start_table_is_what_combine_prints(tmp_path, capsys):
+    """The Skill-R1 quick start's rows, as `combine` prints them from the four evaluation runs that
+    docs/runs keeps (the README's command combines the same runs under runs/)."""
+    from minskill.skill_r1 import combine
+    runs = ROOT / "docs" / "runs" / "skill-r1-cold-start"
+    names = ("frozen", "grpo", "skill-r1-seed0", "skill-r1-seed1")
+    files = [runs / f"eval-{name}.json" for name in names]
+    assert combine.main([*map(str, files), "--out", str(tmp_path / "combined")]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    shown = _block_after("**Skill-R1** (`train_grpo.py`)", which=1)
+    assert shown and all(line in printed for line in shown), \
+        [line for line in shown if line not in printed]
+
+
 @pytest.mark.slow
 def test_the_default_run_prints_what_the_readme_shows(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1")
@@ -64,3 +78,28 @@ def test_the_default_run_prints_what_the_readme_shows(tmp_path):
         for w, g in zip(want, got):
             assert _matches(w, g), \
                 f"README.md shows\n  {w}\nthe code prints\n  {g}\n(re-run and re-paste it)"
+
+
+def _without_seconds(line: str) -> str:
+    """A printed line less its wall time ("; 383 s" at the end), which moves with the machine."""
+    return re.sub(r"; \d+ s$", "", line)
+
+
+@pytest.mark.slow
+def test_the_masa_quick_start_prints_what_the_readme_shows(tmp_path):
+    """MASA stage 1's command as the README gives it (int8 target and teacher: batch-invariant, so
+    the same lines whatever the machine's load), its summary lines and the held-out table's last
+    row."""
+    block = _block_after("**MASA stage 1**")
+    assert block[0].startswith("OMP_NUM_THREADS=1 python evolve_masa.py")
+    flags = block[0].split("python evolve_masa.py")[1].split()
+    flags = flags[:flags.index("--out")] + ["--out", str(tmp_path / "masa")]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    done = subprocess.run([sys.executable, "evolve_masa.py", *flags], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=3600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    printed = [_without_seconds(line) for line in done.stdout.splitlines()]
+    shown = _block_after("**MASA stage 1**", which=1)
+    for line in shown:
+        assert _without_seconds(line) in printed, \
+            f"README.md shows\n  {line}\nwhich the code no longer prints (re-run and re-paste it)"
