@@ -60,8 +60,10 @@ class AlignedCache(KVCache):
     (nn.model.Attention): the cache writes the new keys at the rows' own positions and attends over
     them (module docstring)."""
 
-    def __init__(self, config, batch_size: int, max_len: int, dtype=torch.float32, device=None):
+    def __init__(self, config, batch_size: int, max_len: int, dtype=torch.float32, device=None,
+                 prefill: bool = False):
         super().__init__(config, batch_size, max_len, dtype, device)
+        self.prefill = prefill    # one prompt's row: its queries as a prefill's, even a single one
         self.key_mask = torch.zeros(batch_size, 0, dtype=torch.bool, device=device)   # unused
         self.group = config.num_attention_heads // config.num_key_value_heads
         self._groups = None                   # this decoding step's rows by width, built at layer 0
@@ -79,7 +81,7 @@ class AlignedCache(KVCache):
         The model has already advanced next_position by T, and advances `length` (= the longest row)
         after the layers. The query at position t reads slots [0, W(t)) (module docstring)."""
         B, n_h, T, d = q.shape
-        if T == 1:   # decoding: one new key per row, at its own position
+        if not self.prefill:   # decoding: one new key per row, at its own position
             rows = torch.arange(B, device=q.device)
             self.k[layer, rows, :, self.next_position - 1] = k[:, :, 0]
             self.v[layer, rows, :, self.next_position - 1] = v[:, :, 0]
@@ -93,7 +95,7 @@ class AlignedCache(KVCache):
                     q[rows], self.k[layer, rows, :, :width], self.v[layer, rows, :, :width],
                     attn_mask=mask)
             return o.reshape(B, n_h, 1, d)
-        if B != 1:
+        if B != 1:   # (a prompt whose every block but its last token was cached has T = 1 here)
             raise ValueError(f"AlignedCache prefills one prompt at a time, got {B} rows")
         p = self.length                                                 # tokens already cached
         self.k[layer, :, :, p:p + T], self.v[layer, :, :, p:p + T] = k, v
@@ -137,7 +139,7 @@ class AlignedCache(KVCache):
 
     def select(self, rows) -> "AlignedCache":
         new = KVCache.select(self, rows)
-        new.__class__, new.group, new._groups = AlignedCache, self.group, None
+        new.__class__, new.group, new._groups, new.prefill = AlignedCache, self.group, None, False
         new.length = int(new.next_position.max()) if new.batch_size else 0
         return new
 
@@ -152,7 +154,7 @@ def prefill_aligned(model, prompts: list[list[int]], extra: int, prefix_cache=No
     logits = []
     for i, prompt in enumerate(unique):
         prompt, n = list(prompt), len(prompt)
-        row = AlignedCache(model.config, 1, padded(n), cache.k.dtype, model.device)
+        row = AlignedCache(model.config, 1, padded(n), cache.k.dtype, model.device, prefill=True)
         blocks = prefix_cache.lookup(prompt) if prefix_cache is not None else []
         p = len(blocks) * (prefix_cache.block if blocks else 0)
         if blocks:
@@ -182,7 +184,7 @@ def merge_aligned(a: AlignedCache, b: AlignedCache, room: int) -> AlignedCache:
     new.next_position = torch.cat([a.next_position, b.next_position])
     new.key_mask = torch.zeros(shape[1], 0, dtype=torch.bool, device=k.device)
     new.length, new.max_len, new.has_pads = length, shape[3], False
-    new.group, new._groups = a.group, None
+    new.group, new._groups, new.prefill = a.group, None, False
     return new
 
 
