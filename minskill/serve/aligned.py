@@ -13,7 +13,9 @@ CPU build with the real 135M model's activations: tests/test_batch_invariance*.p
      rows) puts row b's key of position p at slot p + pad_b, and the attention kernel sums in lanes
      and blocks fixed by slot;
   3. the width of the keys an attention call reads: the kernel's sums for a query can change with
-     the number of (masked) slots after its own keys, and in a block of only 1-3 queries;
+     the number of (masked) slots after its own keys; and a head's block of only 1-3 query rows
+     gets other bits than a bigger one, and (with two or more threads) other bits again on another
+     thread, which a row's place in its batch decides;
   4. how a prompt's keys were computed: alone, beside other prompts, from a cached prefix, or as a
      prefix kept once for several rows (serve.cascade) whose softmax is merged with the row's own
      part.
@@ -26,7 +28,8 @@ position p sits at slot p; the query at position t reads slots [0, W(t)), a widt
 
     o_t = softmax(q_t K[0:W(t)]ᵀ / √d + mask_t) V[0:W(t)],    mask_t(s) = 0 for s <= t, −∞ after
 
-    decode:   the rows of a step grouped by W, one SDPA call per group
+    decode:   the rows of a step grouped by W, one SDPA call per group, each kv head's query rows
+              made a multiple of 4 (copies of the last)
     prefill:  one prompt at a time, its queries in chunks of one W (cut at multiples of ALIGN), each
               chunk made a multiple of 4 queries; its first p tokens copied from the prefix cache,
               whose blocks were computed so by whichever prompt came first
@@ -87,14 +90,15 @@ class AlignedCache(KVCache):
             self.v[layer, rows, :, self.next_position - 1] = v[:, :, 0]
             if layer == 0:
                 self._groups = self._rows_by_width()
-            # the `group` query heads of a kv head are `group` query rows of it (as nn.model does)
-            q = q.reshape(B, -1, self.group, d)
+            # the `group` query heads of a kv head are `group` query rows of it (as nn.model does),
+            # made a multiple of 4 rows (_four_rows: with 1-3, a row's bits moved with its batch)
+            q = _four_rows(q.reshape(B, -1, self.group, d))
             o = torch.empty_like(q)
             for rows, width, mask in self._groups:
                 o[rows] = F.scaled_dot_product_attention(
                     q[rows], self.k[layer, rows, :, :width], self.v[layer, rows, :, :width],
                     attn_mask=mask)
-            return o.reshape(B, n_h, 1, d)
+            return o[:, :, :self.group].reshape(B, n_h, 1, d)
         if B != 1:   # (a prompt whose every block but its last token was cached has T = 1 here)
             raise ValueError(f"AlignedCache prefills one prompt at a time, got {B} rows")
         p = self.length                                                 # tokens already cached
@@ -109,14 +113,12 @@ class AlignedCache(KVCache):
     def _prefill_chunk(self, layer: int, q: torch.Tensor, first: int, width: int) -> torch.Tensor:
         """Attention of one row's queries at positions first.. over slots [0, width), causal. The
         kernel splits queries in blocks of 32, 64 or 256, and a last block of 1 to 3 rows gives its
-        rows other bits than a bigger one: the queries are made a multiple of 4 with copies of the
-        last."""
+        rows other bits than a bigger one: the queries are made a multiple of 4 (_four_rows)."""
         T, device = q.shape[2], q.device
         positions = torch.arange(first, first + T, device=device)
         causal = torch.arange(width, device=device)[None, :] <= positions[:, None]
-        extra = -T % 4
-        q = torch.cat([q, q[:, :, -1:].expand(-1, -1, extra, -1)], dim=2)
-        causal = torch.cat([causal, causal[-1:].expand(extra, -1)])
+        q = _four_rows(q)
+        causal = torch.cat([causal, causal[-1:].expand(q.shape[2] - T, -1)])
         o = F.scaled_dot_product_attention(q, self.k[layer, :, :, :width],
                                            self.v[layer, :, :, :width], attn_mask=causal,
                                            enable_gqa=self.group > 1)
@@ -142,6 +144,14 @@ class AlignedCache(KVCache):
         new.__class__, new.group, new._groups, new.prefill = AlignedCache, self.group, None, False
         new.length = int(new.next_position.max()) if new.batch_size else 0
         return new
+
+
+def _four_rows(q: torch.Tensor) -> torch.Tensor:
+    """q (..., T, d) with copies of its last row appended up to a multiple of 4 rows. The attention
+    kernel works on blocks of a head's query rows in per-thread buffers, and a block of 1-3 rows
+    gave a row other bits depending on which thread took it, so on its batch (docstring, 3)."""
+    extra = -q.shape[-2] % 4
+    return torch.cat([q, q[..., -1:, :].expand(*q.shape[:-2], extra, -1)], dim=-2) if extra else q
 
 
 def prefill_aligned(model, prompts: list[list[int]], extra: int, prefix_cache=None, dtype=None):
