@@ -53,7 +53,7 @@ from minskill.runs import (check_run_folder, given_flags, open_run_folder, resta
                            resume_flags, started_flags)
 from minskill.serve.caching import BudgetExhausted, CachingClient, CallBudget
 from minskill.serve.client import ChatError
-from minskill.serve.server import embedded_client
+from minskill.serve.embedded import embedded_client
 from minskill.skillsets import SkillSet
 from minskill.tasks import load_suite
 from minskill.tasks.base import interleave

@@ -57,7 +57,7 @@ from minskill.rollout import all_failed, load_skills, run_rollouts, summarize
 from minskill.runs import (RUN_MARKER, check_run_folder, given_flags, open_run_folder, restart_note,
                            resume_flags, started_flags)
 from minskill.serve.client import ChatClient, usage_delta
-from minskill.serve.server import embedded_client
+from minskill.serve.embedded import embedded_client
 from minskill.skillsets import SkillSet, check_replaceable
 from minskill.tasks import load_suite
 

@@ -86,7 +86,7 @@ from minskill.rollout import SkillsNotFound, load_skills, skill_text
 from minskill.runs import (TRAINER_STATE, check_run_folder, given_flags, load_trainer_state, open_run_folder,
                            older_checkpoints, recover_checkpoint, resume_flags, save_checkpoint,
                            restart_flags, set_rng_state, started_flags)
-from minskill.serve.server import embedded_client
+from minskill.serve.embedded import embedded_client
 from minskill.skill_r1.evaluate import (TaskModelFailed, check_heldout, evaluate, probe, probe_instances,
                                         with_heldout_seed)
 from minskill.skill_r1.grpo import check_loss_config, policy_loss

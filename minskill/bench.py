@@ -72,7 +72,7 @@ from minskill.nn.tokenizer import Tokenizer
 from minskill.nn.weights import (DEFAULT_MODEL, config_from_hf, default_gguf_path, load_model, load_pretrained,
                                  resolve_model)
 from minskill.rollout import run_rollouts
-from minskill.serve.server import embedded_client
+from minskill.serve.embedded import embedded_client
 from minskill.sft import sft_throughput
 from minskill.skill_r1.grpo import bilevel_advantages, policy_loss
 from minskill.skill_r1.loop import HistoryEntry, Instance, Outcome, editor_messages
@@ -628,11 +628,12 @@ def main(argv=None) -> None:
                    "frozen LoRA base's storage")
     p.add_argument("--bf16", action="store_true", help="memory: bf16 autocast over float32 weights")
     p.add_argument("--gpu-gib", type=float, default=80.0, help="memory: the GPU's memory (default 80)")
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice); "
+                   "server: the servers' threads, llama.cpp's too")
     p.add_argument("--quantize", choices=QUANTIZE_CHOICES, default="none", help="server, grpo: the embedded "
                    "server's weights (default none = float)")
-    p.add_argument("--gguf", default=None, help="model: the GGUF of --model for the llama.cpp rows (the offline "
-                   "default finds its own)")
+    p.add_argument("--gguf", default=None, help="model, server --against llama-cpp: the GGUF of --model for "
+                   "llama.cpp (the offline default finds its own)")
     add_server_args(p)
     args = p.parse_args(argv)
     if args.threads:

@@ -8,7 +8,7 @@ configuration, in one run, printed as one table.
     python -m minskill.bench server --workload clients         # the former sweep: 1, 4, 16 closed-loop clients
     python -m minskill.bench server --workload stop-string     # one request, with and without stop
 
-Each configuration is a `python -m minskill.serve` subprocess (serve.server.embedded_client: --model, --quantize,
+Each configuration is a `python -m minskill.serve` subprocess (serve.embedded.embedded_client: --model, --quantize,
 --dtype, --max-batch, --threads as given here, then the configuration's own flags), started once, warmed up with
 one short request, sent the same requests as every other configuration by --clients closed-loop clients
 (a client sends its next request when its reply arrives), then stopped. CONFIGURATIONS:
@@ -42,8 +42,9 @@ Workloads (the requests are fixed before any server starts; greedy, seed 0):
                    at most --max-tokens (16)
     mixed-lengths  --requests (32) "write a long story" prompts, the reply budgets --lengths cycled in request
                    order (8,8,8,128: a quarter of the replies 16x longer than the others)
-    rollouts       rollout.run_rollouts on --requests (16) held-out qa tasks, --max-tokens (64) per reply, three
-                   times: skills none, the suite's base skills, the long library (as shared-prefix's)
+    rollouts       rollout.run_rollouts on --requests (16) held-out qa tasks, --max-tokens (64)
+                   per reply, once per skill set of --skill-sets (none,base,library): skills
+                   none, the suite's base skills, the long library (as shared-prefix's)
     stop-string    one "write a long story" request of --n (16) samples, --max-tokens (512) each
                    (seeded, temperature 1), sent without a stop string, then with one that never
                    matches (NEVER_STOP): checking a stop string costs the new text only, so the
@@ -62,6 +63,24 @@ Columns, per configuration and workload (rollouts: per skill set):
 Then, per configuration after the first, its ratios to the first: throughput (requests/s) and p50 latency,
 for rollouts the wall of each skill set over the wall with no skill, and for stop-string the wall
 with the stop string over the wall without.
+
+Other servers, after the configurations (rollouts only): --against, comma-separated, of
+    llama-cpp       llama.cpp's server in a subprocess (python -c LLAMA_CPP_LAUNCHER; xllamacpp,
+                    tests/requirements.txt) on --gguf (default: the offline default's), CommonParams
+                    port (free, loopback), use_jinja True (the GGUF's chat template), n_parallel
+                    --llama-slots (8), n_ctx --llama-slots x --llama-ctx (4096), cpuparams(_batch)
+                    .n_threads --threads (default: torch's); printed; stopped at the end
+    NAME=URL[@PID]  an OpenAI-compatible server running at URL (ending in /v1; key and model:
+                    OPENAI_API_KEY, OPENAI_MODEL, else its first); PID: its process, for CPU s
+Each is warmed up and sent the same rollouts; its rows join the table above ("replies = first": "–",
+another engine's greedy replies differ). For rollouts, a table per server and skill set:
+    tasks                rollouts run (one per task)
+    wall s, tasks/s      first request sent -> last reply received; tasks / wall
+    completion tok/s     completion tokens (the server's usage counts) / wall
+    server CPU s         utime + stime + cutime + cstime of the server's process (/proc/PID/stat),
+                         after the skill set minus before; "–" off Linux or without its PID
+    success              the mean reward of the rollouts
+    wall vs REF          the wall over REF's on the skill set; REF: the first --against, else config
 """
 from __future__ import annotations
 
@@ -72,15 +91,22 @@ import re
 import subprocess
 import sys
 import threading
+import importlib.util
+import socket
+import tempfile
 import time
-from dataclasses import dataclass, field
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import requests
+import torch
+
 from minskill.nn.tokenizer import Tokenizer
-from minskill.nn.weights import resolve_model
+from minskill.nn.weights import DEFAULT_MODEL, default_gguf_path, resolve_model
 from minskill.rollout import base_skills, load_skills, run_rollouts, skill_prompts
-from minskill.serve.client import chat_as_completed
-from minskill.serve.server import embedded_client
+from minskill.serve.client import ChatClient, chat_as_completed
+from minskill.serve.embedded import embedded_client
 from minskill.skillsets import SkillSet
 from minskill.tasks import load_suite
 
@@ -100,6 +126,9 @@ CONFIGURATIONS = {
 }
 # what a server without the flag does
 TODAY = {"--prefix-cache-mb": "0", "--scheduler": "static", "--batch-invariant": "off"}
+SKILL_SETS = {"none": "rollouts, skills none", "base": "rollouts, skills base",
+              "library": "rollouts, long library"}   # --skill-sets: the rollouts' labels
+LLAMA_CPP = "llama-cpp"
 STORY_TOPICS = ("a lighthouse keeper", "a lost dog", "a city under the sea", "a clockmaker", "a mountain village",
                 "a robot gardener", "two rival chefs", "a winter storm")
 
@@ -124,6 +153,12 @@ def add_server_args(p) -> None:
     p.add_argument("--max-batch", type=int, default=16, help="server: the server's --max-batch (default 16)")
     p.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="float32",
                    help="server: the server's weights (default float32)")
+    p.add_argument("--skill-sets", default="none,base,library",
+                   help="server, rollouts: skill sets, comma-separated (default none,base,library)")
+    p.add_argument("--against", default="", help="server, rollouts: other servers, comma-separated:"
+                   " llama-cpp (started here), NAME=URL[@PID] (running; URL ends in /v1)")
+    p.add_argument("--llama-slots", type=int, default=8, help="server: llama.cpp's slots (8)")
+    p.add_argument("--llama-ctx", type=int, default=4096, help="server: llama.cpp's context a slot")
 
 
 # ------------------------------------------------------------------------------------------- configurations
@@ -211,11 +246,13 @@ def workload_requests(args, tokenizer) -> dict[str, list[dict] | tuple]:
                                        temperature=0.0, max_tokens=lengths[i % len(lengths)], seed=0)
                                   for i in range(n)]}
     tasks = load_suite("qa", split="heldout", seed=0, n=n)
-    long = library(args, tokenizer)
+    wants_library = args.workload == "shared-prefix" or "library" in skill_sets(args)
+    long = library(args, tokenizer) if wants_library else None
     if args.workload == "shared-prefix":
         return {"shared-prefix": _qa_requests(tasks, skill_prompts(long, tasks), max_tokens)}
-    return {"rollouts, skills none": (tasks, None), "rollouts, skills base": (tasks, base_skills("qa")),
-            "rollouts, long library": (tasks, long)}
+    skills = {"none": None, "base": base_skills("qa"), "library": long}
+    return {label: (tasks, skills[name]) for name, label in SKILL_SETS.items()
+            if name in skill_sets(args)}
 
 
 # ---------------------------------------------------------------------------------------------- measuring
@@ -238,6 +275,9 @@ class Row:
     calls: list[Call] = field(default_factory=list)
     wall: float = 0.0
     reward: float | None = None
+    tasks: int = 0                     # rollouts: tasks run
+    server_cpu: float | None = None    # CPU seconds of the server process (None: unknown)
+    minskill: bool = True              # False: an --against server (another engine)
 
     def replies(self) -> dict[str, list[str]]:
         return {request_key(c.request): c.texts for c in self.calls}
@@ -274,7 +314,7 @@ def run_workload(client, config: str, label: str, work, max_tokens: int) -> Row:
         failed = [t.error for t in trajs if t.error]
         if failed:
             raise RuntimeError(f"{config}, {label}: {len(failed)} rollouts failed; the first: {failed[0]}")
-        row.reward = sum(t.reward for t in trajs) / len(trajs)
+        row.reward, row.tasks = sum(t.reward for t in trajs) / len(trajs), len(tasks)
     else:
         for _, answer in chat_as_completed(recorder, work):
             if isinstance(answer, BaseException):
@@ -283,8 +323,10 @@ def run_workload(client, config: str, label: str, work, max_tokens: int) -> Row:
     return row
 
 
-def measure(args, runnable: dict[str, list[str]], work: dict) -> list[Row]:
-    """Every workload of `work` under every configuration, a fresh server each (module docstring)."""
+def measure(args, runnable: dict[str, list[str]], work: dict,
+            against: list[Against] = ()) -> list[Row]:
+    """Every workload of `work` under every configuration, a fresh server each, then on every
+    --against server (module docstring)."""
     rows, max_tokens = [], args.max_tokens or DEFAULT_MAX_TOKENS.get(args.workload, 16)
     base_flags = ["--max-batch", str(args.max_batch), "--dtype", args.dtype,
                   *(["--threads", str(args.threads)] if args.threads else [])]
@@ -295,12 +337,182 @@ def measure(args, runnable: dict[str, list[str]], work: dict) -> list[Row]:
                              prefix_cache_mb=engine.get("--prefix-cache-mb", TODAY["--prefix-cache-mb"]),
                              scheduler=engine.get("--scheduler", TODAY["--scheduler"]),
                              server_args=base_flags + flags, max_workers=args.clients, timeout=3600) as client:
-            # warm-up (allocation, first kernels) on a prompt no workload shares, so no prefix is cached yet
-            client.chat([{"role": "system", "content": "Warm-up."}, {"role": "user", "content": "hi"}], max_tokens=2)
-            for label, requests in work.items():
-                rows.append(run_workload(client, config, label, requests, max_tokens))
-                print(f"  {label}: {len(rows[-1].calls)} requests in {rows[-1].wall:.1f} s", flush=True)
+            rows += measure_server(client, config, work, max_tokens, client.server_process.pid)
+    for server in against:
+        with against_client(args, server) as (client, pid):
+            rows += measure_server(client, server.name, work, max_tokens, pid, minskill=False)
     return rows
+
+
+def measure_server(client, name: str, work: dict, max_tokens: int, pid: int | None,
+                   minskill: bool = True) -> list[Row]:
+    """Every workload of `work` through `client` after a warm-up, each with the CPU seconds that
+    process `pid` used meanwhile."""
+    # warm-up (allocation, first kernels) on a prompt no workload shares, so no prefix is cached yet
+    client.chat([{"role": "system", "content": "Warm-up."}, {"role": "user", "content": "hi"}],
+                max_tokens=2)
+    rows = []
+    for label, sent in work.items():
+        before = process_cpu_seconds(pid)
+        row = run_workload(client, name, label, sent, max_tokens)
+        after = process_cpu_seconds(pid)
+        row.server_cpu = after - before if before is not None and after is not None else None
+        row.minskill = minskill
+        rows.append(row)
+        print(f"  {label}: {len(row.calls)} requests in {row.wall:.1f} s", flush=True)
+    return rows
+
+
+def process_cpu_seconds(pid: int | None) -> float | None:
+    """The CPU seconds process `pid` has used so far, its waited-for children's included: utime +
+    stime + cutime + cstime of /proc/PID/stat; None without a pid, off Linux (no /proc) or once
+    it is gone."""
+    if pid is None:
+        return None
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # the fields after the command name (which may hold spaces), from field 3 (state) on
+    fields = stat[stat.rindex(")") + 2:].split()
+    return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
+# ------------------------------------------------------------------------------- other servers
+
+
+@dataclass
+class Against:
+    """A server of --against: llama.cpp started here on `gguf` (url None), or one running at url."""
+    name: str
+    url: str | None = None
+    pid: int | None = None
+    gguf: str | None = None
+
+
+def parse_against(text: str) -> list[Against]:
+    """--against's entries (module docstring); SystemExit naming the flag and the entry when one is
+    bad."""
+    servers = []
+    for entry in (e.strip() for e in text.split(",") if e.strip()):
+        name, has_url, target = entry.partition("=")
+        url, has_pid, pid = target.rpartition("@")
+        if not pid.isdigit():   # no @PID: the @ (if any) belongs to the URL
+            url, has_pid, pid = target, "", ""
+        why = None
+        if not has_url and name != LLAMA_CPP:
+            why = f"unknown server; give {LLAMA_CPP} or NAME=URL[@PID]"
+        elif has_url and not re.fullmatch(r"[\w.-]+", name):
+            why = "NAME must be letters, digits, '_', '.' or '-'"
+        elif has_url and not re.fullmatch(r"https?://[^\s/]+(/\S*)?/v1/?", url):
+            why = "the URL must be an http(s) base URL ending in /v1, e.g. http://127.0.0.1:8080/v1"
+        elif has_pid and int(pid) < 1:
+            why = "the PID must be >= 1"
+        elif name in (s.name for s in servers):
+            why = "named twice"
+        if why:
+            raise SystemExit(f"bench server: --against: {entry!r}: {why}")
+        servers.append(Against(name, url.rstrip("/") if has_url else None,
+                               int(pid) if has_pid else None))
+    return servers
+
+
+def llama_cpp_gguf(args) -> str:
+    """The GGUF llama.cpp serves: --gguf, else the offline default's; SystemExit saying what is
+    missing."""
+    if importlib.util.find_spec("xllamacpp") is None:
+        raise SystemExit(f"bench server: --against {LLAMA_CPP} needs xllamacpp: "
+                         "pip install -r tests/requirements.txt")
+    if args.gguf is None and args.model != DEFAULT_MODEL:
+        raise SystemExit(f"bench server: --against {LLAMA_CPP}: pass --gguf (of {args.model})")
+    try:
+        gguf = Path(args.gguf) if args.gguf else default_gguf_path()
+    except FileNotFoundError as error:
+        raise SystemExit(f"bench server: --against {LLAMA_CPP}: {error}")
+    if not gguf.is_file():
+        raise SystemExit(f"bench server: --gguf: no such file: {gguf}")
+    return str(gguf)
+
+
+@contextmanager
+def against_client(args, server: Against):
+    """(a ChatClient, the server's pid or None) for an --against server; llama.cpp is started here
+    and stopped when the block exits."""
+    if server.url is not None:
+        print(f"{server.name}: {server.url}, pid {server.pid or '– (no CPU seconds)'}", flush=True)
+        yield ChatClient(server.url, max_workers=args.clients, timeout=3600), server.pid
+        return
+    threads = args.threads or torch.get_num_threads()
+    params = {"model.path": server.gguf, "port": free_port(), "use_jinja": True,
+              "n_parallel": args.llama_slots, "n_ctx": args.llama_slots * args.llama_ctx,
+              "cpuparams.n_threads": threads, "cpuparams_batch.n_threads": threads}
+    shown = ", ".join(f"{key}={value}" for key, value in params.items())
+    print(f"{server.name}: xllamacpp.Server(CommonParams {shown}) in a subprocess "
+          f"(LLAMA_CPP_LAUNCHER); as llama-server: -m {server.gguf} --port {params['port']} "
+          f"--jinja -np {args.llama_slots} -c {params['n_ctx']} -t {threads} -tb {threads}",
+          flush=True)
+    with llama_cpp_server(params) as (url, process):
+        yield ChatClient(url, api_key="", max_workers=args.clients, timeout=3600), process.pid
+
+
+# Run as `python -c LLAMA_CPP_LAUNCHER PARAMS_JSON`: llama.cpp's server in a process of its own, so
+# that its CPU seconds are its own. A key "a.b" sets params.a.b. It serves until killed, or until
+# its parent (the bench) is gone.
+LLAMA_CPP_LAUNCHER = """
+import functools, json, os, sys, time, xllamacpp
+params = xllamacpp.CommonParams()
+for key, value in json.loads(sys.argv[1]).items():
+    *path, last = key.split(".")
+    setattr(functools.reduce(getattr, path, params), last, value)
+server = xllamacpp.Server(params)
+parent = os.getppid()
+while os.getppid() == parent:
+    time.sleep(1)
+"""
+
+
+@contextmanager
+def llama_cpp_server(params: dict, startup_timeout: float = 600.0):
+    """(base URL ending in /v1, subprocess.Popen) of llama.cpp's server started with `params`
+    (CommonParams keys), once /health answers 200; terminated when the block exits, also on an error
+    or Ctrl-C."""
+    command = [sys.executable, "-c", LLAMA_CPP_LAUNCHER, json.dumps(params)]
+    base = f"http://127.0.0.1:{params['port']}"
+    with tempfile.TemporaryFile("w+b") as log:
+        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+        try:
+            deadline = time.monotonic() + startup_timeout
+            while not healthy(base):
+                if (code := process.poll()) is not None or time.monotonic() > deadline:
+                    log.seek(0)
+                    problem = f"exited with code {code}" if code is not None else "was not healthy"
+                    tail = log.read().decode("utf-8", "replace")[-3000:]
+                    raise RuntimeError(f"llama.cpp's server ({json.dumps(params)}) {problem}; its "
+                                       f"output ends:\n{tail}")
+                time.sleep(0.2)
+            yield base + "/v1", process
+        finally:
+            if process.poll() is None:
+                process.terminate()
+                try:
+                    process.wait(30)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
+
+
+def healthy(base: str) -> bool:
+    try:
+        return requests.get(base + "/health", timeout=2).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+def free_port() -> int:
+    """A loopback port free now (llama.cpp takes a port number, not 0)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -320,10 +532,33 @@ def table(rows: list[Row]) -> str:
     for row in rows:
         n, latencies = len(row.calls), [c.seconds for c in row.calls]
         same = sum(first[row.label].get(key) == texts for key, texts in row.replies().items())
+        same = f"{same}/{n}" if row.minskill else "–"   # another engine: its greedy replies differ
         lines.append(f"| {row.config} | {row.label} | {n} | {sum(c.prompt_tokens for c in row.calls) / n:.0f} | "
                      f"{sum(c.completion_tokens for c in row.calls) / n:.1f} | {row.wall:.1f} | {n / row.wall:.2f} | "
                      f"{sum(c.completion_tokens for c in row.calls) / row.wall:.1f} | "
-                     f"{percentile(latencies, 0.5):.2f} | {percentile(latencies, 0.9):.2f} | {same}/{n} |")
+                     f"{percentile(latencies, 0.5):.2f} | {percentile(latencies, 0.9):.2f} | "
+                     f"{same} |")
+    return "\n".join(lines)
+
+
+SERVER_COLUMNS = ("server", "skill set", "tasks", "wall s", "tasks/s", "completion tok/s",
+                  "server CPU s", "success")
+
+
+def server_table(rows: list[Row], reference: str) -> str:
+    """The markdown table of SERVER_COLUMNS and the wall against `reference`'s, a row per server and
+    skill set (module docstring)."""
+    columns = SERVER_COLUMNS + (f"wall vs {reference}",)
+    skill_set = {label: name for name, label in SKILL_SETS.items()}
+    walls = {row.label: row.wall for row in rows if row.config == reference}
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for row in rows:
+        tokens = sum(c.completion_tokens for c in row.calls)
+        cpu = "–" if row.server_cpu is None else f"{row.server_cpu:.1f}"
+        server = f"minskill {row.config}" if row.minskill else row.config
+        lines.append(f"| {server} | {skill_set[row.label]} | {row.tasks} | {row.wall:.1f} | "
+                     f"{row.tasks / row.wall:.2f} | {tokens / row.wall:.1f} | {cpu} | "
+                     f"{row.reward:.3f} | {row.wall / walls[row.label]:.2f}× |")
     return "\n".join(lines)
 
 
@@ -360,8 +595,9 @@ def _per_token(row) -> float:
     return row.wall / max(1, sum(c.completion_tokens for c in row.calls))
 
 
-def check_args(args) -> None:
-    """SystemExit naming the flag when a size is not a positive integer."""
+def check_args(args) -> list[Against]:
+    """--against's servers; SystemExit naming the flag when a size is not a positive integer, a
+    skill set or an --against entry is unknown, or llama.cpp cannot be started."""
     try:
         lengths = [int(x) for x in args.lengths.split(",")]
     except ValueError:
@@ -369,29 +605,56 @@ def check_args(args) -> None:
     for flag, value in (("--clients", args.clients), ("--requests", args.requests), ("--max-tokens", args.max_tokens),
                         ("--n", args.n),
                         ("--prefix-tokens", args.prefix_tokens), ("--max-batch", args.max_batch),
+                        ("--llama-slots", args.llama_slots), ("--llama-ctx", args.llama_ctx),
                         *(("--lengths", x) for x in lengths)):
         if value is not None and value < 1:
             raise SystemExit(f"bench server: {flag} must be >= 1, got {value}")
+    names = skill_sets(args)
+    if not names or any(name not in SKILL_SETS for name in names):
+        raise SystemExit(f"bench server: --skill-sets: give some of {', '.join(SKILL_SETS)}, "
+                         f"got {args.skill_sets!r}")
+    against = parse_against(args.against)
+    if against and args.workload != "rollouts":
+        raise SystemExit("bench server: --against: for --workload rollouts only")
+    if clash := [s.name for s in against if s.name in configurations(args)]:
+        raise SystemExit(f"bench server: --against: {clash[0]!r} is a configuration's name")
+    return [replace(s, gguf=llama_cpp_gguf(args)) if s.url is None else s for s in against]
+
+
+def skill_sets(args) -> list[str]:
+    return [name.strip() for name in args.skill_sets.split(",") if name.strip()]
+
+
+def configurations(args) -> list[str]:
+    return [c.strip() for c in args.configs.split(",") if c.strip()]
 
 
 def bench_server(args) -> list[Row]:
-    """`bench server`: plan the configurations, build the workload, measure, print the table (module docstring)."""
+    """`bench server`: plan the configurations, build the workload, measure, print the tables
+    (module docstring)."""
     if args.workload == "clients":
         client_sweep(args)
         return []
-    check_args(args)
-    runnable, skipped = plan([c.strip() for c in args.configs.split(",") if c.strip()], serve_help(),
-                             args.prefix_cache_mb)
+    against = check_args(args)
+    runnable, skipped = plan(configurations(args), serve_help(), args.prefix_cache_mb)
     for name, why in skipped.items():
         print(f"skipped configuration {name}: {why}", flush=True)
     if not runnable:
         raise RuntimeError("bench server: the server accepts none of --configs " + args.configs)
     tokenizer = Tokenizer.from_pretrained(str(resolve_model(args.model)))
-    rows = measure(args, runnable, workload_requests(args, tokenizer))
+    rows = measure(args, runnable, workload_requests(args, tokenizer), against)
     print(f"\n{args.workload}: {args.clients} clients, model {args.model}, {args.dtype}, quantize {args.quantize}, "
           f"max batch {args.max_batch}\n{table(rows)}")
+    if against:
+        print("(replies = first: – for " + ", ".join(s.name for s in against) +
+              ", another engine, whose greedy replies differ)")
     for line in ratios(rows) + [f"(skipped {name}: {why})" for name, why in skipped.items()]:
         print(line)
+    if args.workload == "rollouts":
+        reference = against[0].name if against else next(iter(runnable))
+        max_tokens = args.max_tokens or DEFAULT_MAX_TOKENS["rollouts"]
+        print(f"\nrollouts per server: {args.clients} clients, --max-tokens {max_tokens}\n"
+              f"{server_table(rows, reference)}")
     return rows
 
 

@@ -144,7 +144,7 @@ def with_extra_body(client, extra_body):
 
 def client_args(args, role: str) -> dict:
     """url/model/api_key/extra_body of --{role}-*, the script's --device (where an embedded server
-    runs) and its --max-reply-mb: the keyword arguments of serve.server.embedded_client."""
+    runs) and its --max-reply-mb: the keyword arguments of serve.embedded.embedded_client."""
     mb = getattr(args, "max_reply_mb", None)
     return {"url": getattr(args, f"{role}_url", None), "model": getattr(args, f"{role}_model", None),
             "api_key": getattr(args, f"{role}_api_key", None), "extra_body": getattr(args, f"{role}_extra_body", None),

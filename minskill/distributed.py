@@ -188,7 +188,7 @@ def main_first():
 
 @contextlib.contextmanager
 def shared_client(open_client, url=None, **kwargs):
-    """`open_client(url=url, **kwargs)` (serve.server.embedded_client: a client of `url`, or of a local server it
+    """`open_client(url=url, **kwargs)` (serve.embedded.embedded_client: a client of `url`, or of a local server it
     starts) on every rank, for one task model: with a URL every rank opens its own client of it; without, rank 0
     starts the embedded server and the others connect to it (one copy of the task model, serving every rank's
     requests), which stays up until every rank has left the block."""

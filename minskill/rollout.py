@@ -85,7 +85,7 @@ from minskill.retrieval import (RetrievalError, add_retrieval_args, check_retrie
                                 with_retrieval)
 from minskill.runs import clean_staging
 from minskill.serve.client import chat_as_completed
-from minskill.serve.server import embedded_client
+from minskill.serve.embedded import embedded_client
 from minskill.skillsets import SkillSet
 from minskill.tasks import (BASE_SKILLS_DIR, GAIA_SUBMISSION, SUITES, TaskWarning, is_task_file, load_suite,
                             make_env, skill_key_type, suite_types, withhold_hidden)

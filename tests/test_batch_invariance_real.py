@@ -11,7 +11,7 @@ from minskill.rollout import base_skills, run_rollouts
 from minskill.serve.aligned import pad_single_rows, prefill_aligned
 from minskill.serve.client import ChatClient
 from minskill.serve.prefix_cache import PrefixCache
-from minskill.serve.server import embedded_client
+from minskill.serve.embedded import embedded_client
 from minskill.tasks import load_suite
 
 pytestmark = pytest.mark.slow

@@ -1,4 +1,10 @@
-"""minskill/bench.py: the bandwidth bound's byte count and the matmul-only ceiling, on tiny models."""
+"""minskill/bench.py: the bandwidth bound's byte count and the matmul-only ceiling, on tiny models;
+minskill/bench_server.py: configurations, workloads, and other servers (--against) beside minskill's."""
+import os
+import sys
+import time
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -116,3 +122,121 @@ def test_rollout_ratios_set_reply_length_apart_from_the_prefix():
     lines = ratios([row("skills none", 10.0, 50), row("long library", 20.0, 100)])
     assert "new: wall vs no skill: skills none 1.00× (reward 0.500), long library 2.00× (reward 0.500)" in lines
     assert "new: wall per completion token vs no skill: skills none 1.00×, long library 1.00×" in lines
+
+
+# ---- bench server --against: other servers beside minskill's (rollouts)
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="no /proc (not Linux)")
+def test_process_cpu_seconds_reads_the_cpu_a_process_used():
+    from minskill.bench_server import process_cpu_seconds
+    before, start = process_cpu_seconds(os.getpid()), time.process_time()
+    while time.process_time() - start < 0.2:   # burn CPU past a few clock ticks
+        sum(i * i for i in range(1000))
+    after = process_cpu_seconds(os.getpid())
+    assert after > before >= 0 and after > 0
+    assert process_cpu_seconds(None) is None and process_cpu_seconds(0) is None   # no /proc/0
+
+
+def test_against_entries_parse_into_servers():
+    from minskill.bench_server import Against, parse_against
+    assert parse_against("llama-cpp, vllm=http://127.0.0.1:8000/v1/@4242,b=https://u@h/x/v1") == [
+        Against("llama-cpp"), Against("vllm", "http://127.0.0.1:8000/v1", 4242),
+        Against("b", "https://u@h/x/v1")]   # an @ not followed by digits belongs to the URL
+    assert parse_against("") == []
+
+
+@pytest.mark.parametrize("entry", [
+    "llama", "x=127.0.0.1:8000/v1", "x=http://h:1/chat", "x=http://h/v1@0", "a b=http://h/v1",
+    "=http://h/v1", "x=http://h/v1@12abc", "x=http://h/v1,x=http://g/v1", "llama-cpp,llama-cpp"])
+def test_a_bad_against_entry_names_the_flag(entry):
+    from minskill.bench_server import parse_against
+    with pytest.raises(SystemExit, match="--against"):
+        parse_against(entry)
+
+
+@pytest.mark.parametrize("flags, named", [
+    (["--against", "vllm"], "--against"),
+    (["--against", "new=http://h/v1"], "--against"),                   # a configuration's name
+    (["--workload", "shared-prefix", "--against", "x=http://h/v1"], "--against"),   # rollouts
+    (["--skill-sets", "none,fancy"], "--skill-sets"), (["--skill-sets", ","], "--skill-sets"),
+    (["--llama-slots", "0"], "--llama-slots")])
+def test_bench_server_names_a_bad_against_flag_before_starting_anything(flags, named):
+    with pytest.raises(SystemExit, match=named):
+        bench.main(["server", "--workload", "rollouts", *flags])
+
+
+def test_against_llama_cpp_without_xllamacpp_says_how_to_install_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "xllamacpp", None)   # import xllamacpp now fails
+    with pytest.raises(SystemExit, match="needs xllamacpp: pip install -r tests/requirements.txt"):
+        bench.main(["server", "--workload", "rollouts", "--against", "llama-cpp"])
+
+
+def test_bench_server_runs_the_rollouts_on_other_servers_beside_minskill(tmp_path, capsys):
+    """minskill's server on a tiny model, then two scripted OpenAI-compatible servers given as
+    NAME=URL (one right on every task, one wrong): a row each per skill set, their own success, CPU
+    seconds where a pid is given, and each server's wall over the first --against server's."""
+    from minskill.bench_server import SERVER_COLUMNS
+    from minskill.serve.server import ScriptedBackend, start_server
+    from minskill.tasks import load_suite
+    tasks = load_suite("qa", split="heldout", seed=0, n=2)
+    seen = {"right": [], "wrong": []}
+
+    def scripted(name):
+        def reply(messages, request):
+            seen[name].append(messages[-1]["content"])
+            task = next((t for t in tasks if t.question in messages[-1]["content"]), None)
+            right = task.answer if task else "hello"
+            return f"The answer is {right if name == 'right' else 'nothing'}."
+        return reply
+    with start_server(ScriptedBackend(scripted("right"))) as right, \
+            start_server(ScriptedBackend(scripted("wrong"))) as wrong:
+        model = make_tiny_model_dir(tmp_path, max_position_embeddings=2048)   # base skills fit
+        bench.main(["server", "--workload", "rollouts", "--model", str(model),
+                    "--configs", "today", "--skill-sets", "none,base", "--requests", "2",
+                    "--clients", "2", "--max-tokens", "8", "--threads", "1",
+                    "--against", f"right={right.url}@{os.getpid()},wrong={wrong.url}"])
+    # each: a warm-up, then 2 tasks x 2 skill sets
+    assert [len(s) for s in seen.values()] == [1 + 2 * 2, 1 + 2 * 2]
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    header = next(line for line in lines if line.startswith("| server |"))
+    assert [c.strip() for c in header.strip("|").split("|")] == [*SERVER_COLUMNS, "wall vs right"]
+    rows = [[c.strip() for c in line.strip("|").split("|")]
+            for line in lines[lines.index(header) + 2:] if line.startswith("| ")]
+    assert [r[:3] for r in rows] == [[server, skills, "2"]
+                                     for server in ("minskill today", "right", "wrong")
+                                     for skills in ("none", "base")]
+    cpu, success, ratio = ({(r[0], r[1]): r[i] for r in rows} for i in (6, 7, 8))
+    for skills in ("none", "base"):
+        assert success["right", skills] == "1.000" and success["wrong", skills] == "0.000"
+        assert ratio["right", skills] == "1.00×"
+        assert float(cpu["minskill today", skills]) >= 0 and float(cpu["right", skills]) >= 0
+        assert cpu["wrong", skills] == "–"   # no pid given
+    assert all(r.endswith("×") for r in ratio.values())
+    # the first table: the other engines' replies are not compared with minskill's
+    first = [line.split("|") for line in lines[:lines.index(header)]
+             if line.startswith(("| right |", "| wrong |"))]
+    assert len(first) == 4 and all(cells[-2].strip() == "–" for cells in first)
+
+
+@pytest.mark.slow
+def test_llama_cpp_launcher_serves_the_shipped_gguf_and_stops(capsys):
+    """llama.cpp's server, started by the bench in a subprocess of its own, answers 2 rollouts; its
+    CPU seconds are counted; it is gone once the block exits."""
+    pytest.importorskip("xllamacpp")
+    import argparse
+    from minskill.bench_server import Against, against_client, llama_cpp_gguf, measure_server
+    from minskill.tasks import load_suite
+    args = argparse.Namespace(gguf=None, model=bench.DEFAULT_MODEL, clients=2, threads=1,
+                              llama_slots=2, llama_ctx=1024)
+    try:
+        gguf = llama_cpp_gguf(args)
+    except SystemExit as error:
+        pytest.skip(str(error))
+    with against_client(args, Against("llama-cpp", gguf=gguf)) as (client, pid):
+        work = {"rollouts, skills base": (load_suite("qa", split="heldout", seed=0, n=2), None)}
+        rows = measure_server(client, "llama-cpp", work, max_tokens=8, pid=pid, minskill=False)
+    assert rows[0].tasks == 2 and rows[0].server_cpu > 0
+    assert all(c.completion_tokens > 0 for c in rows[0].calls)
+    assert not Path(f"/proc/{pid}").exists()   # terminated and waited for
+    assert "n_parallel=2" in capsys.readouterr().out

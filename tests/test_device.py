@@ -11,7 +11,7 @@ import rewrite
 import train_grpo
 from minskill import bench, cli
 from minskill.masa import transfer
-from minskill.serve import server
+from minskill.serve import embedded, server
 from minskill.skill_r1 import loop
 
 APPLY = ["apply", "--rewriter", "r", "--model-card", "c", "--skills", "s", "--task", "t", "--out", "o"]
@@ -98,9 +98,9 @@ def test_the_embedded_server_gets_the_scripts_device(monkeypatch):
     def popen(command, **kw):
         started.append(command)
         raise Stop
-    monkeypatch.setattr(server.subprocess, "Popen", popen)
+    monkeypatch.setattr(embedded.subprocess, "Popen", popen)
     with pytest.raises(Stop):
-        with server.embedded_client(**cli.client_args(argparse.Namespace(device="cuda:1"), "task")):
+        with embedded.embedded_client(**cli.client_args(argparse.Namespace(device="cuda:1"), "task")):
             pass
     assert started[0][started[0].index("--device") + 1] == "cuda:1"
 

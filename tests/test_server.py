@@ -17,7 +17,8 @@ import requests
 
 from minskill.serve.client import ChatClient, ChatError
 from minskill.serve.errors import BackendError
-from minskill.serve.server import ScriptedBackend, embedded_client, start_server
+from minskill.serve.embedded import embedded_client
+from minskill.serve.server import ScriptedBackend, start_server
 
 REPO = Path(__file__).resolve().parent.parent
 USER = [{"role": "user", "content": "what is six times seven"}]
@@ -394,21 +395,24 @@ def test_batched_equals_sequential(tiny_backend):
 
 
 # ---- the command line and the embedded default -------------------------------------------------------
-def test_cli_serves_logs_and_stops_on_sigint(tiny_dir, tmp_path):
+@pytest.mark.parametrize("quantize, weights", [("none", "float32 weights"),
+                                               ("int8", "int8 weights, bfloat16 activations")])
+def test_cli_serves_logs_and_stops_on_sigint(tiny_dir, tmp_path, quantize, weights):
     stderr_path = tmp_path / "stderr.txt"
+    name = "tiny-llama" + ("-int8" if quantize == "int8" else "")
     with open(stderr_path, "w") as stderr:
         process = subprocess.Popen([sys.executable, "-m", "minskill.serve", "--model", str(tiny_dir), "--port", "0",
                                     "--api-key", "k", "--max-batch", "4", "--log-requests", "--device", "cpu",
-                                    "--threads", "1"],
+                                    "--threads", "1", "--quantize", quantize],
                                    cwd=REPO, stdout=subprocess.PIPE, stderr=stderr, text=True)
         try:
             line = process.stdout.readline()  # the server prints its URL once it is listening
             url = re.search(r"(http://127\.0\.0\.1:\d+/v1)$", line.strip()).group(1)
-            assert "serving tiny-llama at" in line
+            assert f"serving {name} at" in line
             client = ChatClient(url, api_key="k", max_retries=0)  # model name discovered from /v1/models
-            assert client.chat(USER, max_tokens=3).completion_tokens <= 3 and client.model == "tiny-llama"
+            assert client.chat(USER, max_tokens=3).completion_tokens <= 3 and client.model == name
             with pytest.raises(ChatError) as caught:
-                ChatClient(url, model="tiny-llama", api_key="wrong", max_retries=0).chat(USER)
+                ChatClient(url, model=name, api_key="wrong", max_retries=0).chat(USER)
             assert caught.value.status == 401
             process.send_signal(signal.SIGINT)
             assert process.wait(60) == 0
@@ -418,6 +422,7 @@ def test_cli_serves_logs_and_stops_on_sigint(tiny_dir, tmp_path):
             process.stdout.close()
     log = stderr_path.read_text()
     assert "batch of 1 requests, 1 samples" in log and "stopped" in log and "1 torch thread" in log
+    assert f"device cpu, {weights}" in log                # what the server runs, said at start
     assert "Traceback" not in log
 
 
@@ -453,7 +458,7 @@ def test_embedded_server_exits_when_its_parent_is_killed(tiny_dir, tmp_path):
     script = tmp_path / "parent.py"
     script.write_text(textwrap.dedent(f"""
         import sys, time
-        from minskill.serve.server import embedded_client
+        from minskill.serve.embedded import embedded_client
         with embedded_client(model_spec={str(tiny_dir)!r}) as client:
             print(client.server_process.pid, flush=True)
             time.sleep(600)
@@ -771,6 +776,7 @@ def test_connections_beyond_the_cap_are_closed_at_once():
 def test_the_new_engine_is_the_default_of_the_server_and_the_embedded_one(monkeypatch, capsys):
     """python -m minskill.serve and embedded_client (what the scripts start) serve with the prefix cache and
     continuous batching unless told `--prefix-cache-mb 0 --scheduler static`."""
+    import minskill.serve.embedded as embedded
     import minskill.serve.server as server
     started = []
 
@@ -780,7 +786,7 @@ def test_the_new_engine_is_the_default_of_the_server_and_the_embedded_one(monkey
     def popen(command, **kw):
         started.append(command)
         raise Stop
-    monkeypatch.setattr(server.subprocess, "Popen", popen)
+    monkeypatch.setattr(embedded.subprocess, "Popen", popen)
     for kwargs in ({}, {"prefix_cache_mb": 0, "scheduler": "static"}):
         with pytest.raises(Stop):
             with embedded_client(model_spec="m", **kwargs):

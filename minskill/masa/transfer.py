@@ -90,7 +90,7 @@ from minskill.retrieval import (RetrievalError, add_retrieval_args, check_retrie
 from minskill.rollout import all_failed, fit_to_suite, load_skills, run_rollouts, summarize
 from minskill.runs import check_run_folder, given_flags, open_run_folder, resume_flags
 from minskill.serve.client import ChatError
-from minskill.serve.server import embedded_client
+from minskill.serve.embedded import embedded_client
 from minskill.skills import SkillFormatError
 from minskill.skillsets import SkillSet
 from minskill.tasks import load_suite

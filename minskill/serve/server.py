@@ -32,7 +32,7 @@ one); else the connection is closed (a body cut short gets a 408 first). At most
 connections are open at once (each holds a thread); one beyond that is closed at once, and clients retry.
 
 Batching. Each HTTP request is handled on its own thread, validated there, then queued. One scheduler thread
-repeatedly takes the oldest pending requests, up to `max_batch` *samples* (a request with n=4 counts 4; a request
+(under `python -m minskill.serve`, the main thread: OpenMP's threads stay warm there) repeatedly takes the oldest pending requests, up to `max_batch` *samples* (a request with n=4 counts 4; a request
 bigger than max_batch runs alone). The default engine (minskill.serve.scheduler) lets a request join the running
 batch at the next decoding step and a finished one leave at once (`--scheduler continuous`), keeps prompt prefixes'
 keys/values (`--prefix-cache-mb 256`, serve.prefix_cache) and is batch-invariant (`--batch-invariant on`,
@@ -75,33 +75,28 @@ import io
 import json
 import math
 import os
-import re
-import secrets
 import select
 import signal
 import socket
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 import traceback
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Callable
 from urllib.parse import unquote, urlsplit
 
-import requests
 import torch
 
 from minskill.cli import add_device_args, is_cuda, set_up_device
-from minskill.nn.quantize import QUANTIZE_CHOICES
+from minskill.nn.quantize import QUANTIZE_CHOICES, Int8Linear
 from minskill.serve.backends import (Backend, Choice, ClientGone, CompletionRequest, ModelBackend,  # noqa: F401
                                      SCHEDULERS, ScriptedBackend, parse_chat_request, parse_completion_request)
 from minskill.serve.bodies import chat_reply, completion_reply
 from minskill.serve.client import ChatClient
+from minskill.serve.embedded import (API_KEY_ENV, DEFAULT_PREFIX_CACHE_MB,  # noqa: F401
+                                     DEFAULT_SCHEDULER, PARENT_PID_ENV)
 from minskill.serve.embeddings import EmbeddingRequest, embeddings_reply, parse_embeddings_request
 from minskill.serve.errors import BackendError, bad_request
 from minskill.serve.http_body import decode_json, read_body
@@ -111,9 +106,6 @@ from minskill.serve.sse import stream_chat
 DEFAULT_MAX_BODY_BYTES = 8 << 20  # 8 MiB of JSON is far more than any prompt a model here can read
 DEFAULT_REQUEST_TIMEOUT = 30.0    # seconds for a request's line, headers and body to arrive (also: keep-alive idle)
 DEFAULT_MAX_CONNECTIONS = 256     # open connections at once; each holds a handler thread
-DEFAULT_PREFIX_CACHE_MB = 256     # --prefix-cache-mb: a 1,000-token prefix of the default model is ~46 MB in float32
-DEFAULT_SCHEDULER = "continuous"  # --scheduler; "static" with --prefix-cache-mb 0: no prefix cache, static batches
-API_KEY_ENV = "MINSKILL_API_KEY"  # lets a parent pass the key without putting it on the command line
 
 
 # ---- batching scheduler ---------------------------------------------------------------------------
@@ -134,7 +126,7 @@ class BatchScheduler:
     """
 
     def __init__(self, backend: Backend, max_batch: int = 16, log_requests: bool = False,
-                 batch_window: float = 0.02):
+                 batch_window: float = 0.02, thread: bool = True):
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.backend, self.max_batch, self.log_requests = backend, max_batch, log_requests
@@ -142,8 +134,11 @@ class BatchScheduler:
         self.pending: collections.deque[_Job] = collections.deque()
         self.condition = threading.Condition()
         self.stopping, self.batches_served, self.cancelled_requests = False, 0, 0
-        self.thread = threading.Thread(target=self._run, name="minskill-scheduler", daemon=True)
-        self.thread.start()
+        # thread False: the caller serves on its own thread, calling run() (main() does: docs/http-api.md)
+        self.thread = threading.Thread(target=self._run, name="minskill-scheduler", daemon=True) \
+            if thread else None
+        if self.thread:
+            self.thread.start()
 
     def submit(self, request: CompletionRequest | EmbeddingRequest, client_gone: Callable[[], bool] | None = None,
                poll: float = 0.5, wait: bool = True):
@@ -233,6 +228,10 @@ class BatchScheduler:
         if job.events is not None:
             job.events.put(None)
 
+    def run(self):
+        """Serve on the calling thread until stop() (for a scheduler made with thread=False)."""
+        self._run()
+
     def _run(self):
         if getattr(self.backend, "scheduler", "static") == "continuous":
             return run_continuous(self)   # requests join and leave at each decoding step (serve.scheduler)
@@ -267,7 +266,8 @@ class BatchScheduler:
             self.condition.notify_all()
         for job in abandoned:
             self.finish(job, BackendError(503, "the server is shutting down", code="shutting_down"))
-        self.thread.join(timeout)
+        if self.thread and self.thread is not threading.current_thread():
+            self.thread.join(timeout)
 
 
 # ---- HTTP layer -----------------------------------------------------------------------------------
@@ -514,95 +514,17 @@ class RunningServer:
 def start_server(backend: Backend, host: str = "127.0.0.1", port: int = 0, api_key: str | None = None,
                  max_batch: int = 16, log_requests: bool = False, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                  request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
-                 max_connections: int = DEFAULT_MAX_CONNECTIONS) -> RunningServer:
-    """Serve `backend` on background threads; port 0 picks a free port (see .url). Use as a context manager."""
+                 max_connections: int = DEFAULT_MAX_CONNECTIONS,
+                 scheduler_thread: bool = True) -> RunningServer:
+    """Serve `backend` on background threads; port 0 picks a free port (see .url). Use as a context manager.
+    scheduler_thread False: the caller runs the model, calling server.state.scheduler.run()."""
     if not request_timeout > 0 or max_connections < 1:
         raise ValueError(f"start_server: need request_timeout > 0 and max_connections >= 1, got "
                          f"request_timeout={request_timeout}, max_connections={max_connections}")
     httpd = _HTTPServer((host, port), _Handler, max_connections)
-    httpd.state = ServerState(backend, BatchScheduler(backend, max_batch, log_requests), api_key or None,
-                              max_body_bytes, request_timeout)
+    scheduler = BatchScheduler(backend, max_batch, log_requests, thread=scheduler_thread)
+    httpd.state = ServerState(backend, scheduler, api_key or None, max_body_bytes, request_timeout)
     return RunningServer(httpd, httpd.state)
-
-
-# ---- the embedded default -------------------------------------------------------------------------
-PARENT_PID_ENV = "MINSKILL_PARENT_PID"  # set by embedded_client: the server exits when that process is gone
-URL_LINE = re.compile(r"(https?://\S+/v1)\s*$")
-
-
-@contextmanager
-def embedded_client(url=None, model=None, api_key=None, model_spec="smollm2-135m", startup_timeout=600.0,
-                    server_args=(), quantize: str = "none", device: str | None = None,
-                    prefix_cache_mb: float = DEFAULT_PREFIX_CACHE_MB, scheduler=DEFAULT_SCHEDULER, **client_kwargs):
-    """Yield a ChatClient: for `url` if given, else for a fresh local server on `model_spec`.
-
-    `model` is the name to ask `url` for; a local server is asked for the one model it serves (its name
-    from /v1/models), whatever `model` says, since it answers any other name with 404 model_not_found.
-
-    The local server is `python -m minskill.serve --model model_spec --port 0 --quantize quantize` on 127.0.0.1
-    (quantize="int8" or "auto": int8 weights, minskill.nn.quantize) with a random API key (passed through the
-    environment); it is terminated when the block exits, also on an exception. If it dies or is not healthy within
-    startup_timeout seconds, RuntimeError shows the tail of its stderr. The yielded client's `server_process` is the
-    subprocess.Popen. `device`: the server's --device (the script's own, resolved; None: the server's default,
-    auto). prefix_cache_mb, scheduler: the server's --prefix-cache-mb and --scheduler (the server's defaults; later
-    server_args override them).
-    """
-    if url is not None:
-        yield ChatClient(url, model=model, api_key=api_key, **client_kwargs)
-        return
-    api_key = api_key or secrets.token_hex(16)
-    package_root = str(Path(__file__).resolve().parents[2])   # the folder holding minskill/, for `-m minskill.serve`
-    env = dict(os.environ, **{API_KEY_ENV: api_key, PARENT_PID_ENV: str(os.getpid())})
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
-    command = [sys.executable, "-m", "minskill.serve", "--model", str(model_spec), "--port", "0",
-               "--quantize", quantize, *(("--device", str(device)) if device else ()),
-               "--prefix-cache-mb", str(prefix_cache_mb), "--scheduler", scheduler, *server_args]
-    with tempfile.TemporaryFile("w+b") as stderr_file:
-        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr_file, env=env, text=True,
-                                   stdin=subprocess.DEVNULL)
-        lines: list[str] = []
-
-        def drain_stdout():  # keeps reading so that the server never blocks on a full pipe
-            for line in process.stdout:
-                lines.append(line)
-
-        threading.Thread(target=drain_stdout, daemon=True).start()
-
-        def failure(problem: str) -> RuntimeError:
-            stderr_file.seek(0)
-            tail = stderr_file.read().decode("utf-8", "replace")[-3000:].strip()
-            return RuntimeError(f"embedded server ({' '.join(command)}) {problem}; "
-                                f"its stderr ends:\n{tail or '(empty)'}")
-
-        try:
-            deadline, server_url = time.monotonic() + startup_timeout, None
-            while True:
-                if server_url is None:
-                    server_url = next((m.group(1) for line in list(lines) if (m := URL_LINE.search(line))), None)
-                if process.poll() is not None:
-                    raise failure(f"exited with code {process.returncode} before it was ready")
-                if time.monotonic() > deadline:
-                    raise failure(f"was not ready within {startup_timeout:.0f} s")
-                if server_url is not None:
-                    try:
-                        if requests.get(server_url[:-len("/v1")] + "/health", timeout=5).status_code == 200:
-                            break
-                    except requests.RequestException:
-                        pass
-                time.sleep(0.1)
-            client = ChatClient(server_url, api_key=api_key, **client_kwargs)
-            client.resolve_model()           # so that client.model names the served model from the start
-            client.server_process = process  # for callers that want its pid or exit code
-            yield client
-        finally:
-            if process.poll() is None:
-                process.terminate()
-                try:
-                    process.wait(30)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
-            process.stdout.close()
 
 
 # ---- command line ---------------------------------------------------------------------------------
@@ -626,8 +548,6 @@ def main(argv=None):
     set_up_device(args.device)
     auto = torch.bfloat16 if is_cuda(args.device) else torch.float32
     dtype = auto if args.dtype == "auto" else getattr(torch, args.dtype)
-    print(f"minskill.serve: {threads} torch thread{'s' if threads != 1 else ''}, device {args.device}, "
-          f"{str(dtype).removeprefix('torch.')} weights", file=sys.stderr, flush=True)
     try:
         backend = ModelBackend.from_spec(args.model, dtype=dtype, device=args.device, name=args.served_model_name,
                                          quantize=args.quantize, prefix_cache_mb=cache, scheduler=args.scheduler,
@@ -635,27 +555,40 @@ def main(argv=None):
     except (ValueError, OSError) as error:
         print(f"minskill.serve: cannot load model {args.model!r}: {error}", file=sys.stderr)
         return 2
+    int8 = any(isinstance(m, Int8Linear) for m in backend.model.modules())
+    weights = "int8 weights, bfloat16 activations" if int8 else f"{str(dtype).removeprefix('torch.')} weights"
+    print(f"minskill.serve: {threads} torch thread{'s' if threads != 1 else ''}, device {args.device}, "
+          f"{weights}", file=sys.stderr, flush=True)
     try:
         server = start_server(backend, args.host, args.port, args.api_key or os.environ.get(API_KEY_ENV),
                               args.max_batch, args.log_requests, request_timeout=timeout,
-                              max_connections=args.max_connections)
+                              max_connections=args.max_connections, scheduler_thread=False)
     except OSError as error:   # the port is in use, the host is not an address of this machine, ...
         print(f"minskill.serve: cannot listen on --host {args.host} --port {args.port}: "
               f"{error.strerror or error} (another --port, or 0 for a free one)", file=sys.stderr)
         return 2
-    stop = threading.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: stop.set())
+    scheduler = server.state.scheduler
+    for signum in (signal.SIGINT, signal.SIGTERM):   # (stop() takes the queue's lock: not in a handler)
+        signal.signal(signum, lambda *_: threading.Thread(target=scheduler.stop, daemon=True).start())
+    threading.Thread(target=_stop_when_orphaned, args=(scheduler,), daemon=True).start()
     print(f"minskill.serve: serving {backend.name} at {server.url}", flush=True)
-    # an embedded server must not outlive the run that started it, even one killed without cleanup
-    parent = int(os.environ.get(PARENT_PID_ENV, "0"))
-    while not stop.wait(0.5):
-        if parent and os.getppid() != parent:
-            print("minskill.serve: the process that started it is gone; stopping", file=sys.stderr, flush=True)
-            break
+    # the model runs on this, the main thread: OpenMP keeps one team of threads warm here, where a
+    # second thread's parallel regions were measured 25-35% slower (docs/benchmarks.md)
+    scheduler.run()
     server.close()
     print("minskill.serve: stopped", file=sys.stderr, flush=True)
     return 0
+
+
+def _stop_when_orphaned(scheduler: BatchScheduler):
+    """An embedded server must not outlive the run that started it, even one killed without
+    cleanup: stop once the process named by PARENT_PID_ENV is gone."""
+    parent = int(os.environ.get(PARENT_PID_ENV, "0"))
+    while parent and os.getppid() == parent:
+        time.sleep(0.5)
+    if parent:
+        print("minskill.serve: the process that started it is gone; stopping", file=sys.stderr, flush=True)
+        scheduler.stop()
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -69,7 +69,7 @@ from minskill.rollout import SkillsNotFound, base_skills, load_skills, skill_tex
 from minskill.runs import (RUN_MARKER, RunFolderError, check_run_folder, given_flags,
                            open_run_folder, restart_note, resume_flags, started_flags)
 from minskill.serve.client import lone_surrogate_at
-from minskill.serve.server import embedded_client
+from minskill.serve.embedded import embedded_client
 from minskill.skill_r1.loop import (OUTCOMES_SHOWN, EvolveConfig, HistoryEntry, Instance, SuiteError, outcome_line,
                                     check_config, editor_messages, load_tasks, make_instances, parse_candidate,
                                     score_skills, step_seed)

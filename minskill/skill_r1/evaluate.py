@@ -62,7 +62,7 @@ from minskill.nn.weights import is_model_spec, load_model
 from minskill.rollout import all_failed, load_skills, run_rollouts, skill_text
 from minskill.runs import TRAINER_STATE, check_run_folder, load_trainer_state, open_run_folder
 from minskill.serve.client import usage_delta
-from minskill.serve.server import embedded_client
+from minskill.serve.embedded import embedded_client
 from minskill.skill_r1.eval_table import EVAL_FILE, FROZEN_ROW, GRPO_ROW, paired_rows, print_table, success_interval
 from minskill.skill_r1.loop import (EvolveConfig, Instance, TaskModelFailed, all_zero_note,
                                     autocast, check_config, evolve_batch, load_tasks,
