@@ -6,6 +6,8 @@
         --workload shared-prefix|mixed-lengths|rollouts|stop-string|clients
                                        # minskill's server, engine configurations side by side (today's
                                        # static batching, the new engine): minskill/bench_server.py
+    python -m minskill.bench profile   # where a rollout's time goes in the server's engine (prefill, decoding,
+                                       # sampling, ops): minskill/bench_profile.py
     python -m minskill.bench grpo      # seconds per Skill-R1 training step: editor sampling, rollouts, update
                                        # (a prompt per candidate vs the shared prefix, back to back)
     python -m minskill.bench sft       # SFT tokens/s vs Hugging Face transformers on the same batch
@@ -60,6 +62,7 @@ from pathlib import Path
 
 import torch
 
+from minskill.bench_profile import bench_profile
 from minskill.bench_server import add_server_args, bench_server
 from minskill.cli import resolve_device, set_up_device
 from minskill.nn.lora import AdaptersOff, apply_lora, trainable_parameters
@@ -605,7 +608,7 @@ def bench_memory(args) -> None:
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="python -m minskill.bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("what", choices=["model", "server", "grpo", "sft", "gpu", "memory"])
+    p.add_argument("what", choices=["model", "server", "profile", "grpo", "sft", "gpu", "memory"])
     p.add_argument("--model", default="smollm2-135m", help="model spec (HF folder or smollm2-135m)")
     p.add_argument("--decode-tokens", type=int, default=64, help="new tokens per decode measurement")
     p.add_argument("--repeats", type=int, default=3, help="timed repetitions (median is reported)")
@@ -640,7 +643,7 @@ def main(argv=None) -> None:
         torch.set_num_threads(args.threads)
     try:
         {"model": bench_model, "server": bench_server, "grpo": bench_grpo, "sft": bench_sft,
-         "gpu": bench_gpu, "memory": bench_memory}[args.what](args)
+         "gpu": bench_gpu, "memory": bench_memory, "profile": bench_profile}[args.what](args)
     except BenchUnavailable as e:
         print(e, file=sys.stderr)
         sys.exit(2)

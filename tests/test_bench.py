@@ -240,3 +240,23 @@ def test_llama_cpp_launcher_serves_the_shipped_gguf_and_stops(capsys):
     assert all(c.completion_tokens > 0 for c in rows[0].calls)
     assert not Path(f"/proc/{pid}").exists()   # terminated and waited for
     assert "n_parallel=2" in capsys.readouterr().out
+
+
+def test_bench_profile_times_the_engines_phases_on_both_threads(tmp_path, capsys):
+    """`bench profile` on a tiny model: the same prompts give the same tokens on the main thread and
+    on a second one, and the tables name every phase and the largest ops."""
+    model_dir = make_tiny_model_dir(tmp_path / "m", family="llama", max_position_embeddings=2048)
+    bench.main(["profile", "--model", str(model_dir), "--requests", "3", "--clients", "2",
+                "--max-tokens", "4"])
+    out = capsys.readouterr().out
+    runs = [line for line in out.splitlines() if " tokens, " in line and "wall" in line]
+    assert len(runs) == 2 and runs[0].split("wall")[1].split(",")[1] == \
+        runs[1].split("wall")[1].split(",")[1]                  # the same number of tokens
+    for phase in ("prefill + join", "decoding forward", "sampling", "leave (rows dropped)"):
+        assert out.count(f"| {phase} |") == 2
+    assert "a second thread / the main thread: wall" in out and "| every other op |" in out
+
+
+def test_bench_profile_names_a_model_it_cannot_load(tmp_path):
+    with pytest.raises(SystemExit, match="bench profile: cannot load --model"):
+        bench.main(["profile", "--model", str(tmp_path / "nowhere")])

@@ -23,7 +23,7 @@ LAYERS = [
      "sft"],                             # supervised fine-tuning on chats (both papers' trainers)
     ["skill_r1", "masa"],                # the two papers
     ["report"],                          # the HTML report of any run folder
-    ["bench", "bench_server"],           # measurements
+    ["bench", "bench_server", "bench_profile"],   # measurements
 ]
 APART = {"skill_r1", "masa"}            # same layer, but neither imports the other
 MAX_FLOORS = 10
