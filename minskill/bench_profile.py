@@ -15,8 +15,8 @@ three times on the same prompts (the prefix cache emptied before each):
   2. the same on a second thread: torch's OpenMP parallel regions started from a thread other than
      the one that started them first were measured slower here (why the server runs its model on
      the main thread: serve/server.py);
-  3. under torch.profiler: each op's own CPU seconds, summed by op, the ten largest (the profiler's
-     overhead is in its wall, printed beside).
+  3. under torch.profiler, PROFILED_STEPS decoding steps after the first (and their prefills):
+     each op's own CPU seconds, summed by op, the ten largest, and the time no op took.
 
 Tokenising the prompts (the chat template and the tokenizer) is timed apart. HTTP is not in these
 figures: `bench server` measures the same rollouts through the server (docs/benchmarks.md).
@@ -37,6 +37,8 @@ from minskill.serve.prefix_cache import PrefixCache
 from minskill.serve.scheduler import Engine, sequences_for
 from minskill.tasks import load_suite
 
+PROFILED_STEPS = 128
+OUTSIDE_OPS = "outside any op (Python, dispatch)"
 PHASES = {"add": "prefill + join", "forward": "decoding forward", "_choose": "sampling",
           "_leave": "leave (rows dropped)"}
 
@@ -70,13 +72,18 @@ def bench_profile(args) -> None:
     worker.join()
     print(phase_table("a second thread", box[0]))
     print(f"a second thread / the main thread: wall {box[0]['wall'] / main['wall']:.2f}×")
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler:
-        profiled = run.timed()
+    # the profiler keeps every event in memory (a whole run of 16 rollouts took 24 GB): the ops of the
+    # PROFILED_STEPS decoding steps only (after one of warm-up), and the prefills among them
+    schedule = torch.profiler.schedule(wait=0, warmup=1, active=PROFILED_STEPS, repeat=1)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                schedule=schedule) as profiler:
+        run.timed(after_step=profiler.step)
     ops = collections.Counter()
-    for event in profiler.key_averages():
-        ops[event.key] += event.self_cpu_time_total / 1e6
+    for event in profiler.key_averages():   # a step's own time is what no op took: Python, dispatch
+        name = OUTSIDE_OPS if event.key.startswith("ProfilerStep") else event.key
+        ops[name] += event.self_cpu_time_total / 1e6
     total = sum(ops.values())
-    print(f"\nops' own CPU seconds (profiled run: wall {profiled['wall']:.1f} s, ops {total:.1f} s)"
+    print(f"\nops' own CPU seconds in decoding steps 2 to {PROFILED_STEPS + 1} (ops {total:.1f} s)"
           "\n| op | s | share of ops |\n|---|---|---|")
     for name, seconds in ops.most_common(10):
         print(f"| {name} | {seconds:.2f} | {seconds / total:.0%} |")
@@ -103,9 +110,9 @@ class Run:
         self.engine, self.prompts, self.in_flight, self.max_tokens = engine, prompts, in_flight, \
             max_tokens
 
-    def timed(self) -> dict:
+    def timed(self, after_step=None) -> dict:
         """{phase: seconds, "wall": s, "tokens": generated tokens}; the engine's methods are timed
-        for the run only."""
+        for the run only; after_step() is called after each decoding step."""
         engine, seconds = self.engine, collections.Counter()
         engine.prefix_cache = PrefixCache(DEFAULT_PREFIX_CACHE_MB)    # every run starts cold
         timed = {name: _timer(getattr(engine.model if name == "forward" else engine, name),
@@ -124,6 +131,8 @@ class Run:
                         engine.add(waiting[:room])
                         waiting = waiting[room:]
                     engine.step()
+                    if after_step is not None:
+                        after_step()
                 wall = time.perf_counter() - t0
         finally:
             for name in timed:
