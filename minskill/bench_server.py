@@ -106,7 +106,7 @@ from minskill.nn.tokenizer import Tokenizer
 from minskill.nn.weights import DEFAULT_MODEL, default_gguf_path, resolve_model
 from minskill.rollout import base_skills, load_skills, run_rollouts, skill_prompts
 from minskill.serve.client import ChatClient, chat_as_completed
-from minskill.serve.embedded import embedded_client
+from minskill.serve.embedded import embedded_client, stop_process
 from minskill.skillsets import SkillSet
 from minskill.tasks import load_suite
 
@@ -492,13 +492,7 @@ def llama_cpp_server(params: dict, startup_timeout: float = 600.0):
                 time.sleep(0.2)
             yield base + "/v1", process
         finally:
-            if process.poll() is None:
-                process.terminate()
-                try:
-                    process.wait(30)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
+            stop_process(process)
 
 
 def healthy(base: str) -> bool:

@@ -92,11 +92,16 @@ def embedded_client(url=None, model=None, api_key=None, model_spec="smollm2-135m
             client.server_process = process  # for callers that want its pid or exit code
             yield client
         finally:
-            if process.poll() is None:
-                process.terminate()
-                try:
-                    process.wait(30)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
+            stop_process(process)
             process.stdout.close()
+
+
+def stop_process(process: subprocess.Popen, grace: float = 30.0) -> None:
+    """Terminate `process` if it still runs; kill it if it has not exited `grace` seconds later."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(grace)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
