@@ -6,8 +6,8 @@
 The engine the server runs (serve.backends.ModelBackend with the server's defaults: prefix cache,
 continuous batching, batch-invariant), driven in this process without HTTP: --requests held-out
 qa prompts under the suite's base skills (what `python -m minskill.rollout --skills base` sends;
-greedy, replies up to --max-tokens), at most --clients in flight, a new one joining as soon as one ends. Run
-three times on the same prompts (the prefix cache emptied before each):
+greedy, replies up to --max-tokens), at most --clients in flight, a new one joining as soon as one
+ends. Run three times on the same prompts (the prefix cache emptied before each):
 
   1. timed phases, on the main thread: prefill + join (Engine.add: each newcomer's prompt prefilled
      alone, its row merged into the batch), decoding (the forward of each step), sampling
@@ -72,7 +72,7 @@ def bench_profile(args) -> None:
     worker.join()
     print(phase_table("a second thread", box[0]))
     print(f"a second thread / the main thread: wall {box[0]['wall'] / main['wall']:.2f}×")
-    # the profiler keeps every event in memory (a whole run of 16 rollouts took 24 GB): the ops of the
+    # the profiler keeps every event in memory (a whole run of 16 rollouts took 24 GB): the ops of
     # PROFILED_STEPS decoding steps only (after one of warm-up), and the prefills among them
     schedule = torch.profiler.schedule(wait=0, warmup=1, active=PROFILED_STEPS, repeat=1)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],

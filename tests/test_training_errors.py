@@ -115,25 +115,26 @@ def test_a_masa_evaluation_whose_every_rollout_errored_stops_the_search():
 
 def test_evolve_masa_stops_non_zero_when_the_target_answers_nothing(env, tmp_path):
     out = tmp_path / "masa"
-    target = failing(lambda m, r: "1", lambda m: True)
-    with start_server(ScriptedBackend(target, name="target-a")) as server:
-        err = io.StringIO()
-        with redirect_stdout(io.StringIO()), redirect_stderr(err):
-            code = evolve_masa.main(masa_argv({**env, "a": server.url}, out, "--no-cache"))
+    code, err = evolve_masa_on_a_dead_target(env, out)
     assert code == 1                                 # on the old code: 0, a library of R = 0
-    assert "FAILED: the preliminary rollouts: every one of the 2 rollouts" in err.getvalue()
-    assert "being reloaded" in err.getvalue() and "--resume" in err.getvalue()
+    assert "FAILED: the preliminary rollouts: every one of the 2 rollouts" in err
+    assert "being reloaded" in err and "--resume" in err
     assert not (out / "results.json").exists() and not (out / "model_card.json").exists()
 
 
 def test_evolve_masa_stops_when_the_base_skills_evaluation_all_errored(env, tmp_path):
     """No preliminary tasks: the first evaluation is the base skills' (on the old code: R = 0)."""
     out = tmp_path / "masa"
+    code, err = evolve_masa_on_a_dead_target(env, out, "--n-prelim", "0")
+    assert code == 1 and "FAILED: every one of the" in err
+    assert not (out / "results.json").exists()
+
+
+def evolve_masa_on_a_dead_target(env, out, *flags) -> tuple[int, str]:
+    """(exit code, stderr) of evolve_masa.py against a target that refuses every request (HTTP 400)."""
     target = failing(lambda m, r: "1", lambda m: True)
     with start_server(ScriptedBackend(target, name="target-a")) as server:
         err = io.StringIO()
         with redirect_stdout(io.StringIO()), redirect_stderr(err):
-            code = evolve_masa.main(masa_argv({**env, "a": server.url}, out, "--no-cache",
-                                              "--n-prelim", "0"))
-    assert code == 1 and "FAILED: every one of the" in err.getvalue()
-    assert not (out / "results.json").exists()
+            code = evolve_masa.main(masa_argv({**env, "a": server.url}, out, "--no-cache", *flags))
+    return code, err.getvalue()

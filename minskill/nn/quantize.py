@@ -130,3 +130,8 @@ def apply_quantization(model, quantize: str | None):
     if quantize == "int8":
         return quantize_int8(model)
     raise ValueError(f"--quantize {quantize!r}: choose one of {', '.join(QUANTIZE_CHOICES)}")
+
+
+def has_int8_layers(model) -> bool:
+    """Whether `model` runs int8 weights (some layer is an Int8Linear)."""
+    return any(isinstance(m, Int8Linear) for m in model.modules())

@@ -61,7 +61,7 @@ from typing import Callable, Protocol
 import torch
 from tokenizers.decoders import ByteLevel as ByteLevelDecoder
 
-from minskill.nn.quantize import Int8Linear, apply_quantization
+from minskill.nn.quantize import apply_quantization, has_int8_layers
 from minskill.nn.sampling import generate
 from minskill.nn.weights import load_model
 from minskill.serve.aligned import pad_single_rows
@@ -236,7 +236,7 @@ class ModelBackend:
         model.eval()
         apply_quantization(model, quantize)
         # a quantized model answers differently: its default name says so (clients, caches and reports see it)
-        suffix = "-int8" if any(isinstance(m, Int8Linear) for m in model.modules()) else ""
+        suffix = "-int8" if has_int8_layers(model) else ""
         return cls(model, tokenizer, name or (Path(str(spec).rstrip("/")).name or str(spec)) + suffix,
                    prefix_cache_mb=prefix_cache_mb, scheduler=scheduler,
                    batch_invariant=batch_invariant)

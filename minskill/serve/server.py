@@ -31,8 +31,9 @@ the server starting to wait for it (on a new connection, or after the previous r
 one); else the connection is closed (a body cut short gets a 408 first). At most `max_connections`
 connections are open at once (each holds a thread); one beyond that is closed at once, and clients retry.
 
-Batching. Each HTTP request is handled on its own thread, validated there, then queued. One scheduler thread
-(under `python -m minskill.serve`, the main thread: OpenMP's threads stay warm there) repeatedly takes the oldest pending requests, up to `max_batch` *samples* (a request with n=4 counts 4; a request
+Batching. Each HTTP request is handled on its own thread, validated there, then queued. One scheduler
+thread (under `python -m minskill.serve`, the main thread: OpenMP's threads stay warm there) repeatedly
+takes the oldest pending requests, up to `max_batch` *samples* (a request with n=4 counts 4; a request
 bigger than max_batch runs alone). The default engine (minskill.serve.scheduler) lets a request join the running
 batch at the next decoding step and a finished one leave at once (`--scheduler continuous`), keeps prompt prefixes'
 keys/values (`--prefix-cache-mb 256`, serve.prefix_cache) and is batch-invariant (`--batch-invariant on`,
@@ -90,7 +91,7 @@ from urllib.parse import unquote, urlsplit
 import torch
 
 from minskill.cli import add_device_args, is_cuda, set_up_device
-from minskill.nn.quantize import QUANTIZE_CHOICES, Int8Linear
+from minskill.nn.quantize import QUANTIZE_CHOICES, has_int8_layers
 from minskill.serve.backends import (Backend, Choice, ClientGone, CompletionRequest, ModelBackend,  # noqa: F401
                                      SCHEDULERS, ScriptedBackend, parse_chat_request, parse_completion_request)
 from minskill.serve.bodies import chat_reply, completion_reply
@@ -135,7 +136,7 @@ class BatchScheduler:
         self.condition = threading.Condition()
         self.stopping, self.batches_served, self.cancelled_requests = False, 0, 0
         # thread False: the caller serves on its own thread, calling run() (main() does: docs/http-api.md)
-        self.thread = threading.Thread(target=self._run, name="minskill-scheduler", daemon=True) \
+        self.thread = threading.Thread(target=self.run, name="minskill-scheduler", daemon=True) \
             if thread else None
         if self.thread:
             self.thread.start()
@@ -229,10 +230,7 @@ class BatchScheduler:
             job.events.put(None)
 
     def run(self):
-        """Serve on the calling thread until stop() (for a scheduler made with thread=False)."""
-        self._run()
-
-    def _run(self):
+        """Serve until stop(): on the scheduler's own thread, or on the caller's (thread=False)."""
         if getattr(self.backend, "scheduler", "static") == "continuous":
             return run_continuous(self)   # requests join and leave at each decoding step (serve.scheduler)
         while (batch := self._next_batch()) is not None:
@@ -555,8 +553,8 @@ def main(argv=None):
     except (ValueError, OSError) as error:
         print(f"minskill.serve: cannot load model {args.model!r}: {error}", file=sys.stderr)
         return 2
-    int8 = any(isinstance(m, Int8Linear) for m in backend.model.modules())
-    weights = "int8 weights, bfloat16 activations" if int8 else f"{str(dtype).removeprefix('torch.')} weights"
+    weights = "int8 weights, bfloat16 activations" if has_int8_layers(backend.model) else \
+        f"{str(dtype).removeprefix('torch.')} weights"
     print(f"minskill.serve: {threads} torch thread{'s' if threads != 1 else ''}, device {args.device}, "
           f"{weights}", file=sys.stderr, flush=True)
     try:
@@ -572,8 +570,8 @@ def main(argv=None):
         signal.signal(signum, lambda *_: threading.Thread(target=scheduler.stop, daemon=True).start())
     threading.Thread(target=_stop_when_orphaned, args=(scheduler,), daemon=True).start()
     print(f"minskill.serve: serving {backend.name} at {server.url}", flush=True)
-    # the model runs on this, the main thread: OpenMP keeps one team of threads warm here, where a
-    # second thread's parallel regions were measured 25-35% slower (docs/benchmarks.md)
+    # the model runs on this, the main thread: OpenMP keeps one team of threads warm here, where the
+    # engine on a second thread was measured 1.2-1.6x slower (docs/benchmarks.md)
     scheduler.run()
     server.close()
     print("minskill.serve: stopped", file=sys.stderr, flush=True)
