@@ -16,7 +16,7 @@ from minskill.cli import client_args, reply_megabytes
 from minskill.nn.sampling import _cut_at_stop, generate, stop_string_ended
 from minskill.nn.tokenizer import Tokenizer
 from minskill.nn.weights import load_model
-from minskill.serve.backends import _BYTE_OF_CHAR
+from minskill.serve.constrained import BYTE_OF_CHAR
 from minskill.serve.client import ChatClient, ChatError
 from minskill.serve.scheduler import Engine, sequences_for
 from minskill.serve.server import ScriptedBackend, main, start_server
@@ -35,7 +35,7 @@ def _random_reply(tokenizer, rng) -> list[int]:
     """Tokens of text (multi-byte characters split across tokens) mixed with arbitrary tokens:
     merges, bytes that are no character alone (runs of UTF-8 continuation bytes), runs of the
     special tokens decode skips."""
-    continuation = [tokenizer.token_to_id(char) for char, byte in _BYTE_OF_CHAR.items()
+    continuation = [tokenizer.token_to_id(char) for char, byte in BYTE_OF_CHAR.items()
                     if 0x80 <= byte < 0xC0]
     tokens = []
     while len(tokens) < 40:
@@ -88,7 +88,7 @@ def test_a_window_that_opens_inside_a_character_is_not_read_as_replacement_chara
     """日 is 3 bytes: a window of the last 10 tokens starts at its second byte and decodes it as two
     U+FFFD, which the reply does not hold."""
     tokenizer = Tokenizer.from_pretrained(make_tiny_tokenizer_dir(tmp_path / "tok"))
-    byte = {b: tokenizer.token_to_id(char) for char, b in _BYTE_OF_CHAR.items()}
+    byte = {b: tokenizer.token_to_id(char) for char, b in BYTE_OF_CHAR.items()}
     reply = [byte[b] for b in "日".encode()] + [0] * 7 + tokenizer.encode("a", special_tokens=False)
     assert tokenizer.decode(reply) == "日a" and tokenizer.decode(reply[-10:]) == "\ufffd\ufffda"
     for stop in ("\ufffda", "\ufffd\ufffd", "日a", "a"):

@@ -37,6 +37,21 @@ apart, so for contents without special-token text the ids are identical token fo
 `apply_chat_template(..., tokenize=True)`; for contents with it, HF (and any server that renders text, then
 tokenizes it) would turn the user's text into control tokens.
 
+Tools (`tools=[{"type": "function", "function": {...}}, ...]`, as HF's `tools` template variable),
+assistant turns with `tool_calls` and `tool` turns are written as each family's template writes
+them:
+
+    * ChatML (Qwen2.5 and Qwen3's own format, Hermes-style): the system turn gets a "# Tools" block
+      listing each tool as JSON inside <tools></tools> and asking for <tool_call>{"name",
+      "arguments"}</tool_call>; an assistant's calls are written that way; consecutive `tool` turns
+      are one user turn of <tool_response> blocks. SmolLM2's template has no tools: it gets the same
+      format (a fallback, after its default system prompt), which minskill.serve.tool_calls parses
+      back.
+    * Llama 3 (3.1/3.2's format; 3.0's template has none and gets the same): "Environment: ipython"
+      in the system turn, the tools as indented JSON in the first user turn asking for {"name",
+      "parameters"}; a call is that JSON as the assistant's turn (one call per turn, as the template
+      demands), a tool's reply an `ipython` turn holding the content as a JSON string.
+
 Stop tokens: the union of the eos ids in generation_config.json and config.json (an int or a list), the
 eos token of tokenizer_config.json, and the format's end-of-turn token (`<|im_end|>`, `<|eot_id|>`).
 """
@@ -54,12 +69,24 @@ from tokenizers import Tokenizer as _Backend
 
 CHATML = "chatml"
 LLAMA3 = "llama3"
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "tool")
 # Files that make up a tokenizer; save_pretrained copies those that exist.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "chat_template.jinja", "chat_template.json", "generation_config.json")
 END_OF_TURN = {CHATML: "<|im_end|>", LLAMA3: "<|eot_id|>"}
 LLAMA3_DEFAULT_DATE = "26 Jul 2024"   # what Llama 3.1's template writes when not given a date
+# the tools' text in the templates (module docstring): Qwen2.5/Qwen3's system block, Llama 3.1/3.2's
+# first user turn
+HERMES_TOOLS_HEAD = ("# Tools\n\nYou may call one or more functions to assist with the user "
+                     "query.\n\nYou are provided with function signatures within <tools></tools> "
+                     "XML tags:\n<tools>")
+HERMES_TOOLS_TAIL = ("\n</tools>\n\nFor each function call, return a json object with function "
+                     "name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+                     '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>')
+LLAMA3_TOOLS_HEAD = ("Given the following functions, please respond with a JSON for a function "
+                     "call with its proper arguments that best answers the given prompt.\n\n"
+                     'Respond in the format {"name": function name, "parameters": dictionary of '
+                     "argument name and its value}.Do not use variables.\n\n")
 
 
 def _read_json(path: Path) -> dict:
@@ -202,13 +229,15 @@ class Tokenizer:
         return self.backend.token_to_id(token)
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, *,
-                            date_string: str | None = None, enable_thinking: bool = False) -> list[int]:
+                            date_string: str | None = None, enable_thinking: bool = False,
+                            tools: list[dict] | None = None) -> list[int]:
         """Token ids of the rendered chat: the format's control tokens as special ids, all other text (the
         message contents) with special tokens off. HF's ids for the same template, unless a content holds
         special-token text (see the module docstring). `enable_thinking`: Qwen3's reply prompt without the
-        empty think block (module docstring)."""
+        empty think block; `tools`: the tools the model may call (module docstring)."""
         ids, text = [], ""
-        for part in self._render_parts(messages, add_generation_prompt, date_string, enable_thinking):
+        for part in self._render_parts(messages, add_generation_prompt, date_string,
+                                       enable_thinking, tools):
             if isinstance(part, _Control):
                 ids += self.encode(text, special_tokens=False) + self.encode(part)
                 text = ""
@@ -217,26 +246,39 @@ class Tokenizer:
         return ids + self.encode(text, special_tokens=False)
 
     def render_chat(self, messages: list[dict], add_generation_prompt: bool = True, *,
-                    date_string: str | None = None, enable_thinking: bool = False) -> str:
-        """The chat as text. `date_string` overrides the date in Llama 3.1+ system turns; enable_thinking as in
-        apply_chat_template."""
-        return "".join(self._render_parts(messages, add_generation_prompt, date_string, enable_thinking))
+                    date_string: str | None = None, enable_thinking: bool = False,
+                    tools: list[dict] | None = None) -> str:
+        """The chat as text. `date_string` overrides the date in Llama 3.1+ system turns;
+        enable_thinking and tools as in apply_chat_template."""
+        return "".join(self._render_parts(messages, add_generation_prompt, date_string,
+                                          enable_thinking, tools))
 
-    def _render_parts(self, messages, add_generation_prompt, date_string, enable_thinking=False) -> list[str]:
+    def _render_parts(self, messages, add_generation_prompt, date_string, enable_thinking=False,
+                      tools=None) -> list[str]:
         """The rendered chat as a list of strings; the format's own control tokens are _Control strings."""
         _check_messages(messages)
         if self.chat_format == CHATML:
-            return self._render_chatml(messages, add_generation_prompt, enable_thinking)
+            return self._render_chatml(messages, add_generation_prompt, enable_thinking,
+                                       tools or None)
         if self.chat_format == LLAMA3:
-            return self._render_llama3(messages, add_generation_prompt, date_string)
+            return self._render_llama3(messages, add_generation_prompt, date_string, tools or None)
         where = f" of {self.source_dir}" if self.source_dir else ""
         raise ValueError(f"the tokenizer{where} has no chat format minskill knows "
                          f"(supported: ChatML '<|im_start|>' and Llama 3 '<|start_header_id|>' templates)")
 
-    def _render_chatml(self, messages: list[dict], add_generation_prompt: bool, enable_thinking: bool) -> list[str]:
+    def _render_chatml(self, messages: list[dict], add_generation_prompt: bool,
+                       enable_thinking: bool, tools: list[dict] | None = None) -> list[str]:
         start, end = _Control("<|im_start|>"), _Control("<|im_end|>")
         parts = []
-        if messages[0]["role"] != "system" and self.default_system is not None:
+        if tools:       # Qwen's tools block in the system turn, after the system message's text
+            opening = messages[0]
+            system = opening["content"] if opening["role"] == "system" else self.default_system
+            listed = "".join("\n" + _tojson(tool) for tool in tools)
+            head = system + "\n\n" if system else ""
+            parts += [start, f"system\n{head}{HERMES_TOOLS_HEAD}{listed}{HERMES_TOOLS_TAIL}", end,
+                      "\n"]
+            messages = messages[1:] if messages[0]["role"] == "system" else messages
+        elif messages[0]["role"] != "system" and self.default_system is not None:
             parts += [start, f"system\n{self.default_system}", end, "\n"]
         # Qwen3: turns after the last user message keep their <think> block; earlier ones lose it.
         last_user = len(messages) - 1
@@ -248,6 +290,14 @@ class Tokenizer:
                 break
         for i, message in enumerate(messages):
             role, content = message["role"], message["content"]
+            if role == "tool":      # consecutive tool turns: one user turn of <tool_response>s
+                first = i == 0 or messages[i - 1]["role"] != "tool"
+                last = i == len(messages) - 1 or messages[i + 1]["role"] != "tool"
+                parts += [*([start, "user"] if first else []),
+                          f"\n<tool_response>\n{content}\n</tool_response>",
+                          *([end, "\n"] if last else [])]
+                continue
+            bare = content
             if role == "assistant" and self.qwen3_thinking:
                 reasoning = message.get("reasoning_content")
                 if not isinstance(reasoning, str):
@@ -255,30 +305,55 @@ class Tokenizer:
                     if "</think>" in content:
                         reasoning = content.split("</think>")[0].rstrip("\n").split("<think>")[-1].lstrip("\n")
                         content = content.split("</think>")[-1].lstrip("\n")
+                bare = content
                 is_last = i == len(messages) - 1
                 if i > last_user and (is_last or reasoning):
                     reasoning, content = reasoning.strip("\n"), content.lstrip("\n")
                     content = f"<think>\n{reasoning}\n</think>\n\n{content}"
-            parts += [start, f"{role}\n{content}", end, "\n"]
+            calls = "".join(("\n" if k or bare else "") + "<tool_call>\n"
+                            + _call_json(call, "arguments") + "\n</tool_call>"
+                            for k, call in enumerate(message.get("tool_calls") or ()))
+            parts += [start, f"{role}\n{content}{calls}", end, "\n"]
         if add_generation_prompt:
             parts += [start, "assistant\n"]
             if self.empty_think_prompt and not enable_thinking:  # Qwen3 with enable_thinking=False
                 parts.append("<think>\n\n</think>\n\n")
         return parts
 
-    def _render_llama3(self, messages: list[dict], add_generation_prompt: bool, date_string: str | None) -> list[str]:
+    def _render_llama3(self, messages: list[dict], add_generation_prompt: bool,
+                       date_string: str | None, tools: list[dict] | None = None) -> list[str]:
         header, end_header, end = _Control("<|start_header_id|>"), _Control("<|end_header_id|>"), _Control("<|eot_id|>")
         parts = [_Control(self.bos_token or "")]
-        if self.llama3_date is not None:  # Llama 3.1+: the system turn is always there
+        if self.llama3_date is not None or tools:  # Llama 3.1+: the system turn is always there
             system = ""
             if messages[0]["role"] == "system":
                 system, messages = messages[0]["content"].strip(), messages[1:]
             if date_string is None:
-                date_string = time.strftime("%d %b %Y") if self.llama3_date == "today" else self.llama3_date
+                date_string = time.strftime("%d %b %Y") if self.llama3_date == "today" else \
+                    self.llama3_date or LLAMA3_DEFAULT_DATE
+            environment = "Environment: ipython\n" if tools else ""
             parts += [header, "system", end_header,
-                      f"\n\nCutting Knowledge Date: December 2023\nToday Date: {date_string}\n\n{system}", end]
+                      f"\n\n{environment}Cutting Knowledge Date: December 2023\n"
+                      f"Today Date: {date_string}\n\n{system}", end]
+        if tools:       # in the first user turn (tools_in_user_message, the template's default)
+            if not messages:
+                raise ValueError("Cannot put tools in the first user message when there's no first "
+                                 "user message!")
+            listed = "".join(_tojson(tool, indent=4) + "\n\n" for tool in tools)
+            parts += [header, "user", end_header, f"\n\n{LLAMA3_TOOLS_HEAD}{listed}"
+                                                  f"{messages[0]['content'].strip()}", end]
+            messages = messages[1:]
         for message in messages:
-            parts += [header, message["role"], end_header, f"\n\n{message['content'].strip()}", end]
+            if message.get("tool_calls"):
+                if len(message["tool_calls"]) != 1:
+                    raise ValueError("This model only supports single tool-calls at once!")
+                content = _call_json(message["tool_calls"][0], "parameters")
+                parts += [header, "assistant", end_header, f"\n\n{content}", end]
+            elif message["role"] == "tool":
+                parts += [header, "ipython", end_header, f"\n\n{_tojson(message['content'])}", end]
+            else:
+                parts += [header, message["role"], end_header, f"\n\n{message['content'].strip()}",
+                          end]
         if add_generation_prompt:
             parts += [header, "assistant", end_header, "\n\n"]
         return parts
@@ -313,11 +388,32 @@ class _Control(str):
     that apply_chat_template encodes with special tokens on."""
 
 
+def _tojson(value, indent: int | None = None) -> str:
+    """A template's `tojson` as HF's Jinja environment defines it."""
+    return json.dumps(value, ensure_ascii=False, indent=indent)
+
+
+def _call_json(call: dict, arguments_key: str) -> str:
+    """One tool call as the templates write it: {"name": "...", "<arguments_key>": <arguments>};
+    a call may be OpenAI's {"function": {"name", "arguments"}} or the function itself, its
+    arguments an object or JSON text (written as it is, as Qwen3's template writes a string)."""
+    call = call.get("function", call)
+    arguments = call["arguments"]
+    arguments = arguments if isinstance(arguments, str) else _tojson(arguments)
+    return f'{{"name": "{call["name"]}", "{arguments_key}": {arguments}}}'
+
+
 def _check_messages(messages) -> None:
     if not isinstance(messages, list) or not messages:
         raise ValueError("messages must be a non-empty list of {'role': ..., 'content': ...} dicts")
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or m.get("role") not in ROLES:
             raise ValueError(f"messages[{i}] must be a dict with role in {ROLES}, got {m!r:.200}")
+        calls = m.get("tool_calls")
+        if calls is not None and not (isinstance(calls, list) and all(
+                isinstance(c, dict) and isinstance(c.get("function", c).get("name"), str)
+                for c in calls)):
+            raise ValueError(f"messages[{i}]['tool_calls'] must be a list of {{'function': "
+                             f"{{'name', 'arguments'}}}} dicts, got {calls!r:.200}")
         if not isinstance(m.get("content"), str):
             raise ValueError(f"messages[{i}]['content'] must be a string, got {type(m.get('content')).__name__}")

@@ -17,8 +17,13 @@ that request only); one that also has `embedding_tokens(text)` and `embed(reques
 CompletionRequest, `parse_completion_request` a legacy /v1/completions body into one per prompt string, or they
 raise BackendError(400/404, ...) naming the field at fault (minskill.serve.fields: which fields are implemented,
 ignored or refused). Roles: `developer` is read as `system` (OpenAI's newer name for it); an assistant turn's
-`content` may be null or absent (an empty turn, as a client replays a reply); `tool` turns and `tool_calls` are a
-400, as this server implements no tools.
+`content` may be null or absent (an empty turn, as a client replays a reply); `tool_calls` and
+`tool` turns go to the chat template (serve.tool_calls.tool_turn).
+
+Tools and sampling controls. `tools` / `tool_choice` are read into .tool_use (serve.tool_calls: a
+backend gets count_prompt_tokens(messages, tools=...) only with tools; each Choice's calls parsed
+as its `tool_style` says), penalties and `logit_bias` into .penalties (serve.penalties, in the
+engine); a legacy `echo` puts the prompt before each text (serve.bodies, serve.sse).
 
 Log-probabilities. `logprobs: true` (chat) or `logprobs: k` (legacy) gives each reply token's log-probability,
 and `top_logprobs: k` (chat; up to MAX_TOP_LOGPROBS) the k most likely tokens at each step: both from
@@ -47,6 +52,11 @@ decoded token (sampling.generate's on_token hook, through _TextStream); Scripted
 tokens to wait for, word by word once fn has answered. Deltas always add up to a prefix of the final text;
 what they held back (an incomplete UTF-8 character, the possible start of a stop string) the server sends
 from the final Choice.
+
+JSON replies. `response_format` ({"type": "json_object"} or {"type": "json_schema", "json_schema":
+{"schema": ...}}) and vLLM's `guided_json` / `structured_outputs` are read by serve.constrained into
+CompletionRequest.response_schema; ModelBackend serves such a request through the engine, each sample
+with a JsonConstraint that masks its logits at every step; ScriptedBackend refuses it (a 400).
 """
 from __future__ import annotations
 
@@ -61,20 +71,25 @@ from typing import Callable, Protocol
 import torch
 from tokenizers.decoders import ByteLevel as ByteLevelDecoder
 
-from minskill.nn.quantize import apply_quantization, has_int8_layers
+from minskill.nn.quantize import apply_quantization, weight_format
 from minskill.nn.sampling import generate
 from minskill.nn.weights import load_model
 from minskill.serve.aligned import pad_single_rows
+from minskill.serve.bodies import echo_requested
+from minskill.serve.constrained import (BYTE_OF_CHAR, JsonConstraint, JsonFormat, response_schema,
+                                        vocabulary_for)
 from minskill.serve.embeddings import mean_pooled_embeddings
 from minskill.serve.errors import BackendError, bad_request, check_body_and_model
 from minskill.serve.fields import CHAT_FIELDS, COMPLETION_FIELDS, check_fields
+from minskill.serve.penalties import Penalties, parse_penalties
 from minskill.serve.prefix_cache import PrefixCache
 from minskill.serve.scheduler import Engine, sequences_for
+from minskill.serve.tool_calls import ToolUse, tool_turn, tool_use, with_tool_calls
 
 MAX_N = 16                        # most choices one request may ask for
 MAX_STOP_STRINGS = 16
 MAX_TOP_LOGPROBS = 20             # most alternatives per token (OpenAI's limit)
-ROLES = ("system", "developer", "user", "assistant")
+ROLES = ("system", "developer", "user", "assistant", "tool")
 SCHEDULERS = ("static", "continuous")   # ModelBackend(scheduler=...), python -m minskill.serve --scheduler
 
 
@@ -101,6 +116,10 @@ class CompletionRequest:
     logprobs: bool = False        # give each reply token's log-prob (module docstring)
     top_logprobs: int = 0         # ... and the k most likely tokens at each step
     prompt: str | None = None     # a legacy /v1/completions prompt, sent as it is (messages then empty)
+    response_schema: JsonFormat | None = None   # the JSON the reply must be (serve.constrained)
+    tool_use: ToolUse | None = None     # the tools the model may call (serve.tool_calls)
+    penalties: Penalties | None = None  # logit_bias and the penalties (serve.penalties); None: none
+    echo: bool = False                  # legacy: the prompt comes back before each choice's text
 
 
 @dataclass
@@ -119,13 +138,15 @@ class Choice:
     completion_tokens: int        # generated tokens, counting the stop token that ended the reply
     reasoning: str | None = None  # sent as message.reasoning_content, as vLLM's --reasoning-parser does (scripted)
     logprobs: list[TokenLogprob] | None = None   # when the request asks for them
+    tool_calls: list[dict] | None = None  # the calls parsed out of the reply (serve.tool_calls)
 
 
 class Backend(Protocol):
     name: str
     max_context: int
 
-    def count_prompt_tokens(self, messages: list[dict], enable_thinking: bool = False) -> int: ...
+    def count_prompt_tokens(self, messages: list[dict], enable_thinking: bool = False,
+                            tools: list[dict] | None = None) -> int: ...
 
     def count_text_tokens(self, prompt: str) -> int: ...   # a legacy /v1/completions prompt
 
@@ -150,11 +171,13 @@ class ScriptedBackend:
     without, /v1/embeddings answers 400.
     """
 
+    tool_style = "hermes"      # its tool calls: <tool_call>{...}</tool_call> (serve.tool_calls)
+
     def __init__(self, fn: Callable[[list[dict], CompletionRequest], str], name: str = "scripted",
                  max_context: int = 4096, embed_fn: Callable[[str], list[float]] | None = None):
         self.fn, self.name, self.max_context, self.embed_fn = fn, name, max_context, embed_fn
 
-    def count_prompt_tokens(self, messages, enable_thinking: bool = False):
+    def count_prompt_tokens(self, messages, enable_thinking: bool = False, tools=None):
         return sum(len(message["content"].split()) for message in messages)
 
     def count_text_tokens(self, prompt: str) -> int:
@@ -170,7 +193,8 @@ class ScriptedBackend:
         words = text.split()
         if len(words) > request.max_tokens:
             return Choice(" ".join(words[:request.max_tokens]), "length", request.max_tokens, reasoning)
-        return Choice(text, "stop", len(words), reasoning)
+        return with_tool_calls(Choice(text, "stop", len(words), reasoning), request.tool_use,
+                               self.tool_style)
 
     def complete(self, requests):
         results = []
@@ -178,6 +202,13 @@ class ScriptedBackend:
             if request.logprobs:
                 results.append(BackendError(400, f"the model {self.name!r} (a ScriptedBackend) has no "
                                                  "log-probabilities", "invalid_request_error", None, "logprobs"))
+                continue
+            if request.penalties is not None or request.response_schema is not None:
+                field = (request.response_schema or request.penalties).field
+                message = f"'{field}': the model {self.name!r} (a ScriptedBackend) cannot " \
+                          "constrain or penalize its replies"
+                results.append(BackendError(400, message, "invalid_request_error",
+                                            "unsupported_field", field))
                 continue
             try:
                 messages = request.messages if request.prompt is None else \
@@ -219,6 +250,9 @@ class ModelBackend:
                              f"{scheduler!r}, {prefix_cache_mb!r}")
         self.model, self.tokenizer, self.name, self.scheduler = model, tokenizer, name, scheduler
         self.max_context = int(model.config.max_position_embeddings)
+        self.vocab_size = int(model.config.vocab_size)
+        # how its replies write tool calls (serve.tool_calls): as its chat template asks
+        self.tool_style = "llama3_json" if tokenizer.chat_format == "llama3" else "hermes"
         self.prefix_cache = PrefixCache(prefix_cache_mb) if prefix_cache_mb > 0 else None
         self.batch_invariant = batch_invariant
         if batch_invariant:
@@ -231,12 +265,12 @@ class ModelBackend:
     def from_spec(cls, spec: str, dtype=None, device=None, name: str | None = None,
                   quantize: str | None = None, prefix_cache_mb: float = 0,
                   scheduler: str = "static", batch_invariant: bool = False):
-        """Load `spec`; quantize="int8" serves it with int8 weights (minskill.nn.quantize)."""
+        """Load `spec`; quantize="int8" / "int4" serves it with int8 / int4 weights (minskill.nn.quantize)."""
         model, tokenizer = load_model(spec, dtype=dtype, device=device)
         model.eval()
         apply_quantization(model, quantize)
         # a quantized model answers differently: its default name says so (clients, caches and reports see it)
-        suffix = "-int8" if has_int8_layers(model) else ""
+        suffix = f"-{weight_format(model)}" if weight_format(model) else ""
         return cls(model, tokenizer, name or (Path(str(spec).rstrip("/")).name or str(spec)) + suffix,
                    prefix_cache_mb=prefix_cache_mb, scheduler=scheduler,
                    batch_invariant=batch_invariant)
@@ -261,8 +295,11 @@ class ModelBackend:
             self._prompt(request), request.n, request.seed, max_new_tokens=request.max_tokens,
             temperature=request.temperature, top_k=request.top_k, top_p=request.top_p,
             stop_strings=tuple(request.stop), top_logprobs=request.top_logprobs,
-            should_stop=request.cancelled.is_set)
+            should_stop=request.cancelled.is_set, penalties=request.penalties)
         for j, sequence in enumerate(sequences):
+            if request.response_schema is not None:   # each sample its own state (constrained)
+                sequence.constraint = JsonConstraint(request.response_schema.node, vocabulary_for(
+                    self.tokenizer, int(self.model.config.vocab_size)))
             sequence.on_done = partial(sample_done, j)
             sequence.on_token = None if hook is None else partial(hook, j)
             self._owners[id(sequence)] = answer
@@ -303,12 +340,13 @@ class ModelBackend:
         return results
 
     def _choice(self, sample, request) -> Choice:
-        return Choice(sample.text, sample.finish_reason, len(sample.token_ids),
-                      logprobs=self._logprobs(sample) if request.logprobs else None)
+        choice = Choice(sample.text, sample.finish_reason, len(sample.token_ids),
+                        logprobs=self._logprobs(sample) if request.logprobs else None)
+        return with_tool_calls(choice, request.tool_use, self.tool_style)
 
-    def count_prompt_tokens(self, messages, enable_thinking: bool = False):
+    def count_prompt_tokens(self, messages, enable_thinking: bool = False, tools=None):
         return len(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True,
-                                                      enable_thinking=enable_thinking))
+                                                      enable_thinking=enable_thinking, tools=tools))
 
     def count_text_tokens(self, prompt: str) -> int:
         return len(self._text_prompt(prompt))
@@ -321,7 +359,9 @@ class ModelBackend:
     def _prompt(self, request: CompletionRequest) -> list[int]:
         if request.prompt is not None:
             return self._text_prompt(request.prompt)
-        return self.tokenizer.apply_chat_template(request.messages, enable_thinking=request.enable_thinking)
+        return self.tokenizer.apply_chat_template(
+            request.messages, enable_thinking=request.enable_thinking,
+            tools=request.tool_use.tools if request.tool_use else None)
 
     def embedding_tokens(self, text: str) -> list[int]:
         """The text's tokens as plain characters (no chat template, no BOS): what its embedding pools."""
@@ -346,7 +386,8 @@ class ModelBackend:
         return on_token
 
     def complete(self, requests):
-        if self.prefix_cache is not None or self.scheduler != "static" or self.batch_invariant:
+        if self.prefix_cache is not None or self.scheduler != "static" or self.batch_invariant or \
+                any(r.response_schema or r.penalties for r in requests):   # (engine only)
             return self._complete_with_engine(requests)
         results: list = [None] * len(requests)
         by_n = collections.defaultdict(list)   # generate takes one n per call
@@ -365,9 +406,7 @@ class ModelBackend:
                     tokenizer=self.tokenizer, pad_id=self.tokenizer.pad_token_id,
                     on_token=self._streams(group, n), top_logprobs=[r.top_logprobs for r in group])
                 for k, i in enumerate(indices):  # samples are prompt-major: prompt k owns k*n .. k*n+n-1
-                    results[i] = [Choice(s.text, s.finish_reason, len(s.token_ids),
-                                         logprobs=self._logprobs(s) if group[k].logprobs else None)
-                                  for s in samples[k * n:(k + 1) * n]]
+                    results[i] = [self._choice(s, group[k]) for s in samples[k * n:(k + 1) * n]]
         return results
 
     def _logprobs(self, sample) -> list[TokenLogprob]:
@@ -396,18 +435,9 @@ class ModelBackend:
         if added is not None or not isinstance(backend.decoder, ByteLevelDecoder):
             raw = (added.content if added is not None else self.tokenizer.decode([token])).encode()
         else:
-            raw = bytes(_BYTE_OF_CHAR[c] for c in backend.id_to_token(token))
+            raw = bytes(BYTE_OF_CHAR[c] for c in backend.id_to_token(token))
         return raw.decode("utf-8", "replace"), raw
 
-
-def _byte_of_char() -> dict[str, int]:
-    """GPT-2's byte-level alphabet, inverted: the vocabulary's character for each byte -> the byte."""
-    kept = [*range(ord("!"), ord("~") + 1), *range(ord("\xa1"), ord("\xac") + 1), *range(ord("\xae"), 256)]
-    moved = [b for b in range(256) if b not in kept]
-    return {**{chr(b): b for b in kept}, **{chr(256 + i): b for i, b in enumerate(moved)}}
-
-
-_BYTE_OF_CHAR = _byte_of_char()
 
 
 class _TextStream:
@@ -548,7 +578,8 @@ def _enable_thinking(payload) -> bool:
 
 
 def _messages(payload) -> list[dict]:
-    """The chat's messages as {"role", "content": str}: developer read as system, an assistant's null content as ""."""
+    """The chat's messages as {"role", "content": str, ...tool keys}: developer as system, an
+    assistant's null content as ""."""
     messages = payload.get("messages")
     if not isinstance(messages, list) or not messages:
         raise bad_request("'messages' must be a non-empty list of {'role', 'content'} objects", "messages")
@@ -556,24 +587,18 @@ def _messages(payload) -> list[dict]:
     for i, message in enumerate(messages):
         if not isinstance(message, dict):
             raise bad_request(f"messages[{i}] must be an object, got {type(message).__name__}", f"messages[{i}]")
-        role = message.get("role")
-        if role in ("tool", "function"):
-            raise bad_request(f"messages[{i}] is a {role!r} turn: this server implements no tools (tools, "
-                              f"tool_calls and tool turns are refused)", f"messages[{i}].role", "unsupported_field")
+        role, tool_keys = message.get("role"), tool_turn(message, i)
         if role not in ROLES:
             raise bad_request(f"messages[{i}].role must be one of {', '.join(ROLES)}, got {role!r}",
                               f"messages[{i}].role")
-        for key in ("tool_calls", "function_call"):
-            if message.get(key):
-                raise bad_request(f"messages[{i}].{key}: this server implements no tools", f"messages[{i}].{key}",
-                                  "unsupported_field")
         content = message.get("content")
         if content is None and role == "assistant":   # a reply replayed as the client got it (tool_calls aside)
             content = ""
         elif content is None:
             raise bad_request(f"messages[{i}].content must be a string or a list of text parts, got "
                               f"{'null' if 'content' in message else 'nothing'}", f"messages[{i}].content")
-        out.append({"role": "system" if role == "developer" else role, "content": _content_text(content, i)})
+        out.append({"role": "system" if role == "developer" else role,
+                    "content": _content_text(content, i), **tool_keys})
     return out
 
 
@@ -595,8 +620,11 @@ def parse_chat_request(payload, backend: Backend) -> CompletionRequest:
     messages = _messages(payload)
     thinking = _enable_thinking(payload)
     logprobs, top_logprobs = _chat_logprobs(payload)
+    tools = tool_use(payload)
     try:
-        prompt_tokens = backend.count_prompt_tokens(messages, **({"enable_thinking": True} if thinking else {}))
+        optional = {**({"enable_thinking": True} if thinking else {}),
+                    **({"tools": tools.tools} if tools else {})}
+        prompt_tokens = backend.count_prompt_tokens(messages, **optional)
     except (ValueError, KeyError) as error:  # e.g. a chat template that refuses this message order
         raise bad_request(f"cannot format these messages for the model: {error}", "messages")
     key = "max_tokens" if payload.get("max_tokens") is not None else "max_completion_tokens"
@@ -606,8 +634,12 @@ def parse_chat_request(payload, backend: Backend) -> CompletionRequest:
         if both[0] != both[1]:   # neither is ignored
             raise bad_request(f"'max_tokens' ({both[0]}) and 'max_completion_tokens' ({both[1]}) "
                               "differ: give one of them", "max_completion_tokens")
-    return _request(payload, backend, prompt_tokens, "messages", key, None, messages=messages,
-                    enable_thinking=thinking, logprobs=logprobs, top_logprobs=top_logprobs)
+    request = _request(payload, backend, prompt_tokens, "messages", key, None, messages=messages,
+                       enable_thinking=thinking, logprobs=logprobs, top_logprobs=top_logprobs,
+                       tool_use=tools)
+    if tools is not None and tools.schema is not None:     # a forced call (serve.tool_calls)
+        request.response_schema = tools.schema
+    return request
 
 
 def parse_completion_request(payload, backend: Backend) -> list[CompletionRequest]:
@@ -622,6 +654,7 @@ def parse_completion_request(payload, backend: Backend) -> list[CompletionReques
         raise bad_request(f"'prompt' must be a string or a list of 1 to {MAX_N} strings (token ids are not "
                           f"implemented), got {prompt!r:.100}", "prompt")
     top = _integer(payload, "logprobs", None, 0, MAX_TOP_LOGPROBS) if payload.get("logprobs") is not None else None
+    echo = echo_requested(payload, top is not None)
     requests = []
     for i, text in enumerate(prompts):
         where = "prompt" if isinstance(prompt, str) else f"prompt[{i}]"
@@ -629,7 +662,8 @@ def parse_completion_request(payload, backend: Backend) -> list[CompletionReques
         if prompt_tokens == 0:
             raise bad_request(f"{where} is empty: the model needs at least one prompt token", where)
         requests.append(_request(payload, backend, prompt_tokens, where, "max_tokens", 16, messages=[],
-                                 prompt=text, logprobs=top is not None, top_logprobs=top or 0))
+                                 prompt=text, logprobs=top is not None, top_logprobs=top or 0,
+                                 echo=echo))
     if sum(r.n for r in requests) > MAX_N:
         raise bad_request(f"{len(prompts)} prompts × n = {requests[0].n} choices: at most {MAX_N}", "n")
     return requests
@@ -660,4 +694,7 @@ def _request(payload, backend: Backend, prompt_tokens: int, where: str, max_key:
     room = context - prompt_tokens
     return CompletionRequest(n=n, temperature=temperature, top_p=top_p, max_tokens=min(max_tokens or room, room),
                              stop=stop, seed=seed, prompt_tokens=prompt_tokens, stream=stream,
-                             include_usage=include_usage, top_k=max(top_k, 0), **fields)
+                             include_usage=include_usage, top_k=max(top_k, 0),
+                             response_schema=response_schema(payload),
+                             penalties=parse_penalties(
+                                 payload, getattr(backend, "vocab_size", None), _number), **fields)

@@ -12,8 +12,8 @@ Contract
   llama.cpp (a key the client sets itself, e.g. "n", is a ValueError). `base_url` is the API root, e.g.
   `http://127.0.0.1:8000/v1` (a trailing "/" is ignored; a bare `http://host:port` gets `/v1` appended). With no
   model name the client asks `GET {base_url}/models` once and uses the first model listed.
-* `chat(messages, n, temperature, top_p, max_tokens, stop, seed) -> ChatResult` with the `n` reply
-  texts in choice order, their finish reasons and the token usage the server reported.
+* `chat(messages, n, temperature, top_p, max_tokens, stop, seed, **more) -> ChatResult`: the `n`
+  reply texts in choice order, finish reasons, usage and tool_calls (`more`: tools, tool_choice...).
 * Reasoning is set apart (`split_reasoning`): `texts` hold only the answers, so no verifier, parser or skill
   reads a model's thinking; `reasonings` hold it per choice, and `reasoning_tokens` counts it (the server's
   `usage.completion_tokens_details.reasoning_tokens`, else completion_tokens split by characters).
@@ -110,6 +110,7 @@ class ChatResult:
     seconds: float = 0.0        # this call's request seconds (0: not sent, e.g. answered from a cache)
     reasonings: list[str] | None = None   # each choice's reasoning, set apart from its text (None: none at all)
     reasoning_tokens: int = 0   # of completion_tokens, those of the reasoning (the server's figure, or estimated)
+    tool_calls: list[list[dict]] | None = None   # each choice's message.tool_calls (None: none)
 
     @property
     def text(self) -> str:
@@ -563,23 +564,24 @@ class ChatClient:
         return self.model
 
     # ---- public API ------------------------------------------------------------------------------
-    def chat(self, messages, n=1, temperature=0.0, top_p=1.0, max_tokens=256, stop=None, seed=None) -> ChatResult:
+    def chat(self, messages, n=1, temperature=0.0, top_p=1.0, max_tokens=256, stop=None, seed=None,
+             **more) -> ChatResult:
         if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
             raise TypeError(f"messages must be a list of {{'role', 'content'}} dicts, got {messages!r:.200}")
         with self._slots:  # waiting for a slot is not the server's time: the deadline starts once it is ours
             t0, result = self._usage.start(), None
             try:
-                result = self._chat(messages, n, temperature, top_p, max_tokens, stop, seed)
+                result = self._chat(messages, n, temperature, top_p, max_tokens, stop, seed, more)
                 result.seconds = time.monotonic() - t0
                 return result
             finally:
                 self._usage.add(result, self._usage.stop(t0))
 
-    def _chat(self, messages, n, temperature, top_p, max_tokens, stop, seed) -> ChatResult:
+    def _chat(self, messages, n, temperature, top_p, max_tokens, stop, seed, more) -> ChatResult:
         deadline = time.monotonic() + self.timeout
         try:
             payload = {**self.extra_body, "model": self._resolve_model(deadline), "messages": messages, "n": n,
-                       "temperature": temperature, "top_p": top_p, "max_tokens": max_tokens}
+                       "temperature": temperature, "top_p": top_p, "max_tokens": max_tokens, **more}
             if stop is not None:
                 payload["stop"] = [stop] if isinstance(stop, str) else list(stop)
             if seed is not None:
@@ -598,20 +600,18 @@ class ChatClient:
             raise wrong_shape("no 'choices' list")
         if len(choices) != n:
             raise wrong_shape(f"{len(choices)} choices where n={n} were asked for")
-        if not all(isinstance(choice, dict) for choice in choices):
-            raise wrong_shape("a choice that is not an object")
-        if not all(type(choice.get("index", 0)) is int for choice in choices):
-            raise wrong_shape("a choice 'index' that is not an integer")
-        texts, reasons, reasonings = [], [], []
+        if not all(isinstance(c, dict) and type(c.get("index", 0)) is int for c in choices):
+            raise wrong_shape("a choice that is not an object with an integer 'index'")
+        texts, reasons, reasonings, calls = [], [], [], []
         for choice in sorted(choices, key=lambda choice: choice.get("index", 0)):
             message = choice.get("message")
             if not isinstance(message, dict) or "content" not in message:
                 raise wrong_shape("a choice without 'message.content'")
             text, reason = message["content"], choice.get("finish_reason")
-            if not isinstance(text, str | None):
-                raise wrong_shape("a non-string 'message.content'")
-            if not isinstance(reason, str | None):
-                raise wrong_shape("a non-string 'finish_reason'")
+            calls.append(message.get("tool_calls") or [])     # (OpenAI's {"id", "function"} dicts)
+            if not isinstance(text, str | None) or not isinstance(reason, str | None) or not \
+                    isinstance(calls[-1], list) or not all(isinstance(c, dict) for c in calls[-1]):
+                raise wrong_shape("a non-string content or finish_reason (or bad tool_calls)")
             answer, thought = split_reasoning(text or "")      # null content -> ""
             field = next((message[k].strip() for k in REASONING_FIELDS if isinstance(message.get(k), str)), "")
             texts.append(answer)
@@ -624,8 +624,9 @@ class ChatClient:
         if not all(type(count) is int and count >= 0 for count in counts):  # (type: not bool, float, NaN)
             raise wrong_shape(f"'usage' token counts that are not non-negative integers: {counts}")
         thought = any(reasonings)
+        tokens = _reasoning_tokens(usage, counts[1], texts, reasonings) if thought else 0
         return ChatResult(texts, reasons, *counts, reasonings=reasonings if thought else None,
-                          reasoning_tokens=_reasoning_tokens(usage, counts[1], texts, reasonings) if thought else 0)
+                          reasoning_tokens=tokens, tool_calls=calls if any(calls) else None)
 
     def embed(self, texts: list[str]) -> list[list[float]]:
         """`POST {base_url}/embeddings` with `input` = texts: one vector per text, in order. The same slots,

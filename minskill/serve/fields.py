@@ -1,8 +1,9 @@
 """Which request fields minskill.serve.server reads, which it accepts and ignores, and which it refuses.
 
-A field that would change the tokens sampled or the reply's shape is either implemented or refused with a 400 that
-names it, never ignored: a client asking for `presence_penalty: 0.5` or a JSON `response_format` must not get an
-ordinary reply that looks as if it had been honoured. Every field of a request body is one of:
+A field that would change the tokens sampled or the reply's shape is either implemented or refused
+with a 400 that names it, never ignored: a client asking for `min_p: 0.05` or `best_of: 3` must not
+get an ordinary reply that looks as if it had been honoured. Every field of a request body is one
+of:
 
   * implemented (CHAT_FIELDS, COMPLETION_FIELDS): read and checked by minskill.serve.backends;
   * harmless (IGNORED): it changes nothing that is sampled or returned (bookkeeping, scheduling, caching);
@@ -17,22 +18,27 @@ from __future__ import annotations
 
 from minskill.serve.errors import bad_request
 
-CHAT_FIELDS = ("model", "messages", "n", "temperature", "top_p", "top_k", "max_tokens", "max_completion_tokens",
-               "stop", "seed", "stream", "stream_options", "chat_template_kwargs", "logprobs", "top_logprobs")
+SAMPLING_CONTROLS = ("frequency_penalty", "presence_penalty", "repetition_penalty", "logit_bias")
+CHAT_FIELDS = ("model", "messages", "n", "temperature", "top_p", "top_k", "max_tokens",
+               "max_completion_tokens", "stop", "seed", "stream", "stream_options",
+               "chat_template_kwargs", "logprobs", "top_logprobs", "response_format", "guided_json",
+               "structured_outputs", "tools", "tool_choice", "parallel_tool_calls",
+               *SAMPLING_CONTROLS)
 COMPLETION_FIELDS = ("model", "prompt", "n", "temperature", "top_p", "top_k", "max_tokens", "stop", "seed",
-                     "stream", "stream_options", "logprobs")
+                     "stream", "stream_options", "logprobs", "response_format", "guided_json",
+                     "structured_outputs", "echo", *SAMPLING_CONTROLS)
 # bookkeeping (user, metadata, store, ids), scheduling and caching (service_tier, priority, prompt_cache_key,
 # cache_salt): none changes what is sampled or returned
 IGNORED = ("user", "metadata", "store", "service_tier", "request_id", "priority", "prompt_cache_key",
-           "safety_identifier", "cache_salt", "parallel_tool_calls")   # (the last: moot, as tools are refused)
+           "safety_identifier", "cache_salt", "parallel_tool_calls")   # (the last: read by chat)
 # field -> the values that change nothing (null always does): any other value is refused
+# (tools on the legacy endpoint, echo on chat: each is implemented by the other endpoint only)
 NEUTRAL = {
-    "presence_penalty": (0,), "frequency_penalty": (0,), "repetition_penalty": (1,), "min_p": (0,),
-    "length_penalty": (1,), "logit_bias": ({},), "min_tokens": (0,), "ignore_eos": (False,),
-    "response_format": ({"type": "text"},), "tools": ([],), "functions": ([],), "tool_choice": ("none", "auto"),
+    "min_p": (0,), "length_penalty": (1,), "min_tokens": (0,), "ignore_eos": (False,),
+    "tools": ([],), "functions": ([],), "tool_choice": ("none", "auto"),
     "function_call": ("none", "auto"),
     "stop_token_ids": ([],), "bad_words": ([],), "allowed_token_ids": (), "prompt_logprobs": (),
-    "guided_json": (), "guided_regex": (), "guided_choice": (), "guided_grammar": (), "structured_outputs": (),
+    "guided_regex": (), "guided_choice": (), "guided_grammar": (),
     "use_beam_search": (False,), "best_of": (1,), "echo": (False,), "suffix": ("",),
     "include_stop_str_in_output": (False,), "skip_special_tokens": (True,), "spaces_between_special_tokens": (True,),
     "add_generation_prompt": (True,), "continue_final_message": (False,),

@@ -4,8 +4,9 @@
 is 4 sequences), and the logits of each row's next token. Each `step()`:
 
   1. drops the rows whose request was cancelled (finish_reason "cancelled": its client has gone);
-  2. chooses one token per row (sampling._sample_step: the same rule as sampling.generate), streams it
-     (on_token), and ends a row on a stop token, a stop string or its max_new_tokens;
+  2. chooses one token per row (sampling._sample_step: the same rule as sampling.generate, after the
+     row's logit_bias and penalties, serve.penalties, and its schema's mask, serve.constrained),
+     streams it (on_token), and ends a row on a stop token, a stop string or its max_new_tokens;
   3. finished rows leave the cache at once (KVCache.select), their request is answered as soon as its last
      sample ends; the others are fed their token (one forward of the model, one new slot for every row).
 
@@ -46,6 +47,8 @@ from minskill.nn.sampling import (Sample, _cut_at_stop, _generators, _Plan, _sam
                                    compute_dtype, stop_string_ended)
 from minskill.serve.aligned import merge_aligned, prefill_aligned
 from minskill.serve.cascade import groups_of, prefill_shared, with_groups
+from minskill.serve.constrained import JsonConstraint, constrain
+from minskill.serve.penalties import Penalties, apply_penalties
 from minskill.serve.prefix_cache import PrefixCache, prefill
 
 
@@ -63,6 +66,8 @@ class Sequence:
     on_token: Callable[[int], None] | None = None        # on_token(token_id), as each token is chosen
     should_stop: Callable[[], bool] | None = None        # the client has gone
     on_done: Callable[["Sequence"], None] | None = None  # called once, when the sequence ends
+    constraint: JsonConstraint | None = None             # the tokens its JSON schema allows (serve.constrained)
+    penalties: Penalties | None = None                   # logit_bias, penalties (serve.penalties)
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     top: list[list[tuple[int, float]]] = field(default_factory=list)
@@ -139,6 +144,8 @@ class Engine:
         self._leave(keep)
         if not self.rows:
             return
+        # a row's own controls (serve.penalties), then, with a JSON schema, its allowed tokens only
+        self.logits = constrain(apply_penalties(self.logits, self.rows), self.rows)
         tokens, logprobs, top = self._choose()
         still, stop_token_ids = [], self.stop_token_ids
         for i, (s, tok, lp) in enumerate(zip(self.rows, tokens, logprobs)):

@@ -15,8 +15,14 @@ reply is done, what they held back is sent, so the deltas of choice j add up to 
 a choice's log-probs (minskill.serve.bodies' shape) all come in the chunk that carries that rest (its content
 maybe ""), just before its finish_reason: concatenated over the chunks, as clients do, they are the reply's.
 
-Legacy /v1/completions streams the same way, as "text_completion" chunks: choices [{"index", "text", "logprobs",
-"finish_reason"}] (no role chunk), one request per prompt, the choices of prompt i numbered i * n + j.
+Tool calls (serve.tool_calls): a request with tools is not streamed token by token (a delta could be
+the start of a call); when its reply is done, a choice's content (if any) comes in one delta, then
+its calls in one delta, `{"tool_calls": [{"index": k, "id", "type": "function", "function": {"name",
+"arguments"}}, ...]}`, as the openai client accumulates them, then finish_reason "tool_calls".
+
+Legacy /v1/completions streams the same way, as "text_completion" chunks: choices [{"index", "text",
+"logprobs", "finish_reason"}] (no role chunk), one request per prompt, the choices of prompt i
+numbered i * n + j; with `echo`, each choice's first chunk is its prompt.
 
 The response starts with the first event. A request that fails before that (e.g. a backend's 503)
 gets its ordinary status and OpenAI's error body, so clients can retry as usual; one that fails later gets
@@ -34,7 +40,7 @@ import traceback
 import uuid
 
 from minskill.serve.backends import ClientGone, CompletionRequest
-from minskill.serve.bodies import chat_logprobs, completion_logprobs, usage
+from minskill.serve.bodies import chat_logprobs, completion_logprobs, echoed, usage
 from minskill.serve.errors import BackendError
 
 
@@ -70,6 +76,12 @@ class _EventStream:
         handler.end_headers()
         for j in range(0 if self.legacy else sum(r.n for r in self.requests)):
             self.chunk(j, {"role": "assistant", "content": ""})
+        j = 0
+        for request in self.requests if self.legacy else ():
+            for _ in range(request.n):
+                if echoed(request):
+                    self.chunk(j, {"content": echoed(request)})
+                j += 1
 
     def chunk(self, j: int, delta: dict, finish_reason: str | None = None, logprobs=None):
         choice = {"index": j, "text": delta.get("content", "")} if self.legacy else {"index": j, "delta": delta}
@@ -86,6 +98,9 @@ class _EventStream:
             logprobs = (completion_logprobs if self.legacy else chat_logprobs)(choice.logprobs)
             if rest or logprobs is not None:
                 self.chunk(j, {"content": rest}, logprobs=logprobs)
+            if getattr(choice, "tool_calls", None):
+                calls = [{"index": k, **call} for k, call in enumerate(choice.tool_calls)]
+                self.chunk(j, {"tool_calls": calls})
             self.chunk(j, {}, choice.finish_reason)
         if self.include_usage:
             self._event({**self.head, "choices": [], "usage": usage(
@@ -113,7 +128,8 @@ def stream_chat(handler, scheduler, requests: list[CompletionRequest], model: st
     events: queue.Queue = queue.Queue()
     first = 0
     for request in requests:    # choice j of request k is choice first_k + j of the stream
-        request.on_text = lambda j, text, first=first: events.put((first + j, text))
+        if getattr(request, "tool_use", None) is None:     # (with tools: sent when done)
+            request.on_text = lambda j, text, first=first: events.put((first + j, text))
         first += request.n
     jobs = [scheduler.enqueue(request, events) for request in requests]
     out, sent, running = _EventStream(handler, requests, model, legacy), [""] * first, len(jobs)
