@@ -28,16 +28,18 @@ Sizes. A SKILL.md file (and a skill's body) is at most MAX_FILE_BYTES = 256 KiB:
 refuses a SKILL.md. The spec *recommends* a body under 500 lines and under 5,000 tokens; a longer body
 loads with a `SkillWarning` (warnings.warn), tokens approximated as approx_tokens(body) = ceil(chars/4).
 
-Resources. Every other file of a skill's folder (`Skill.resources`: relative POSIX path -> bytes; scripts/,
-references/, assets/, LICENSE.txt, any folder the body names) travels with it: read on load, written back
-byte for byte on save with its exec bit (an executable's bytes are `ExecutableBytes`: mode 0o755, others
-0o644; minskill never runs them), at most MAX_RESOURCE_FILES = 1,000 files and MAX_RESOURCE_BYTES = 50 MiB
-per skill. A symbolic link anywhere in the folder is an error naming it (it could point outside); dot-files
-and dot-folders are skipped (.git, editor droppings, our own temp files). Prompts list the resources by name
-(`resource_note`); no LLM ever rewrites them, and none of their bytes is ever shown to one or run. A
-resource path is validated (`validate_resource_path`) before it becomes a file name: not SKILL.md, no part
-empty, '.', '..', hidden, with a control character or over 255 bytes, at most MAX_RESOURCE_DEPTH = 16
-parts; a skill set bounds all its resources together (skillsets.py).
+Resources. Every other file of a skill's folder (`Skill.resources`: relative POSIX path -> bytes;
+scripts/, references/, assets/, LICENSE.txt, any folder the body names) travels with it: read on
+load, written back byte for byte on save with its exec bit (an executable's bytes are
+`ExecutableBytes`: mode 0o755, others 0o644; minskill never runs them), at most MAX_RESOURCE_FILES =
+1,000 files (a cap the scripts' flag `--skill-max-files N` raises: `set_max_resource_files`) and
+MAX_RESOURCE_BYTES = 50 MiB per skill. A symbolic link anywhere in the folder is an error naming it
+(it could point outside); dot-files and dot-folders are skipped (.git, editor droppings, our own
+temp files). Prompts list the resources by name (`resource_note`); no LLM ever rewrites them, and
+none of their bytes is ever shown to one or run. A resource path is validated
+(`validate_resource_path`) before it becomes a file name: not SKILL.md, no part empty, '.', '..',
+hidden, with a control character or over 255 bytes, at most MAX_RESOURCE_DEPTH = 16 parts; a skill
+set bounds all its resources together (skillsets.py).
 
 Rendering for a task model's system prompt (`Skill.render(task_type, max_tokens)`, as `SkillSet.render`:
 the one interface the rollout code uses): the skill as a set of that one skill, i.e. `## title`, the
@@ -64,7 +66,7 @@ import yaml
 __all__ = ["Skill", "SkillFormatError", "SkillParseError", "validate_name", "validate_task_type", "slugify",
            "split_front_matter", "approx_tokens", "resource_note", "validate_resource_path", "SkillWarning",
            "MAX_NAME_CHARS", "MAX_DESCRIPTION_CHARS", "MAX_BODY_CHARS", "MAX_FILE_BYTES", "ExecutableBytes",
-           "read_yaml"]
+           "read_yaml", "set_max_resource_files"]
 
 MAX_NAME_CHARS = 64
 MAX_DESCRIPTION_CHARS = 1024
@@ -73,9 +75,10 @@ MAX_BODY_CHARS = 20_000              # the longest body an LLM may *write* (repl
 MAX_FILE_BYTES = 256 * 1024          # a SKILL.md or SKILLSET.md (or a skill's body) larger than this is refused
 RECOMMENDED_BODY_LINES = 500         # the spec's recommendation: above it a body loads with a warning
 RECOMMENDED_BODY_TOKENS = 5000       # ... tokens counted by approx_tokens (chars / 4)
-MAX_RESOURCE_FILES = 1000            # per skill: every file of its folder but SKILL.md (public skills: up to 83)
+MAX_RESOURCE_FILES = 1000            # per skill: each file of its folder but SKILL.md (one: 1,224)
 MAX_RESOURCE_BYTES = 50 * 1024 * 1024   # ... together (public skills: up to 5.5 MB, mostly fonts)
 MAX_RESOURCE_DEPTH = 16              # path parts below the skill folder (public skills: up to 6)
+MAX_FILES_HINT = "raise the cap with --skill-max-files N"   # (the flag: minskill.cli)
 SPEC_FIELDS = ("name", "description", "license", "compatibility", "metadata", "allowed-tools")
 
 
@@ -355,12 +358,27 @@ def validate_resource_path(rel, where: str = "resource") -> str:
     return rel
 
 
+_file_cap: int | None = None   # the cap set_max_resource_files set (None: MAX_RESOURCE_FILES)
+
+
+def set_max_resource_files(cap: int | None) -> int | None:
+    """Let a skill have up to `cap` resource files (None: MAX_RESOURCE_FILES) in this process, as
+    the scripts' --skill-max-files does (a public skill the spec's validator accepts has 1,224);
+    returns the cap set before, so that a caller can put it back."""
+    global _file_cap
+    if cap is not None and (not isinstance(cap, int) or cap < 1):
+        raise ValueError(f"the resource file cap must be an integer >= 1, got {cap!r}")
+    previous, _file_cap = _file_cap, cap
+    return previous
+
+
 def _check_resources(resources, where: str) -> None:
     """Types, paths and the bounds (files, bytes) of a skill's resources; no path is a folder of another."""
     if not isinstance(resources, dict):
         raise SkillFormatError(f"{where}: resources must be a mapping of relative paths to bytes")
-    if len(resources) > MAX_RESOURCE_FILES:
-        raise SkillFormatError(f"{where}: {len(resources)} resource files; at most {MAX_RESOURCE_FILES}")
+    if len(resources) > _max_files():
+        raise SkillFormatError(f"{where}: {len(resources)} resource files; at most {_max_files()} "
+                               f"({MAX_FILES_HINT})")
     total, folders = 0, set()
     for rel, data in resources.items():
         validate_resource_path(rel, f"{where}: resource")
@@ -390,13 +408,21 @@ def _load_resources(folder: Path) -> dict[str, bytes]:
                 raise SkillFormatError(f"{path}: not a regular file")
             rel = validate_resource_path(path.relative_to(folder).as_posix(), str(path))
             total += path.stat().st_size
-            if len(resources) >= MAX_RESOURCE_FILES or total > MAX_RESOURCE_BYTES:
-                raise SkillFormatError(f"{folder}: resources exceed {MAX_RESOURCE_FILES} files or "
+            if len(resources) >= _max_files():
+                raise SkillFormatError(f"{folder}: resources exceed {_max_files()} files "
+                                       f"(at {rel}; {MAX_FILES_HINT})")
+            if total > MAX_RESOURCE_BYTES:
+                raise SkillFormatError(f"{folder}: resources exceed {_max_files()} files or "
                                        f"{MAX_RESOURCE_BYTES} bytes (at {rel})")
             data = path.read_bytes()
             resources[rel] = ExecutableBytes(data) if path.stat().st_mode & 0o111 else data
     _check_resources(resources, str(folder))     # (a file that grew since its stat)
     return resources
+
+
+def _max_files() -> int:
+    """The most resource files a skill may have now (set_max_resource_files)."""
+    return MAX_RESOURCE_FILES if _file_cap is None else _file_cap
 
 
 def _save_resources(folder: Path, resources: dict[str, bytes]) -> None:

@@ -12,6 +12,8 @@ common mistakes. As a folder:
 SKILLSET.md is Markdown: `## General skills` and `## Task-specific skills: <type>` sections listing skill
 names in order, `## Common mistakes` as a bullet list, and `## Other fields` as a JSON block. Skill folders
 not listed are appended alphabetically, so a skill can be added by dropping its folder in.
+A folder of skill folders alone (DIR/<name>/SKILL.md: a skills repo's skills/, ~/.claude/skills)
+loads as general skills by name; one that does not load is skipped with a SkillWarning saying why.
 
 MASA's JSON library is read and written too:
 
@@ -35,12 +37,11 @@ Mapping (lossless, JSON -> folders -> JSON gives back the same JSON):
 Rendering for a task model's system prompt (`SkillSet.render(task_type, max_tokens)`, and `Skill.render`
 as a set of that one skill: the one interface the rollout code uses):
     text = general skills, then the skills of the task's type, then the common mistakes;
-    while count_tokens(text) > max_tokens: drop the last skill (or mistake) and say so in the text.
-count_tokens defaults to skills.approx_tokens, ceil(len(text) / 4), about right for English with BPE
-tokenizers.
+    while count_tokens(text) > max_tokens: leave one more out and say so: common mistakes first,
+    then general skills, the task's own skills (MASA retrieves them for its type) last, each from
+    the end. `budgeted` counts what is left out. count_tokens: skills.approx_tokens, ceil(len / 4).
 
-Files are read and written with skills.py's helpers (size-bounded; atomic); symbolic links are never
-followed inside a skill set.
+Files are read and written with skills.py's helpers (size-bounded; atomic); no link is followed.
 
 Saving a skill-set folder NAME: it is built in a staging folder `.NAME.tmp-*` beside it (SKILLSET.md last);
 then an existing NAME is moved to `.NAME.old-*/set` and the staging folder is renamed to NAME. A process
@@ -57,13 +58,15 @@ import os
 import re
 import shutil
 import tempfile
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from minskill.files import TOO_DEEP
 from minskill.skills import (MAX_DESCRIPTION_CHARS, MAX_FILE_BYTES, MAX_NAME_CHARS, Skill, SkillFormatError,
-                             _atomic_write_text, _child, _cut_to_fit, _read_text, _render_skill, approx_tokens, slugify,
-                             validate_name, validate_task_type)
+                             SkillWarning, _atomic_write_text, _child, _cut_to_fit, _read_text,
+                             _render_skill, approx_tokens, slugify, validate_name,
+                             validate_task_type)
 
 __all__ = ["SkillSet", "Mistake", "parse_mistakes", "recover_save", "recover_saves"]
 
@@ -357,8 +360,8 @@ class SkillSet:
     # ---- folders
     @classmethod
     def load(cls, path: str | Path) -> "SkillSet":
-        """A skill-set folder, a single skill folder (-> one general skill), or a MASA .json file. No link
-        inside a skill set is followed: a symbolic link there is an error naming it."""
+        """A skill-set folder, a skill folder (-> one general skill) or a folder of them (-> general
+        skills), or a MASA .json file. No link inside is followed: one there is an error naming it."""
         path = Path(path)
         if path.is_file():
             text = _read_text(path, MAX_JSON_BYTES if path.suffix.lower() == ".json" else MAX_FILE_BYTES)
@@ -384,9 +387,13 @@ class SkillSet:
             if group.is_symlink():
                 raise SkillFormatError(f"{group}: symbolic links are not followed")
         markers = [path / SKILLSET_FILE, path / GENERAL_DIR, path / TASK_DIR]
-        if not any(m.exists() for m in markers) and any(not p.name.startswith(".") for p in path.iterdir()):
-            raise SkillFormatError(f"{path}: not a skill set (no {SKILLSET_FILE}, {GENERAL_DIR}/, "
-                                   f"{TASK_DIR}/ or SKILL.md)")
+        if not any(m.exists() for m in markers):
+            visible = [p for p in path.iterdir() if not p.name.startswith(".")]
+            if any((p / "SKILL.md").is_file() for p in visible):   # DIR/<name>/SKILL.md
+                return cls(general=_load_skill_folders(path)).validate()
+            if visible:
+                raise SkillFormatError(f"{path}: not a skill set (no {SKILLSET_FILE}, "
+                                       f"{GENERAL_DIR}/, {TASK_DIR}/, SKILL.md or <name>/SKILL.md)")
         order = _read_index(path / SKILLSET_FILE) if (path / SKILLSET_FILE).is_file() else None
         general = _load_group(path / GENERAL_DIR, order.general if order else [])
         specific = {}
@@ -469,38 +476,39 @@ class SkillSet:
     # ---- prompts
     def render(self, task_type: str | None = None, max_tokens: int = 1024, count_tokens=None) -> str:
         """The text a task model gets in its system prompt (see the module docstring); "" when empty."""
-        count = count_tokens or approx_tokens
-        entries: list[tuple[str, str]] = []   # (section heading, text)
-        for skill in self.general:
-            entries.append(("", _render_skill(skill)))
-        for skill in self.task_specific.get(task_type, []) if task_type is not None else []:
-            entries.append(("", _render_skill(skill)))
-        for mistake in self.common_mistakes:
-            entries.append(("## Common mistakes to avoid", "- " + " ".join(str(mistake).split())))
-        kept = len(entries)
+        return self.budgeted(task_type, max_tokens, count_tokens)[0]
 
-        def assemble(k: int) -> str:
-            parts, heading = [], None
-            for section, text in entries[:k]:
-                if section and section == heading:  # items of one list: one per line
-                    parts[-1] += "\n" + text
-                    continue
-                if section:
-                    parts.append(section)
-                    heading = section
-                parts.append(text)
+    def budgeted(self, task_type=None, max_tokens=1024, count_tokens=None) -> tuple[str, dict]:
+        """(render's text, how many it left out of general, task_specific and common_mistakes)."""
+        count = count_tokens or approx_tokens
+        own = self.task_specific.get(task_type, [])   # (none for task_type None)
+        entries = ([("general", _render_skill(s)) for s in self.general] +   # (section, text)
+                   [("task_specific", _render_skill(s)) for s in own] +
+                   [("common_mistakes", "- " + " ".join(m.split())) for m in self.common_mistakes])
+        priority = sorted(range(len(entries)), key=lambda i: (entries[i][0] != "task_specific", i))
+
+        def assemble(k: int) -> str:   # the first k entries by priority, in the set's order
+            kept = [entries[i] for i in sorted(priority[:k])]
+            mistakes = [text for section, text in kept if section == "common_mistakes"]
+            parts = [text for section, text in kept if section != "common_mistakes"]
+            parts += ["## Common mistakes to avoid", "\n".join(mistakes)] if mistakes else []
             if k < len(entries):
                 parts.append(f"({len(entries) - k} more skill(s) left out to fit the token budget.)")
             return "\n\n".join(parts)
 
-        text = assemble(kept)
+        kept, text = len(entries), assemble(len(entries))
         while kept > 1 and count(text) > max_tokens:
-            kept -= 1
-            text = assemble(kept)
+            kept, text = kept - 1, assemble(kept - 1)
         if kept == 1 and count(text) > max_tokens:  # even the first skill alone is too long: cut it
-            first = entries[0][1]
+            first = entries[priority[0]][1]
             text = _cut_to_fit(first, assemble(1)[len(first):], max_tokens, count)
-        return text
+        left_out = [entries[i][0] for i in priority[kept:]]
+        return text, {k: left_out.count(k) for k in ("general", "task_specific", "common_mistakes")}
+
+    def left_out(self, task_types, max_tokens: int = 1024) -> dict[str, dict[str, int]]:
+        """{task type: what budgeted left out} for each of `task_types` that leaves any out."""
+        counts = {t: self.budgeted(t, max_tokens)[1] for t in dict.fromkeys(task_types)}
+        return {t: c for t, c in counts.items() if any(c.values())}
 
     # ---- resources (skills.py): listed by name in prompts, carried over by name after an LLM rewrite
     def resource_note(self) -> str:
@@ -627,6 +635,24 @@ def _load_group(folder: Path, order: list[str]) -> list[Skill]:
         raise SkillFormatError(f"{folder}: {SKILLSET_FILE} lists skill(s) {missing} with no folder here")
     names = list(dict.fromkeys(order)) + [n for n in found if n not in order]
     return [Skill.load(found[name]) for name in names]
+
+
+def _load_skill_folders(folder: Path) -> list[Skill]:
+    """The skills of a folder of skill folders (module docstring), by name; no link is followed."""
+    skills, problems = [], []
+    for entry in sorted(p for p in folder.iterdir() if not p.name.startswith(".")):
+        try:
+            if entry.is_symlink():
+                raise SkillFormatError(f"{entry}: symbolic links are not followed")
+            if entry.is_dir():
+                skills.append(Skill.load(entry))
+        except SkillFormatError as error:   # one bad skill does not hide the others
+            problems.append(str(error))
+    if problems and not skills:
+        raise SkillFormatError(problems[0])
+    for problem in problems:
+        warnings.warn(f"skipped a skill: {problem}", SkillWarning, stacklevel=3)
+    return skills
 
 
 # mkdtemp names: the prefix, then 8 characters of [a-z0-9_]

@@ -175,7 +175,8 @@ def test_render_drops_whole_skills_last_first_and_says_so():
     assert words(cut) <= budget and "left out to fit the token budget" in cut
     assert "Body G1." in cut and "Mistake B." not in cut
     tiny = skillset.render("counting", max_tokens=20, count_tokens=words)
-    assert "Body G1." in tiny and "Body G2." not in tiny and "(4 more skill(s) left out" in tiny
+    # the task's own skill is the last to go (issue 42): general skills and mistakes are left out before it
+    assert "Body C1." in tiny and "Body G1." not in tiny and "(4 more skill(s) left out" in tiny
     # even the first skill is too long: it is cut, and the text says so
     long = SkillSet(general=[make_skill("long", body="word " * 500)])
     text = long.render(max_tokens=50)
