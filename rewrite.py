@@ -43,7 +43,7 @@ import torch
 
 from minskill import distributed, sft
 from minskill.cli import (add_device_args, add_task_model_args, add_teacher_args, check_resumed_device, client_args,
-                          resolve_bf16, set_up_device, with_extra_body)
+                          is_cuda, resolve_bf16, set_up_device, with_extra_body)
 from minskill.files import check_shape, read_json, write_text_atomic
 from minskill.masa.data import task_description
 from minskill.masa.rewriter import (load_model_card, parse_rewriter_output, resolve_rewriter,  # noqa: F401 (rewrite.X)
@@ -69,7 +69,7 @@ class ApplyConfig:
     max_new_tokens: int = 1536       # the rewriter's reply budget
     temperature: float = 0.0         # greedy
     seed: int = 0
-    dtype: str = "float32"
+    dtype: str | None = None         # the rewriter's weights: None = bfloat16 on CUDA, float32 on the CPU
     split: str = "heldout"
     task_seed: int = 0
     task_concurrency: int = 8
@@ -256,6 +256,7 @@ def cmd_apply(args) -> int:
               f"the card the rewriter was trained with)", file=sys.stderr)
     args.task = task_description(args.task, args.task_seed)   # a suite's name: its SFT records' description
     skills = load_input_skills(args.skills, args.suite)
+    args.dtype = args.dtype or ("bfloat16" if is_cuda(args.device) else "float32")   # ApplyConfig.dtype
     dtype = torch.bfloat16 if args.dtype == "bfloat16" else torch.float32
     rewriter_path = resolve_rewriter(args.rewriter)
     model, tokenizer = load_model(rewriter_path, dtype=dtype, device=args.device)
@@ -431,7 +432,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help=f"reply budget of the rewriter (default {c.max_new_tokens})")
     ao.add_argument("--temperature", type=float, default=c.temperature, help="rewriter temperature (default 0 = greedy)")
     ao.add_argument("--seed", type=int, default=c.seed)
-    ao.add_argument("--dtype", choices=("float32", "bfloat16"), default=c.dtype)
+    ao.add_argument("--dtype", choices=("float32", "bfloat16"), default=c.dtype, help="the rewriter's weights "
+                    "(default: bfloat16 on CUDA, float32 on the CPU)")
     add_device_args(ao, bf16=False, what="the rewriter runs (and the embedded task model with --compare)")
     g = a.add_argument_group("--compare: evaluate input vs rewritten vs teacher one-shot skills")
     am.add_argument("--compare", action="store_true", help="evaluate the three skill sets and print one table")

@@ -26,7 +26,7 @@ Set-up and resume (`setup`), the end-of-run summary (`summarize`) and the --eval
 (minskill.skill_r1.evaluate) are off that path.
 
 LoRA (--lora-rank R; minskill.nn.lora, set up in `build_editor`): only rank-R adapters on the attention and MLP
-projections train, in float32 with their AdamW state, on a frozen base (bfloat16 with --lora-base-dtype); with
+projections train, in float32 with their AdamW state, on a frozen base (bf16 on CUDA: --lora-base-dtype); with
 β > 0 the reference policy is the same model with its adapters switched off. checkpoint/ then holds the merged
 editor in HF layout (what --eval and any HF tool load) and checkpoint/adapter/ in PEFT's layout; --resume
 rebuilds the base from the editor the run started from and restores the adapter and its optimizer state.

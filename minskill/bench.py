@@ -627,8 +627,8 @@ def main(argv=None) -> None:
                    "Skill-R1 update (SFT always does)")
     p.add_argument("--micro-batch", type=int, default=4, help="memory, gpu: candidates per micro-batch (default 4)")
     p.add_argument("--lora-rank", type=int, default=0, help="memory: LoRA adapters of rank R (default 0: full)")
-    p.add_argument("--lora-base-dtype", choices=["float32", "bfloat16"], default="float32", help="memory: the "
-                   "frozen LoRA base's storage")
+    p.add_argument("--lora-base-dtype", choices=["float32", "bfloat16"], default="bfloat16", help="memory: the "
+                   "frozen LoRA base's storage (default bfloat16: the trainers' default on CUDA)")
     p.add_argument("--bf16", action="store_true", help="memory: bf16 autocast over float32 weights")
     p.add_argument("--gpu-gib", type=float, default=80.0, help="memory: the GPU's memory (default 80)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice); "

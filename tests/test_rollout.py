@@ -231,7 +231,7 @@ def test_summarize_hand_checked():
     assert lo == pytest.approx(0.2307, abs=1e-3) and hi == pytest.approx(0.8824, abs=1e-3)
     assert summarize([], lam_nh=0.5) == {"n": 0, "success_rate": 0.0, "success_ci95": [0.0, 1.0], "nhr": 0.0,
                                          "adjusted_reward": 0.0, "mean_reward": 0.0, "mean_steps": 0.0, "errors": 0,
-                                         "trimmed": 0, "lam_nh": 0.5, "per_type": {}}
+                                         "trimmed": 0, "reasoning_cut": 0, "lam_nh": 0.5, "per_type": {}}
 
 
 def test_the_evaluation_command_scores_the_reward_the_search_optimises():

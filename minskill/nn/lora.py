@@ -6,9 +6,9 @@ A frozen projection W (out × in, bias b) gets a trainable update of rank r:
 
 A is drawn like nn.Linear's own weights (kaiming-uniform with a = √5, PEFT's default) and B = 0, so at
 initialisation B A = 0 and the adapted model computes exactly what the base computes. Only A and B train:
-the base weights are frozen (they may be stored in bfloat16, `base_dtype`), while A, B, their gradients and
-their AdamW moments are float32, so the update is not rounded to bf16's 8 bits of mantissa. The adapter's
-input is cast to float32 and its output back to the base's dtype.
+the base weights are frozen (in bfloat16 on CUDA by default: `default_base_dtype`), while A, B, their
+gradients and their AdamW moments are float32, so the update is not rounded to bf16's 8 bits of mantissa.
+The adapter's input is cast to float32 and its output back to the base's dtype.
 
     trainable parameters per adapted projection = r · (in + out)
     training memory before activations ≈ (2 or 4) · P_base + 16 · P_adapters bytes
@@ -329,9 +329,17 @@ def add_lora_arguments(group) -> None:
                        "PEFT's default; in GRPO it would also make the ratio of two passes noisy)")
     group.add_argument("--lora-targets", default=",".join(DEFAULT_TARGETS), type=target_list, help="comma-separated projections to "
                        f"adapt (default all attention and MLP projections: {','.join(DEFAULT_TARGETS)})")
-    group.add_argument("--lora-base-dtype", choices=tuple(BASE_DTYPES), default="float32", help="storage of the "
-                       "frozen base weights with LoRA: bfloat16 halves their memory (for a GPU); the adapters and "
-                       "their AdamW state stay float32 (default float32)")
+    group.add_argument("--lora-base-dtype", choices=tuple(BASE_DTYPES), default=None, help="storage of the "
+                       "frozen base weights with LoRA: bfloat16 halves their memory, and bf16 autocast then "
+                       "reads them as they are instead of casting the whole base every forward; the adapters "
+                       "and their AdamW state stay float32 (default: bfloat16 on CUDA, float32 on the CPU)")
+
+
+def default_base_dtype(device) -> str:
+    """--lora-base-dtype left unset: bfloat16 on CUDA (half the memory; under bf16 autocast a float32 base is
+    cast anew at every forward, each decoded token included), float32 on the CPU (whose results stay as they
+    were)."""
+    return "bfloat16" if str(device).startswith("cuda") else "float32"
 
 
 def target_list(targets: str) -> list[str]:
@@ -341,16 +349,19 @@ def target_list(targets: str) -> list[str]:
 
 def lora_settings(args: argparse.Namespace) -> LoraConfig | None:
     """The LoraConfig the flags ask for (None: --lora-rank 0), after normalising args in place (alpha filled
-    in, targets as a list); ValueError naming the flag for a bad value."""
+    in, targets as a list, the base dtype by the device); ValueError naming the flag for a bad value."""
     targets = target_list(args.lora_targets) if isinstance(args.lora_targets, str) else list(args.lora_targets)
     args.lora_targets = targets
     if args.lora_rank < 0:
         raise ValueError(f"--lora-rank must be >= 0 (0: no LoRA), got {args.lora_rank}")
     if args.lora_rank == 0:
-        if args.lora_alpha is not None or args.lora_dropout != 0 or args.lora_base_dtype != "float32" \
-                or tuple(targets) != DEFAULT_TARGETS:
+        if args.lora_alpha is not None or args.lora_dropout != 0 \
+                or args.lora_base_dtype not in (None, "float32") or tuple(targets) != DEFAULT_TARGETS:
             raise ValueError("--lora-alpha, --lora-dropout, --lora-targets and --lora-base-dtype need --lora-rank > 0")
+        args.lora_base_dtype = "float32"   # a full fine-tune trains the base itself: float32 master weights
         return None
+    if args.lora_base_dtype is None:
+        args.lora_base_dtype = default_base_dtype(getattr(args, "device", "cpu"))
     args.lora_alpha = float(2 * args.lora_rank if args.lora_alpha is None else args.lora_alpha)
     cfg = LoraConfig(args.lora_rank, args.lora_alpha, args.lora_dropout, tuple(targets))
     try:

@@ -23,7 +23,8 @@ offline default, "smollm2-135m": SmolLM2-135M-Instruct, shipped as a 4-bit GGUF 
 
 `convert_gguf(gguf_path, out_dir)` (llama architecture):
 
-* every tensor is dequantized to float32 with the `gguf` package (llama.cpp's own Python reader):
+* every tensor is dequantized to float32 with the `gguf` package (llama.cpp's own Python reader, imported
+  only here, so that nothing else needs it: `gguf_package`):
   Q8_0 blocks of 32 hold  x = d·q  (q int8, d fp16);  Q4_1 blocks hold  x = d·q + m  (q in 0..15);
 * a GGUF shape [ne0, ne1] lists the fastest-varying dimension first, so the numpy array is (ne1, ne0),
   which is already Hugging Face's nn.Linear layout [out_features, in_features];
@@ -55,10 +56,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-import gguf
 import numpy as np
 import torch
-from gguf.quants import dequantize
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 from safetensors.torch import save_file as save_torch_file
@@ -333,7 +332,7 @@ def read_gguf_tensors(reader, path, n_heads: int, n_kv_heads: int) -> dict[str, 
         name = hf_name(t.name)
         shape = tuple(int(n) for n in reversed(t.shape))  # GGUF [ne0, ne1] -> numpy (ne1, ne0)
         try:
-            w = dequantize(t.data, t.tensor_type)
+            w = gguf_package(path).quants.dequantize(t.data, t.tensor_type)
         except NotImplementedError as e:
             raise ValueError(f"{path}: tensor {t.name} has type {t.tensor_type.name}, which gguf cannot "
                              f"dequantize: {e}") from e
@@ -380,7 +379,7 @@ def convert_gguf(gguf_path, out_dir) -> Path:
     gguf_path, out_dir = Path(gguf_path), Path(out_dir)
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise FileExistsError(f"{out_dir} already exists and is not an empty folder")
-    reader = gguf.GGUFReader(gguf_path)
+    reader = gguf_package(gguf_path).GGUFReader(gguf_path)
     meta = _Metadata(reader, gguf_path)
     n_heads = meta.get("llama.attention.head_count")
     tensors = read_gguf_tensors(reader, gguf_path, n_heads, meta.get("llama.attention.head_count_kv", n_heads))
@@ -429,6 +428,19 @@ def convert_gguf(gguf_path, out_dir) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out_dir
+
+
+def gguf_package(gguf_path):
+    """llama.cpp's `gguf` package, imported only when a GGUF is read (a bare GPU image with PyTorch lacks it,
+    and nothing else needs it); FileNotFoundError naming the file and the install command when it is missing."""
+    try:
+        import gguf
+        import gguf.quants
+    except ImportError:
+        raise FileNotFoundError(f"{gguf_path}: reading a GGUF needs the gguf package, which is not "
+                                f"installed: pip install gguf (docs/gpu.md: wheels for a machine without "
+                                f"network)") from None
+    return gguf
 
 
 def default_gguf_path() -> Path:
