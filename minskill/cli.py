@@ -5,11 +5,15 @@ at parse time, so that `cuda` without a GPU stops a script before it loads anyth
 import argparse
 import json
 import math
+import os
+from pathlib import Path
 
 import torch
 
 from minskill.nn.quantize import QUANTIZE_CHOICES
 from minskill.serve.client import MAX_REPLY_BYTES, ChatClient
+from minskill.skills import MAX_RESOURCE_FILES, set_max_resource_files
+from minskill.tasks.alfworld import DATA_ENV as ALFWORLD_DATA_ENV
 
 
 class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -48,6 +52,7 @@ def add_task_model_args(group, *, concurrency: int | None, max_tokens: int, quan
                        help=f"longest task-model reply, in tokens (default {max_tokens})")
     add_extra_body_arg(group, "task")
     add_max_reply_arg(group)
+    add_skill_files_arg(group)   # (every script with a task model reads skill sets)
 
 
 def add_teacher_args(group, *, url_help: str = "the embedded server", main=None) -> None:
@@ -117,6 +122,48 @@ def add_max_reply_arg(group) -> None:
                        help="most MB (2^20 bytes) of one reply body read from a model endpoint; "
                        "a larger reply is an error naming its size (default "
                        f"{MAX_REPLY_BYTES / 2**20:g})")
+
+
+def add_skill_files_arg(group) -> None:
+    """--skill-max-files N: the most resource files one skill may have, in the whole process (set as
+    the flag is parsed: skills.set_max_resource_files), for a skill with more than the default."""
+    group.add_argument("--skill-max-files", type=skill_file_cap, action=_SetSkillFileCap,
+                       default=None, metavar="N", help="most files a skill's folder may hold besides "
+                       f"its SKILL.md (default {MAX_RESOURCE_FILES}); a skill with more is refused, "
+                       "naming this flag")
+
+
+class _SetSkillFileCap(argparse.Action):
+    def __call__(self, parser, namespace, values, option_string=None):
+        set_max_resource_files(values)
+        setattr(namespace, self.dest, values)
+
+
+def add_alfworld_data_arg(group) -> None:
+    """--alfworld-data PATH: the alfworld suite plays ALFWorld's own games from PATH (set as the flag is
+    parsed, as $MINSKILL_ALFWORLD_DATA, which tasks.alfworld reads: the processes a run starts see it too)."""
+    group.add_argument("--alfworld-data", action=_SetAlfworldData, default=None, metavar="PATH",
+                       help="--suite alfworld plays ALFWorld's own games: PATH is the folder alfworld-download "
+                       "fills (or its json_2.1.1/); --split train, heldout (= valid_unseen), valid_seen or "
+                       "valid_unseen (default: games generated offline; docs/alfworld.md)")
+
+
+class _SetAlfworldData(argparse.Action):
+    def __call__(self, parser, namespace, values, option_string=None):
+        os.environ[ALFWORLD_DATA_ENV] = str(Path(values).expanduser().resolve())
+        setattr(namespace, self.dest, values)
+
+
+def skill_file_cap(text: str) -> int:
+    """argparse `type` of --skill-max-files: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"--skill-max-files must be an integer >= 1, got "
+                                         f"{text!r:.50}")
+    return value
 
 
 def reply_megabytes(text: str) -> float:

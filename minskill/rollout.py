@@ -4,9 +4,10 @@ and return verified trajectories.
 What happens for one task:
 
 * **Skills -> system prompt.** Skills meet this code through one method, `render(task_type, max_tokens)`:
-  a `SkillSet` renders general skills always, the task-specific skills of that type and the common
-  mistakes, within a token budget; a `Skill` renders as a set of that one skill. A plain string is used
-  as-is; no skill (None or "") means *no system message*, so the chat template's own default applies
+  a `SkillSet` renders general skills, the task-specific skills of that type (kept first) and the common
+  mistakes, within a token budget (what it leaves out, SkillSet.left_out, is said once and kept in
+  summary.json); a `Skill` as a set of one. A plain string is used as-is; no skill (None or "") means
+  *no system message*, so the chat template's own default applies
   (the "no skill" baseline). With `--retrieve keyword|embedding` the library is a retrieval.RetrievedSkills,
   which renders per task (its top-k skills for the task's text: minskill/retrieval.py) (`skill_prompts`).
 * **Single-turn tasks**: question -> one reply -> `task.score(reply)` (the task's verifier, 1.0 / 0.0).
@@ -16,32 +17,24 @@ What happens for one task:
 * **Multi-turn tasks** (the agent loop): `obs = env.reset()`; then, up to the step budget, the model is
   shown the observation (the first user message also holds the instruction and the action syntax the
   environment declares, `env.action_syntax`; each turn lists `env.admissible_actions()` when there are
-  any), its reply is parsed leniently into one action (`parse_action`), and
-  `obs, done, success = env.step(action)`. All live episodes advance in lock-step:
-  one round of concurrent requests per step across every live episode, so the server batches them.
-* **Lenient action parsing** (`parse_action`, minskill/tasks/base.py): small models wrap actions in prose,
-  so each reply line is stripped of "Action:", "> ", bullets, numbering and quotes; the first line that starts
-  with an action verb wins (else the first line holding one, from the verb on). When the environment lists admissible
-  actions, the candidate is matched to one of them: equal up to case and spacing, else the longest one it
-  starts with, else the closest one with the same verb (difflib ratio >= 0.75); free-text actions
-  ("answer <text>") pass through. Whatever comes out goes to the environment, which answers
-  "Nothing happens." to anything that changes nothing. An agent prompt keeps the first user message and
-  the last `history` exchanges, so long episodes stay within a small model's context.
+  any), its reply is parsed leniently into one action (`parse_action`), and `obs, done, success =
+  env.step(action)`. All live episodes advance in lock-step (one round of requests a step: one batch).
+* **Lenient action parsing** (`parse_action`, minskill/tasks/base.py): a reply in prose is cut down to one
+  action, matched to the admissible ones where listed; the environment answers "Nothing happens." to what
+  changes nothing. An agent prompt keeps the first user message and the last `history` exchanges.
 * **A prompt too long for the task model's context** (its server's HTTP 400 for the length, `is_context_refusal`:
-  a 2,048-token llama.cpp slot under a long skill library) is trimmed as the teacher's are (minskill/masa/
-  fitting.py): the episode's prompts keep half as many past exchanges, oldest dropped first (the system prompt
-  and the first user message, which holds the task, are kept), and the request is sent again, until it fits;
-  the episode keeps the shorter window for its later steps. `.trimmed` counts the refusals, `.history_kept` is
-  the window it ended with, and the summary counts the trimmed episodes. A prompt that does not fit even with
-  no past exchange ends its task with `.error` saying so.
+  a 2,048-token llama.cpp slot under a long skill library) is trimmed as the teacher's are (masa/fitting.py):
+  the episode's prompts keep half as many past exchanges (oldest first; never the system prompt and the first
+  user message) until it fits, and for its later steps. `.trimmed` counts the refusals, `.history_kept` is the
+  window it ended with, the summary counts the trimmed episodes; one that never fits ends with `.error`.
 * **Failures never crash a run, and are never a silent 0.** A garbage reply is simply a failed task (reward
   0). An HTTP failure, an exception in a verifier or an environment ends that task as failed with `.error`
   set; the summary counts them (`errors`) apart from the tasks the model got wrong, and `all_failed` says when
   every rollout of a run ended so (the task model unreachable): the evaluation command, the transfer matrix,
   evolve_masa.py's held-out table, rewrite.py's comparison and train_grpo.py --eval then exit non-zero.
-* **Trajectories** are appended to `out_path` as JSONL the moment they finish (append + flush per line),
-  so an interrupted run keeps what it did; `load_trajectories` reads them back (with `files.read_jsonl`);
-  `runs.clean_staging` clears what killed writes left in a run folder.
+  A reply all reasoning (cut inside `<think>`: no answer) scores 0, counted and said (`reasoning_cut_note`).
+* **Trajectories** are appended to `out_path` as JSONL as they finish (append + flush per line), so an
+  interrupted run keeps them; `load_trajectories` reads them back; `runs.clean_staging` clears torn writes.
 
 Rewards (per trajectory i; `summarize` averages them over trajectories, overall and per task type):
 
@@ -51,13 +44,13 @@ Rewards (per trajectory i; `summarize` averages them over trajectories, overall 
     NHR_i     = NH_i / steps_i          (0 for single-turn tasks and episodes of 0 steps)
     SR        = mean_i success_i,   NHR = mean_i NHR_i      (a rollout that ended with an error counts as failed;
                                                              errors = #{i : error_i}, reported beside SR)
-    R         = SR − λ · NHR             (MASA's adjusted reward; λ = `lam_nh`, by default LAM_NH = 0.1, which
-                                          the search, rewrite.py and --lam-nh read; computed here and only
-                                          here: callers read summary["adjusted_reward"])
+    R         = SR − λ · NHR             (MASA's adjusted reward; λ = `lam_nh`, by default LAM_NH = 0.1, read by
+                                          the search, rewrite.py, --lam-nh; only here: summary["adjusted_reward"])
 
 The success rate is reported with a 95% Wilson score interval (z = 1.96, k successes out of n):
 
     center = (p + z²/2n) / (1 + z²/n),   half = z·sqrt(p(1−p)/n + z²/4n²) / (1 + z²/n),   p = k/n
+    (a bound at p = 0 or 1 is exactly 0 or 1: floating point would leave 1e-16 off)
 
 Evaluation command (prints a table per task type, writes trajectories.jsonl + summary.json; exits 1 when every
 rollout ended with an error, naming the first; --resume runs the missing and the failed tasks again):
@@ -79,7 +72,8 @@ from pathlib import Path
 from typing import Callable, Protocol, runtime_checkable
 
 from minskill.files import append_jsonl, read_jsonl, write_json_atomic, write_jsonl_atomic
-from minskill.cli import QUANTIZE_HELP, add_extra_body_arg, add_max_reply_arg, client_args
+from minskill.cli import (EXTRA_BODY_EXAMPLE, QUANTIZE_HELP, add_alfworld_data_arg, add_extra_body_arg,
+                          add_max_reply_arg, add_skill_files_arg, client_args)
 from minskill.nn.quantize import QUANTIZE_CHOICES
 from minskill.retrieval import (RetrievalError, add_retrieval_args, check_retrieval_args, retriever_from_args,
                                 with_retrieval)
@@ -90,6 +84,7 @@ from minskill.skillsets import SkillSet
 from minskill.tasks import (BASE_SKILLS_DIR, GAIA_SUBMISSION, SUITES, TaskWarning, is_task_file, load_suite,
                             make_env, skill_key_type, suite_types, withhold_hidden)
 from minskill.tasks.base import NOTHING_HAPPENS, is_context_refusal, parse_action
+from minskill.web import add_web_args   # (importing it gives web suites their tools)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -202,10 +197,7 @@ def _score(task, reply: str) -> tuple[float, str | None]:
 
 def _chat_all(client, requests: list[dict]) -> list:
     """All replies (or exceptions) in request order, requests run concurrently."""
-    out = [None] * len(requests)
-    for k, answer in chat_as_completed(client, requests):
-        out[k] = answer
-    return out
+    return [answer for _, answer in sorted(chat_as_completed(client, requests), key=lambda done: done[0])]
 
 
 def _chat_error(result) -> str:
@@ -403,7 +395,6 @@ def wilson_interval(successes: float, n: int, z: float = 1.96) -> tuple[float, f
     p, denom = successes / n, 1 + z * z / n
     center = (p + z * z / (2 * n)) / denom
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    # at p = 0 or 1 the bound is exactly 0 or 1 (floating point would leave 1e-16 off)
     return (0.0 if successes <= 0 else max(0.0, center - half)), (1.0 if successes >= n else min(1.0, center + half))
 
 
@@ -413,7 +404,8 @@ def _stats(trajs: list[Trajectory], lam_nh: float) -> dict:
     return dict(n=n, success_rate=sr, success_ci95=list(wilson_interval(wins, n)), nhr=nhr,
                 adjusted_reward=sr - lam_nh * nhr, mean_reward=sum(t.reward for t in trajs) / d,
                 mean_steps=sum(t.steps for t in trajs) / d, errors=sum(t.error is not None for t in trajs),
-                trimmed=sum(t.trimmed > 0 for t in trajs))
+                trimmed=sum(t.trimmed > 0 for t in trajs),
+                reasoning_cut=sum(bool(t.reasoning) and not t.reply.strip() and t.error is None for t in trajs))
 
 
 LAM_NH = 0.1   # the default λ of R = SR − λ·NHR: MASA's search (MasaConfig), rewrite.py and --lam-nh read it
@@ -436,6 +428,14 @@ def all_failed(trajectories) -> str | None:
         return None
     return (f"every one of the {len(trajs)} rollouts ended with an error, none was scored (is the task model "
             f"reachable?); the first: {trajs[0].error[:600]}")
+
+
+def reasoning_cut_note(summary: dict, budget_flag: str = "--task-max-tokens") -> str | None:
+    """What a run says once when replies ended inside their reasoning: the count and the fix (None: none did)."""
+    cut = summary.get("reasoning_cut")
+    return (f"note: {cut} of the {summary['n']} replies ended inside the task model's reasoning (no answer: scored "
+            f"0); give a larger {budget_flag}, or turn thinking off: --task-extra-body '{EXTRA_BODY_EXAMPLE}'") \
+        if cut else None
 
 
 def format_table(summary: dict) -> str:
@@ -526,8 +526,9 @@ def _parser() -> argparse.ArgumentParser:
         epilog="example: python -m minskill.rollout --suite qa --skills base --split heldout --n-tasks 320   "
                "(on a CPU shared with other jobs, export OMP_NUM_THREADS=1 first: the embedded server "
                "inherits it and decodes far faster than with a busy-waiting thread pool)")
-    p.add_argument("--suite", required=True,
-                   help="qa | household | webwalk | webshop | searchqa | PATH.jsonl (your own tasks)")
+    p.add_argument("--suite", required=True, help="qa | household | alfworld | webwalk | webshop | searchqa | "
+                   "PATH.jsonl | web:PATH.jsonl")
+    add_alfworld_data_arg(p)
     p.add_argument("--skills", default="none",
                    help="skill set: an Agent Skills folder, a MASA .json, a text file used as-is, 'base' "
                         "(the suite's hand-written base skills) or 'none' (no system prompt; default)")
@@ -548,6 +549,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--task-max-tokens", type=int, default=256, help="reply budget of a single-turn answer")
     add_extra_body_arg(p, "task")
     add_max_reply_arg(p)
+    add_skill_files_arg(p)
     p.add_argument("--action-max-tokens", type=int, default=64, help="reply budget of one agent action")
     p.add_argument("--max-steps", type=int, default=None, help="override the tasks' step budget")
     p.add_argument("--history", type=int, default=8, help="past exchanges kept in an agent prompt (halved, "
@@ -563,6 +565,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true",
                    help="OUT/trajectories.jsonl exists: keep it and run only the missing (task, sample)s and "
                         "those that ended with an error")
+    add_web_args(p)
     return p
 
 
@@ -639,20 +642,36 @@ def main(argv=None) -> int:
                                                                   flush=True))
         except RetrievalError as e:
             p.error(str(e))
-        stats = dict(getattr(client, "stats", {}) or {})
+        stats = dict(getattr(client, "stats", {}) or {},   # and the tokens of thinking (summary: reasoning_cut)
+                     reasoning_tokens=(getattr(client, "usage", None) or {}).get("reasoning_tokens", 0))
     scored = withhold_hidden(previous + trajs, hidden,   # GAIA's test split: its answers are hidden
                              lambda lines: write_jsonl_atomic(out_dir / GAIA_SUBMISSION, lines))
     summary = summarize(scored, lam_nh=args.lam_nh)
     summary["run"] = dict(suite=args.suite, split=args.split, n_tasks=args.n_tasks, task_seed=args.task_seed,
                           skills=args.skills, retrieve=args.retrieve, temperature=args.temperature, n=args.n,
                           task_url=args.task_url, task_model=args.task_model,
+                          alfworld_data=args.alfworld_data,
                           model=None if args.task_url else args.model_spec,
                           seconds=round(time.time() - started, 1), client_stats=stats,
                           resumed_trajectories=len(previous),  # seconds and client_stats cover this call only
+                          skills_left_out=said_left_out(skills, tasks, args.skill_max_tokens),
                           command="python -m minskill.rollout " + " ".join(sys.argv[1:] if argv is None else argv))
     write_json_atomic(out_dir / "summary.json", summary, indent=2)
     print(format_table(summary))
-    if summary["n"] and summary["mean_reward"] == 0.0 and n_multi and summary["errors"] < summary["n"]:
+    _print_notes(summary, n_multi, traj_path)
+    print(f"\nwrote {traj_path} and {out_dir / 'summary.json'}")
+    if failed := all_failed(trajs):
+        where = args.task_url or "the embedded server"
+        print(f"error: {failed}\n(task model: {where}; once it answers, rerun with --resume --out {out_dir})",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+def _print_notes(summary: dict, n_multi: int, traj_path: Path) -> None:
+    if cut := reasoning_cut_note(summary):   # what the reply budget cut scored 0, not the task model's weakness
+        print(f"\n{cut}")
+    elif summary["n"] and summary["mean_reward"] == 0.0 and n_multi and summary["errors"] < summary["n"]:
         print(f"\nNote: every reward is 0 on this suite — the task model solved none of the "
               f"{summary['n']} episodes (it is too weak for this multi-turn suite).")
     if summary["trimmed"]:
@@ -661,14 +680,20 @@ def main(argv=None) -> int:
     if summary["errors"]:
         print(f"\n{summary['errors']} of the {summary['n']} trajectories ended with an error and were not scored "
               f"(counted as failed; see .error in {traj_path}; --resume runs them again)")
-    print(f"\nwrote {traj_path} and {out_dir / 'summary.json'}")
-    failed = all_failed(trajs)
-    if failed:
-        where = args.task_url or "the embedded server"
-        print(f"error: {failed}\n(task model: {where}; once it answers, rerun with --resume --out {out_dir})",
-              file=sys.stderr)
-        return 1
-    return 0
+
+
+def said_left_out(skills, tasks: list, max_tokens: int) -> dict[str, dict[str, int]]:
+    """What the skills' prompt of each task type leaves out to fit `max_tokens` (SkillSet.left_out;
+    {} for other skills), said once on the console: the summary keeps it as run.skills_left_out."""
+    if not isinstance(skills, SkillSet):
+        return {}
+    left_out = skills.left_out([t.type for t in tasks], max_tokens)
+    if left_out:
+        counts = "; ".join(f"{t}: {c['task_specific']} own, {c['general']} general, "
+                           f"{c['common_mistakes']} mistakes" for t, c in left_out.items())
+        print(f"note: to fit --skill-max-tokens {max_tokens}, the prompt leaves out skills "
+              f"({counts}; summary.json: run.skills_left_out)", file=sys.stderr)
+    return left_out
 
 
 if __name__ == "__main__":

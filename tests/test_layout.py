@@ -18,7 +18,7 @@ LAYERS = [
     ["files", "skills", "skillsets", "paired", "gates", "tasks", "replies", "plot",   # shared by both papers
      "distributed"],                     # data-parallel ranks (torchrun)
     ["nn"],                              # the model: weights, tokenizer, sampling, LoRA, int8, shared prefix
-    ["serve", "cli"],                    # the task model behind HTTP, its client, and the flags naming them
+    ["serve", "cli", "web"],             # the task model behind HTTP, its client, the flags; the web tools
     ["runs", "retrieval", "rollout",     # run folders, skill retrieval, rollouts and their rewards,
      "sft"],                             # supervised fine-tuning on chats (both papers' trainers)
     ["skill_r1", "masa"],                # the two papers

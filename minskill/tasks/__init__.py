@@ -9,9 +9,13 @@
   `hidden_answers=True` (then its answer is None: answered, never scored; `gaia_submission` makes
   what GAIA's leaderboard takes instead).
 * `household` — ALFWorld-like text environment, six task types.
+* `alfworld` — ALFWorld itself on its TextWorld/PDDL engine (an optional extra): games generated offline from
+  the alfworld wheel's layouts, or ALFWorld's own (`data=`, $MINSKILL_ALFWORLD_DATA: --alfworld-data).
 * `webwalk` — WebWalker-like navigation of a generated website, levels easy/medium/hard.
 * `webshop` — WebShop-like shopping (search[query], click[...], WebShop's reward), MASA's seven categories.
 * `searchqa` — search-based QA over a generated corpus (search[query] by BM25, answer[...] by EM; F1 kept).
+* `web:PATH.jsonl` (or a WebWalkerQA-format .jsonl) — a tool-using agent over HTTP: search[...], visit[...],
+  read_file[...], answer[...] on GAIA's or WebWalkerQA's tasks (tasks.webagent; its tools: minskill.web).
 
 Generated suites depend only on (split, seed, n); train and held-out are disjoint (see base.py).
 `make_env(task)` is a fresh environment of a multi-turn task (ENVIRONMENTS: its class by env_spec["kind"]).
@@ -26,6 +30,10 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
+from .alfworld import TASK_TYPES as ALFWORLD_TYPES
+from .alfworld import TYPE_NAMES as ALFWORLD_TYPE_NAMES
+from .alfworld import AlfworldEnv, generate_alfworld
+from .alfworld import oracle_actions as alfworld_oracle
 from .base import NOTHING_HAPPENS, SPLITS, Environment, Task, TaskWarning, check_split, normalize_action, split_of
 from .household import TASK_TYPES as HOUSEHOLD_TYPES
 from .household import TYPE_NAMES, HouseholdEnv, generate_household
@@ -42,6 +50,8 @@ from .verifiers import (exact_match, extract_final_number, final_answer_match, g
 from .webshop import TASK_TYPES as WEBSHOP_TYPES
 from .webshop import WebShopEnv, generate_webshop
 from .webshop import oracle_actions as webshop_oracle
+from .webagent import WebAgentEnv, is_web_suite, load_web_suite
+from .webagent import oracle_actions as webagent_oracle
 from .webwalk import LEVELS, WebWalkEnv, generate_webwalk
 from .webwalk import oracle_actions as webwalk_oracle
 
@@ -56,18 +66,21 @@ __all__ = ["Task", "Environment", "HouseholdEnv", "WebWalkEnv", "WebShopEnv", "S
 # The hand-written base skills of each built-in suite: BASE_SKILLS_DIR/<suite>/ (Agent Skills skill sets).
 BASE_SKILLS_DIR = Path(__file__).parent / "base_skills"
 SUITES = {"qa": generate_qa, "household": generate_household, "webwalk": generate_webwalk,
-          "webshop": generate_webshop, "searchqa": generate_searchqa}
+          "webshop": generate_webshop, "searchqa": generate_searchqa, "alfworld": generate_alfworld}
 # The task types of each built-in suite and of GAIA's files ("level1".."level3"): BASE_SKILLS_DIR/<name>/
 # holds base skills for them.
 SUITE_TYPES = {"qa": QA_TYPES, "household": HOUSEHOLD_TYPES, "webwalk": LEVELS, "webshop": WEBSHOP_TYPES,
-               "searchqa": SEARCHQA_TYPES, "gaia": GAIA_TYPES}
+               "searchqa": SEARCHQA_TYPES, "gaia": GAIA_TYPES, "alfworld": ALFWORLD_TYPES}
 # each name of a type, with its other names (a skill library may key a type by any of them)
-_SAME_TYPE = [(t,) + names for t, names in {**TYPE_NAMES, **SEARCHQA_TYPE_NAMES}.items()]
+# (alfworld's names are ALFWorld's; its look type's tuple, a superset of household's, replaces that one)
+_SAME_TYPE = [(t,) + names
+              for t, names in {**TYPE_NAMES, **SEARCHQA_TYPE_NAMES, **ALFWORLD_TYPE_NAMES}.items()]
 # The environment class of each kind of multi-turn task (Task.env_spec["kind"]).
-ENVIRONMENTS = {"household": HouseholdEnv, "webwalk": WebWalkEnv, "webshop": WebShopEnv, "searchqa": SearchQAEnv}
+ENVIRONMENTS = {"household": HouseholdEnv, "webwalk": WebWalkEnv, "webshop": WebShopEnv, "searchqa": SearchQAEnv,
+                "webagent": WebAgentEnv, "alfworld": AlfworldEnv}
 # The scripted solution of each kind of multi-turn task.
 ORACLES = {"household": household_oracle, "webwalk": webwalk_oracle, "webshop": webshop_oracle,
-           "searchqa": searchqa_oracle}
+           "searchqa": searchqa_oracle, "webagent": webagent_oracle, "alfworld": alfworld_oracle}
 
 
 def load_suite(name: str, split: str = "train", seed: int = 0, n: int | None = None,
@@ -81,6 +94,8 @@ def load_suite(name: str, split: str = "train", seed: int = 0, n: int | None = N
     """
     if n is not None and n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
+    if path is None and is_web_suite(name):   # a tool-using agent's tasks (tasks.webagent)
+        return load_web_suite(name, split=split, seed=seed, n=n)
     if path is not None or is_task_file(name):
         file = Path(path if path is not None else name)
         if path is not None and name not in ("qa", str(path)):
@@ -88,6 +103,8 @@ def load_suite(name: str, split: str = "train", seed: int = 0, n: int | None = N
         return load_jsonl(file, split=split, seed=seed, n=n, hidden_answers=hidden_answers)
     if name not in SUITES:
         raise ValueError(f"unknown suite {name!r}; built in: {', '.join(SUITES)} (or a .jsonl file)")
+    if name == "alfworld":   # (its own splits: ALFWorld's valid_seen and valid_unseen too; "all" too)
+        return generate_alfworld(split=split, seed=seed, n=n)
     if check_split(split) == "all":
         return SUITES[name](split="train", seed=seed, n=n) + SUITES[name](split="heldout", seed=seed, n=n)
     return SUITES[name](split=split, seed=seed, n=n)
