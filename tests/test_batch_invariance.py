@@ -4,7 +4,7 @@ when it came."""
 import pytest
 import torch
 
-from minskill.nn.quantize import quantize_int8
+from minskill.nn.quantize import apply_quantization
 from minskill.nn.weights import load_model
 from minskill.serve.aligned import ALIGN, TwoRowLinear, pad_single_rows
 from minskill.serve.prefix_cache import PrefixCache
@@ -22,8 +22,8 @@ def _model(path, mode):
     dtype = torch.bfloat16 if mode == "bf16" else torch.float32
     model, tokenizer = load_model(str(path), dtype=dtype)
     model.eval()
-    if mode == "int8":
-        quantize_int8(model)
+    if mode in ("int8", "int4"):
+        apply_quantization(model, mode)
     return pad_single_rows(model), tokenizer
 
 
@@ -68,7 +68,7 @@ COMPANIONS = [
 ]
 
 
-@pytest.mark.parametrize("mode", ["bf16", "int8"])
+@pytest.mark.parametrize("mode", ["bf16", "int8", "int4"])
 def test_a_greedy_row_has_the_same_bits_whatever_shares_its_batch(tiny_dir, mode):
     model, tokenizer = _model(tiny_dir, mode)
     alone_tokens, alone = _decode(model, tokenizer, [])
@@ -104,10 +104,12 @@ def test_float32_tokens_agree_and_logits_agree_to_rounding(tiny_dir):
         assert max(float((a - b).abs().max()) for a, b in zip(alone, logits)) < 1e-4
 
 
-def test_the_aligned_engine_decodes_what_generate_decodes_alone(tiny_dir):
-    """Same tokens as sampling.generate for one request alone (float32: the reference path)."""
+@pytest.mark.parametrize("mode", ["fp32", "bf16", "int8", "int4"])
+def test_the_aligned_engine_decodes_what_generate_decodes_alone(tiny_dir, mode):
+    """Same tokens, while others join and leave, as sampling.generate for the request alone (the
+    plain path), at every dtype the server offers."""
     from minskill.nn.sampling import generate
-    model, tokenizer = _model(tiny_dir, "fp32")
+    model, tokenizer = _model(tiny_dir, mode)
     tokens, _ = _decode(model, tokenizer, COMPANIONS[2])
     expected = generate(model, [MINE], max_new_tokens=14, temperature=0.0)[0].token_ids
     assert tokens[:len(expected)] == expected

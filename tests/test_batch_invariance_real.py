@@ -1,11 +1,10 @@
 """The real offline default (SmolLM2-135M): the same held-out qa rollouts give the same replies one
-request at a time and twelve at a time behind the embedded server (int8 weights, what
---task-quantize auto picks), and a prompt prefilled from prefix blocks that other prompts computed
-has the bits of a cold prefill."""
+request at a time and twelve at a time behind the embedded server (int8 and int4 weights), and a
+prompt prefilled from prefix blocks that other prompts computed has the bits of a cold prefill."""
 import pytest
 import torch
 
-from minskill.nn.quantize import quantize_int8
+from minskill.nn.quantize import apply_quantization
 from minskill.nn.weights import load_model
 from minskill.rollout import base_skills, run_rollouts
 from minskill.serve.aligned import pad_single_rows, prefill_aligned
@@ -17,7 +16,7 @@ from minskill.tasks import load_suite
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.parametrize("quantize, dtype", [("int8", "float32")])
+@pytest.mark.parametrize("quantize, dtype", [("int8", "float32"), ("int4", "float32")])
 def test_rollout_replies_do_not_depend_on_the_concurrency(quantize, dtype):
     tasks = load_suite("qa", split="heldout", seed=0, n=24)
     skills = base_skills("qa")
@@ -35,15 +34,15 @@ def _tokens(seed, n):
     return torch.randint(3, 40000, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
-@pytest.mark.parametrize("mode", ["int8", "bf16"])
+@pytest.mark.parametrize("mode", ["int8", "int4", "bf16"])
 def test_a_prefix_cached_by_other_prompts_gives_the_bits_of_a_cold_prefill(mode):
     """Each query reads a key width fixed by its own position (serve.aligned): the blocks a
     637-token prompt stored, prefilled in a call of another width, are those the 1,041-token prompt
     computes itself."""
     model, _ = load_model(dtype=torch.bfloat16 if mode == "bf16" else torch.float32)
     model.eval()
-    if mode == "int8":
-        quantize_int8(model)
+    if mode in ("int8", "int4"):
+        apply_quantization(model, mode)
     pad_single_rows(model)
     library = _tokens(5, 900)
     with torch.inference_mode():

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import requests
 
+from minskill.nn.quantize import has_int4_kernel
 from minskill.serve.client import ChatClient, ChatError
 from minskill.serve.errors import BackendError
 from minskill.serve.embedded import embedded_client
@@ -396,14 +397,18 @@ def test_batched_equals_sequential(tiny_backend):
 
 # ---- the command line and the embedded default -------------------------------------------------------
 @pytest.mark.parametrize("quantize, weights", [("none", "float32 weights"),
-                                               ("int8", "int8 weights, bfloat16 activations")])
+                                               ("int8", "int8 weights, bfloat16 activations"),
+                                               (None, "int4 weights, bfloat16 activations")])
 def test_cli_serves_logs_and_stops_on_sigint(tiny_dir, tmp_path, quantize, weights):
+    """None: no --quantize, the CPU default (int4 where torch's kernel runs; float32 one flag away)."""
+    if quantize is None and not has_int4_kernel("cpu"):
+        pytest.skip("no int4 kernel in this torch build")
     stderr_path = tmp_path / "stderr.txt"
-    name = "tiny-llama" + ("-int8" if quantize == "int8" else "")
+    name = "tiny-llama" + {"int8": "-int8", None: "-int4"}.get(quantize, "")
     with open(stderr_path, "w") as stderr:
         process = subprocess.Popen([sys.executable, "-m", "minskill.serve", "--model", str(tiny_dir), "--port", "0",
                                     "--api-key", "k", "--max-batch", "4", "--log-requests", "--device", "cpu",
-                                    "--threads", "1", "--quantize", quantize],
+                                    "--threads", "1", *(("--quantize", quantize) if quantize else ())],
                                    cwd=REPO, stdout=subprocess.PIPE, stderr=stderr, text=True)
         try:
             line = process.stdout.readline()  # the server prints its URL once it is listening

@@ -26,6 +26,22 @@ bfloat16 end to end. A tied head is quantized from the embedding matrix, which i
 (a lookup table reads one row per token: it is not on the bandwidth path). Only inference: the codes
 are buffers, not parameters, and a quantized model cannot be trained or saved back to HF layout.
 Trained models (the editor, the rewriter) stay in float.
+
+int4 (`quantize_int4`, `--quantize int4`) halves the bytes again. Each row is cut into groups of
+G = 32 consecutive inputs, and each group g of row o has its own scale and offset (the layout of
+the Q4_1 blocks of a GGUF file, which is what the offline default model ships: nn.weights):
+
+    lo, hi = min_i W_oi, max_i W_oi  (i in g)
+    s_og = ⌊(hi − lo) / 15⌉_bf16  (s_og = 1 for a constant group),   z_og = ⌊lo + 8·s_og⌉_bf16
+    Q_oi = clamp(round((W_oi − z_og) / s_og) + 8, 0, 15)
+    y_o  = Σ_g s_og · Σ_{i in g} x_i (Q_oi − 8)  +  Σ_g z_og · Σ_{i in g} x_i  + b_o
+
+so the weights used are exactly (Q_oi − 8)·s_og + z_og, within about s_og / 2 of W_oi. The product
+runs in `torch._weight_int4pack_mm_for_cpu` (codes packed two to a byte by
+`torch._convert_weight_to_int4pack_for_cpu`); where it is missing the layer dequantizes exactly in
+float32, as int8 does. Both kernels give a row the same bits whatever rows share the call (tested:
+tests/test_quantize.py), which the server's batch-invariant engine relies on. On this project's
+2-core CPU a decoding step's products take about half int8's time (docs/benchmarks.md).
 """
 from __future__ import annotations
 
@@ -34,7 +50,8 @@ import torch.nn.functional as F
 from torch import nn
 
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-QUANTIZE_CHOICES = ("auto", "none", "int8")
+QUANTIZE_CHOICES = ("auto", "none", "int8", "int4")
+INT4_GROUP = 32     # G: inputs per int4 group (one scale and one offset each)
 
 
 def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -99,28 +116,121 @@ class Int8Linear(nn.Module):
                f"{'torch int8 kernel' if self.use_kernel else 'dequantized float32 per call'}"
 
 
+def has_int4_kernel(device: torch.device | str) -> bool:
+    """Whether torch's int4-weight matmul for the CPU runs on `device` (tried once)."""
+    try:
+        packed = torch._convert_weight_to_int4pack_for_cpu(
+            torch.zeros(16, INT4_GROUP, dtype=torch.int32, device=device), 1)
+        scales_zeros = torch.zeros(1, 16, 2, dtype=torch.bfloat16, device=device)
+        x = torch.zeros(1, INT4_GROUP, dtype=torch.bfloat16, device=device)
+        torch._weight_int4pack_mm_for_cpu(x, packed, INT4_GROUP, scales_zeros)
+        return True
+    except (RuntimeError, NotImplementedError, AttributeError):
+        return False
+
+
+def quantize_groups(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(Q int32 (out, in) in 0..15, s, z (out, in / G): float32 holding bfloat16 values) with
+    W ≈ (Q − 8)·s + z per group of G inputs, per the module docstring."""
+    out_features, in_features = weight.shape
+    groups = weight.detach().float().reshape(out_features, in_features // INT4_GROUP, INT4_GROUP)
+    lo, hi = groups.amin(-1), groups.amax(-1)
+    steps = ((hi - lo) / 15).to(torch.bfloat16).float()
+    zeros = (lo + 8 * steps).to(torch.bfloat16).float()          # a constant group: z = lo, Q = 8
+    scales = torch.where(steps > 0, steps, torch.ones_like(steps))
+    codes = torch.round((groups - zeros[..., None]) / scales[..., None]) + 8
+    return codes.clamp_(0, 15).to(torch.int32).reshape(out_features, in_features), scales, zeros
+
+
+class Int4Linear(nn.Module):
+    """y = x ((Q − 8)·s + z)ᵀ + b, Q in 0..15, one s and z per group of G inputs of a row
+    (module docstring)."""
+
+    def __init__(self, linear: nn.Linear | None = None, weight: torch.Tensor | None = None,
+                 use_kernel: bool | None = None):
+        super().__init__()
+        weight = linear.weight if weight is None else weight
+        device = weight.device
+        self.in_features, self.out_features = weight.shape[1], weight.shape[0]
+        if self.in_features % INT4_GROUP:
+            raise ValueError(f"int4 weights need in_features a multiple of {INT4_GROUP}, got a "
+                             f"{self.out_features}x{self.in_features} layer: use --quantize int8")
+        codes, scales, zeros = quantize_groups(weight)
+        # the kernel packs rows 16 at a time: zero rows (weights 0: s = 1, z = 0, Q = 8) pad the
+        # output, cut off after the product
+        extra = -self.out_features % 16
+        codes = F.pad(codes, (0, 0, 0, extra), value=8)
+        scales, zeros = F.pad(scales, (0, 0, 0, extra), value=1), F.pad(zeros, (0, 0, 0, extra))
+        self.use_kernel = has_int4_kernel(device) if use_kernel is None else use_kernel
+        if self.use_kernel:   # the kernel's layout: codes two to a byte, (groups, out, 2) bf16
+            self.register_buffer("codes", torch._convert_weight_to_int4pack_for_cpu(codes, 1))
+            self.register_buffer("scales_zeros", torch.stack([scales.t(), zeros.t()], dim=-1)
+                                 .to(torch.bfloat16).contiguous())
+        else:   # no kernel here: the same weights, dequantized exactly (float32) at each call
+            per_input = (scales.repeat_interleave(INT4_GROUP, 1), zeros.repeat_interleave(INT4_GROUP, 1))
+            self.register_buffer("codes", codes.to(torch.int8))
+            self.register_buffer("scales_zeros", torch.stack(per_input, dim=-1))
+        bias = None if linear is None or linear.bias is None else linear.bias.detach().to(torch.bfloat16)
+        self.register_buffer("bias", bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.to(torch.bfloat16)
+        if not self.use_kernel:
+            scales, zeros = self.scales_zeros.unbind(-1)
+            weight = ((self.codes.float() - 8) * scales + zeros)[:self.out_features]
+            bias = None if self.bias is None else self.bias.float()
+            return F.linear(x.float(), weight, bias).to(torch.bfloat16)
+        flat = x.reshape(-1, self.in_features).contiguous()
+        y = torch._weight_int4pack_mm_for_cpu(flat, self.codes, INT4_GROUP, self.scales_zeros)
+        if y.shape[-1] != self.out_features:
+            y = y[:, :self.out_features]
+        if self.bias is not None:
+            y = y + self.bias
+        return y.view(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int4 " \
+               f"(groups of {INT4_GROUP}), " \
+               f"{'torch int4 kernel' if self.use_kernel else 'dequantized float32 per call'}"
+
+
 @torch.no_grad()
 def quantize_int8(model, use_kernel: bool | None = None):
-    """Quantize `model` (a minskill Transformer) in place for inference; returns it (module docstring)."""
-    head_weight = model.lm_head.weight
+    """Quantize `model` (a minskill Transformer) to int8 in place for inference; returns it (module
+    docstring)."""
     if use_kernel is None:   # asked once for the model, not once per layer
-        use_kernel = has_int8_kernel(head_weight.device)
+        use_kernel = has_int8_kernel(model.lm_head.weight.device)
+    return _quantized(model, lambda **kw: Int8Linear(**kw, use_kernel=use_kernel))
+
+
+@torch.no_grad()
+def quantize_int4(model, use_kernel: bool | None = None):
+    """Quantize `model` to int4 (groups of INT4_GROUP inputs) in place; returns it (module docstring)."""
+    if use_kernel is None:
+        use_kernel = has_int4_kernel(model.lm_head.weight.device)
+    return _quantized(model, lambda **kw: Int4Linear(**kw, use_kernel=use_kernel))
+
+
+def _quantized(model, layer):
+    """Every projection of every layer and the output head made `layer(linear=... | weight=...)`;
+    the rest (embeddings, norms) cast to bfloat16, where activations stay between the products."""
+    head_weight = model.lm_head.weight
     model.requires_grad_(False).eval()
-    for layer in model.model.layers:
-        for block in (layer.self_attn, layer.mlp):
+    for decoder_layer in model.model.layers:
+        for block in (decoder_layer.self_attn, decoder_layer.mlp):
             for name in PROJECTIONS:
                 if isinstance(getattr(block, name, None), nn.Linear):
-                    setattr(block, name, Int8Linear(getattr(block, name), use_kernel=use_kernel))
-    model.lm_head = Int8Linear(weight=head_weight, use_kernel=use_kernel)
-    model.to(torch.bfloat16)   # embeddings and norms: activations stay bf16 between the int8 products
+                    setattr(block, name, layer(linear=getattr(block, name)))
+    model.lm_head = layer(weight=head_weight)
+    model.to(torch.bfloat16)
     return model
 
 
 def apply_quantization(model, quantize: str | None):
     """The `--quantize` option of the frozen-model entry points: "none" (or None) leaves `model` as it is,
-    "int8" quantizes it, "auto" quantizes it on a CPU with the int8 kernel. Returns `model`.
+    "int8" / "int4" quantize it, "auto" makes it int8 on a CPU with the int8 kernel. Returns `model`.
     Not the default for a script's own models (a frozen model served by minskill.serve is where it
-    pays). The int8 kernel gives a row the same bits whatever rows share the call; the server's
+    pays). Both kernels give a row the same bits whatever rows share the call; the server's
     batch-invariant engine (serve.aligned) keeps the rest of a row's arithmetic independent of its
     batch too."""
     if quantize == "auto":
@@ -129,9 +239,20 @@ def apply_quantization(model, quantize: str | None):
         return model
     if quantize == "int8":
         return quantize_int8(model)
+    if quantize == "int4":
+        return quantize_int4(model)
     raise ValueError(f"--quantize {quantize!r}: choose one of {', '.join(QUANTIZE_CHOICES)}")
 
 
-def has_int8_layers(model) -> bool:
-    """Whether `model` runs int8 weights (some layer is an Int8Linear)."""
-    return any(isinstance(m, Int8Linear) for m in model.modules())
+def serving_default(device: torch.device | str) -> str:
+    """`python -m minskill.serve`'s --quantize when none is given: "int4" on a CPU where torch's
+    int4 kernel runs (the fewest bytes a decoded token reads: docs/benchmarks.md), else "none" (the
+    --dtype weights). The scripts' --task-quantize keeps "none": their recorded numbers stay
+    those of their commands."""
+    return "int4" if torch.device(device).type == "cpu" and has_int4_kernel("cpu") else "none"
+
+
+def weight_format(model) -> str | None:
+    """"int8" or "int4" when `model` runs quantized weights (its output head's format), else None."""
+    head = getattr(model, "lm_head", None)
+    return {Int8Linear: "int8", Int4Linear: "int4"}.get(type(head))

@@ -28,8 +28,8 @@ position p sits at slot p; the query at position t reads slots [0, W(t)), a widt
 
     o_t = softmax(q_t K[0:W(t)]ᵀ / √d + mask_t) V[0:W(t)],    mask_t(s) = 0 for s <= t, −∞ after
 
-    decode:   the rows of a step grouped by W, one SDPA call per group, each kv head's query rows
-              made a multiple of 4 (copies of the last)
+    decode:   one SDPA call per run of consecutive rows of one W (their keys a view: nothing
+              gathered), each kv head's query rows made a multiple of 4 (copies of the last)
     prefill:  one prompt at a time, its queries in chunks of one W (cut at multiples of ALIGN), each
               chunk made a multiple of 4 queries; its first p tokens copied from the prefix cache,
               whose blocks were computed so by whichever prompt came first
@@ -37,7 +37,7 @@ position p sits at slot p; the query at position t reads slots [0, W(t)), a widt
 so the bits a row sees are a function of its own tokens. Cost: prompts are prefilled one by one
 (their linear layers stream the weights once per prompt instead of once per batch), no prefix is
 kept once for several rows (each row reads its own copy of a shared system prompt at every step),
-and a decoding step makes one attention call per width group (docs/benchmarks.md).
+and a decoding step makes one attention call per run of rows of one width (docs/benchmarks.md).
 """
 from __future__ import annotations
 
@@ -69,7 +69,8 @@ class AlignedCache(KVCache):
         self.prefill = prefill    # one prompt's row: its queries as a prefill's, even a single one
         self.key_mask = torch.zeros(batch_size, 0, dtype=torch.bool, device=device)   # unused
         self.group = config.num_attention_heads // config.num_key_value_heads
-        self._groups = None                   # this decoding step's rows by width, built at layer 0
+        self._groups = None                   # this decoding step's runs of rows by width (layer 0)
+        self._slots = None                    # and the (row, slot) its new keys go to
 
     def mark_keys(self, T: int, attention_mask) -> bool:
         """The model's hook before a forward: inputs are never padded here (one prompt a prefill,
@@ -85,19 +86,18 @@ class AlignedCache(KVCache):
         after the layers. The query at position t reads slots [0, W(t)) (module docstring)."""
         B, n_h, T, d = q.shape
         if not self.prefill:   # decoding: one new key per row, at its own position
-            rows = torch.arange(B, device=q.device)
-            self.k[layer, rows, :, self.next_position - 1] = k[:, :, 0]
-            self.v[layer, rows, :, self.next_position - 1] = v[:, :, 0]
             if layer == 0:
-                self._groups = self._rows_by_width()
+                self._slots = (torch.arange(B, device=q.device), self.next_position - 1)
+                self._groups = self._runs_by_width()
+            every_row, slots = self._slots
+            self.k[layer, every_row, :, slots] = k[:, :, 0]
+            self.v[layer, every_row, :, slots] = v[:, :, 0]
             # the `group` query heads of a kv head are `group` query rows of it (as nn.model does),
             # made a multiple of 4 rows (_four_rows: with 1-3, a row's bits moved with its batch)
             q = _four_rows(q.reshape(B, -1, self.group, d))
-            o = torch.empty_like(q)
-            for rows, width, mask in self._groups:
-                o[rows] = F.scaled_dot_product_attention(
-                    q[rows], self.k[layer, rows, :, :width], self.v[layer, rows, :, :width],
-                    attn_mask=mask)
+            o = torch.cat([F.scaled_dot_product_attention(
+                q[rows], self.k[layer, rows, :, :width], self.v[layer, rows, :, :width],
+                attn_mask=mask) for rows, width, mask in self._groups])
             return o[:, :, :self.group].reshape(B, n_h, 1, d)
         if B != 1:   # (a prompt whose every block but its last token was cached has T = 1 here)
             raise ValueError(f"AlignedCache prefills one prompt at a time, got {B} rows")
@@ -124,19 +124,19 @@ class AlignedCache(KVCache):
                                            enable_gqa=self.group > 1)
         return o[:, :, :T]
 
-    def _rows_by_width(self) -> list:
-        """[(rows, width, mask)] of a decoding step: the rows whose new token reads the same width
-        W = padded(n_b) (rows: a slice when that is every row), with their masks (slot < n_b)."""
-        lengths = self.next_position.tolist()
-        groups: dict[int, list[int]] = {}
-        for b, n in enumerate(lengths):
-            groups.setdefault(padded(n), []).append(b)
-        device, out = self.next_position.device, []
-        for width, members in groups.items():
-            rows = slice(None) if len(members) == len(lengths) else \
-                torch.tensor(members, device=device)
-            mask = torch.arange(width, device=device) < self.next_position[rows][:, None]
-            out.append((rows, width, mask[:, None, None]))
+    def _runs_by_width(self) -> list:
+        """[(rows, width, mask)] of a decoding step: runs of consecutive rows whose new token reads
+        the same width W = padded(n_b), each a slice (the keys a view, nothing copied), with their
+        masks (slot < n_b)."""
+        widths = [padded(n) for n in self.next_position.tolist()]
+        out, start = [], 0
+        for b in range(1, len(widths) + 1):
+            if b == len(widths) or widths[b] != widths[start]:
+                rows = slice(start, b)
+                mask = torch.arange(widths[start], device=self.next_position.device) < \
+                    self.next_position[rows][:, None]
+                out.append((rows, widths[start], mask[:, None, None]))
+                start = b
         return out
 
     def select(self, rows) -> "AlignedCache":

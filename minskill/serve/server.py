@@ -1,7 +1,7 @@
 """OpenAI-compatible HTTP server for a minskill model, and the embedded default endpoint.
 
     python -m minskill.serve --model SPEC [--host 127.0.0.1] [--port 8000] [--api-key KEY]
-                              [--max-batch 16] [--dtype float32|bfloat16] [--quantize none|int8] [--threads N]
+                              [--max-batch 16] [--dtype float32|bfloat16] [--quantize int4|int8|none|auto]
                               [--log-requests] [--prefix-cache-mb 256] [--scheduler continuous|static]
                               [--request-timeout 30] [--max-connections 256]
 
@@ -91,7 +91,7 @@ from urllib.parse import unquote, urlsplit
 import torch
 
 from minskill.cli import add_device_args, is_cuda, set_up_device
-from minskill.nn.quantize import QUANTIZE_CHOICES, has_int8_layers
+from minskill.nn.quantize import QUANTIZE_CHOICES, serving_default, weight_format
 from minskill.serve.backends import (Backend, Choice, ClientGone, CompletionRequest, ModelBackend,  # noqa: F401
                                      SCHEDULERS, ScriptedBackend, parse_chat_request, parse_completion_request)
 from minskill.serve.bodies import chat_reply, completion_reply
@@ -548,12 +548,14 @@ def main(argv=None):
     dtype = auto if args.dtype == "auto" else getattr(torch, args.dtype)
     try:
         backend = ModelBackend.from_spec(args.model, dtype=dtype, device=args.device, name=args.served_model_name,
-                                         quantize=args.quantize, prefix_cache_mb=cache, scheduler=args.scheduler,
+                                         quantize=args.quantize or serving_default(args.device),
+                                         prefix_cache_mb=cache, scheduler=args.scheduler,
                                          batch_invariant=args.batch_invariant == "on")
     except (ValueError, OSError) as error:
         print(f"minskill.serve: cannot load model {args.model!r}: {error}", file=sys.stderr)
         return 2
-    weights = "int8 weights, bfloat16 activations" if has_int8_layers(backend.model) else \
+    quantized = weight_format(backend.model)
+    weights = f"{quantized} weights, bfloat16 activations" if quantized else \
         f"{str(dtype).removeprefix('torch.')} weights"
     print(f"minskill.serve: {threads} torch thread{'s' if threads != 1 else ''}, device {args.device}, "
           f"{weights}", file=sys.stderr, flush=True)
@@ -598,10 +600,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-batch", type=int, default=16, help="most samples served in one batch")
     parser.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto",
                         help="the weights' dtype: auto (default) = bfloat16 on CUDA, float32 on the CPU")
-    parser.add_argument("--quantize", choices=QUANTIZE_CHOICES, default="none",
-                        help="int8: int8 weights with per-output-channel scales and bf16 activations "
-                             "(minskill.nn.quantize; a frozen model only); auto: int8 on a CPU, else none; "
-                             "default none")
+    parser.add_argument("--quantize", choices=QUANTIZE_CHOICES, default=None,
+                        help="the weights (minskill.nn.quantize): int4 (groups of 32, bf16 activations), "
+                             "int8 (a scale per output channel), none (the --dtype weights: float32 on a "
+                             "CPU), auto (int8 on a CPU, else none); default: int4 on a CPU, else none")
     add_device_args(parser, bf16=False, what="the served model runs")
     parser.add_argument("--prefix-cache-mb", type=float, default=DEFAULT_PREFIX_CACHE_MB,
                         help=f"MB of shared prompt prefixes' keys/values kept (default {DEFAULT_PREFIX_CACHE_MB:g}; "
