@@ -9,7 +9,7 @@ function or class as written, from its `def`/`class` line (decorators included) 
 docstring and comments included: what the reader has in front of them. Module docstrings and imports
 are not counted (they are read once, not per step).
 
-    python tests/reading_path.py            prints the paths as the README shows them
+    python tests/reading_path.py            prints the paths as docs/files.md shows them
 """
 from __future__ import annotations
 
@@ -109,7 +109,7 @@ def path_report(entries: list[str]) -> tuple[int, int, list[tuple[str, int]]]:
 
 
 def format_path(name: str, width: int = 116) -> str:
-    """The README's block of one path: its title with the counts, then its entries in reading order, one line per
+    """docs/files.md's block of one path: its title with the counts, then its entries in reading order, one line per
     run of entries of the same file ("LINES QUALNAME", joined by " · "; a long run wraps under itself)."""
     total, files, rows = path_report(PATHS[name])
     runs: list[tuple[str, list[str]]] = []

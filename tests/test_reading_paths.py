@@ -1,7 +1,7 @@
 """The learner's path stays readable as the code grows, and is what runs.
 
 tests/reading_path.py's PATHS list, in reading order, the code a learner follows for one Skill-R1 training step
-and for one MASA iteration of each phase. The README's "Read the algorithms" section prints the same lists; this
+and for one MASA iteration of each phase. docs/files.md's "Reading paths" section prints the same lists; this
 test keeps them true: every function of the algorithm files that one default step or iteration executes is on
 its path (traced), every entry exists, and each path stays within its budget of lines and files. It also holds
 the size rules: no module over 700 lines, no function over 80 lines in the algorithm modules and the three
@@ -39,10 +39,10 @@ def test_each_path_fits_its_budget(name):
     assert lines <= max_lines and files <= max_files, f"{name}: {lines} lines in {files} files"
 
 
-def test_the_readme_prints_each_path_with_its_counts():
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+def test_the_docs_print_each_path_with_its_counts():
+    page = (ROOT / "docs" / "files.md").read_text(encoding="utf-8")
     for name in PATHS:
-        assert format_path(name) in readme, f"README.md: {name} differs from `python tests/reading_path.py`"
+        assert format_path(name) in page, f"docs/files.md: {name} differs from `python tests/reading_path.py`"
 
 
 def modules():

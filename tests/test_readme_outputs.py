@@ -14,10 +14,11 @@ ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 
 
-def _block_after(marker: str, which: int = 0) -> list[str]:
-    """The lines of the ``` block after `marker` in the README (which: 0 the first, 1 the next)."""
-    start = README.index(marker)
-    blocks = re.finditer(r"^```[a-z]*\n(.*?)^```$", README[start:], re.S | re.M)
+def _block_after(marker: str, which: int = 0, text: str = README) -> list[str]:
+    """The lines of the ``` block after `marker` in `text` (the README; which: 0 the first, 1 the
+    next)."""
+    start = text.index(marker)
+    blocks = re.finditer(r"^```[a-z]*\n(.*?)^```$", text[start:], re.S | re.M)
     return [b.group(1) for b in blocks][which].splitlines()
 
 
@@ -50,15 +51,17 @@ def test_the_readme_gives_the_default_command_and_its_output():
 
 
 def test_the_skill_r1_quick_start_table_is_what_combine_prints(tmp_path, capsys):
-    """The Skill-R1 quick start's rows, as `combine` prints them from the four evaluation runs that
-    docs/runs keeps (the README's command combines the same runs under runs/)."""
+    """The Skill-R1 quick start's table (docs/results-skill-r1.md, which the README links), as
+    `combine` prints it from the four evaluation runs that docs/runs keeps (the README's command
+    combines the same runs under runs/)."""
     from minskill.skill_r1 import combine
     runs = ROOT / "docs" / "runs" / "skill-r1-cold-start"
     names = ("frozen", "grpo", "skill-r1-seed0", "skill-r1-seed1")
     files = [runs / f"eval-{name}.json" for name in names]
     assert combine.main([*map(str, files), "--out", str(tmp_path / "combined")]) == 0
     printed = capsys.readouterr().out.splitlines()
-    shown = _block_after("**Skill-R1** (`train_grpo.py`)", which=1)
+    results = (ROOT / "docs" / "results-skill-r1.md").read_text(encoding="utf-8")
+    shown = _block_after("**All six rows.**", which=1, text=results)
     assert shown and all(line in printed for line in shown), \
         [line for line in shown if line not in printed]
 
