@@ -67,7 +67,7 @@ EMBEDDED_TEACHER = {"teacher_retries": 0, "teacher_max_tokens": 384}
 RESUMABLE_OVERRIDES = ("max_calls", "no_cache", "cache", "task_url", "task_model", "task_api_key",
                        "teacher_url", "teacher_model", "teacher_api_key", "task_concurrency", "timeout",
                        "startup_timeout", "task_extra_body", "teacher_extra_body",
-                       "embed_url", "embed_model", "device")
+                       "embed_url", "embed_model", "device", "teacher_json_schema")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -516,7 +516,8 @@ def write_outputs(run: Run, search: MasaSearch, target, teacher, stopped: str | 
                                         retries=config.teacher_retries, temperature=config.teacher_temperature,
                                         max_tokens=config.teacher_max_tokens,
                                         seed=masa.teacher_seed(config.seed, "oneshot"),
-                                        on_skip=lambda event: teacher_skipped(run, event))
+                                        on_skip=lambda event: teacher_skipped(run, event),
+                                        json_schema=config.teacher_json_schema)
     except (BudgetExhausted, ChatError) as e:
         notes.append(f"no one-shot teacher rewrite in sft.jsonl ({e})")
     records = masa_data.sft_records(run.state["search"], search.card, run.task_description, library, reward_out,

@@ -98,12 +98,12 @@ def load_input_skills(spec: str, suite: str | None):
 
 
 def teacher_oneshot_rewrite(client, card: dict, skills, task: str, retries: int = 2, max_tokens: int = 1536,
-                            seed: int = 0):
+                            seed: int = 0, json_schema: str = "auto"):
     """The DS-Adapter baseline: the teacher adapts S_in to the target once, from the same card, skills and
     task, without search (minskill.masa.search.one_shot_rewrite). Returns (SkillSet or None, last raw reply)."""
     skipped = {}
     result = one_shot_rewrite(client, card, skills, task, retries=retries, max_tokens=max_tokens,
-                              seed=seed, on_skip=skipped.update)
+                              seed=seed, on_skip=skipped.update, json_schema=json_schema)
     return result, skipped.get("last_reply", "")
 
 
@@ -310,7 +310,8 @@ def compare(args, card: dict, skills, rewritten, rewriter_cost: dict | None = No
         costs, (u0, t0) = {"rewriter": rewriter_cost}, (teacher_client.usage, time.perf_counter())
         teacher, teacher_raw = teacher_oneshot_rewrite(teacher_client, card, skills, args.task,
                                                        retries=args.teacher_retries,
-                                                       max_tokens=args.max_new_tokens, seed=args.seed)
+                                                       max_tokens=args.max_new_tokens, seed=args.seed,
+                                                       json_schema=args.teacher_json_schema)
         costs["teacher (one-shot)"] = {**usage_delta(teacher_client.usage, u0), "wall_seconds": time.perf_counter() - t0}
         if teacher is not None:
             save_skills_validated(teacher, report_dir / "teacher_oneshot")

@@ -55,15 +55,23 @@ def add_task_model_args(group, *, concurrency: int | None, max_tokens: int, quan
     add_skill_files_arg(group)   # (every script with a task model reads skill sets)
 
 
+TEACHER_JSON_SCHEMA = ("auto", "on", "off")   # --teacher-json-schema's choices (minskill/masa/fitting.py)
+
+
 def add_teacher_args(group, *, url_help: str = "the embedded server", main=None) -> None:
     """--teacher-url/--teacher-model/--teacher-api-key: the teacher LLM that writes or rewrites skills; `main`
-    as in add_task_model_args."""
+    as in add_task_model_args. --teacher-json-schema: whether its replies are asked in their JSON schema."""
     main = group if main is None else main
     main.add_argument("--teacher-url", default=None,
                       help=f"OpenAI-compatible base URL of the teacher (default: {url_help})")
     main.add_argument("--teacher-model", default=None, help="model name sent to --teacher-url")
     group.add_argument("--teacher-api-key", default=None, help="API key for --teacher-url (default: $OPENAI_API_KEY)")
     add_extra_body_arg(group, "teacher")
+    group.add_argument("--teacher-json-schema", choices=TEACHER_JSON_SCHEMA, default=TEACHER_JSON_SCHEMA[0],
+                       help="ask the teacher for each reply in the JSON schema it is read in (response_format "
+                            "json_schema, served by minskill's server and vLLM): auto = until its server "
+                            "refuses the field (then in free text, said once), on = always (a refusal is an "
+                            "error), off = never")
 
 
 # ---- extra request fields of a frozen model (reasoning models) ------------------------------------

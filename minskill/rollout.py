@@ -84,7 +84,7 @@ from minskill.skillsets import SkillSet
 from minskill.tasks import (BASE_SKILLS_DIR, GAIA_SUBMISSION, SUITES, TaskWarning, is_task_file, load_suite,
                             make_env, skill_key_type, suite_types, withhold_hidden)
 from minskill.tasks.base import NOTHING_HAPPENS, is_context_refusal, parse_action
-from minskill.web import add_web_args   # (importing it gives web suites their tools)
+from minskill.web import ToolCalls, add_web_args   # (importing it gives web suites their tools)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -219,8 +219,7 @@ class _Episode:
                                messages=_with_system(system, [
                                    {"role": "user", "content": _first_user_message(task, obs, self.syntax)}]))
         self.admissible = list(self.env.admissible_actions())
-        self.done = self.budget <= 0
-        self.shown = 0          # the past exchanges the last prompt showed
+        self.done, self.shown = self.budget <= 0, 0     # shown: the past exchanges the last prompt showed
 
     def prompt(self, history: int | None) -> list[dict]:
         """The messages sent for the next step: system + first user turn + the last `history` exchanges (fewer
@@ -229,8 +228,7 @@ class _Episode:
         msgs = self.traj.messages
         head = 2 if msgs[0]["role"] == "system" else 1
         past = (len(msgs) - head) // 2     # each step appended (the reply, its observation)
-        keep = min(x for x in (past, history, self.traj.history_kept) if x is not None)
-        self.shown = keep
+        self.shown = keep = min(x for x in (past, history, self.traj.history_kept) if x is not None)
         out = [dict(m) for m in msgs[:head] + msgs[len(msgs) - 2 * keep:]]
         out[-1]["content"] += _turn_prompt(self.admissible)
         return out
@@ -244,23 +242,25 @@ class _Episode:
         self.traj.history_kept, self.traj.trimmed = self.shown // 2, self.traj.trimmed + 1
         return True
 
-    def advance(self, reply: str) -> None:
+    def advance(self, reply: str, act: Callable | None = None) -> None:
+        """One step: `act(reply)` -> (action, env.step's result, messages); default: the text's (parse_action)."""
         t = self.traj
-        t.reply = reply
-        t.messages.append({"role": "assistant", "content": reply})
-        action = parse_action(reply, self.admissible, self.syntax)
+        t.reply, t.steps = reply, t.steps + 1
+        action, (obs, finished, success), exchange = (act or self._text_step)(reply)
         t.actions.append(action)
-        t.steps += 1
-        obs, finished, success = self.env.step(action)  # an empty action is the env's to judge
         t.observations.append(obs)
         t.nothing_happens += obs.strip() == NOTHING_HAPPENS
-        t.messages.append({"role": "user", "content": f"Observation: {obs.strip()}"})
+        t.messages += exchange
         if finished or t.steps >= self.budget:
-            t.success = bool(success)
-            t.reward = 1.0 if success else 0.0
-            self.done = True
+            t.success, t.reward, self.done = bool(success), 1.0 if success else 0.0, True
         else:
             self.admissible = list(self.env.admissible_actions())
+
+    def _text_step(self, reply: str) -> tuple:
+        action = parse_action(reply, self.admissible, self.syntax)
+        result = self.env.step(action)  # an empty action is the env's to judge
+        return action, result, [{"role": "assistant", "content": reply},
+                                {"role": "user", "content": f"Observation: {result[0].strip()}"}]
 
     def fail(self, error: str) -> None:
         self.traj.error, self.traj.success, self.traj.reward, self.done = error, False, 0.0, True
@@ -344,17 +344,17 @@ def _run_multi_turn(client, multi: list, system: list, finish: Callable, *, n, t
     """All episodes in lock-step: one round of concurrent requests per step across every live episode.
     `max_steps` overrides the tasks' budgets, `history` bounds the past exchanges a prompt keeps (None = all),
     `on_step(step, live_episodes)` runs before each step."""
+    calls = ToolCalls(client)   # a web agent's tools in the request's `tools` field where served (web.agent_calls)
     def request(ep: _Episode) -> dict:
         return dict(messages=ep.prompt(history), n=1, temperature=temperature, max_tokens=max_tokens,
-                    seed=None if seed is None else seed + ep.sample)
+                    seed=None if seed is None else seed + ep.sample, **calls.fields(ep))
 
-    episodes = _start_episodes(multi, system, finish, n, max_steps)
-    step = 0
+    step, episodes = 0, _start_episodes(multi, system, finish, n, max_steps)
     while episodes:
         if on_step is not None:
             on_step(step, len(episodes))
         step += 1
-        for ep, answer in zip(episodes, _fitting_replies(client, episodes, request)):
+        for ep, answer in zip(episodes, _fitting_replies(client, episodes, request, calls.refused)):
             if is_context_refusal(answer):
                 why = (f"{ep.shown} past exchange shown after {ep.traj.trimmed} trims" if ep.shown else
                        "the system prompt and the task alone do not fit")
@@ -365,7 +365,7 @@ def _run_multi_turn(client, multi: list, system: list, finish: Callable, *, n, t
             else:
                 try:
                     ep.traj.reasoning = "\n\n".join(filter(None, (ep.traj.reasoning, getattr(answer, "reasoning", ""))))
-                    ep.advance(answer.texts[0] if answer.texts else "")
+                    calls.advance(ep, answer)   # (ep.advance on its text, or a tool call)
                 except Exception as e:
                     ep.fail(f"environment failed at step {ep.traj.steps}: {type(e).__name__}: {e}")
             if ep.done:
@@ -373,15 +373,16 @@ def _run_multi_turn(client, multi: list, system: list, finish: Callable, *, n, t
         episodes = [ep for ep in episodes if not ep.done]
 
 
-def _fitting_replies(client, episodes: list[_Episode], request: Callable) -> list:
+def _fitting_replies(client, episodes: list[_Episode], request: Callable, refused: Callable) -> list:
     """Each episode's reply (or exception) to `request(episode)`, sent concurrently; a prompt the task model
     refuses as too long (is_context_refusal) is built again shorter (_Episode.trim) and sent again, until it
-    fits or nothing is left to drop (then the refusal is its answer)."""
+    fits or nothing is left to drop (then the refusal is its answer); so is one that refused(episode, answer)."""
     answers, todo = [None] * len(episodes), list(range(len(episodes)))
     while todo:
         for k, answer in zip(todo, _chat_all(client, [request(episodes[k]) for k in todo])):
             answers[k] = answer
-        todo = [k for k in todo if is_context_refusal(answers[k]) and episodes[k].trim()]
+        todo = [k for k in todo if refused(episodes[k], answers[k])
+                or is_context_refusal(answers[k]) and episodes[k].trim()]
     return answers
 
 
@@ -649,8 +650,7 @@ def main(argv=None) -> int:
     summary = summarize(scored, lam_nh=args.lam_nh)
     summary["run"] = dict(suite=args.suite, split=args.split, n_tasks=args.n_tasks, task_seed=args.task_seed,
                           skills=args.skills, retrieve=args.retrieve, temperature=args.temperature, n=args.n,
-                          task_url=args.task_url, task_model=args.task_model,
-                          alfworld_data=args.alfworld_data,
+                          task_url=args.task_url, task_model=args.task_model, alfworld_data=args.alfworld_data,
                           model=None if args.task_url else args.model_spec,
                           seconds=round(time.time() - started, 1), client_stats=stats,
                           resumed_trajectories=len(previous),  # seconds and client_stats cover this call only

@@ -183,6 +183,7 @@ def test_int4_model_logits_follow_the_float_model(tiny_dir):
         reference = model(ids).float()
         quantized = apply_quantization(model, "int4")(ids).float()
     assert weight_format(model) == "int4" and isinstance(model.model.layers[0].mlp.up_proj, Int4Linear)
+    assert isinstance(model.lm_head, Int8Linear) == has_int8_kernel("cpu")   # the head stays 8-bit
     cos = torch.nn.functional.cosine_similarity(reference.flatten(), quantized.flatten(), dim=0)
     assert cos > 0.98 and (reference.argmax(-1) == quantized.argmax(-1)).float().mean() > 0.8
 

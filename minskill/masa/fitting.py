@@ -1,4 +1,5 @@
-"""A teacher prompt that its server refuses as too long for its context: recognised, trimmed and asked again.
+"""The machinery around a teacher call: a prompt that its server refuses as too long for its context
+(recognised, trimmed and asked again), and the JSON schema its reply is asked in.
 
 A teacher behind llama.cpp with 2,048 tokens per slot answers a 2,103-token prompt with HTTP 400; that one prompt
 must not end a MASA run. `ask_fitting` wraps one teacher step (minskill.masa.search.ask_teacher): its prompt is
@@ -11,13 +12,25 @@ skipped and logged as a reply that does not parse is.
 
 This is the machinery around a teacher call, as the client's retries are: at trim level 0 (every prompt that fits)
 the prompt is the builder's whole prompt and the step is ask_teacher's, unchanged.
+
+So is the reply's format: under --teacher-json-schema auto (the default) or on, each call asks for
+the JSON schema of the reply's reader (below: the shapes minskill/masa/teacher.py reads) in
+`response_format` `json_schema`, which minskill's server and vLLM serve by constraining the reply to
+it, so that the reply parses. A server that refuses the field (HTTP 400 naming it: `is_schema_refusal`) is asked again without it;
+under auto its client is then asked in free text, read as before, for the rest of the run (said once
+on stderr); under on the refusal is an error; off never asks.
 """
 from __future__ import annotations
 
 import itertools
+import re
+import sys
+import weakref
 from typing import Any, Callable
 
-from minskill.masa.teacher import TeacherReplyError
+from minskill.cli import TEACHER_JSON_SCHEMA
+from minskill.masa.teacher import (MAX_SKILL_CHARS, MAX_SKILLS, TeacherReplyError, parse_attribution,
+                                   parse_skillset_reply, parse_strengths)
 from minskill.serve.caching import BudgetExhausted
 from minskill.serve.client import ChatError
 from minskill.tasks.base import (CONTEXT_REFUSAL,  # noqa: F401 (the agent loop's too)
@@ -44,7 +57,8 @@ def trimmed(items: list, trim: int, *more: list) -> list:
 
 def ask_fitting(ask_teacher: Callable[..., Any], teacher, prompt: Callable[..., list[dict]],
                 parse: Callable[[str], Any], *, what: str, on_skip: Callable[[dict], None] | None = None,
-                on_trim: Callable[[dict], None] | None = None, **kwargs):
+                on_trim: Callable[[dict], None] | None = None, json_schema: str = "auto",
+                schema: Callable[[int], dict] | None = None, **kwargs):
     """ask_teacher(teacher, prompt(trim=0), parse, what=, on_skip=, **kwargs): one teacher step (the search's
     ask_teacher, passed in), asked again on prompt(trim=1), (trim=2), ... while the server refuses the prompt as
     too long; `on_trim` gets {"what",
@@ -52,14 +66,17 @@ def ask_fitting(ask_teacher: Callable[..., Any], teacher, prompt: Callable[..., 
     that does not parse is: `on_skip` gets {"what", "attempts", "errors", "last_reply", "reason": "prompt too
     long"}, and None is returned. A budget spent before the retry of a reply that did not parse skips the step
     too ("reason": "budget spent": those replies were paid for), then BudgetExhausted passes on, as any other
-    failure does."""
+    failure does. Each call asks for the reply's JSON schema, schema(max_tokens) (default: its
+    reader's, READER_SCHEMAS), as `json_schema` says (SCHEMA_MODES; module docstring)."""
+    schema = (schema or READER_SCHEMAS.get(parse)) if asks_json(teacher, json_schema) else None
+    reply_format = json_schema_format(what, schema, kwargs.get("max_tokens", 1024))   # (its default)
     refusals = []
     for trim in itertools.count():
         try:
             messages = prompt(trim=trim)
         except NothingToTrim:
             break
-        asked = RecordingTeacher(teacher)
+        asked = RecordingTeacher(SchemaTeacher(teacher, reply_format, json_schema))
         try:
             result = ask_teacher(asked, messages, parse, what=what, on_skip=on_skip, **kwargs)
         except ChatError as error:
@@ -82,6 +99,68 @@ def ask_fitting(ask_teacher: Callable[..., Any], teacher, prompt: Callable[..., 
     return None
 
 
+# ---- the reply's JSON schema -------------------------------------------------------------------
+SCHEMA_MODES = TEACHER_JSON_SCHEMA   # --teacher-json-schema: auto, on, off
+# a refusal of the field: minskill's server ("'response_format': the model ... cannot constrain"),
+# OpenAI's ("Invalid schema for response_format ..."), a server that takes no field it does not know
+SCHEMA_REFUSAL = re.compile(r"response_format|json_schema|structured.outputs?\b", re.I)
+_REFUSED = weakref.WeakSet()   # teacher clients whose server refused it: asked in free text from then on
+
+
+def json_schema_format(what: str, schema: Callable[[int], dict] | None, max_tokens: int):
+    """The response_format of a step's reply: schema(max_tokens) as OpenAI's json_schema (None: no
+    schema)."""
+    if schema is None:
+        return None
+    name = re.sub(r"[^A-Za-z0-9_-]+", "_", f"teacher_{what}")[:64]   # (OpenAI's rule for the name)
+    return {"type": "json_schema",
+            "json_schema": {"name": name, "schema": schema(max_tokens), "strict": True}}
+
+
+class SchemaTeacher:
+    """A teacher asked for its reply in `reply_format` (json_schema_format; None: in free text) while
+    asks_json(teacher, mode). A refusal of it (is_schema_refusal) is, under auto, said once per
+    client on stderr and sent again without it (the client is asked in free text from then on);
+    under on, an error naming the flag."""
+
+    def __init__(self, teacher, reply_format: dict | None, mode: str):
+        self.teacher, self.reply_format, self.mode = teacher, reply_format, mode
+
+    def chat(self, messages, **kwargs):
+        if self.reply_format is None or not asks_json(self.teacher, self.mode):
+            return self.teacher.chat(messages, **kwargs)
+        try:
+            return self.teacher.chat(messages, response_format=self.reply_format, **kwargs)
+        except ChatError as error:
+            if not is_schema_refusal(error):
+                raise
+            if self.mode == "on":
+                raise ChatError(f"{error.message} (--teacher-json-schema on: the teacher's server must "
+                                f"serve response_format json_schema; auto reads its replies as free "
+                                f"text)", error.status, error.endpoint) from None
+            if self.teacher not in _REFUSED:
+                _REFUSED.add(self.teacher)
+                print(f"minskill: the teacher's server refused response_format json_schema (HTTP "
+                      f"{error.status}: {error.message[:200]}); its replies are read as free text from "
+                      f"now on (--teacher-json-schema off: never asked)", file=sys.stderr, flush=True)
+            return self.teacher.chat(messages, **kwargs)
+
+
+def asks_json(teacher, mode: str) -> bool:
+    """Whether `teacher` is asked for its replies' JSON schemas under --teacher-json-schema `mode`:
+    always when on; when auto (the default), until its server refused one; never when off."""
+    if mode not in SCHEMA_MODES:
+        raise ValueError(f"--teacher-json-schema must be one of {', '.join(SCHEMA_MODES)}, "
+                         f"got {mode!r}")
+    return mode == "on" or (mode == "auto" and teacher not in _REFUSED)
+
+
+def is_schema_refusal(error: ChatError) -> bool:
+    """Whether `error` is a server's refusal of response_format: HTTP 400 (or 422, a validating
+    framework's) whose message names it (SCHEMA_REFUSAL)."""
+    return error.status in (400, 422) and SCHEMA_REFUSAL.search(error.message or "") is not None
+
+
 class RecordingTeacher:
     """A teacher that keeps its replies (ask_fitting: those of a step that a spent budget cut short)."""
 
@@ -101,3 +180,111 @@ def reply_error(parse: Callable[[str], Any], reply: str) -> str:
     except TeacherReplyError as e:
         return str(e)[:500]
     return ""
+
+
+# ------------------------------------------------------------------------------------------------
+# The JSON schemas of the teacher's replies (the shapes teacher.py's readers take)
+#
+# A server that serves response_format json_schema (minskill's own, vLLM) writes only what the
+# schema allows, so a reply asked for in the schema of its reader parses. Each schema has its
+# reader's shape, every property required and no other (OpenAI's strict mode asks both), and bounds
+# on its lists (maxItems) and strings (maxLength, scaled by `fitted`) that let its longest reply
+# close within the teacher's max_tokens.
+
+CHARS_PER_TOKEN = 3  # characters a reply token holds, at the least in English prose (about 4 mean)
+GAP = 4              # whitespace counted between two tokens of JSON (a newline and an indent)
+SHORT = 80           # a string bounded at most this long (a name, a title) keeps its bound: fitted
+MIN_TEXT = 40        # the shortest bound `fitted` gives a longer string
+
+
+def attribution_schema(max_tokens: int) -> dict:
+    """What parse_attribution reads: failure categories (name, count, evidence, fix), a summary."""
+    category = _object(category=_text(60), count={"type": "integer", "minimum": 0, "maximum": 999},
+                       evidence=_list(_text(200), 2), suggested_fix=_text(400))
+    categories = _list(category, _items(max_tokens, 192, 5), 1)
+    return fitted(_object(failure_categories=categories, summary=_text(300)), max_tokens)
+
+
+def strengths_schema(max_tokens: int) -> dict:
+    """What parse_strengths reads: the target's strengths and weaknesses, one of each at least."""
+    return fitted(_object(strengths=_list(_text(200), 4, 1), weaknesses=_list(_text(200), 4, 1)),
+                  max_tokens)
+
+
+def skillset_schema(max_tokens: int, task_types=(), general: bool = True) -> dict:
+    """What parse_skillset_reply reads as MASA JSON (SkillSet.from_json's keys): the general skills
+    and common mistakes when `general`, the skills of each of `task_types` in task_specific_skills
+    (as many types as MAX_SKILLS lets hold one skill each); one skill at least in each list."""
+    types = list(task_types)[:MAX_SKILLS - general]
+    lists = int(general) + len(types)
+    skill = _object(skill_id=_text(48), title=_text(60), principle=_text(MAX_SKILL_CHARS // 4),
+                    when_to_apply=_text(300))
+    skills = _list(skill, min(_items(max_tokens, 192, 6), MAX_SKILLS // max(1, lists)), 1)
+    parts = {"general_skills": skills} if general else {}
+    if types:
+        parts["task_specific_skills"] = _object(**{t: skills for t in types})
+    if general:
+        parts["common_mistakes"] = _list(_text(200), 3)
+    return fitted(_object(**parts), max_tokens)
+
+
+def _text(max_length: int) -> dict:
+    return {"type": "string", "maxLength": max_length}
+
+
+def _list(items: dict, max_items: int, min_items: int = 0) -> dict:
+    return {"type": "array", "items": items, "minItems": min_items, "maxItems": max_items}
+
+
+def _object(**properties) -> dict:
+    return {"type": "object", "properties": properties, "required": list(properties),
+            "additionalProperties": False}
+
+
+def _items(max_tokens: int, tokens_each: int, most: int) -> int:
+    """The items of about `tokens_each` tokens a reply of max_tokens holds (1 to `most`)."""
+    return max(1, min(most, max_tokens // tokens_each))
+
+
+def fitted(schema: dict, max_tokens: int) -> dict:
+    """`schema` with the bounds of its longer strings (over SHORT) scaled down alike, to MIN_TEXT at
+    the least, so that its longest reply is at most max_tokens * CHARS_PER_TOKEN characters where
+    MIN_TEXT allows it: the rest (keys, names, list sizes) keeps its size, the texts share the room.
+
+        longest(scale) <= fixed + scale * texts    fixed: the texts at MIN_TEXT; texts: their bounds
+    """
+    fixed = longest_reply(schema, lambda n: n if n <= SHORT else MIN_TEXT)
+    bare = longest_reply(schema, lambda n: 0)   # the reply with every string empty
+    texts = longest_reply(schema, lambda n: n if n > SHORT else 0) - bare
+    scale = min(1.0, max(0, max_tokens * CHARS_PER_TOKEN - fixed) / max(1, texts))
+    return _scaled(schema, lambda n: n if n <= SHORT else max(MIN_TEXT, int(n * scale)))
+
+
+def longest_reply(schema: dict, length=lambda n: n) -> int:
+    """Characters of the longest reply a schema of this module allows (GAP between its tokens), a
+    string of maxLength n counted as length(n) characters."""
+    kind = schema["type"]
+    if kind == "string":
+        return 2 + length(schema["maxLength"])
+    if kind == "integer":
+        return len(str(schema["maximum"]))
+    if kind == "array":
+        return 2 + schema["maxItems"] * (longest_reply(schema["items"], length) + 1 + GAP)
+    return 2 + sum(len(key) + 3 + GAP + longest_reply(value, length)
+                   for key, value in schema["properties"].items())
+
+
+def _scaled(schema: dict, length) -> dict:
+    if schema["type"] == "string":
+        return {**schema, "maxLength": length(schema["maxLength"])}
+    if schema["type"] == "array":
+        return {**schema, "items": _scaled(schema["items"], length)}
+    if schema["type"] == "object":
+        properties = schema["properties"]
+        return {**schema, "properties": {k: _scaled(v, length) for k, v in properties.items()}}
+    return schema
+
+
+# the schema of each reader's reply, by max_tokens (teacher.py); a reader not here: free text
+READER_SCHEMAS = {parse_attribution: attribution_schema, parse_strengths: strengths_schema,
+                  parse_skillset_reply: skillset_schema}

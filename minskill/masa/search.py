@@ -41,9 +41,12 @@ Phase 2, task-specific skills, one UCB1 tree per task type t with the general sk
 Both phases stop early once the best R is 1, the maximum (nothing can be strictly better). The evolved
 library = the best general skills + each type's best node; its R on the search tasks is `reward_out`.
 
-A teacher reply is parsed robustly (JSON in a fence or inside prose, the skill format of skills.py); a
-reply that does not parse is retried (at most `teacher_retries` times, telling the teacher what was
-wrong), then the step is skipped and the skip is logged (`ask_teacher`). A prompt the teacher's server refuses as
+A teacher whose server serves response_format json_schema (minskill's own, vLLM) is asked for its
+reply in the JSON schema of the reply's reader (minskill/masa/fitting.py; --teacher-json-schema),
+and the rewrite prompts then show that JSON form; elsewhere a reply is free text. It is
+parsed robustly (JSON in a fence or inside prose, the skill format of skills.py); a reply that does
+not parse is retried (at most `teacher_retries` times, telling the teacher what was wrong), then the
+step is skipped and the skip is logged (`ask_teacher`). A prompt the teacher's server refuses as
 too long for its context is built again shorter (each prompt builder's `trim`: the history first, then the examples)
 and asked again; when nothing is left to drop, the step is skipped and logged the same way (minskill/masa/fitting.py).
 
@@ -63,7 +66,7 @@ from typing import Any, Callable, Iterator
 from minskill import gates
 from minskill.masa import ucb
 from minskill.masa.model_card import ModelCard, as_model_card
-from minskill.masa.fitting import NothingToTrim, ask_fitting, trim_levels, trimmed
+from minskill.masa.fitting import NothingToTrim, ask_fitting, asks_json, skillset_schema, trim_levels, trimmed
 from minskill.masa.teacher import TeacherReplyError, parse_attribution, parse_skillset_reply, parse_strengths
 from minskill.rollout import LAM_NH, all_failed, run_rollouts, summarize
 from minskill.serve.caching import BudgetExhausted, CallBudget
@@ -199,26 +202,39 @@ _EXAMPLE_SKILL = Skill(name="answer-format", description="How to write the final
                        body="State the final answer on the last line as 'Answer: <answer>'.", metadata={})
 
 
-def _format_help() -> str:
+def _format_help(json_reply: bool = False, task_type: str | None = None) -> str:
+    """The form a rewrite is asked in: the Markdown skill format; with `json_reply` (the teacher's
+    server writes the reply in fitting.skillset_schema: fitting.asks_json) that JSON, of the general
+    skills or of `task_type`'s."""
+    if json_reply:
+        return _json_format_help([task_type] if task_type else [], general=task_type is None)
     example = SkillSet(general=[_EXAMPLE_SKILL], task_specific={}, common_mistakes=[])
     return ("Reply with the skills only, in exactly this format (one block per skill; names are lower-case "
             "letters, digits and single hyphens):\n\n" + example.to_markdown())
 
 
-def _json_format_help() -> str:
-    """The MASA JSON library a reply is asked for, its skill written by SkillSet.to_json: the keys asked for are
-    the keys SkillSet.from_json reads (skill_id -> name, principle -> body, when_to_apply -> description)."""
+def _json_format_help(task_types=("<task type>",), general: bool = True) -> str:
+    """The MASA JSON library a reply is asked for (fitting.skillset_schema's parts: the general
+    skills and common mistakes when `general`, the skills of `task_types`), its skill written by
+    SkillSet.to_json: the keys asked for are the keys SkillSet.from_json reads (skill_id -> name,
+    principle -> body, when_to_apply -> description)."""
     entry = json.dumps(SkillSet(general=[_EXAMPLE_SKILL]).to_json()["general_skills"][0], ensure_ascii=False)
+    parts = [f'"general_skills": [{entry}]'] if general else []
+    if task_types:
+        typed = ", ".join(f"{json.dumps(t)}: [{entry}]" for t in task_types)
+        parts.append(f'"task_specific_skills": {{{typed}}}')
+    if general:
+        parts.append('"common_mistakes": ["..."]')
     return ('Reply with JSON only, a skill library in this form (each skill: "skill_id", its name, lower-case '
             'letters, digits and single hyphens; "title"; "principle", the text the target reads; '
-            '"when_to_apply", when to use it):\n'
-            f'{{"general_skills": [{entry}], "task_specific_skills": {{"<task type>": [{entry}]}}, '
-            '"common_mistakes": ["..."]}')
+            '"when_to_apply", when to use it):\n{' + ", ".join(parts) + "}")
 
 
 def general_rewrite_messages(card: ModelCard, skills: SkillSet, reward: float, attribution: dict | None,
-                             top_sets: list[tuple[SkillSet, float]], trim: int = 0) -> list[dict]:
-    """Prompt: rewrite the general skills, shown the attribution, the card and the history's top sets (by R)."""
+                             top_sets: list[tuple[SkillSet, float]], trim: int = 0,
+                             json_reply: bool = False) -> list[dict]:
+    """Prompt: rewrite the general skills, shown the attribution, the card and the history's top sets (by R);
+    `json_reply`: in MASA JSON."""
     history = "\n\n".join(f"#### Set {i + 1}: R = {r:.3f}\n{_skills_text(_only_general(s), 2000)}"
                           for i, (s, r) in enumerate(trimmed(top_sets, trim))) or "(none yet)"
     user = (f"## Task: {GENERAL_REWRITE_TASK}\n\n### Model card\n{card.to_prompt()}\n\n"
@@ -226,12 +242,13 @@ def general_rewrite_messages(card: ModelCard, skills: SkillSet, reward: float, a
             f"### Why the current skills failed (attribution)\n{json.dumps(attribution or {}, ensure_ascii=False)}\n\n"
             f"### Best skill sets so far\n{history}\n\n"
             "Write improved GENERAL skills (they apply to every task type) that fix these failures for this "
-            f"target model. Keep what worked in the best sets. {_format_help()}")
+            f"target model. Keep what worked in the best sets. {_format_help(json_reply)}")
     return [{"role": "system", "content": TEACHER_SYSTEM}, {"role": "user", "content": user}]
 
 
 def task_rewrite_messages(card: ModelCard, skills: SkillSet, task_type: str, reward: float,
-                          attribution: dict | None, examples: list[str], trim: int = 0) -> list[dict]:
+                          attribution: dict | None, examples: list[str], trim: int = 0,
+                          json_reply: bool = False) -> list[dict]:
     """Prompt: rewrite the task-specific skills of one task type (the general skills are shown, fixed)."""
     shown_examples = "\n".join(f"- {_clip(e, 300)}" for e in trimmed(examples, trim)) or "(none)"
     user = (f"## Task: {TASK_REWRITE_TASK} of type '{task_type}'\n\n### Model card\n{card.to_prompt()}\n\n"
@@ -239,7 +256,8 @@ def task_rewrite_messages(card: ModelCard, skills: SkillSet, task_type: str, rew
             f"### Current skills for '{task_type}' (R = {reward:.3f})\n{_skills_text(_only_type(skills, task_type))}\n\n"
             f"### Example tasks of this type\n{shown_examples}\n\n"
             f"### Why the current skills failed (attribution)\n{json.dumps(attribution or {}, ensure_ascii=False)}\n\n"
-            f"Write improved skills for tasks of type '{task_type}' only, for this target model. {_format_help()}")
+            f"Write improved skills for tasks of type '{task_type}' only, for this target model. "
+            f"{_format_help(json_reply, task_type)}")
     return [{"role": "system", "content": TEACHER_SYSTEM}, {"role": "user", "content": user}]
 
 
@@ -256,14 +274,17 @@ def oneshot_messages(card: ModelCard, skills: SkillSet, task_description: str, t
 
 def one_shot_rewrite(teacher, card: ModelCard, skills: SkillSet, task_description: str, *, retries: int = 2,
                      temperature: float = 0.7, max_tokens: int = 1536, seed: int | None = 0,
-                     on_skip: Callable[[dict], None] | None = None) -> SkillSet | None:
+                     on_skip: Callable[[dict], None] | None = None,
+                     json_schema: str = "auto") -> SkillSet | None:
     """The teacher adapts `skills` to the target from the model card alone, in one call (no search). Task
     types the reply leaves out keep their input skills. None when the reply never parsed. `card` may be a
-    ModelCard or a dict (read leniently)."""
+    ModelCard or a dict (read leniently). `json_schema`: --teacher-json-schema (fitting.py); the
+    schema asked for holds the general skills and those of each of the input's task types."""
     card = as_model_card(card)
     new = ask_fitting(ask_teacher, teacher, partial(oneshot_messages, card, skills, task_description),
                       parse_skillset_reply, what="one-shot rewrite", retries=retries, temperature=temperature,
-                      max_tokens=max_tokens, seed=seed, on_skip=on_skip)
+                      max_tokens=max_tokens, seed=seed, on_skip=on_skip, json_schema=json_schema,
+                      schema=partial(skillset_schema, task_types=sorted(skills.task_specific)))
     if new is None:
         return None
     task_specific = {t: list(v) for t, v in skills.task_specific.items()}
@@ -288,6 +309,7 @@ class MasaConfig:
     teacher_retries: int = 1       # a served teacher; evolve_masa.py's embedded one: EMBEDDED_TEACHER
     teacher_temperature: float = 0.7
     teacher_max_tokens: int = 1536
+    teacher_json_schema: str = "auto"   # ask for the reply's JSON schema: auto | on | off (fitting.py)
     target_temperature: float = 0.0
     target_max_tokens: int = 128
     max_failures: int = 6          # failed episodes shown to the teacher per attribution
@@ -461,7 +483,8 @@ class MasaSearch:
         history = sorted((x for x in self.candidates if x.phase in ("base", "general") and x.reward is not None),
                          key=lambda x: (-x.reward, x.id))[:5]
         messages = partial(general_rewrite_messages, self.card, best.skills, best.reward, attribution,
-                           [(x.skills, x.reward) for x in history])   # messages(trim=0): the prompt (ask_fitting)
+                           [(x.skills, x.reward) for x in history],   # messages(trim=0): the prompt
+                           json_reply=asks_json(self.teacher, self.config.teacher_json_schema))
         new = self.ask(messages, parse_skillset_reply, "general rewrite", it)
         if new is None:
             return None
@@ -499,8 +522,10 @@ class MasaSearch:
         attribution = self.ask(partial(attribution_messages, self.card, parent.skills, parent.failures, parent.reward,
                                        task_type), parse_attribution, "attribution", task_type, it)
         messages = partial(task_rewrite_messages, self.card, parent.skills, task_type, parent.reward, attribution,
-                           [t.question for t in tasks[:3]])
-        new = self.ask(messages, parse_skillset_reply, "task rewrite", task_type, it)
+                           [t.question for t in tasks[:3]],
+                           json_reply=asks_json(self.teacher, self.config.teacher_json_schema))
+        new = self.ask(messages, parse_skillset_reply, "task rewrite", task_type, it,
+                       schema=partial(skillset_schema, task_types=[task_type], general=False))
         if new is None:
             return None
         rewritten = new.task_specific.get(task_type) or _unique(new.general + [
@@ -560,11 +585,12 @@ class MasaSearch:
         return candidate.reward
 
     # ---- the teacher ----------------------------------------------------------------------------------------
-    def ask(self, prompt, parse, what: str, *seed_parts):   # prompt(trim=...): a builder's messages (fitting.py)
-        c = self.config
+    def ask(self, prompt, parse, what: str, *seed_parts, schema=None):   # fitting.py: prompt(trim=...),
+        c = self.config   # a builder's messages; schema(max_tokens): the reply's (None: its reader's)
         return ask_fitting(ask_teacher, self.teacher, prompt, parse, what=what, retries=c.teacher_retries,
                            temperature=c.teacher_temperature, max_tokens=c.teacher_max_tokens,
-                           seed=teacher_seed(c.seed, what, *seed_parts), on_skip=self._skip, on_trim=self._trim)
+                           seed=teacher_seed(c.seed, what, *seed_parts), on_skip=self._skip,
+                           on_trim=self._trim, json_schema=c.teacher_json_schema, schema=schema)
 
     def _skip(self, event: dict) -> None:   # the caller prints it with the iteration's progress line
         self.events.append({"event": "teacher_skip", "phase": self.phase, **event})
@@ -644,7 +670,8 @@ def summarize_model(teacher, card: ModelCard, target, tasks: list, config: MasaC
     result = ask_fitting(ask_teacher, teacher, partial(strengths_messages, card, failures, successes, stats),
                          parse_strengths, what="model summary", retries=config.teacher_retries,
                          temperature=config.teacher_temperature, max_tokens=config.teacher_max_tokens,
-                         seed=teacher_seed(config.seed, "summary"), on_skip=on_skip)
+                         seed=teacher_seed(config.seed, "summary"), on_skip=on_skip,
+                         json_schema=config.teacher_json_schema)
     if result is None:
         return card
     return replace(card, strengths=result["strengths"] or card.strengths,

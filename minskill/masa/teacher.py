@@ -7,6 +7,9 @@ minskill.masa.search.ask_teacher shows that message to the teacher on a retry. A
 JSON anywhere in the reply, else from the Markdown skill format of skillsets.py, and bounded
 (`MAX_SKILLS`, `MAX_SKILL_CHARS`; JSON nested past replies.MAX_JSON_DEPTH is read as no JSON, so a reply of
 deep brackets is a TeacherReplyError too, never a RecursionError): LLM output is untrusted.
+
+The JSON schemas of these replies, which a teacher whose server serves response_format json_schema is
+asked to write in, are minskill/masa/fitting.py's; elsewhere the readers take free text.
 """
 from __future__ import annotations
 
@@ -53,13 +56,15 @@ def parse_attribution(reply: str) -> dict:
     out = []
     for i, cat in enumerate(cats[:10]):
         cat = {"category": cat} if isinstance(cat, str) else cat
-        if not isinstance(cat, dict) or not str(cat.get("category", "")).strip():
+        if not isinstance(cat, dict):
             raise TeacherReplyError(f"failure_categories[{i}] needs a 'category': {cat!r:.200}")
         count = cat.get("count", 0)
-        out.append({"category": str(cat["category"]).strip()[:200],
-                    "count": int(count) if isinstance(count, (int, float)) and not isinstance(count, bool) else 0,
-                    "evidence": _strings(cat.get("evidence"), 5),
-                    "suggested_fix": str(cat.get("suggested_fix", cat.get("fix", ""))).strip()[:1000]})
+        found = {"category": str(cat.get("category", "")).strip()[:200],
+                 "count": int(count) if isinstance(count, (int, float)) and not isinstance(count, bool) else 0,
+                 "evidence": _strings(cat.get("evidence"), 5),
+                 "suggested_fix": str(cat.get("suggested_fix", cat.get("fix", ""))).strip()[:1000]}
+        if found["category"] or found["evidence"] or found["suggested_fix"]:   # else: nothing said
+            out.append({**found, "category": found["category"] or "unnamed"})  # (schemas allow "")
     return {"failure_categories": out, "summary": str(data.get("summary", "")).strip()[:1000]}
 
 

@@ -36,7 +36,10 @@ the Q4_1 blocks of a GGUF file, which is what the offline default model ships: n
     Q_oi = clamp(round((W_oi − z_og) / s_og) + 8, 0, 15)
     y_o  = Σ_g s_og · Σ_{i in g} x_i (Q_oi − 8)  +  Σ_g z_og · Σ_{i in g} x_i  + b_o
 
-so the weights used are exactly (Q_oi − 8)·s_og + z_og, within about s_og / 2 of W_oi. The product
+so the weights used are exactly (Q_oi − 8)·s_og + z_og, within about s_og / 2 of W_oi. The output
+head stays int8, as GGUF's 4-bit files keep it 8-bit: its logits choose every token, and with 4-bit
+head weights the offline model's greedy replies to the held-out qa tasks came out a third as long
+(docs/benchmarks.md). The product
 runs in `torch._weight_int4pack_mm_for_cpu` (codes packed two to a byte by
 `torch._convert_weight_to_int4pack_for_cpu`); where it is missing the layer dequantizes exactly in
 float32, as int8 does. Both kernels give a row the same bits whatever rows share the call (tested:
@@ -205,15 +208,21 @@ def quantize_int8(model, use_kernel: bool | None = None):
 
 @torch.no_grad()
 def quantize_int4(model, use_kernel: bool | None = None):
-    """Quantize `model` to int4 (groups of INT4_GROUP inputs) in place; returns it (module docstring)."""
+    """Quantize `model`'s layers to int4 (groups of INT4_GROUP inputs) and its output head to int8,
+    in place; returns it (module docstring)."""
+    device = model.lm_head.weight.device
     if use_kernel is None:
-        use_kernel = has_int4_kernel(model.lm_head.weight.device)
-    return _quantized(model, lambda **kw: Int4Linear(**kw, use_kernel=use_kernel))
+        use_kernel = has_int4_kernel(device)
+    head_kernel = has_int8_kernel(device)
+    return _quantized(model, lambda **kw: Int4Linear(**kw, use_kernel=use_kernel),
+                      head=lambda **kw: Int8Linear(**kw, use_kernel=head_kernel))
 
 
-def _quantized(model, layer):
-    """Every projection of every layer and the output head made `layer(linear=... | weight=...)`;
-    the rest (embeddings, norms) cast to bfloat16, where activations stay between the products."""
+def _quantized(model, layer, head=None):
+    """Every projection of every layer made `layer(linear=...)`, the output head `head(weight=...)`
+    (default: `layer`); the rest (embeddings, norms) cast to bfloat16, where activations stay
+    between the products."""
+    head = head or layer
     head_weight = model.lm_head.weight
     model.requires_grad_(False).eval()
     for decoder_layer in model.model.layers:
@@ -221,7 +230,7 @@ def _quantized(model, layer):
             for name in PROJECTIONS:
                 if isinstance(getattr(block, name, None), nn.Linear):
                     setattr(block, name, layer(linear=getattr(block, name)))
-    model.lm_head = layer(weight=head_weight)
+    model.lm_head = head(weight=head_weight)
     model.to(torch.bfloat16)
     return model
 
@@ -253,6 +262,7 @@ def serving_default(device: torch.device | str) -> str:
 
 
 def weight_format(model) -> str | None:
-    """"int8" or "int4" when `model` runs quantized weights (its output head's format), else None."""
-    head = getattr(model, "lm_head", None)
-    return {Int8Linear: "int8", Int4Linear: "int4"}.get(type(head))
+    """"int8" or "int4" when `model` runs quantized weights (its layers' format), else None."""
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    projection = layers[0].mlp.down_proj if layers else None
+    return {Int8Linear: "int8", Int4Linear: "int4"}.get(type(projection))

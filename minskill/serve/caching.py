@@ -8,7 +8,8 @@ calls are the same call when their key is:
     key = sha256(model, exact messages, n, temperature, top_p, max_tokens, stop, seed)     `request_key`
 
 (plus the inner client's `extra_body` when it has one: `{"chat_template_kwargs": {"enable_thinking": ...}}`
-changes the answers). A cached answer keeps its reasoning (client.split_reasoning) and reasoning tokens.
+changes the answers; so do a request's other fields, `response_format`, `tools`, when it has them).
+A cached answer keeps its reasoning (client.split_reasoning) and reasoning tokens.
 
 `CallBudget` bounds the calls a whole run pays for (calls that miss the cache, and teacher calls): a
 charge that does not fit raises `BudgetExhausted`, which a search catches to stop cleanly with what it
@@ -69,10 +70,16 @@ class CallBudget:
             self.spent += calls
 
 
+# CachingClient.chat's fields; a request's others (response_format, tools) are keyed as they are
+REQUEST_FIELDS = ("messages", "n", "temperature", "top_p", "max_tokens", "stop", "seed")
+
+
 def request_key(model: str, request: dict, extra_body: dict | None = None) -> str:
     """sha256 of (model, exact messages, sampling parameters, seed, extra body fields if any): what makes two
     calls the same call (no extra fields: the key earlier versions wrote, so their caches still hit)."""
-    keyed = {**({"extra_body": extra_body} if extra_body else {}), "model": model, "messages": request["messages"],
+    more = {k: v for k, v in request.items() if k not in REQUEST_FIELDS}
+    keyed = {**({"extra_body": extra_body} if extra_body else {}), **({"more": more} if more else {}),
+             "model": model, "messages": request["messages"],
              "n": request.get("n", 1), "temperature": request.get("temperature", 0.0),
              "top_p": request.get("top_p", 1.0), "max_tokens": request.get("max_tokens", 256),
              "stop": request.get("stop"), "seed": request.get("seed")}
@@ -153,9 +160,10 @@ class CachingClient:
                 with open_append(self.cache_path, binary=True) as f:   # (never through a link)
                     f.write(line)
 
-    def chat(self, messages, n=1, temperature=0.0, top_p=1.0, max_tokens=256, stop=None, seed=None):
+    def chat(self, messages, n=1, temperature=0.0, top_p=1.0, max_tokens=256, stop=None, seed=None,
+             **more):
         return self.chat_many([dict(messages=messages, n=n, temperature=temperature, top_p=top_p,
-                                    max_tokens=max_tokens, stop=stop, seed=seed)])[0]
+                                    max_tokens=max_tokens, stop=stop, seed=seed, **more)])[0]
 
     def chat_many(self, requests: list[dict], return_exceptions=False) -> list:
         caching = self.cache_path is not None

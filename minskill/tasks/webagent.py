@@ -1,5 +1,6 @@
 """`web:` suites: a tool-using agent (Skill-R1's GAIA and WebWalker setting) that searches the web,
-visits pages over HTTP and reads its task's file, in a ReAct text format that minskill parses.
+visits pages over HTTP and reads its task's file: in a ReAct text format that minskill parses, or
+through OpenAI's `tools` field where the task model's server serves tool calls (below).
 
     load_suite("web:PATH.jsonl")   GAIA's metadata.jsonl (or {question, answer} lines), with tools
     load_suite("PATH.jsonl")       a file in WebWalkerQA's format (lines with "root_url") is one too
@@ -36,6 +37,13 @@ WebWalkerQA's lines: {"question", "answer", "root_url", "info": {"type": "single
 task: `oracle_actions`, for tests). A bad line is a ValueError naming FILE:LINE; a GAIA task whose
 answer is hidden (GAIA's test split) is refused (nothing here can score it).
 
+Tool calls (OpenAI's `tools` field, minskill.web.agent_calls): `tool_schemas()` lists the task's
+tools and `answer` as that field does (web_search, visit, read_file, answer: one string argument
+each, TOOL_ARGUMENTS), and `call(name, arguments)` takes a step on one call as the action
+verb[argument] it is (recorded so in the trajectory); a malformed call (a tool the task does not
+offer, arguments that are not a JSON object with the tool's string) is a counted tool error the
+agent sees, "Tool error (name): why".
+
 The tools themselves (HTTP, the host allow-list, size caps) live in minskill.web, which hands them
 in with `use_toolbox` when it is imported (the scripts import it), so that tasks/ imports nothing
 else of minskill.
@@ -57,6 +65,13 @@ MAX_STEPS = 12
 TOOLS = ("search", "visit", "read_file")
 SYNTAX = {"search": "search [query]", "visit": "visit [URL or link number]",
           "read_file": "read_file [file name]", "answer": "answer [text]"}
+# each tool's one argument (OpenAI's `tools` field): (tool name, argument, what the tool does)
+TOOL_ARGUMENTS = {
+    "search": ("web_search", "query", "Search the web: the top results' titles, URLs, snippets."),
+    "visit": ("visit", "url", "A web page as text with its links numbered [1] [2] ...; `url` is an "
+              "http(s) URL or the number of a link on the page shown last."),
+    "read_file": ("read_file", "name", "The task's own attached file, as text."),
+    "answer": ("answer", "answer", "Give your final answer; this ends the task.")}
 _ACTION = re.compile(r"(search|visit|read_file|answer)\s*(?:\[(.*)\]|[:\s]\s*(.+))", re.S | re.I)
 _LINK_NUMBER = re.compile(r"(?:link\s*)?\[?\s*(\d{1,4})\s*\]?", re.I)
 
@@ -101,8 +116,52 @@ class WebAgentEnv(Environment):
         self._written = written[:-1].rstrip() if written.endswith(".") else written
         return super().step(action)
 
+    def tool_schemas(self) -> list[dict]:
+        """The task's tools and `answer` as OpenAI's `tools` field lists them (TOOL_ARGUMENTS)."""
+        schemas = []
+        for verb in self.offered + ["answer"]:
+            name, argument, description = TOOL_ARGUMENTS[verb]
+            parameters = {"type": "object", "properties": {argument: {"type": "string"}},
+                          "required": [argument], "additionalProperties": False}
+            schemas.append({"type": "function", "function": {
+                "name": name, "description": description, "parameters": parameters}})
+        return schemas
+
+    def call(self, name: str, arguments) -> tuple[str, str, bool, bool]:
+        """A step on one tool call (OpenAI's: a name, its arguments as JSON text): (the action it
+        is, verb[argument], then step's observation, done, success). A malformed call is a step
+        whose observation is "Tool error (name): why", counted as a failing tool is."""
+        name = str(name)[:64]
+        verb = next((v for v, (tool, _, _) in TOOL_ARGUMENTS.items() if tool == name), name)
+        try:
+            action = f"{verb}[{self._call_argument(verb, arguments)}]"
+        except ToolError as error:
+            self._call_error = (verb, f"Tool error ({name}): {error}")
+            written = arguments if isinstance(arguments, str) else json.dumps(arguments)
+            action = f"{verb}[{written}]"
+        return (action, *self.step(action))
+
+    def _call_argument(self, verb: str, arguments) -> str:
+        if verb not in self.offered + ["answer"]:
+            tools = ", ".join(TOOL_ARGUMENTS[v][0] for v in self.offered + ["answer"])
+            raise ToolError(f"no such tool here; this task's tools: {tools}")
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments or "{}")
+            except (ValueError, RecursionError):
+                raise ToolError(f"its arguments are not JSON: {arguments[:200]!r}") from None
+        key = TOOL_ARGUMENTS[verb][1]
+        value = arguments.get(key) if isinstance(arguments, dict) else None
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            value = str(value)   # (visit's link number as a number)
+        if not isinstance(value, str) or not value.strip():
+            raise ToolError(f"its arguments must be a JSON object with a non-empty string "
+                            f"{key!r}, got {json.dumps(arguments)[:200]}")
+        return " ".join(value.split())
+
     def _reset(self) -> str:
         self.links: list[tuple[str, str]] = []
+        self._call_error: tuple | None = None    # (verb, error) of a malformed call, for its step
         self.answer, self.em, self.f1, self.verdict = None, False, 0.0, None
         self.tool_calls, self.tool_errors = {t: 0 for t in TOOLS}, 0
         tools = ", ".join(SYNTAX[t].split()[0] for t in self.offered) or "none"
@@ -113,6 +172,12 @@ class WebAgentEnv(Environment):
         return "\n\n".join(parts)
 
     def _step(self, action: str) -> str:
+        if self._call_error is not None:
+            (verb, error), self._call_error = self._call_error, None
+            if verb in self.tool_calls:
+                self.tool_calls[verb] += 1
+            self.tool_errors += 1
+            return self._cut(error)
         m = _ACTION.fullmatch(self._written)
         if not m:
             return NOTHING_HAPPENS

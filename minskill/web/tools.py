@@ -102,7 +102,15 @@ WEB_FLAGS = [
      "verdict on WebWalker's judging prompt (exact match and F1 are kept beside it)"),
     ("--judge-model", "MINSKILL_JUDGE_MODEL", "judge_model",
      "web suites: model name sent to --judge-url"),
+    ("--tool-calls", "MINSKILL_TOOL_CALLS", "tool_calls",
+     "web suites: how the agent calls its tools: openai = OpenAI's `tools` field (the server "
+     "parses the calls: vLLM, minskill's own); react = a text format minskill parses; auto "
+     "(default) = openai, and react for the rest of the run where the server refuses `tools`"),
+    ("--tool-choice", "MINSKILL_TOOL_CHOICE", "tool_choice",
+     "web suites: tool_choice sent with the openai format: required (default: every reply is "
+     "one call, which the server constrains) or auto (the model may write text: read as ReAct)"),
 ]
+CHOICES = {"tool_calls": ("auto", "openai", "react"), "tool_choice": ("required", "auto")}
 
 
 @dataclass(frozen=True)
@@ -118,6 +126,8 @@ class WebSettings:
     tools: tuple[str, ...] | None = None
     judge_url: str | None = None
     judge_model: str | None = None
+    tool_calls: str = "auto"
+    tool_choice: str = "required"
     search_results: int = 5
     networks: tuple = field(default=(), compare=False)   # the allow-list's networks, parsed
 
@@ -143,6 +153,10 @@ def _setting(name: str, text: str, variable: str):
             if unknown:
                 raise ValueError(f"unknown tool(s) {', '.join(unknown)}; known: {', '.join(TOOLS)}")
             return items
+        if name in CHOICES:
+            if text.lower() not in CHOICES[name]:
+                raise ValueError(f"must be one of {', '.join(CHOICES[name])}")
+            return text.lower()
         if name == "allow_only":
             return text.lower() in ("1", "true", "yes")
         if isinstance(kind, (int, float)) and not isinstance(kind, bool):
