@@ -29,7 +29,7 @@ SINGLE_TURN_ROLLOUTS = _entries("minskill/rollout.py", "run_rollouts", "skill_pr
 # line and saves the state (files, usage) after it, bookkeeping as train_grpo.py's checkpoints are
 MASA_START = _entries("minskill/masa/search.py", "MasaConfig", "MasaSearch.run")
 MASA_PROMPT_PARTS = _entries("minskill/masa/search.py", "attribution_messages", "_failure_text", "_clip",
-                             "_skills_text", "_only_general", "_format_help")
+                             "_skills_text", "_only_general", "_format_help", "_json_format_help")
 MASA_ASK_TEACHER = (_entries("minskill/masa/search.py", "MasaSearch.ask", "teacher_seed", "ask_teacher") +
                     _entries("minskill/masa/teacher.py", "parse_attribution", "_json_in", "_strings", "_quote",
                              "parse_skillset_reply"))

@@ -24,10 +24,11 @@ from minskill.serve.server import ScriptedBackend, start_server
 from reading_path import PATHS, ROOT, format_path, path_report
 from tiny import make_tiny_model_dir
 
-# (lines, files) a path may hold, counting all that runs: at most 500 / 400 / 500 lines, a learner's sitting
-# (docs/files.md says what is on and off the paths)
-BUDGETS = {"Skill-R1: one training step": (500, 5), "MASA: one hill-climbing iteration": (400, 5),
-           "MASA: one UCB1 iteration": (487, 6)}
+# (lines, files) a path may hold, counting all that runs: at most 500 / 416 / 505 lines, a learner's sitting
+# (docs/files.md says what is on and off the paths; the MASA paths grew by 16 and 18 lines with the teacher's
+# JSON replies, issue 42: the JSON form a rewrite prompt shows, the flag, the task rewrite's own schema)
+BUDGETS = {"Skill-R1: one training step": (500, 5), "MASA: one hill-climbing iteration": (416, 5),
+           "MASA: one UCB1 iteration": (505, 6)}
 SCRIPTS = ("train_grpo.py", "evolve_masa.py", "rewrite.py")
 INFRASTRUCTURE = ("bench.py",)   # measurement code, not an algorithm module: only the module size rule applies
 

@@ -16,9 +16,10 @@ the prompt is the builder's whole prompt and the step is ask_teacher's, unchange
 So is the reply's format: under --teacher-json-schema auto (the default) or on, each call asks for
 the JSON schema of the reply's reader (below: the shapes minskill/masa/teacher.py reads) in
 `response_format` `json_schema`, which minskill's server and vLLM serve by constraining the reply to
-it, so that the reply parses. A server that refuses the field (HTTP 400 naming it: `is_schema_refusal`) is asked again without it;
-under auto its client is then asked in free text, read as before, for the rest of the run (said once
-on stderr); under on the refusal is an error; off never asks.
+it, so that the reply parses. A server that refuses the field (HTTP 400 naming it:
+`is_schema_refusal`) is asked again without it; under auto its client is then asked in free text,
+read as before, for the rest of the run (said once on stderr); under on the refusal is an error;
+off never asks.
 """
 from __future__ import annotations
 
@@ -29,8 +30,8 @@ import weakref
 from typing import Any, Callable
 
 from minskill.cli import TEACHER_JSON_SCHEMA
-from minskill.masa.teacher import (MAX_SKILL_CHARS, MAX_SKILLS, TeacherReplyError, parse_attribution,
-                                   parse_skillset_reply, parse_strengths)
+from minskill.masa.teacher import (MAX_SKILL_CHARS, MAX_SKILLS, TeacherReplyError,
+                                   parse_attribution, parse_skillset_reply, parse_strengths)
 from minskill.serve.caching import BudgetExhausted
 from minskill.serve.client import ChatError
 from minskill.tasks.base import (CONTEXT_REFUSAL,  # noqa: F401 (the agent loop's too)
@@ -69,7 +70,7 @@ def ask_fitting(ask_teacher: Callable[..., Any], teacher, prompt: Callable[..., 
     failure does. Each call asks for the reply's JSON schema, schema(max_tokens) (default: its
     reader's, READER_SCHEMAS), as `json_schema` says (SCHEMA_MODES; module docstring)."""
     schema = (schema or READER_SCHEMAS.get(parse)) if asks_json(teacher, json_schema) else None
-    reply_format = json_schema_format(what, schema, kwargs.get("max_tokens", 1024))   # (its default)
+    reply_format = json_schema_format(what, schema, kwargs.get("max_tokens", 1024))  # (its default)
     refusals = []
     for trim in itertools.count():
         try:
@@ -104,7 +105,7 @@ SCHEMA_MODES = TEACHER_JSON_SCHEMA   # --teacher-json-schema: auto, on, off
 # a refusal of the field: minskill's server ("'response_format': the model ... cannot constrain"),
 # OpenAI's ("Invalid schema for response_format ..."), a server that takes no field it does not know
 SCHEMA_REFUSAL = re.compile(r"response_format|json_schema|structured.outputs?\b", re.I)
-_REFUSED = weakref.WeakSet()   # teacher clients whose server refused it: asked in free text from then on
+_REFUSED = weakref.WeakSet()   # teacher clients whose server refused it: free text from then on
 
 
 def json_schema_format(what: str, schema: Callable[[int], dict] | None, max_tokens: int):
@@ -118,7 +119,7 @@ def json_schema_format(what: str, schema: Callable[[int], dict] | None, max_toke
 
 
 class SchemaTeacher:
-    """A teacher asked for its reply in `reply_format` (json_schema_format; None: in free text) while
+    """A teacher asked for its reply in `reply_format` (json_schema_format; None: free text) while
     asks_json(teacher, mode). A refusal of it (is_schema_refusal) is, under auto, said once per
     client on stderr and sent again without it (the client is asked in free text from then on);
     under on, an error naming the flag."""
@@ -135,14 +136,15 @@ class SchemaTeacher:
             if not is_schema_refusal(error):
                 raise
             if self.mode == "on":
-                raise ChatError(f"{error.message} (--teacher-json-schema on: the teacher's server must "
-                                f"serve response_format json_schema; auto reads its replies as free "
-                                f"text)", error.status, error.endpoint) from None
+                raise ChatError(f"{error.message} (--teacher-json-schema on: the teacher's server "
+                                f"must serve response_format json_schema; auto reads its replies "
+                                f"as free text)", error.status, error.endpoint) from None
             if self.teacher not in _REFUSED:
                 _REFUSED.add(self.teacher)
                 print(f"minskill: the teacher's server refused response_format json_schema (HTTP "
-                      f"{error.status}: {error.message[:200]}); its replies are read as free text from "
-                      f"now on (--teacher-json-schema off: never asked)", file=sys.stderr, flush=True)
+                      f"{error.status}: {error.message[:200]}); its replies are read as free text "
+                      f"from now on (--teacher-json-schema off: never asked)", file=sys.stderr,
+                      flush=True)
             return self.teacher.chat(messages, **kwargs)
 
 
@@ -213,19 +215,29 @@ def strengths_schema(max_tokens: int) -> dict:
 
 def skillset_schema(max_tokens: int, task_types=(), general: bool = True) -> dict:
     """What parse_skillset_reply reads as MASA JSON (SkillSet.from_json's keys): the general skills
-    and common mistakes when `general`, the skills of each of `task_types` in task_specific_skills
-    (as many types as MAX_SKILLS lets hold one skill each); one skill at least in each list."""
+    and common mistakes when `general`, the skills of each of `task_types` in task_specific_skills;
+    a skill at least in each list, MAX_SKILLS in all. Of the types, the first whose shortest reply
+    (empty skills) takes at most half of max_tokens (one at the least): a server that constrains the
+    reply can then close it, its bytes fitting at a token each."""
     types = list(task_types)[:MAX_SKILLS - general]
+    while len(types) > 1 - general and \
+            shortest_reply(_skillset(max_tokens, types, general)) > max_tokens // 2:
+        types.pop()
+    return fitted(_skillset(max_tokens, types, general), max_tokens)
+
+
+def _skillset(max_tokens: int, types: list, general: bool) -> dict:
     lists = int(general) + len(types)
     skill = _object(skill_id=_text(48), title=_text(60), principle=_text(MAX_SKILL_CHARS // 4),
                     when_to_apply=_text(300))
-    skills = _list(skill, min(_items(max_tokens, 192, 6), MAX_SKILLS // max(1, lists)), 1)
+    per_list = min(_items(max_tokens // max(1, lists), 192, 6), MAX_SKILLS // max(1, lists))
+    skills = _list(skill, per_list, 1)   # (the lists share the reply's tokens)
     parts = {"general_skills": skills} if general else {}
     if types:
         parts["task_specific_skills"] = _object(**{t: skills for t in types})
     if general:
         parts["common_mistakes"] = _list(_text(200), 3)
-    return fitted(_object(**parts), max_tokens)
+    return _object(**parts)
 
 
 def _text(max_length: int) -> dict:
@@ -271,6 +283,18 @@ def longest_reply(schema: dict, length=lambda n: n) -> int:
     if kind == "array":
         return 2 + schema["maxItems"] * (longest_reply(schema["items"], length) + 1 + GAP)
     return 2 + sum(len(key) + 3 + GAP + longest_reply(value, length)
+                   for key, value in schema["properties"].items())
+
+
+def shortest_reply(schema: dict) -> int:
+    """Characters of the shortest reply a schema of this module allows: strings empty, lists at
+    minItems, no whitespace."""
+    kind = schema["type"]
+    if kind in ("string", "integer"):
+        return 2 if kind == "string" else 1
+    if kind == "array":
+        return 2 + schema["minItems"] * (shortest_reply(schema["items"]) + 1)
+    return 2 + sum(len(key) + 3 + shortest_reply(value) 
                    for key, value in schema["properties"].items())
 
 

@@ -203,10 +203,7 @@ _EXAMPLE_SKILL = Skill(name="answer-format", description="How to write the final
 
 
 def _format_help(json_reply: bool = False, task_type: str | None = None) -> str:
-    """The form a rewrite is asked in: the Markdown skill format; with `json_reply` (the teacher's
-    server writes the reply in fitting.skillset_schema: fitting.asks_json) that JSON, of the general
-    skills or of `task_type`'s."""
-    if json_reply:
+    if json_reply:   # the server writes the reply in fitting.skillset_schema (fitting.asks_json)
         return _json_format_help([task_type] if task_type else [], general=task_type is None)
     example = SkillSet(general=[_EXAMPLE_SKILL], task_specific={}, common_mistakes=[])
     return ("Reply with the skills only, in exactly this format (one block per skill; names are lower-case "
@@ -214,27 +211,21 @@ def _format_help(json_reply: bool = False, task_type: str | None = None) -> str:
 
 
 def _json_format_help(task_types=("<task type>",), general: bool = True) -> str:
-    """The MASA JSON library a reply is asked for (fitting.skillset_schema's parts: the general
-    skills and common mistakes when `general`, the skills of `task_types`), its skill written by
-    SkillSet.to_json: the keys asked for are the keys SkillSet.from_json reads (skill_id -> name,
-    principle -> body, when_to_apply -> description)."""
-    entry = json.dumps(SkillSet(general=[_EXAMPLE_SKILL]).to_json()["general_skills"][0], ensure_ascii=False)
-    parts = [f'"general_skills": [{entry}]'] if general else []
-    if task_types:
-        typed = ", ".join(f"{json.dumps(t)}: [{entry}]" for t in task_types)
-        parts.append(f'"task_specific_skills": {{{typed}}}')
-    if general:
-        parts.append('"common_mistakes": ["..."]')
+    """The MASA JSON library a reply is asked for (fitting.skillset_schema's parts), its skill written by
+    SkillSet.to_json: the keys SkillSet.from_json reads (skill_id -> name, principle -> body, ...)."""
+    entry = SkillSet(general=[_EXAMPLE_SKILL]).to_json()["general_skills"][0]
+    form = {"general_skills": [entry]} if general else {}
+    form.update({"task_specific_skills": {t: [entry] for t in task_types}} if task_types else {})
+    form.update({"common_mistakes": ["..."]} if general else {})
     return ('Reply with JSON only, a skill library in this form (each skill: "skill_id", its name, lower-case '
             'letters, digits and single hyphens; "title"; "principle", the text the target reads; '
-            '"when_to_apply", when to use it):\n{' + ", ".join(parts) + "}")
+            '"when_to_apply", when to use it):\n' + json.dumps(form, ensure_ascii=False))
 
 
 def general_rewrite_messages(card: ModelCard, skills: SkillSet, reward: float, attribution: dict | None,
                              top_sets: list[tuple[SkillSet, float]], trim: int = 0,
                              json_reply: bool = False) -> list[dict]:
-    """Prompt: rewrite the general skills, shown the attribution, the card and the history's top sets (by R);
-    `json_reply`: in MASA JSON."""
+    """Prompt: rewrite the general skills, shown the attribution, the card and the history's top sets (by R)."""
     history = "\n\n".join(f"#### Set {i + 1}: R = {r:.3f}\n{_skills_text(_only_general(s), 2000)}"
                           for i, (s, r) in enumerate(trimmed(top_sets, trim))) or "(none yet)"
     user = (f"## Task: {GENERAL_REWRITE_TASK}\n\n### Model card\n{card.to_prompt()}\n\n"

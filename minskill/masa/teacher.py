@@ -58,13 +58,11 @@ def parse_attribution(reply: str) -> dict:
         cat = {"category": cat} if isinstance(cat, str) else cat
         if not isinstance(cat, dict):
             raise TeacherReplyError(f"failure_categories[{i}] needs a 'category': {cat!r:.200}")
-        count = cat.get("count", 0)
-        found = {"category": str(cat.get("category", "")).strip()[:200],
-                 "count": int(count) if isinstance(count, (int, float)) and not isinstance(count, bool) else 0,
-                 "evidence": _strings(cat.get("evidence"), 5),
-                 "suggested_fix": str(cat.get("suggested_fix", cat.get("fix", ""))).strip()[:1000]}
-        if found["category"] or found["evidence"] or found["suggested_fix"]:   # else: nothing said
-            out.append({**found, "category": found["category"] or "unnamed"})  # (schemas allow "")
+        count = cat.get("count", 0)   # (a category left blank, as a JSON schema allows: "unnamed")
+        out.append({"category": str(cat.get("category", "")).strip()[:200] or "unnamed",
+                    "count": int(count) if isinstance(count, (int, float)) and not isinstance(count, bool) else 0,
+                    "evidence": _strings(cat.get("evidence"), 5),
+                    "suggested_fix": str(cat.get("suggested_fix", cat.get("fix", ""))).strip()[:1000]})
     return {"failure_categories": out, "summary": str(data.get("summary", "")).strip()[:1000]}
 
 
