@@ -601,7 +601,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto",
                         help="the weights' dtype: auto (default) = bfloat16 on CUDA, float32 on the CPU")
     parser.add_argument("--quantize", choices=QUANTIZE_CHOICES, default=None,
-                        help="the weights (minskill.nn.quantize): int4 (groups of 32, bf16 activations), "
+                        help="the weights (minskill.nn.quantize): int4 (groups of 32, an int8 output head; "
+                             "bf16 activations), "
                              "int8 (a scale per output channel), none (the --dtype weights: float32 on a "
                              "CPU), auto (int8 on a CPU, else none); default: int4 on a CPU, else none")
     add_device_args(parser, bf16=False, what="the served model runs")
