@@ -53,6 +53,7 @@ def add_task_model_args(group, *, concurrency: int | None, max_tokens: int, quan
     add_extra_body_arg(group, "task")
     add_max_reply_arg(group)
     add_skill_files_arg(group)   # (every script with a task model reads skill sets)
+    add_alfworld_data_arg(group)  # (and every one takes --suite, alfworld included)
 
 
 TEACHER_JSON_SCHEMA = ("auto", "on", "off")   # --teacher-json-schema's choices (minskill/masa/fitting.py)

@@ -2,6 +2,7 @@
 ALFWorld's official game folders, and MASA's library keys. The engine tests skip without the extra
 (pip install alfworld==0.4.2 'textworld[pddl]'); the rest run everywhere."""
 import json
+import os
 import shutil
 import sys
 
@@ -170,3 +171,19 @@ def test_a_game_file_that_does_not_parse_is_an_error_naming_it(heldout, tmp_path
     broken.write_text("{not json")
     with pytest.raises(GameError, match=str(broken)):
         generate_alfworld("train", data=root)
+
+
+@pytest.mark.parametrize("script", ["evolve_masa", "rewrite", "train_grpo"])
+def test_every_script_with_a_task_model_takes_alfworld_data(script, tmp_path, monkeypatch):
+    """--alfworld-data is parsed by each script that runs tasks (cli.add_task_model_args), and set
+    for the processes it starts (the environment variable tasks.alfworld reads)."""
+    import importlib
+    monkeypatch.delenv(DATA_ENV, raising=False)
+    module = importlib.import_module(script)
+    parse = module.parse_args if script == "train_grpo" else module.build_parser().parse_args
+    argv = ["--alfworld-data", str(tmp_path)]
+    if script == "rewrite":   # (its apply command's required flags)
+        argv = ["apply", *argv, "--rewriter", "r", "--model-card", "c", "--skills", "base",
+                "--task", "qa", "--out", str(tmp_path / "out")]
+    parse(argv)
+    assert os.environ[DATA_ENV] == str(tmp_path.resolve())
