@@ -56,23 +56,26 @@ def add_task_model_args(group, *, concurrency: int | None, max_tokens: int, quan
     add_alfworld_data_arg(group)  # (and every one takes --suite, alfworld included)
 
 
-TEACHER_JSON_SCHEMA = ("auto", "on", "off")   # --teacher-json-schema's choices (minskill/masa/fitting.py)
+# --teacher-json-schema's choices (minskill/masa/fitting.py)
+TEACHER_JSON_SCHEMA = ("auto", "on", "off")
 
 
 def add_teacher_args(group, *, url_help: str = "the embedded server", main=None) -> None:
-    """--teacher-url/--teacher-model/--teacher-api-key: the teacher LLM that writes or rewrites skills; `main`
-    as in add_task_model_args. --teacher-json-schema: whether its replies are asked in their JSON schema."""
+    """--teacher-url/--teacher-model/--teacher-api-key: the teacher LLM that writes or rewrites
+    skills; `main` as in add_task_model_args. --teacher-json-schema: whether its replies are asked
+    in their JSON schema."""
     main = group if main is None else main
     main.add_argument("--teacher-url", default=None,
                       help=f"OpenAI-compatible base URL of the teacher (default: {url_help})")
     main.add_argument("--teacher-model", default=None, help="model name sent to --teacher-url")
     group.add_argument("--teacher-api-key", default=None, help="API key for --teacher-url (default: $OPENAI_API_KEY)")
     add_extra_body_arg(group, "teacher")
-    group.add_argument("--teacher-json-schema", choices=TEACHER_JSON_SCHEMA, default=TEACHER_JSON_SCHEMA[0],
-                       help="ask the teacher for each reply in the JSON schema it is read in (response_format "
-                            "json_schema, served by minskill's server and vLLM): auto = until its server "
-                            "refuses the field (then in free text, said once), on = always (a refusal is an "
-                            "error), off = never")
+    group.add_argument("--teacher-json-schema", choices=TEACHER_JSON_SCHEMA,
+                       default=TEACHER_JSON_SCHEMA[0],
+                       help="ask the teacher for each reply in the JSON schema it is read in "
+                            "(response_format json_schema, served by minskill's server and vLLM): "
+                            "auto = until its server refuses the field (then in free text, said "
+                            "once), on = always (a refusal is an error), off = never")
 
 
 # ---- extra request fields of a frozen model (reasoning models) ------------------------------------
@@ -137,9 +140,9 @@ def add_skill_files_arg(group) -> None:
     """--skill-max-files N: the most resource files one skill may have, in the whole process (set as
     the flag is parsed: skills.set_max_resource_files), for a skill with more than the default."""
     group.add_argument("--skill-max-files", type=skill_file_cap, action=_SetSkillFileCap,
-                       default=None, metavar="N", help="most files a skill's folder may hold besides "
-                       f"its SKILL.md (default {MAX_RESOURCE_FILES}); a skill with more is refused, "
-                       "naming this flag")
+                       default=None, metavar="N", help="most files a skill's folder may hold "
+                       f"besides its SKILL.md (default {MAX_RESOURCE_FILES}); a skill with more is "
+                       "refused, naming this flag")
 
 
 class _SetSkillFileCap(argparse.Action):
@@ -149,12 +152,14 @@ class _SetSkillFileCap(argparse.Action):
 
 
 def add_alfworld_data_arg(group) -> None:
-    """--alfworld-data PATH: the alfworld suite plays ALFWorld's own games from PATH (set as the flag is
-    parsed, as $MINSKILL_ALFWORLD_DATA, which tasks.alfworld reads: the processes a run starts see it too)."""
+    """--alfworld-data PATH: the alfworld suite plays ALFWorld's own games from PATH (set as the
+    flag is parsed, as $MINSKILL_ALFWORLD_DATA, which tasks.alfworld reads: the processes a run
+    starts see it too)."""
     group.add_argument("--alfworld-data", action=_SetAlfworldData, default=None, metavar="PATH",
-                       help="--suite alfworld plays ALFWorld's own games: PATH is the folder alfworld-download "
-                       "fills (or its json_2.1.1/); --split train, heldout (= valid_unseen), valid_seen or "
-                       "valid_unseen (default: games generated offline; docs/alfworld.md)")
+                       help="--suite alfworld plays ALFWorld's own games: PATH is the folder "
+                       "alfworld-download fills (or its json_2.1.1/); --split train, heldout (= "
+                       "valid_unseen), valid_seen or valid_unseen (default: games generated "
+                       "offline; docs/alfworld.md)")
 
 
 class _SetAlfworldData(argparse.Action):

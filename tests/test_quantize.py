@@ -5,9 +5,9 @@ import pytest
 import torch
 from torch import nn
 
-from minskill.nn.quantize import (INT4_GROUP, Int4Linear, Int8Linear, apply_quantization, has_int4_kernel,
-                                  has_int8_kernel, quantize_groups, quantize_int4, quantize_int8, quantize_rows,
-                                  weight_format)
+from minskill.nn.quantize import (INT4_GROUP, Int4Linear, Int8Linear, apply_quantization,
+                                  has_int4_kernel, has_int8_kernel, quantize_groups, quantize_int4,
+                                  quantize_int8, quantize_rows, weight_format)
 from minskill.nn.sampling import generate
 from minskill.nn.weights import load_model
 from tiny import make_tiny_model_dir
@@ -117,14 +117,16 @@ def test_server_serves_a_quantized_model_over_http(tiny_dir):
 
 
 def test_int4_groups_hold_their_range_in_sixteen_steps():
-    """One group of G inputs from lo to hi: s = (hi − lo) / 15 and z = lo + 8 s as bfloat16 numbers, the
-    codes 0..15 and every weight used, (Q − 8)·s + z, within s / 2 (plus z's bfloat16 rounding)."""
+    """One group of G inputs from lo to hi: s = (hi − lo) / 15 and z = lo + 8 s as bfloat16
+    numbers, the codes 0..15 and every weight used, (Q − 8)·s + z, within s / 2 (plus z's bfloat16
+    rounding)."""
     g = torch.Generator().manual_seed(2)
     w = torch.randn(3, 2 * INT4_GROUP, generator=g) * torch.tensor([[1e-3], [1.0], [50.0]])
     w[1, :INT4_GROUP] = 0.25                                     # a constant group: s = 1, exact
     codes, scales, zeros = quantize_groups(w)
     groups = w.reshape(3, 2, INT4_GROUP)
-    assert torch.equal(scales.bfloat16().float(), scales) and torch.equal(zeros.bfloat16().float(), zeros)
+    assert torch.equal(scales.bfloat16().float(), scales)
+    assert torch.equal(zeros.bfloat16().float(), zeros)
     assert scales[1, 0] == 1 and codes[1, :INT4_GROUP].tolist() == [8] * INT4_GROUP
     steps = (groups.amax(-1) - groups.amin(-1)) / 15
     assert torch.allclose(scales[steps > 0], steps[steps > 0], rtol=2 ** -8)
@@ -139,7 +141,7 @@ def test_int4_layer_computes_its_equation(use_kernel):
     if use_kernel and not has_int4_kernel("cpu"):
         pytest.skip("no int4 kernel in this torch build")
     g = torch.Generator().manual_seed(3)
-    linear = nn.Linear(2 * INT4_GROUP, 40, bias=True)          # 40 rows: packed as 48, cut back to 40
+    linear = nn.Linear(2 * INT4_GROUP, 40, bias=True)     # 40 rows: packed as 48, cut back to 40
     with torch.no_grad():
         linear.weight.copy_(torch.randn(40, 2 * INT4_GROUP, generator=g))
         linear.bias.copy_(torch.randn(40, generator=g))
@@ -161,8 +163,8 @@ def test_int4_refuses_a_layer_it_cannot_group():
 
 @pytest.mark.parametrize("kind", ["int8", "int4"])
 def test_a_row_gets_the_same_bits_whatever_rows_share_its_product(kind):
-    """What the server's batch-invariant engine relies on (serve.aligned): row i's output is the same
-    alone (M = 1) as beside 1 to 11 other rows."""
+    """What the server's batch-invariant engine relies on (serve.aligned): row i's output is the
+    same alone (M = 1) as beside 1 to 11 other rows."""
     if not (has_int8_kernel if kind == "int8" else has_int4_kernel)("cpu"):
         pytest.skip(f"no {kind} kernel in this torch build")
     g = torch.Generator().manual_seed(4)
@@ -182,7 +184,8 @@ def test_int4_model_logits_follow_the_float_model(tiny_dir):
     with torch.no_grad():
         reference = model(ids).float()
         quantized = apply_quantization(model, "int4")(ids).float()
-    assert weight_format(model) == "int4" and isinstance(model.model.layers[0].mlp.up_proj, Int4Linear)
+    assert weight_format(model) == "int4"
+    assert isinstance(model.model.layers[0].mlp.up_proj, Int4Linear)
     assert isinstance(model.lm_head, Int8Linear) == has_int8_kernel("cpu")   # the head stays 8-bit
     cos = torch.nn.functional.cosine_similarity(reference.flatten(), quantized.flatten(), dim=0)
     assert cos > 0.98 and (reference.argmax(-1) == quantized.argmax(-1)).float().mean() > 0.8

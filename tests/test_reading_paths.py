@@ -1,11 +1,11 @@
 """The learner's path stays readable as the code grows, and is what runs.
 
-tests/reading_path.py's PATHS list, in reading order, the code a learner follows for one Skill-R1 training step
-and for one MASA iteration of each phase. docs/files.md's "Reading paths" section prints the same lists; this
-test keeps them true: every function of the algorithm files that one default step or iteration executes is on
-its path (traced), every entry exists, and each path stays within its budget of lines and files. It also holds
-the size rules: no module over 700 lines, no function over 80 lines in the algorithm modules and the three
-scripts (argument parsers aside)."""
+tests/reading_path.py's PATHS list, in reading order, the code a learner follows for one Skill-R1
+training step and for one MASA iteration of each phase. docs/files.md's "Reading paths" section
+prints the same lists; this test keeps them true: every function of the algorithm files that one
+default step or iteration executes is on its path (traced), every entry exists, and each path stays
+within its budget of lines and files. It also holds the size rules: no module over 700 lines, no
+function over 80 lines in the algorithm modules and the three scripts (argument parsers aside)."""
 import ast
 import contextlib
 import io
@@ -24,9 +24,10 @@ from minskill.serve.server import ScriptedBackend, start_server
 from reading_path import PATHS, ROOT, format_path, path_report
 from tiny import make_tiny_model_dir
 
-# (lines, files) a path may hold, counting all that runs: at most 500 / 416 / 505 lines, a learner's sitting
-# (docs/files.md says what is on and off the paths; the MASA paths grew by 16 and 18 lines with the teacher's
-# JSON replies, issue 42: the JSON form a rewrite prompt shows, the flag, the task rewrite's own schema)
+# (lines, files) a path may hold, counting all that runs: at most 500 / 416 / 505 lines, a learner's
+# sitting (docs/files.md says what is on and off the paths; the MASA paths grew by 16 and 18 lines
+# with the teacher's JSON replies, issue 42: the JSON form a rewrite prompt shows, the flag, the task
+# rewrite's own schema)
 BUDGETS = {"Skill-R1: one training step": (500, 5), "MASA: one hill-climbing iteration": (416, 5),
            "MASA: one UCB1 iteration": (505, 6)}
 SCRIPTS = ("train_grpo.py", "evolve_masa.py", "rewrite.py")
@@ -43,7 +44,8 @@ def test_each_path_fits_its_budget(name):
 def test_the_docs_print_each_path_with_its_counts():
     page = (ROOT / "docs" / "files.md").read_text(encoding="utf-8")
     for name in PATHS:
-        assert format_path(name) in page, f"docs/files.md: {name} differs from `python tests/reading_path.py`"
+        assert format_path(name) in page, \
+            f"docs/files.md: {name} differs from `python tests/reading_path.py`"
 
 
 def modules():

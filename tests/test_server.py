@@ -400,7 +400,8 @@ def test_batched_equals_sequential(tiny_backend):
                                                ("int8", "int8 weights, bfloat16 activations"),
                                                (None, "int4 weights, bfloat16 activations")])
 def test_cli_serves_logs_and_stops_on_sigint(tiny_dir, tmp_path, quantize, weights):
-    """None: no --quantize, the CPU default (int4 where torch's kernel runs; float32 one flag away)."""
+    """None: no --quantize, the CPU default (int4 where torch's kernel runs; float32 one flag
+    away)."""
     if quantize is None and not has_int4_kernel("cpu"):
         pytest.skip("no int4 kernel in this torch build")
     stderr_path = tmp_path / "stderr.txt"
@@ -408,7 +409,8 @@ def test_cli_serves_logs_and_stops_on_sigint(tiny_dir, tmp_path, quantize, weigh
     with open(stderr_path, "w") as stderr:
         process = subprocess.Popen([sys.executable, "-m", "minskill.serve", "--model", str(tiny_dir), "--port", "0",
                                     "--api-key", "k", "--max-batch", "4", "--log-requests", "--device", "cpu",
-                                    "--threads", "1", *(("--quantize", quantize) if quantize else ())],
+                                    "--threads", "1",
+                                    *(("--quantize", quantize) if quantize else ())],
                                    cwd=REPO, stdout=subprocess.PIPE, stderr=stderr, text=True)
         try:
             line = process.stdout.readline()  # the server prints its URL once it is listening

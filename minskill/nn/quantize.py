@@ -82,37 +82,54 @@ def has_int8_kernel(device: torch.device | str) -> bool:
         return False
 
 
-class Int8Linear(nn.Module):
-    """y = s ⊙ (x Qᵀ) + b, with Q int8 and s one scale per output channel (module docstring)."""
+class WeightOnlyLinear(nn.Module):
+    """What the int8 and int4 layers share: y = x Wᵀ + b with W held as codes and bfloat16
+    activations. A subclass gives `product` (its kernel on (M, in) rows) and `dequantized` (W in
+    float32, for a device without the kernel: the same weights, without the speed)."""
 
-    def __init__(self, linear: nn.Linear | None = None, weight: torch.Tensor | None = None,
-                 use_kernel: bool | None = None):
+    def __init__(self, linear: nn.Linear | None, weight: torch.Tensor, use_kernel: bool):
         super().__init__()
-        weight = linear.weight if weight is None else weight
-        device = weight.device
         self.in_features, self.out_features = weight.shape[1], weight.shape[0]
-        codes, scales = quantize_rows(weight)
-        self.use_kernel = has_int8_kernel(device) if use_kernel is None else use_kernel
-        if self.use_kernel:
-            self.register_buffer("codes", codes)
-            self.register_buffer("scales", scales.to(torch.bfloat16))
-        else:  # no kernel here: the same codes and scales, dequantized exactly (float32) at each call
-            self.register_buffer("codes", codes)
-            self.register_buffer("scales", scales)
-        bias = None if linear is None or linear.bias is None else linear.bias.detach().to(torch.bfloat16)
+        self.use_kernel = use_kernel
+        bias = None if linear is None or linear.bias is None else \
+            linear.bias.detach().to(torch.bfloat16)
         self.register_buffer("bias", bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x.to(torch.bfloat16)
         if not self.use_kernel:
-            weight = self.codes.float() * self.scales.float()[:, None]
             bias = None if self.bias is None else self.bias.float()
-            return F.linear(x.float(), weight, bias).to(torch.bfloat16)
-        flat = x.reshape(-1, self.in_features)
-        y = torch._weight_int8pack_mm(flat.contiguous(), self.codes, self.scales)
+            return F.linear(x.float(), self.dequantized(), bias).to(torch.bfloat16)
+        y = self.product(x.reshape(-1, self.in_features).contiguous())
         if self.bias is not None:
             y = y + self.bias
         return y.view(*x.shape[:-1], self.out_features)
+
+    def product(self, flat: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def dequantized(self) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class Int8Linear(WeightOnlyLinear):
+    """y = s ⊙ (x Qᵀ) + b, with Q int8 and s one scale per output channel (module docstring)."""
+
+    def __init__(self, linear: nn.Linear | None = None, weight: torch.Tensor | None = None,
+                 use_kernel: bool | None = None):
+        weight = linear.weight if weight is None else weight
+        super().__init__(linear, weight,
+                         has_int8_kernel(weight.device) if use_kernel is None else use_kernel)
+        codes, scales = quantize_rows(weight)
+        self.register_buffer("codes", codes)
+        # the kernel keeps its scales in bfloat16; without it they are dequantized exactly (float32)
+        self.register_buffer("scales", scales.to(torch.bfloat16) if self.use_kernel else scales)
+
+    def product(self, flat: torch.Tensor) -> torch.Tensor:
+        return torch._weight_int8pack_mm(flat, self.codes, self.scales)
+
+    def dequantized(self) -> torch.Tensor:
+        return self.codes.float() * self.scales.float()[:, None]
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8, " \
@@ -145,16 +162,15 @@ def quantize_groups(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, t
     return codes.clamp_(0, 15).to(torch.int32).reshape(out_features, in_features), scales, zeros
 
 
-class Int4Linear(nn.Module):
+class Int4Linear(WeightOnlyLinear):
     """y = x ((Q − 8)·s + z)ᵀ + b, Q in 0..15, one s and z per group of G inputs of a row
     (module docstring)."""
 
     def __init__(self, linear: nn.Linear | None = None, weight: torch.Tensor | None = None,
                  use_kernel: bool | None = None):
-        super().__init__()
         weight = linear.weight if weight is None else weight
-        device = weight.device
-        self.in_features, self.out_features = weight.shape[1], weight.shape[0]
+        super().__init__(linear, weight,
+                         has_int4_kernel(weight.device) if use_kernel is None else use_kernel)
         if self.in_features % INT4_GROUP:
             raise ValueError(f"int4 weights need in_features a multiple of {INT4_GROUP}, got a "
                              f"{self.out_features}x{self.in_features} layer: use --quantize int8")
@@ -164,32 +180,23 @@ class Int4Linear(nn.Module):
         extra = -self.out_features % 16
         codes = F.pad(codes, (0, 0, 0, extra), value=8)
         scales, zeros = F.pad(scales, (0, 0, 0, extra), value=1), F.pad(zeros, (0, 0, 0, extra))
-        self.use_kernel = has_int4_kernel(device) if use_kernel is None else use_kernel
         if self.use_kernel:   # the kernel's layout: codes two to a byte, (groups, out, 2) bf16
             self.register_buffer("codes", torch._convert_weight_to_int4pack_for_cpu(codes, 1))
             self.register_buffer("scales_zeros", torch.stack([scales.t(), zeros.t()], dim=-1)
                                  .to(torch.bfloat16).contiguous())
-        else:   # no kernel here: the same weights, dequantized exactly (float32) at each call
-            per_input = (scales.repeat_interleave(INT4_GROUP, 1), zeros.repeat_interleave(INT4_GROUP, 1))
+        else:   # no kernel here: one scale and offset per input, dequantized at each call
+            per_input = (scales.repeat_interleave(INT4_GROUP, 1),
+                         zeros.repeat_interleave(INT4_GROUP, 1))
             self.register_buffer("codes", codes.to(torch.int8))
             self.register_buffer("scales_zeros", torch.stack(per_input, dim=-1))
-        bias = None if linear is None or linear.bias is None else linear.bias.detach().to(torch.bfloat16)
-        self.register_buffer("bias", bias)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x.to(torch.bfloat16)
-        if not self.use_kernel:
-            scales, zeros = self.scales_zeros.unbind(-1)
-            weight = ((self.codes.float() - 8) * scales + zeros)[:self.out_features]
-            bias = None if self.bias is None else self.bias.float()
-            return F.linear(x.float(), weight, bias).to(torch.bfloat16)
-        flat = x.reshape(-1, self.in_features).contiguous()
+    def product(self, flat: torch.Tensor) -> torch.Tensor:
         y = torch._weight_int4pack_mm_for_cpu(flat, self.codes, INT4_GROUP, self.scales_zeros)
-        if y.shape[-1] != self.out_features:
-            y = y[:, :self.out_features]
-        if self.bias is not None:
-            y = y + self.bias
-        return y.view(*x.shape[:-1], self.out_features)
+        return y if y.shape[-1] == self.out_features else y[:, :self.out_features]
+
+    def dequantized(self) -> torch.Tensor:
+        scales, zeros = self.scales_zeros.unbind(-1)
+        return ((self.codes.float() - 8) * scales + zeros)[:self.out_features]
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int4 " \
@@ -236,8 +243,9 @@ def _quantized(model, layer, head=None):
 
 
 def apply_quantization(model, quantize: str | None):
-    """The `--quantize` option of the frozen-model entry points: "none" (or None) leaves `model` as it is,
-    "int8" / "int4" quantize it, "auto" makes it int8 on a CPU with the int8 kernel. Returns `model`.
+    """The `--quantize` option of the frozen-model entry points: "none" (or None) leaves `model` as
+    it is, "int8" / "int4" quantize it, "auto" makes it int8 on a CPU with the int8 kernel. Returns
+    `model`.
     Not the default for a script's own models (a frozen model served by minskill.serve is where it
     pays). Both kernels give a row the same bits whatever rows share the call; the server's
     batch-invariant engine (serve.aligned) keeps the rest of a row's arithmetic independent of its

@@ -1,7 +1,8 @@
 """OpenAI-compatible HTTP server for a minskill model, and the embedded default endpoint.
 
     python -m minskill.serve --model SPEC [--host 127.0.0.1] [--port 8000] [--api-key KEY]
-                              [--max-batch 16] [--dtype float32|bfloat16] [--quantize int4|int8|none|auto]
+                              [--max-batch 16] [--dtype float32|bfloat16]
+                              [--quantize int4|int8|none|auto] [--threads N]
                               [--log-requests] [--prefix-cache-mb 256] [--scheduler continuous|static]
                               [--request-timeout 30] [--max-connections 256]
 
@@ -31,17 +32,19 @@ the server starting to wait for it (on a new connection, or after the previous r
 one); else the connection is closed (a body cut short gets a 408 first). At most `max_connections`
 connections are open at once (each holds a thread); one beyond that is closed at once, and clients retry.
 
-Batching. Each HTTP request is handled on its own thread, validated there, then queued. One scheduler
-thread (under `python -m minskill.serve`, the main thread: OpenMP's threads stay warm there) repeatedly
-takes the oldest pending requests, up to `max_batch` *samples* (a request with n=4 counts 4; a request
-bigger than max_batch runs alone). The default engine (minskill.serve.scheduler) lets a request join the running
-batch at the next decoding step and a finished one leave at once (`--scheduler continuous`), keeps prompt prefixes'
-keys/values (`--prefix-cache-mb 256`, serve.prefix_cache) and is batch-invariant (`--batch-invariant on`,
-serve.aligned): each row's keys at its own slots, so a request's tokens do not depend on what shares its batch or
-when it came (docs/http-api.md). `--batch-invariant off` keeps a shared prefix once in the batch (serve.cascade);
-`--scheduler static --prefix-cache-mb 0 --batch-invariant off` serves a batch with one `sampling.generate` call per
-distinct n (left padded: bf16 and int8 replies then move with the batch). Each seeded sample draws from its own
-generator, so where the logits are batch-invariant a seeded reply is too.
+Batching. Each HTTP request is handled on its own thread, validated there, then queued. One
+scheduler thread (under `python -m minskill.serve`, the main thread: OpenMP's threads stay warm
+there) repeatedly takes the oldest pending requests, up to `max_batch` *samples* (a request with n=4
+counts 4; a request bigger than max_batch runs alone). The default engine (minskill.serve.scheduler)
+lets a request join the running batch at the next decoding step and a finished one leave at once
+(`--scheduler continuous`), keeps prompt prefixes' keys/values (`--prefix-cache-mb 256`,
+serve.prefix_cache) and is batch-invariant (`--batch-invariant on`, serve.aligned): each row's keys
+at its own slots, so a request's tokens do not depend on what shares its batch or when it came
+(docs/http-api.md). `--batch-invariant off` keeps a shared prefix once in the batch (serve.cascade);
+`--scheduler static --prefix-cache-mb 0 --batch-invariant off` serves a batch with one
+`sampling.generate` call per distinct n (left padded: bf16 and int8 replies then move with the
+batch). Each seeded sample draws from its own generator, so where the logits are batch-invariant a
+seeded reply is too.
 
 Cancellation. A handler thread waiting for its batch checks every 0.5 s whether its client closed the
 connection (a client that timed out does); then the request leaves the queue, or, if its batch is running,
@@ -547,10 +550,10 @@ def main(argv=None):
     auto = torch.bfloat16 if is_cuda(args.device) else torch.float32
     dtype = auto if args.dtype == "auto" else getattr(torch, args.dtype)
     try:
-        backend = ModelBackend.from_spec(args.model, dtype=dtype, device=args.device, name=args.served_model_name,
-                                         quantize=args.quantize or serving_default(args.device),
-                                         prefix_cache_mb=cache, scheduler=args.scheduler,
-                                         batch_invariant=args.batch_invariant == "on")
+        backend = ModelBackend.from_spec(
+            args.model, dtype=dtype, device=args.device, name=args.served_model_name,
+            quantize=args.quantize or serving_default(args.device), prefix_cache_mb=cache,
+            scheduler=args.scheduler, batch_invariant=args.batch_invariant == "on")
     except (ValueError, OSError) as error:
         print(f"minskill.serve: cannot load model {args.model!r}: {error}", file=sys.stderr)
         return 2
@@ -601,10 +604,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto",
                         help="the weights' dtype: auto (default) = bfloat16 on CUDA, float32 on the CPU")
     parser.add_argument("--quantize", choices=QUANTIZE_CHOICES, default=None,
-                        help="the weights (minskill.nn.quantize): int4 (groups of 32, an int8 output head; "
-                             "bf16 activations), "
-                             "int8 (a scale per output channel), none (the --dtype weights: float32 on a "
-                             "CPU), auto (int8 on a CPU, else none); default: int4 on a CPU, else none")
+                        help="the weights (minskill.nn.quantize): int4 (groups of 32, an int8 "
+                             "output head; bf16 activations), int8 (a scale per output channel), "
+                             "none (the --dtype weights: float32 on a CPU), auto (int8 on a CPU, "
+                             "else none); default: int4 on a CPU, else none")
     add_device_args(parser, bf16=False, what="the served model runs")
     parser.add_argument("--prefix-cache-mb", type=float, default=DEFAULT_PREFIX_CACHE_MB,
                         help=f"MB of shared prompt prefixes' keys/values kept (default {DEFAULT_PREFIX_CACHE_MB:g}; "
