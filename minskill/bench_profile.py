@@ -39,7 +39,7 @@ from minskill.tasks import load_suite
 
 PROFILED_STEPS = 128
 OUTSIDE_OPS = "outside any op (Python, dispatch)"
-PHASES = {"add": "prefill + join", "forward": "decoding forward", "_choose": "sampling",
+PHASES = {"add": "prefill + join", "_decode": "decoding forward", "_choose": "sampling",
           "_leave": "leave (rows dropped)"}
 
 
@@ -115,10 +115,10 @@ class Run:
         for the run only; after_step() is called after each decoding step."""
         engine, seconds = self.engine, collections.Counter()
         engine.prefix_cache = PrefixCache(DEFAULT_PREFIX_CACHE_MB)    # every run starts cold
-        timed = {name: _timer(getattr(engine.model if name == "forward" else engine, name),
+        timed = {name: _timer(getattr(engine, name),
                               seconds, PHASES[name]) for name in PHASES}
         for name, fn in timed.items():
-            setattr(engine.model if name == "forward" else engine, name, fn)
+            setattr(engine, name, fn)
         sequences = [sequences_for(p, 1, 0, max_new_tokens=self.max_tokens)[0]
                      for p in self.prompts]
         waiting = list(sequences)
@@ -136,7 +136,7 @@ class Run:
                 wall = time.perf_counter() - t0
         finally:
             for name in timed:
-                delattr(engine.model if name == "forward" else engine, name)
+                delattr(engine, name)
         return dict(seconds, wall=wall, tokens=sum(len(s.tokens) for s in sequences))
 
 

@@ -114,6 +114,7 @@ class WeightOnlyLinear(nn.Module):
 
 class Int8Linear(WeightOnlyLinear):
     """y = s ⊙ (x Qᵀ) + b, with Q int8 and s one scale per output channel (module docstring)."""
+    ROW_AXES = {"codes": 0, "scales": 0}     # each buffer's axis of output rows (stacked)
 
     def __init__(self, linear: nn.Linear | None = None, weight: torch.Tensor | None = None,
                  use_kernel: bool | None = None):
@@ -165,6 +166,7 @@ def quantize_groups(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, t
 class Int4Linear(WeightOnlyLinear):
     """y = x ((Q − 8)·s + z)ᵀ + b, Q in 0..15, one s and z per group of G inputs of a row
     (module docstring)."""
+    ROW_AXES = {"codes": 0, "scales_zeros": 1}     # each buffer's axis of output rows (stacked)
 
     def __init__(self, linear: nn.Linear | None = None, weight: torch.Tensor | None = None,
                  use_kernel: bool | None = None):
@@ -223,6 +225,43 @@ def quantize_int4(model, use_kernel: bool | None = None):
     head_kernel = has_int8_kernel(device)
     return _quantized(model, lambda **kw: Int4Linear(**kw, use_kernel=use_kernel),
                       head=lambda **kw: Int8Linear(**kw, use_kernel=head_kernel))
+
+
+def stacked(layers: list) -> WeightOnlyLinear | None:
+    """One layer computing the outputs of `layers` (same inputs) side by side: their rows of codes
+    stacked, so one kernel call replaces several. Each kernel computes an output from its own row
+    of codes, so the outputs keep the bits they had apart; the int4 kernel, though, packs rows in
+    blocks (of 64 on this project's CPU), and rows stacked across a block's edge are read wrong. So
+    the stacked layer is tried once on a probe, and None is returned where its outputs differ from
+    the layers' (as for other layer types, formats, input widths, or no kernel). On success the
+    layers read views of the stacked codes: no weight is held twice (tests/test_lean_decode.py)."""
+    first = layers[0]
+    if type(first) not in (Int8Linear, Int4Linear) or any(
+            type(layer) is not type(first) or layer.in_features != first.in_features
+            or not layer.use_kernel for layer in layers):
+        return None
+    new = type(first).__new__(type(first))
+    nn.Module.__init__(new)
+    new.in_features, new.use_kernel = first.in_features, True
+    new.out_features = sum(layer.out_features for layer in layers)
+    biases = [layer.bias if layer.bias is not None else
+              torch.zeros(layer.out_features, dtype=torch.bfloat16) for layer in layers]
+    new.register_buffer("bias", None if all(layer.bias is None for layer in layers)
+                        else torch.cat(biases))
+    for name, axis in type(first).ROW_AXES.items():
+        new.register_buffer(name, torch.cat([getattr(layer, name) for layer in layers], dim=axis))
+    probe = torch.randn(3, first.in_features, generator=torch.Generator().manual_seed(0)).to(
+        device=first.codes.device, dtype=torch.bfloat16)
+    if not torch.equal(new(probe), torch.cat([layer(probe) for layer in layers], dim=-1)):
+        return None
+    start = 0
+    for layer in layers:   # rows along axis 0 are contiguous views: the layers share them
+        rows = slice(start, start + layer.out_features)
+        for name, axis in type(first).ROW_AXES.items():
+            if axis == 0 and getattr(layer, name).shape[0] == layer.out_features:
+                setattr(layer, name, getattr(new, name)[rows])
+        start += layer.out_features
+    return new
 
 
 def _quantized(model, layer, head=None):

@@ -127,14 +127,18 @@ class AlignedCache(KVCache):
     def _runs_by_width(self) -> list:
         """[(rows, width, mask)] of a decoding step: runs of consecutive rows whose new token reads
         the same width W = padded(n_b), each a slice (the keys a view, nothing copied), with their
-        masks (slot < n_b)."""
+        masks (0 where slot < n_b, −∞ after)."""
         widths = [padded(n) for n in self.next_position.tolist()]
         out, start = [], 0
         for b in range(1, len(widths) + 1):
             if b == len(widths) or widths[b] != widths[start]:
                 rows = slice(start, b)
-                mask = torch.arange(widths[start], device=self.next_position.device) < \
+                seen = torch.arange(widths[start], device=self.next_position.device) < \
                     self.next_position[rows][:, None]
+                # as an additive mask in the keys' dtype: what SDPA makes of a bool mask at each
+                # call (the same bits), made once a step instead of once a layer
+                mask = torch.zeros(seen.shape, dtype=self.k.dtype, device=seen.device)
+                mask.masked_fill_(~seen, -torch.inf)
                 out.append((rows, widths[start], mask[:, None, None]))
                 start = b
         return out

@@ -8,7 +8,8 @@ is 4 sequences), and the logits of each row's next token. Each `step()`:
      row's logit_bias and penalties, serve.penalties, and its schema's mask, serve.constrained),
      streams it (on_token), and ends a row on a stop token, a stop string or its max_new_tokens;
   3. finished rows leave the cache at once (KVCache.select), their request is answered as soon as its last
-     sample ends; the others are fed their token (one forward of the model, one new slot for every row).
+     sample ends; the others are fed their token (one forward of the model, one new slot for every row;
+     with quantized weights and batch_invariant, serve.lean_decode's step: the same bits, fewer ops).
 
 `add(sequences)` prefills newcomers and merges them into the running cache: with a prefix cache, through
 serve.cascade.prefill_shared (a prefix that running or joining sequences share is computed once, from the
@@ -48,6 +49,7 @@ from minskill.nn.sampling import (Sample, _cut_at_stop, _generators, _Plan, _sam
 from minskill.serve.aligned import merge_aligned, prefill_aligned
 from minskill.serve.cascade import groups_of, prefill_shared, with_groups
 from minskill.serve.constrained import JsonConstraint, constrain
+from minskill.serve.lean_decode import LeanDecoder
 from minskill.serve.penalties import Penalties, apply_penalties
 from minskill.serve.prefix_cache import PrefixCache, prefill
 
@@ -94,13 +96,17 @@ class Engine:
     """The running batch (module docstring). add() newcomers, step() until `rows` is empty."""
 
     def __init__(self, model, tokenizer, stop_token_ids=None, pad_id: int = 0,
-                 prefix_cache: PrefixCache | None = None, batch_invariant: bool = False):
+                 prefix_cache: PrefixCache | None = None, batch_invariant: bool = False,
+                 lean: bool = True):
         """stop_token_ids None: the tokenizer's, read at each step (as generate reads them at each
         call). batch_invariant: every row's keys at the slots of their positions and prompts
         prefilled one by one (serve.aligned), so a row's bits do not depend on its companions; no
         prefix is kept once (cascade)."""
         self.model, self.tokenizer, self.pad_id, self.prefix_cache = model, tokenizer, pad_id, prefix_cache
         self.batch_invariant = batch_invariant
+        # the decoding step in fewer ops, with the same bits, where it covers the model (a quantized
+        # one: the server's CPU default); lean=False keeps the plain step (bench profile compares)
+        self.lean = LeanDecoder.of(model) if batch_invariant and lean else None
         self._stop_token_ids = None if stop_token_ids is None else set(int(t) for t in stop_token_ids)
         self.rows: list[Sequence] = []
         self.cache: KVCache | None = None
@@ -163,7 +169,13 @@ class Engine:
         self._leave(still)
         if self.rows:
             ids = torch.tensor([[s.tokens[-1]] for s in self.rows], dtype=torch.long, device=self.model.device)
-            self.logits = self.model(ids, cache=self.cache)[:, -1].float()
+            self.logits = self._decode(ids)
+
+    def _decode(self, ids: torch.Tensor) -> torch.Tensor:
+        """Every row's next-token logits (rows, V) float32 after feeding it `ids` (rows, 1)."""
+        if self.lean is not None:
+            return self.lean.step(ids, self.cache)
+        return self.model(ids, cache=self.cache)[:, -1].float()
 
     def _choose(self):
         """This step's token and log-prob of every row (and the most likely tokens, when a row asks)."""
