@@ -7,6 +7,7 @@ configuration, in one run, printed as one table.
                                                                 # qa tasks under skills none / base / a long library
     python -m minskill.bench server --workload clients         # the former sweep: 1, 4, 16 closed-loop clients
     python -m minskill.bench server --workload stop-string     # one request, with and without stop
+    python -m minskill.bench server --workload schema          # a JSON schema's mask per token (bench_schema)
 
 Each configuration is a `python -m minskill.serve` subprocess (serve.embedded.embedded_client: --model, --quantize,
 --dtype, --max-batch, --threads as given here, then the configuration's own flags), started once, warmed up with
@@ -102,6 +103,7 @@ from pathlib import Path
 import requests
 import torch
 
+from minskill.bench_schema import bench_schema
 from minskill.nn.tokenizer import Tokenizer
 from minskill.nn.weights import DEFAULT_MODEL, default_gguf_path, resolve_model
 from minskill.rollout import base_skills, load_skills, run_rollouts, skill_prompts
@@ -110,7 +112,7 @@ from minskill.serve.embedded import embedded_client, stop_process
 from minskill.skillsets import SkillSet
 from minskill.tasks import load_suite
 
-WORKLOADS = ("shared-prefix", "mixed-lengths", "rollouts", "stop-string", "clients")
+WORKLOADS = ("shared-prefix", "mixed-lengths", "rollouts", "stop-string", "clients", "schema")
 DEFAULT_REQUESTS = {"shared-prefix": 32, "mixed-lengths": 32, "rollouts": 16, "stop-string": 1}
 DEFAULT_MAX_TOKENS = {"shared-prefix": 16, "rollouts": 64, "stop-string": 512}
 NEVER_STOP = "</never-stop>"   # stop-string's: as long as a usual stop string; no reply holds it
@@ -626,8 +628,8 @@ def configurations(args) -> list[str]:
 def bench_server(args) -> list[Row]:
     """`bench server`: plan the configurations, build the workload, measure, print the tables
     (module docstring)."""
-    if args.workload == "clients":
-        client_sweep(args)
+    if args.workload in ("clients", "schema"):
+        (client_sweep if args.workload == "clients" else bench_schema)(args)
         return []
     against = check_args(args)
     runnable, skipped = plan(configurations(args), serve_help(), args.prefix_cache_mb)

@@ -194,9 +194,11 @@ BAD = [  # (fields, param)
      "tool_choice.function.name"),
     ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice"),
     ({"tool_choice": "required"}, "tool_choice"),
-    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
-        "type": "object", "properties": {"s": {"type": "string", "format": "email"}}}}}],
+    ({"tools": [{"type": "function", "function": {"name": "f", "strict": True, "parameters": {
+        "type": "object", "properties": {"s": {"type": "array", "uniqueItems": True}}}}}],
       "tool_choice": "required"}, "tools[0].function.parameters"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "strict": "yes"}}]},
+     "tools[0].function.strict"),
     ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}},
      "response_format"),
     ({"tools": TOOLS, "parallel_tool_calls": "yes"}, "parallel_tool_calls")]
@@ -284,3 +286,76 @@ def test_a_forced_call_cut_by_max_tokens_says_length(tiny_server):
         "messages": USER, "tools": TOOLS, "tool_choice": "required", "max_tokens": 3}).json()
     assert reply["choices"][0]["finish_reason"] == "length"
     assert "tool_calls" not in reply["choices"][0]["message"]
+
+
+# issue 49: forced calls under the schemas pydantic sends; strict and unserved parameters
+BOOK = {"type": "function", "function": {"name": "book", "strict": True, "parameters": {
+    "type": "object", "additionalProperties": False, "required": ["day", "guests", "seat"],
+    "properties": {
+        "day": {"type": "string", "format": "date"},
+        "guests": {"type": "integer", "exclusiveMinimum": 0, "maximum": 8},
+        "seat": {"oneOf": [{"type": "object", "properties": {"kind": {"const": "table"},
+                                                             "size": {"enum": [2, 4]}},
+                            "required": ["kind", "size"], "additionalProperties": False},
+                           {"type": "object", "properties": {"kind": {"const": "bar"}},
+                            "required": ["kind"], "additionalProperties": False}],
+                 "discriminator": {"propertyName": "kind"}},
+        "note": {"type": "string", "pattern": "^[A-Z][a-z ]{0,10}$"}}}}}
+PETS = {"type": "function", "function": {"name": "adopt", "strict": True, "parameters": {
+    "$defs": {"Pet": {"type": "object", "required": ["kind", "age"], "properties": {
+        "kind": {"enum": ["cat", "dog"]}, "age": {"type": "integer", "minimum": 0, "maximum": 20},
+        "friend": {"anyOf": [{"$ref": "#/$defs/Pet"}, {"type": "null"}]}}}},
+    "type": "object", "properties": {"pet": {"$ref": "#/$defs/Pet"}}, "required": ["pet"]}}}
+UNSERVED = {"type": "function", "function": {"name": "tag", "parameters": {
+    "type": "object", "properties": {"tags": {"type": "array", "uniqueItems": True}}}}}
+
+
+@pytest.mark.parametrize("tool_choice", ["required",
+                                         {"type": "function", "function": {"name": "book"}},
+                                         {"type": "function", "function": {"name": "adopt"}}])
+def test_forced_calls_under_pydantic_keywords_validate_with_formats(tiny_server, tool_choice):
+    """From the first token the reply is the call: content empty, arguments valid against the
+    tool's parameters (their $defs too, under "required" as well), formats checked (jsonschema's
+    draft 2020-12 format checker)."""
+    validator, tools = jsonschema.Draft202012Validator, [BOOK, PETS, *TOOLS]
+    for seed in range(3):
+        reply = requests.post(tiny_server.url + "/chat/completions", timeout=120, json={
+            "messages": USER, "tools": tools, "tool_choice": tool_choice, "n": 2,
+            "temperature": 1.0, "seed": seed, "max_tokens": 150}).json()
+        for choice in reply["choices"]:
+            assert choice["finish_reason"] == "tool_calls", choice
+            assert not choice["message"]["content"]
+            for made in choice["message"]["tool_calls"]:
+                tool = next(t for t in tools if t["function"]["name"] == made["function"]["name"])
+                validator(tool["function"]["parameters"],
+                          format_checker=validator.FORMAT_CHECKER).validate(
+                    json.loads(made["function"]["arguments"]))
+
+
+def test_parallel_tool_calls_false_forces_one_call(tiny_server):
+    for seed in range(3):
+        reply = requests.post(tiny_server.url + "/chat/completions", timeout=120, json={
+            "messages": USER, "tools": TOOLS, "tool_choice": "required", "seed": seed,
+            "parallel_tool_calls": False, "temperature": 1.5, "max_tokens": 100}).json()
+        assert len(reply["choices"][0]["message"]["tool_calls"]) == 1
+
+
+def test_an_unserved_schema_without_strict_is_constrained_to_an_object(tiny_server):
+    for tool_choice in ("required", {"type": "function", "function": {"name": "tag"}}):
+        reply = requests.post(tiny_server.url + "/chat/completions", timeout=120, json={
+            "messages": USER, "tools": [UNSERVED], "tool_choice": tool_choice,
+            "temperature": 1.0, "seed": 1, "max_tokens": 60}).json()
+        [made] = reply["choices"][0]["message"]["tool_calls"]
+        assert made["function"]["name"] == "tag"
+        assert isinstance(json.loads(made["function"]["arguments"]), dict)
+
+
+@pytest.mark.parametrize("tool_choice", ["auto", "required"])
+def test_a_strict_unserved_schema_is_a_400_naming_keyword_and_pointer(tiny_server, tool_choice):
+    strict = {"type": "function", "function": {**UNSERVED["function"], "strict": True}}
+    reply = requests.post(tiny_server.url + "/chat/completions", timeout=60, json={
+        "messages": USER, "tools": [*TOOLS, strict], "tool_choice": tool_choice})
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert error["param"] == "tools[2].function.parameters"
+    assert "#/properties/tags/uniqueItems: keyword 'uniqueItems' is not served" in error["message"]

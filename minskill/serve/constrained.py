@@ -12,12 +12,13 @@ row's mask depends on its own tokens only: the batch never changes a reply.
 Which tokens? Vocabulary holds every token's bytes in a trie (a tree of byte prefixes). From the
 row's state, the trie is walked depth first: a branch dies at the first byte the machine refuses, so
 a step visits only the prefixes that stay valid, not all V tokens, and a token is allowed when the
-walk reaches its end alive. Inside a string (most of a reply's tokens) nearly every token is
-allowed: there the walk would visit the whole trie, so tokens of plain string characters (no quote,
-backslash, control character or partial UTF-8 character) are counted once, when the vocabulary is
-read, and allowed with a vector comparison against the characters maxLength leaves; only the other
-tokens are walked. Masks are cached per state (a state repeats along a string without maxLength, and
-across requests with one schema).
+walk reaches its end alive. Inside a string without pattern or format, or an object's other key
+(most of a reply's tokens), nearly every token is allowed: there the walk would visit the whole
+trie, so tokens of two or more plain string bytes (no quote, backslash, control character or partial
+UTF-8 character) are counted once, when the vocabulary is read, and allowed with a vector comparison
+against the characters maxLength leaves (their close_cost less what minLength still asks); only the
+other tokens are walked. Masks are cached per state (a state repeats along a string without
+maxLength, and across requests with one schema).
 
 Closing within max_tokens. The walk also records, per allowed token, close_cost: the fewest bytes
 that complete the JSON after it. A byte-level BPE has a token for every byte, so that many more
@@ -38,8 +39,9 @@ import torch
 from tokenizers.decoders import ByteLevel as ByteLevelDecoder
 
 from minskill.serve.errors import bad_request
-from minskill.serve.json_schema import (JSON_OBJECT, InString, Node, SchemaError, advance,
-                                        close_cost, compile_schema, is_complete, start)
+from minskill.serve.json_machine import (JSON_OBJECT, InKey, InString, Node, advance,
+                                         close_cost, is_complete, start)
+from minskill.serve.json_schema import SchemaError, compile_schema
 
 FORMAT_FIELDS = ("response_format", "guided_json", "structured_outputs")
 NOT_ALLOWED = 2**31 - 1       # a token's cost where the schema forbids it
@@ -222,10 +224,15 @@ class Vocabulary:
         cost = torch.full((self.width,), NOT_ALLOWED, dtype=torch.int32)
         trie, string = self.trie, _open_string(state)
         if string is not None:                       # plain string text: counted, not walked
-            most = string.node.max_chars
-            room = NOT_ALLOWED - 1 if most is None else most - string.chars
-            plain = (self.plain_chars >= 0) & (self.plain_chars <= room)
-            cost[plain] = close_cost(state)
+            plain, base = self.plain_chars >= 0, close_cost(state)
+            if isinstance(string, InKey):            # (a longer key: a byte more to close, at most
+                cost[plain] = base + 2               # one more for the other keys still needed)
+            else:
+                most, least = string.node.max_chars, string.node.min_chars
+                room = NOT_ALLOWED - 1 if most is None else most - string.chars
+                plain &= self.plain_chars <= room
+                need = max(least - string.chars, 0)  # characters minLength still asks for
+                cost[plain] = (base - self.plain_chars.clamp(max=need))[plain]
             trie = self.unplain_trie
         ids, values = self._walk(trie, state)
         if ids:
@@ -254,14 +261,14 @@ class Vocabulary:
         return ids, values
 
 
-def _open_string(state: frozenset) -> InString | None:
-    """The string the reply is in, when that is all `state` allows and no character is half
-    written."""
+def _open_string(state: frozenset) -> InString | InKey | None:
+    """The string (or key) the reply is in, when that is all `state` allows and no character is
+    half written."""
     if len(state) != 1:
         return None
     [stack] = state
     top = stack[-1] if stack else None
-    return top if isinstance(top, InString) and not top.rest else None
+    return top if isinstance(top, (InString, InKey)) and not top.rest else None
 
 
 def _trie(tokens) -> _Trie:
@@ -275,15 +282,15 @@ def _trie(tokens) -> _Trie:
 
 
 def _plain_chars(data: bytes | None) -> int:
-    """The characters `data` adds inside a JSON string when it is whole UTF-8 characters none of
-    which is a quote, a backslash or a control character (what InString reads without a second
-    look), else -1."""
+    """The characters `data` adds inside a JSON string when it is two bytes or more of whole UTF-8
+    characters none of which is a quote, a backslash or a control character (what InString reads
+    without a second look), else -1."""
     try:
         text = (data or b"").decode("utf-8")
     except UnicodeDecodeError:
         return -1
-    if not text or any(c in '"\\' or c < " " for c in text):
-        return -1
+    if len(data or b"") < 2 or any(c in '"\\' or c < " " for c in text):
+        return -1                   # (a single byte is walked: its close_cost is exact there)
     return len(text)
 
 

@@ -11,57 +11,61 @@ do:
      pointer (#/properties/a/pattern).
   2. start(node) -> a State; advance(state, byte) -> the next State (empty: the byte is not
      allowed); close_cost(state): the fewest bytes that still complete a valid value (0: it is
-     complete).
+     complete). The nodes, the frames that read them and these functions are in
+     minskill.serve.json_machine.
 
-A State is a pushdown automaton's set of stacks. A stack is a tuple of frames, the last on top: the
-top frame reads the next byte, the frames under it are what follows it (a continuation: "after this
-string, whitespace, then the rest of the array"). A frame either reads bytes (a literal's next byte,
-a string's content, a number's digits, whitespace) or only expands (Expect: "a value of this node,
-not begun"; the positions between an array's items or an object's properties), into the frames that
-may come next. A state holds every way the bytes read so far can go on (anyOf's branches, a number
-that may end or continue), each expanded until its top frame reads bytes, so a byte is checked
-against the top frames only.
-
-Served subset (issue 42): type (a name or a list), enum and const (of any JSON values), anyOf, local
-$ref (to a definition, not recursive), objects (properties, required, additionalProperties false or
-true), arrays (items, minItems, maxItems), strings (maxLength), numbers and integers (minimum,
-maximum), booleans, null, and annotations that constrain nothing (title, description, ...). The
+Served (issues 42 and 49): type (a name or a list), enum and const (of any JSON values), anyOf,
+oneOf (disjoint branches), allOf (merged), local $ref (recursive ones unrolled RECURSION_DEPTH
+times), objects (properties, required, additionalProperties as false, true or a schema,
+minProperties, maxProperties), arrays (prefixItems, items, minItems, maxItems), strings (minLength,
+maxLength, pattern, format: minskill.serve.json_strings), numbers and integers (minimum, maximum,
+exclusiveMinimum, exclusiveMaximum; multipleOf for integers), booleans, null, and annotations that
+constrain nothing (title, description, ...). minskill.serve.json_compose reads the composition. The
 reply's own shape:
 
-  * properties come in the schema's order; a property not in `required` may be left out; no property
-    outside `properties` is written (additionalProperties true allows them but does not need them),
-    and a schema without properties (or response_format json_object) gets any keys and values;
+  * properties come in the schema's order; a property not in `required` may be left out; other keys
+    are written after them, only where additionalProperties is a schema (or the object lists no
+    properties), never one the schema lists, all distinct where minProperties counts them;
   * whitespace is "", " " or a newline and up to MAX_INDENT spaces or tabs, between tokens only
     (none before the value, none after it), so a small model cannot pad its reply without end;
   * numbers are written without an exponent, at most MAX_DIGITS digits before and after the point;
-  * strings are valid UTF-8 (escapes included), maxLength counted in characters (an escape is one).
+  * strings are valid UTF-8 (escapes included), lengths counted in characters (an escape is one).
 
-Adding a keyword (issue 49): read it in the builder of its type (_string, _number, _array, _object,
-or _Compiler.node for one that applies to any type), add it to SERVED, and if it needs a new shape
-of value, a node class with begin() and min_bytes, and a frame class that reads it.
+Adding a keyword: read it in the builder of its type (_string, _number, _array, _object, or
+_Compiler.node for one that applies to any type), add it to SERVED, and if it needs a new shape of
+value, a node class with begin() and min_bytes, and a frame class that reads it.
 """
 from __future__ import annotations
 
 import json
 import math
-import re
-from dataclasses import dataclass
 from fractions import Fraction
-from functools import cached_property, lru_cache
+from functools import lru_cache
 
-MAX_INDENT = 20        # spaces or tabs after a newline (llama.cpp's bound)
-MAX_DIGITS = 15        # digits before the point, and after it
+from minskill.serve.json_compose import ComposeError, cyclic_refs, merged, overlap, target
+# (JSON_OBJECT and close_cost: for the callers of this module, which need not know the machine's)
+from minskill.serve.json_machine import (ANY_VALUE, JSON_OBJECT, MAX_DIGITS, NOTHING,  # noqa: F401
+                                         AnyOf, Array, Literal, Node, Number, Object, Property,
+                                         String, advance, close_cost, is_complete, number_cost,
+                                         start)
+from minskill.serve.json_strings import FORMATS, PatternError, TextRule, compile_pattern
+
+RECURSION_DEPTH = 6    # a recursive $ref is followed this many times deep, then left out
 ANNOTATIONS = {"title", "description", "default", "examples", "$schema", "$id", "$comment",
-               "$defs", "definitions"}     # (definitions are read where a $ref points into them)
-SERVED = {"type", "enum", "const", "anyOf", "$ref", "properties", "required",
-          "additionalProperties", "items", "minItems", "maxItems", "maxLength", "minimum",
-          "maximum"}
+               "$defs", "definitions", "discriminator", "deprecated", "readOnly", "writeOnly"}
+SERVED = {"type", "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "properties", "required",
+          "additionalProperties", "minProperties", "maxProperties", "prefixItems", "items",
+          "minItems", "maxItems", "minLength", "maxLength", "pattern", "format", "minimum",
+          "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"}
 TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")
 # keywords that say a schema without "type" means one type (JSON Schema applies them to that type
 # only)
-IMPLIED_TYPE = {"properties": "object", "required": "object", "additionalProperties": "object",
-                "items": "array", "minItems": "array", "maxItems": "array", "maxLength": "string",
-                "minimum": "number", "maximum": "number"}
+IMPLIED_TYPE = {**dict.fromkeys(("properties", "required", "additionalProperties",
+                                 "minProperties", "maxProperties"), "object"),
+                **dict.fromkeys(("prefixItems", "items", "minItems", "maxItems"), "array"),
+                **dict.fromkeys(("minLength", "maxLength", "pattern", "format"), "string"),
+                **dict.fromkeys(("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
+                                 "multipleOf"), "number")}
 
 
 class SchemaError(ValueError):
@@ -83,18 +87,25 @@ def _compiled(schema_text: str) -> "Node":
     """Compiled once per schema text: its nodes, and the masks cached for their states, are shared
     by every request that sends it."""
     schema = json.loads(schema_text)
-    return _Compiler(schema).node(schema, "#")
+    node = _Compiler(schema).node(schema, "#")
+    if node.min_bytes == math.inf:
+        raise SchemaError("#", "no finite value satisfies the schema (a required property or "
+                          "item that recurses without end, or false)")
+    return node
 
 
 class _Compiler:
     def __init__(self, root):
         self.root = root
-        self.refs: dict[str, Node] = {}       # compiled $ref targets, by pointer
-        self.resolving: list[str] = []    # the $ref chain being compiled (a repeat is recursion)
+        self.refs: dict[tuple, Node] = {}     # compiled $ref targets, by (pointer, depth left)
+        self.cyclic = cyclic_refs(root)       # the $refs that recurse
+        self.depth_left = RECURSION_DEPTH
 
     def node(self, schema, where: str) -> "Node":
         if schema is True or schema == {}:
             return ANY_VALUE
+        if schema is False:
+            return NOTHING
         if not isinstance(schema, dict):
             raise SchemaError(where, "a schema must be an object or true, got "
                               f"{json.dumps(schema)[:60]}")
@@ -104,24 +115,65 @@ class _Compiler:
                                   f"keyword {key!r} is not served (served: "
                                   f"{', '.join(sorted(SERVED))})")
         constraints = [k for k in schema if k not in ANNOTATIONS]
-        for key in ("$ref", "anyOf"):
-            if key in schema and len(constraints) > 1:
-                other = next(k for k in constraints if k != key)
-                raise SchemaError(f"{where}/{_escape(other)}",
-                                  f"keyword {other!r} beside {key!r} is not "
-                                  f"served: move it into the schema {key!r} names")
+        if "allOf" in schema or ("$ref" in schema and len(constraints) > 1):
+            return self.all_of(schema, where)
         if "$ref" in schema:
             return self.ref(schema["$ref"], f"{where}/$ref")
-        if "anyOf" in schema:
-            options = schema["anyOf"]
-            if not isinstance(options, list) or not options:
-                raise SchemaError(f"{where}/anyOf", "anyOf must be a non-empty list of schemas")
-            return AnyOf(tuple(self.node(s, f"{where}/anyOf/{i}") for i, s in enumerate(options)))
+        for key in ("anyOf", "oneOf"):
+            if key in schema:
+                return self.any_of(schema, key, constraints, where)
         types = self.types(schema, where)
         if "const" in schema or "enum" in schema:
             return self.choice(schema, types, where)
         nodes = [BUILDERS[t](self, schema, where) for t in types]
         return nodes[0] if len(nodes) == 1 else AnyOf(tuple(nodes))
+
+    def any_of(self, schema: dict, key: str, constraints: list, where: str) -> "Node":
+        """anyOf, and oneOf where no two branches overlap (json_compose.overlap)."""
+        if len(constraints) > 1:
+            other = next(k for k in constraints if k != key)
+            raise SchemaError(f"{where}/{_escape(other)}", f"keyword {other!r} beside {key!r} "
+                              f"is not served: move it into the schemas {key!r} lists")
+        options = schema[key]
+        if not isinstance(options, list) or not options:
+            raise SchemaError(f"{where}/{key}", f"{key} must be a non-empty list of schemas")
+        nodes = tuple(self.node(s, f"{where}/{key}/{i}") for i, s in enumerate(options))
+        for i, first in enumerate(options):
+            for j in range(i + 1, len(options)):
+                if key == "oneOf" and overlap(first, options[j], self.resolve):
+                    raise SchemaError(f"{where}/oneOf", f"branches {i} and {j} may both match "
+                                      "a value: oneOf is served where its branches are disjoint "
+                                      "(a const or enum that differs, or distinct types)")
+        return nodes[0] if len(nodes) == 1 else AnyOf(nodes)
+
+    def all_of(self, schema: dict, where: str) -> "Node":
+        """allOf (and a $ref beside other keywords): one schema, merged (json_compose.merged)."""
+        parts, at = schema.get("allOf", []), f"{where}/allOf"
+        if not isinstance(parts, list) or ("allOf" in schema and not parts):
+            raise SchemaError(at, "allOf must be a non-empty list of schemas")
+        rest = {k: v for k, v in schema.items() if k not in ("allOf", "$ref")}
+        pointers = [f"{at}/{i}" for i in range(len(parts))]
+        if "$ref" in schema:
+            parts, pointers = [{"$ref": schema["$ref"]}, *parts], [where, *pointers]
+        if len(parts) == 1 and all(k in ANNOTATIONS for k in rest):
+            return self.node(parts[0], pointers[0])
+        try:
+            return self.node(merged([rest, *parts], [where, *pointers], self.resolve,
+                                    ANNOTATIONS), where)
+        except ComposeError as error:
+            raise SchemaError(error.pointer, str(error))
+
+    def resolve(self, schema):
+        """`schema` with its $ref followed (while it holds nothing else that constrains)."""
+        seen = set()
+        while isinstance(schema, dict) and isinstance(schema.get("$ref"), str) and all(
+                k in ANNOTATIONS for k in schema if k != "$ref") and schema["$ref"] not in seen:
+            seen.add(schema["$ref"])
+            try:
+                schema = target(self.root, schema["$ref"])
+            except KeyError:
+                return schema
+        return schema
 
     def types(self, schema: dict, where: str) -> list[str]:
         kind = schema.get("type")
@@ -136,62 +188,137 @@ class _Compiler:
         return list(dict.fromkeys(kinds))
 
     def choice(self, schema: dict, types: list[str], where: str) -> "Node":
-        """enum / const: each value written as JSON, those that fit the schema's type kept."""
+        """enum / const: each value written as JSON, those kept that the schema's other keywords
+        allow (its type, or what the machine of the rest reads whole)."""
         key = "const" if "const" in schema else "enum"
         values = [schema["const"]] if key == "const" else schema["enum"]
         if not isinstance(values, list):
             raise SchemaError(f"{where}/enum", "enum must be a list of values")
         kept = [v for v in values
                 if _type_of(v) in types or (_type_of(v) == "integer" and "number" in types)]
+        rest = {k: v for k, v in schema.items() if k not in ("const", "enum", "type")}
+        if any(k not in ANNOTATIONS for k in rest):
+            rest_node = self.node({**rest, "type": types}, where)
+            kept = [v for v in kept if _reads_whole(rest_node, json.dumps(
+                v, ensure_ascii=False, separators=(",", ":")).encode())]
         if not kept:
-            raise SchemaError(f"{where}/{key}", f"no value of {key} has the type {types}")
-        nodes = tuple(Literal(json.dumps(v, ensure_ascii=False).encode()) for v in kept)
+            raise SchemaError(f"{where}/{key}", f"no value of {key} has the type {types} and "
+                              "meets the schema's other keywords")
+        nodes = tuple(_value_node(v) for v in kept)
         return nodes[0] if len(nodes) == 1 else AnyOf(nodes)
 
     def ref(self, pointer, where: str) -> "Node":
         if not isinstance(pointer, str) or not pointer.startswith("#"):
             raise SchemaError(where, f"$ref {pointer!r} is not served: only a local reference "
                               "(#/...)")
-        if pointer in self.resolving:
-            raise SchemaError(where, f"$ref {pointer!r} is recursive: not served")
-        if pointer not in self.refs:
-            target = self.root
-            for part in [p for p in pointer[1:].split("/") if p]:
-                part = part.replace("~1", "/").replace("~0", "~")
-                if not isinstance(target, dict) or part not in target:
-                    raise SchemaError(where, f"$ref {pointer!r} points to nothing in the schema")
-                target = target[part]
-            self.resolving.append(pointer)
-            self.refs[pointer] = self.node(target, pointer)
-            self.resolving.pop()
-        return self.refs[pointer]
+        try:
+            schema = target(self.root, pointer)
+        except KeyError:
+            raise SchemaError(where, f"$ref {pointer!r} points to nothing in the schema")
+        recursive = pointer in self.cyclic
+        if recursive and self.depth_left == 0:
+            return NOTHING                    # deeper than RECURSION_DEPTH: left out
+        key = (pointer, self.depth_left)
+        if key not in self.refs:
+            self.depth_left -= recursive
+            try:
+                self.refs[key] = self.node(schema, pointer)
+            finally:
+                self.depth_left += recursive
+        return self.refs[key]
+
+
+def _value_node(value) -> "Node":
+    """The node of one JSON value: its text, with whitespace allowed between an array's or an
+    object's tokens (keys in the value's order)."""
+    if isinstance(value, list):
+        return Array(None, len(value), len(value), tuple(_value_node(v) for v in value))
+    if isinstance(value, dict):
+        return Object(tuple(Property(json.dumps(k, ensure_ascii=False).encode(), _value_node(v),
+                                     True) for k, v in value.items()), None)
+    return Literal(json.dumps(value, ensure_ascii=False).encode())
+
+
+def _reads_whole(node: "Node", text: bytes) -> bool:
+    state = start(node)
+    for byte in text:
+        state = advance(state, byte)
+    return is_complete(state)
 
 
 def _string(compiler: _Compiler, schema: dict, where: str) -> "Node":
-    return String(_count(schema, "maxLength", where))
+    low, high = _count(schema, "minLength", where) or 0, _count(schema, "maxLength", where)
+    regexes = []
+    if "format" in schema:
+        if schema["format"] not in FORMATS:
+            raise SchemaError(f"{where}/format", f"format {schema['format']!r} is not served "
+                              f"(served: {', '.join(FORMATS)})")
+        regexes.append(compile_pattern(f"^({FORMATS[schema['format']]})$"))
+    if "pattern" in schema:
+        try:
+            if not isinstance(schema["pattern"], str):
+                raise PatternError("pattern must be a string")
+            regexes.append(compile_pattern(schema["pattern"]))
+        except PatternError as error:
+            raise SchemaError(f"{where}/pattern", str(error))
+    node = String(low, high, TextRule(tuple(regexes), low, high) if regexes else None)
+    if (high is not None and high < low) or node.min_bytes == math.inf:
+        key = next(k for k in ("pattern", "format", "minLength", "maxLength") if k in schema)
+        raise SchemaError(f"{where}/{key}",
+                          "no string meets the schema's pattern, format, minLength and "
+                          "maxLength together")
+    return node
 
 
 def _number(compiler: _Compiler, schema: dict, where: str, integer: bool = False) -> "Node":
-    low, high = (_bound(schema, key, where) for key in ("minimum", "maximum"))
-    if integer:
-        low = None if low is None else math.ceil(low)
-        high = None if high is None else math.floor(high)
-    limit = 10 ** MAX_DIGITS
-    if (low is not None and high is not None and low > high) or (low is not None and low >= limit) \
-            or (high is not None and high <= -limit):
-        raise SchemaError(f"{where}/minimum", f"no {'integer' if integer else 'number'} of at most "
-                          f"{MAX_DIGITS} digits lies from minimum {low} to maximum {high}")
-    return Number(integer, low, high)
+    (low, low_open), (high, high_open) = (
+        _tighter(schema, key, f"exclusive{key.title()}", where, want)
+        for key, want in (("minimum", max), ("maximum", min)))
+    step = None
+    if "multipleOf" in schema:
+        step = schema["multipleOf"]
+        if not integer or not isinstance(step, (int, float)) or isinstance(step, bool) \
+                or step <= 0 or step != int(step):
+            raise SchemaError(f"{where}/multipleOf", "multipleOf is served for integers, as a "
+                              f"positive whole number, got {step!r} for a "
+                              f"{'n integer' if integer else ' number'}")
+        step = int(step)
+    if integer:                        # an open bound, as the closed one of integers
+        low = None if low is None else math.floor(low) + 1 if low_open else math.ceil(low)
+        high = None if high is None else math.ceil(high) - 1 if high_open else math.floor(high)
+        low_open = high_open = False
+    node = Number(integer, low, high, low_open, high_open, step)
+    if number_cost(node, b"") is None:
+        raise SchemaError(f"{where}/minimum", f"no {'integer' if integer else 'number'} of at "
+                          f"most {MAX_DIGITS} digits lies from minimum {low} to maximum {high}"
+                          + (f" and is a multiple of {step}" if step else ""))
+    return node
+
+
+def _tighter(schema: dict, key: str, exclusive: str, where: str, want) -> tuple:
+    """(bound, open) of a side: the tighter of `key` and `exclusive` (draft 6+: a number)."""
+    closed, opened = _bound(schema, key, where), _bound(schema, exclusive, where)
+    if opened is not None and (closed is None or want(opened, closed) == opened):
+        return opened, True
+    return closed, False
 
 
 def _array(compiler: _Compiler, schema: dict, where: str) -> "Node":
-    items = schema.get("items", True)
+    items, prefix = schema.get("items", True), schema.get("prefixItems", [])
     if isinstance(items, list):
-        raise SchemaError(f"{where}/items", "items as a list (a tuple) is not served")
+        raise SchemaError(f"{where}/items", "items as a list (a tuple) is not served: "
+                          "use prefixItems")
+    if not isinstance(prefix, list):
+        raise SchemaError(f"{where}/prefixItems", "prefixItems must be a list of schemas")
     low, high = _count(schema, "minItems", where) or 0, _count(schema, "maxItems", where)
+    if items is False:
+        high = len(prefix) if high is None else min(high, len(prefix))
     if high is not None and high < low:
-        raise SchemaError(f"{where}/maxItems", f"maxItems {high} < minItems {low}")
-    return Array(compiler.node(items, f"{where}/items"), low, high)
+        raise SchemaError(f"{where}/maxItems", f"maxItems {high} < minItems {low}"
+                          + (" (with items false)" if items is False else ""))
+    return Array(None if items is False else compiler.node(items, f"{where}/items"), low, high,
+                 tuple(compiler.node(s, f"{where}/prefixItems/{i}")
+                       for i, s in enumerate(prefix)))
 
 
 def _object(compiler: _Compiler, schema: dict, where: str) -> "Node":
@@ -201,21 +328,28 @@ def _object(compiler: _Compiler, schema: dict, where: str) -> "Node":
         raise SchemaError(f"{where}/properties", "properties must be an object")
     if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
         raise SchemaError(f"{where}/required", "required must be a list of property names")
-    if not isinstance(extra, bool):
-        raise SchemaError(f"{where}/additionalProperties",
-                          "additionalProperties as a schema is not "
-                          "served: give true or false")
     missing = [r for r in required if r not in properties]
-    if missing and not extra:
+    if missing and extra is False:
         raise SchemaError(f"{where}/required",
                           f"{missing[0]!r} is required but additionalProperties is "
                           "false and properties does not list it")
-    listed = {**properties, **{name: True for name in missing}}
+    listed = {**properties, **{name: extra for name in missing}}
     fields = tuple(Property(json.dumps(name, ensure_ascii=False).encode(),
                             compiler.node(s, f"{where}/properties/{_escape(name)}"),
                             name in required)
                    for name, s in listed.items())
-    return Object(fields, ANY_VALUE if extra and not fields else None)
+    if extra is True:
+        extra_node = None if fields else ANY_VALUE
+    else:
+        extra_node = None if extra is False else compiler.node(
+            extra, f"{where}/additionalProperties")
+    low, high = (_count(schema, key, where) for key in ("minProperties", "maxProperties"))
+    node = Object(fields, extra_node, low or 0, high, frozenset(n.encode() for n in listed))
+    if node.min_bytes == math.inf and all(p.value.min_bytes < math.inf
+                                          for p in fields if p.required):
+        raise SchemaError(f"{where}/minProperties", "no object has between minProperties and "
+                          "maxProperties properties that the schema allows")
+    return node
 
 
 BUILDERS = {"string": _string, "number": _number, "array": _array, "object": _object,
@@ -249,404 +383,3 @@ def _type_of(value) -> str:
 def _escape(key: str) -> str:
     """A property name as a JSON pointer writes it."""
     return str(key).replace("~", "~0").replace("/", "~1")
-
-
-# ---- the nodes: what a value may be --------------------------------------------------------------
-# A node says how its value begins (begin(): the stack fragments that replace an Expect of it) and
-# how few bytes it takes (min_bytes, worked out once). Nodes compare by identity: a state hashes
-# fast however big its schema.
-class Node:
-    min_bytes: int
-
-
-@dataclass(eq=False)
-class Literal(Node):
-    """One fixed text: a JSON value of enum or const, true, false, null."""
-    text: bytes
-
-    @cached_property
-    def min_bytes(self):
-        return len(self.text)
-
-    def begin(self):
-        return [(Lit(self.text),)]
-
-
-@dataclass(eq=False)
-class AnyOf(Node):
-    options: tuple
-
-    @cached_property
-    def min_bytes(self):
-        return min(o.min_bytes for o in self.options)
-
-    def begin(self):
-        return [fragment for option in self.options for fragment in option.begin()]
-
-
-@dataclass(eq=False)
-class String(Node):
-    max_chars: int | None
-
-    min_bytes = 2
-
-    def begin(self):
-        return [then(Lit(b'"'), InString(self, 0, ()))]
-
-
-@dataclass(eq=False)
-class Number(Node):
-    integer: bool
-    minimum: Fraction | int | None
-    maximum: Fraction | int | None
-
-    @cached_property
-    def min_bytes(self):
-        return number_cost(self, b"")
-
-    def begin(self):
-        return [(InNumber(self, b""),)]
-
-
-@dataclass(eq=False)
-class Array(Node):
-    items: Node
-    min_items: int
-    max_items: int | None
-
-    @cached_property
-    def min_bytes(self):
-        return 1 + ArrayNext(self, 0).min_bytes()
-
-    def begin(self):
-        return [then(Lit(b"["), SPACE, ArrayNext(self, 0))]
-
-
-@dataclass(eq=False)
-class Property:
-    key: bytes            # the name, written as JSON ("name" with its quotes)
-    value: Node
-    required: bool
-
-
-@dataclass(eq=False)
-class Object(Node):
-    """`properties` in their order; `extra`: the value of any other key (None: no other key)."""
-    properties: tuple
-    extra: Node | None
-
-    @cached_property
-    def min_bytes(self):
-        return 1 + ObjectNext(self, 0, False).min_bytes()
-
-    def begin(self):
-        return [then(Lit(b"{"), SPACE, ObjectNext(self, 0, False))]
-
-
-class AnyValue(Node):
-    """Any JSON value (the schema `{}` or true; the values of response_format json_object)."""
-    min_bytes = 1                                     # the number 0
-
-    def begin(self):
-        return [fragment for option in _ANY_OPTIONS for fragment in option.begin()]
-
-
-ANY_VALUE = AnyValue()
-_ANY_OPTIONS = (Object((), ANY_VALUE), Array(ANY_VALUE, 0, None), String(None),
-                Number(False, None, None),
-                Literal(b"true"), Literal(b"false"), Literal(b"null"))
-JSON_OBJECT = _ANY_OPTIONS[0]                       # response_format {"type": "json_object"}
-
-
-# ---- the frames: where in a value the reply is ---------------------------------------------------
-# A frame that reads bytes has eat(byte) -> the fragments that replace it (an empty one: it is
-# done); a frame that may end or expand without reading has moves() -> those fragments. min_bytes():
-# the fewest bytes that complete it. Frames are values (frozen dataclasses), so a state is a set and
-# a mask can be cached per state.
-def then(*frames) -> tuple:
-    """A stack fragment that runs `frames` in reading order (the first on top)."""
-    return tuple(reversed(frames))
-
-
-@dataclass(frozen=True, slots=True)
-class Expect:
-    """A value of `node`, not begun."""
-    node: Node
-    reads = False
-
-    def moves(self):
-        return self.node.begin()
-
-    def min_bytes(self):
-        return self.node.min_bytes
-
-
-@dataclass(frozen=True, slots=True)
-class Lit:
-    text: bytes
-    at: int = 0
-    reads = True
-
-    def eat(self, byte: int):
-        if self.text[self.at] != byte:
-            return []
-        return [()] if self.at + 1 == len(self.text) else [(Lit(self.text, self.at + 1),)]
-
-    def moves(self):
-        return []
-
-    def min_bytes(self):
-        return len(self.text) - self.at
-
-
-@dataclass(frozen=True, slots=True)
-class Space:
-    """Whitespace between tokens: "", " ", or a newline and up to MAX_INDENT spaces or tabs."""
-    indent: int = -1        # -1: nothing read yet; else the spaces or tabs read after the newline
-    reads = True
-
-    def eat(self, byte: int):
-        if self.indent < 0:
-            return [()] if byte == 0x20 else [(Space(0),)] if byte == 0x0A else []
-        more = byte in (0x20, 0x09) and self.indent < MAX_INDENT
-        return [(Space(self.indent + 1),)] if more else []
-
-    def moves(self):
-        return [()]
-
-    def min_bytes(self):
-        return 0
-
-
-SPACE = Space()
-_CONTINUATION = frozenset(range(0x80, 0xC0))
-_HEX = frozenset(b"0123456789abcdefABCDEF")
-_ESCAPED = frozenset(b'"\\/bfnrtu')
-
-
-def _utf8_rest(lead: int) -> tuple | None:
-    """The bytes a UTF-8 character needs after its lead byte (a set per byte), None for no lead
-    byte."""
-    if 0xC2 <= lead <= 0xDF:
-        return (_CONTINUATION,)
-    second = {0xE0: range(0xA0, 0xC0), 0xED: range(0x80, 0xA0), 0xF0: range(0x90, 0xC0),
-              0xF4: range(0x80, 0x90)}.get(lead)
-    if 0xE0 <= lead <= 0xEF:
-        return (frozenset(second) if second else _CONTINUATION, _CONTINUATION)
-    if 0xF0 <= lead <= 0xF4:
-        return (frozenset(second) if second else _CONTINUATION, _CONTINUATION, _CONTINUATION)
-    return None
-
-
-_UTF8_REST = {lead: _utf8_rest(lead) for lead in range(0x80, 0x100)}
-
-
-@dataclass(frozen=True, slots=True)
-class InString:
-    """Inside a string, after its opening quote. `rest`: the bytes the current character still needs
-    (an escape's, a UTF-8 character's), a set of allowed bytes each; `chars`: characters written,
-    counted only under maxLength (else 0, so the state does not change along the string and its mask
-    is cached)."""
-    node: String
-    chars: int
-    rest: tuple
-    reads = True
-
-    def eat(self, byte: int):
-        if self.rest:
-            if byte not in self.rest[0]:
-                return []
-            rest = (_HEX,) * 4 if self.rest[0] is _ESCAPED and byte == 0x75 else self.rest[1:]
-            return [(InString(self.node, self.chars, rest),)]
-        if byte == 0x22:
-            return [()]
-        if byte < 0x20 or (self.node.max_chars is not None and self.chars >= self.node.max_chars):
-            return []
-        rest = (_ESCAPED,) if byte == 0x5C else () if byte < 0x80 else _UTF8_REST[byte]
-        if rest is None:
-            return []
-        return [(InString(self.node, self.chars + (self.node.max_chars is not None), rest),)]
-
-    def moves(self):
-        return []
-
-    def min_bytes(self):
-        return len(self.rest) + 1
-
-
-@dataclass(frozen=True, slots=True)
-class InNumber:
-    """A number's text so far (maybe empty): it reads a byte that keeps it a prefix of a number in
-    range."""
-    node: Number
-    text: bytes
-    reads = True
-
-    def eat(self, byte: int):
-        text = self.text + bytes((byte,))
-        return [(InNumber(self.node, text),)] if number_cost(self.node, text) is not None else []
-
-    def moves(self):
-        return [()] if number_cost(self.node, self.text) == 0 else []
-
-    def min_bytes(self):
-        return number_cost(self.node, self.text)
-
-
-@dataclass(frozen=True, slots=True)
-class ArrayNext:
-    """Between an array's items, after `count` of them (and the whitespace after each)."""
-    node: Array
-    count: int
-    reads = False
-
-    def moves(self):
-        node, count, out = self.node, self.count, []
-        if count >= node.min_items:
-            out.append((Lit(b"]"),))
-        if node.max_items is None or count < node.max_items:
-            comma = (Lit(b","), SPACE) if count else ()
-            out.append(then(*comma, Expect(node.items), SPACE, ArrayNext(node, count + 1)))
-        return out
-
-    def min_bytes(self):
-        need = max(self.node.min_items - self.count, 0)
-        commas = need if self.count else max(need - 1, 0)
-        return need * self.node.items.min_bytes + commas + 1
-
-
-@dataclass(frozen=True, slots=True)
-class ObjectNext:
-    """Between an object's properties: the next may be property `index` or a later one (those
-    between are left out: they must be optional), or, once none that is required is left, "}" or an
-    extra key."""
-    node: Object
-    index: int
-    written: bool            # a property was written (the next needs a comma)
-    reads = False
-
-    def moves(self):
-        node, out = self.node, []
-        comma = (Lit(b","), SPACE) if self.written else ()
-        for j in range(self.index, len(node.properties)):
-            prop = node.properties[j]
-            out.append(then(*comma, Lit(prop.key), SPACE, Lit(b":"), SPACE, Expect(prop.value),
-                            SPACE,
-                            ObjectNext(node, j + 1, True)))
-            if prop.required:
-                return out
-        out.append((Lit(b"}"),))
-        if node.extra is not None:      # (issue 49: keys must then differ from the listed ones)
-            out.append(then(*comma, Expect(_KEY), SPACE, Lit(b":"), SPACE, Expect(node.extra),
-                            SPACE,
-                            ObjectNext(node, len(node.properties), True)))
-        return out
-
-    def min_bytes(self):
-        needed = [p for p in self.node.properties[self.index:] if p.required]
-        commas = len(needed) if self.written else max(len(needed) - 1, 0)
-        return sum(len(p.key) + 1 + p.value.min_bytes for p in needed) + commas + 1
-
-
-_KEY = String(None)
-
-
-# ---- numbers: which texts can still become a number in range -------------------------------------
-_NUMBER_PREFIX = re.compile(rb"(-?)(0|[1-9][0-9]*)?(\.[0-9]*)?")
-
-
-@lru_cache(maxsize=65536)
-def number_cost(node: Number, text: bytes) -> int | None:
-    """The fewest bytes that make `text` a number `node` allows (0: it is one), None if none can."""
-    match = _NUMBER_PREFIX.fullmatch(text)
-    if not match:
-        return None
-    sign, whole, point = match.groups()
-    if (point and (not whole or node.integer)) or len(whole or b"") > MAX_DIGITS \
-            or len(point or b".") - 1 > MAX_DIGITS:
-        return None
-    fraction = (point or b".")[1:]
-    for extra in range(2 * MAX_DIGITS + 2):           # completions by length: the first that fits
-        if _fits(node, sign == b"-", whole or b"", point is not None, fraction, extra):
-            return extra
-    return None
-
-
-def _fits(node: Number, negative: bool, whole: bytes, point: bool, fraction: bytes,
-          extra: int) -> bool:
-    """Whether appending exactly `extra` bytes to the number's text can give a value in node's
-    range."""
-    most = 0 if point or whole == b"0" else min(extra, MAX_DIGITS - len(whole))
-    more_whole = range(0, most + 1)
-    for grow in more_whole:                       # digits added before the point
-        left = extra - grow
-        if point:
-            digits = len(fraction) + left
-        elif left == 0:
-            digits = 0
-        elif node.integer or left < 2:
-            continue
-        else:
-            digits = left - 1                      # "." and at least one digit
-        if (point and digits == 0) or digits > MAX_DIGITS or (not whole and grow == 0):
-            continue
-        # the values reachable: u / 10^digits for integers u in [low_u, high_u]
-        known = int(whole + fraction or b"0")
-        scale = 10 ** (grow + digits - len(fraction))
-        low_u, high_u = known * scale, (known + 1) * scale - 1
-        if not whole:                              # no digit yet: any whole part of `grow` digits
-            low_u = (0 if grow == 1 else 10 ** (grow - 1)) * 10 ** digits
-            high_u = 10 ** (grow + digits) - 1
-        if _meets(node, negative, low_u, high_u, 10 ** digits):
-            return True
-    return False
-
-
-def _meets(node: Number, negative: bool, low_u: int, high_u: int, unit: int) -> bool:
-    """Some u in [low_u, high_u] gives a value (-)u / unit within node's minimum and maximum."""
-    low, high = node.minimum, node.maximum
-    if negative:
-        low, high = (None if high is None else -high), (None if low is None else -low)
-    if low is not None:
-        low_u = max(low_u, math.ceil(low * unit))
-    if high is not None:
-        high_u = min(high_u, math.floor(high * unit))
-    return low_u <= high_u
-
-
-# ---- 2. the machine: states, and a byte at a time ------------------------------------------------
-def start(node: Node) -> frozenset:
-    """The state before the reply's first byte."""
-    return _closed([(Expect(node),)])
-
-
-def advance(state: frozenset, byte: int) -> frozenset:
-    """The state after one more byte (empty when no stack of `state` reads it)."""
-    return _closed([stack[:-1] + fragment
-                    for stack in state if stack for fragment in stack[-1].eat(byte)])
-
-
-def is_complete(state: frozenset) -> bool:
-    """The bytes read are a whole value (the reply may end here)."""
-    return () in state
-
-
-def close_cost(state: frozenset) -> int | None:
-    """The fewest bytes that complete a value from `state` (None: dead). Frames are independent: a
-    stack costs the sum of its frames'."""
-    return min((sum(frame.min_bytes() for frame in stack) for stack in state), default=None)
-
-
-def _closed(stacks) -> frozenset:
-    """The stacks, each expanded (moves()) until its top frame reads bytes or it is empty (done)."""
-    done, todo, seen = set(), list(stacks), set()
-    while todo:
-        stack = todo.pop()
-        if stack in seen:
-            continue
-        seen.add(stack)
-        if not stack or stack[-1].reads:
-            done.add(stack)
-        if stack:
-            todo.extend(stack[:-1] + fragment for fragment in stack[-1].moves())
-    return frozenset(done)

@@ -18,6 +18,12 @@ A reply whose calls do not all parse is plain content, as vLLM returns it. `tool
     `parallel_tool_calls: false`), so it always parses unless max_tokens cuts it;
   * {"type": "function", "function": {"name": N}}: the reply is constrained to N's arguments.
 
+Forced, the reply is JSON from its first token: no text comes before the call. A function's
+arguments are constrained to its `parameters` where minskill.serve.json_schema serves that schema;
+where it does not, a function with `strict: true` is a 400 naming the keyword and its pointer (in
+any tool_choice, as OpenAI checks a strict schema), and one without is constrained to any JSON
+object.
+
 As vLLM does for "required" and a named function, the constrained reply is JSON only, not the
 template's call syntax. A reply with calls is returned as message.tool_calls ({"id": "call_...",
 "type": "function", "function": {"name", "arguments": JSON text}}), its content null when empty, and
@@ -65,6 +71,8 @@ def tool_use(payload: dict) -> ToolUse | None:
     parameters = {_tool_name(tool, i): _parameters(tool, i) for i, tool in enumerate(tools)}
     if len(parameters) < len(tools):
         raise bad_request("'tools' names a function twice: names must be unique", "tools")
+    parameters = {name: _served(schema, tools[i], f"tools[{i}].function")   # strict: a 400 here
+                  for i, (name, schema) in enumerate(parameters.items())}
     parallel = payload.get("parallel_tool_calls")
     if parallel is not None and not isinstance(parallel, bool):
         raise bad_request(f"'parallel_tool_calls' must be true or false, got {parallel!r:.40}",
@@ -86,8 +94,6 @@ def tool_use(payload: dict) -> ToolUse | None:
         return None
     use = ToolUse(tools, choice, None, parallel is not False)
     if choice == "required":
-        for i, (name, schema) in enumerate(parameters.items()):   # each tool's own 400 first
-            _format(schema, f"tools[{i}].function.parameters")
         use.schema = _format(calls_schema(parameters, use.parallel), "tools")
     return use
 
@@ -130,12 +136,30 @@ def _replayed_call(call, where: str) -> dict:
 
 
 def calls_schema(parameters: dict, parallel: bool) -> dict:
-    """The JSON Schema of a "required" reply: an array of calls of the given tools."""
+    """The JSON Schema of a "required" reply: an array of calls of the given tools. Each tool's
+    parameters sit in $defs under its name, their local $refs (pydantic's #/$defs/...) rebased
+    there, so they still point where they did."""
     calls = {"type": "array", "minItems": 1, "items": {"anyOf": [
-        {"type": "object", "properties": {"name": {"enum": [name]}, "arguments": schema},
+        {"type": "object", "properties": {"name": {"enum": [name]},
+                                          "arguments": {"$ref": f"#/$defs/{name}"}},
          "required": ["name", "arguments"], "additionalProperties": False}
-        for name, schema in parameters.items()]}}
+        for name in parameters]},
+        "$defs": {name: _rebased(schema, f"#/$defs/{name}") for name, schema in parameters.items()}}
     return calls if parallel else {**calls, "maxItems": 1}
+
+
+def _rebased(schema, root: str):
+    """`schema` with each local $ref ("#..." ) read from `root` instead of the document's root."""
+    if isinstance(schema, list):
+        return [_rebased(s, root) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    return {key: root + value[1:] if key == "$ref" and isinstance(value, str)
+            and value.startswith("#") else value if key in _VALUES else _rebased(value, root)
+            for key, value in schema.items()}
+
+
+_VALUES = ("const", "enum", "default", "examples")     # JSON values, not schemas: kept as they are
 
 
 def _tool_name(tool, i: int) -> str:
@@ -163,6 +187,25 @@ def _parameters(tool: dict, i: int):
     if not isinstance(schema, dict):
         raise bad_request(f"'tools[{i}].function.parameters' must be a JSON Schema object",
                           f"tools[{i}].function.parameters")
+    return schema
+
+
+def _served(schema, tool: dict, where: str):
+    """The schema a tool's arguments are constrained to: its `parameters` where the decoder serves
+    them; where it does not, a 400 naming the keyword when the function is `strict`, else any JSON
+    object (the call still parses)."""
+    strict = tool["function"].get("strict")
+    if strict not in (None, True, False):
+        raise bad_request(f"'{where}.strict' must be true or false, got {strict!r:.40}",
+                          f"{where}.strict")
+    try:
+        compile_schema(schema)
+    except (SchemaError, RecursionError) as error:
+        if strict:
+            problem = f"at {error}" if isinstance(error, SchemaError) else "is nested too deeply"
+            raise bad_request(f"'{where}.parameters' {problem} (the function is strict)",
+                              f"{where}.parameters", "unsupported_schema")
+        return {"type": "object"}
     return schema
 
 
