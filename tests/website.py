@@ -10,14 +10,19 @@ of two pages (multi_source, hard); each with question, answer, root_url, info {t
 multi_source, difficulty_level}, and "oracle": the visits along the shortest link path to each page
 the answer needs, then the answer. /search?q=...&format=json answers as SearXNG does ({"query",
 "number_of_results", "results": [{"url", "title", "content"}]}, by BM25 over every page); without
-format=json it answers 403, as SearXNG does when JSON is off. Under /test/ are the bad cases the
-tools must survive: a 50 MB page, a redirect loop, a redirect chain, redirects to a private address,
-binary files, HTML that does not parse, a page in Latin-1, a 404, a slow page, a search backend that
-answers HTML.
+format=json it answers 403, as SearXNG does when JSON is off. /res/v1/web/search answers as the
+Brave Search API does (its key in the X-Subscription-Token header, else 401 with Brave's error body;
+{"type": "search", "query", "web": {"results": [{"title", "url", "description"}]}}, <strong> marks
+in the text, no `web` where nothing matched); `requests` records each request's host, path and key
+header. Under /test/ are the bad cases the tools must survive: a 50 MB page, a redirect loop, a
+redirect chain, redirects to a private address, binary files, HTML that does not parse, a page in
+Latin-1, a 404, a slow page, a search backend that answers HTML, and Brave's API answering 429, 503,
+bad JSON, no web.results, a result without a URL or with a javascript: one, results too long, a
+redirect to another origin.
 
 As a script it serves the site, writes the tasks, and runs a command against it with
-MINSKILL_SEARCH_URL and MINSKILL_WEB_ALLOW set (then, with --count-in, prints the tool calls of the
-run's trajectories):
+MINSKILL_SEARCH_URL and MINSKILL_WEB_ALLOW set (with --search-api brave, MINSKILL_SEARCH_API and
+BRAVE_SEARCH_API_KEY too; then, with --count-in, prints the tool calls of the run's trajectories):
 
     python tests/website.py --tasks /tmp/web/tasks.jsonl \\
         --count-in /tmp/web/run/trajectories.jsonl -- \\
@@ -45,12 +50,22 @@ from minskill.tasks.webwalk import _make_site, _path, _question  # noqa: E402
 
 BIG_PAGE_BYTES = 50 * 2**20
 SEARCH_RESULTS = 5
+BRAVE_PATH = "/res/v1/web/search"
+API_KEY = "test-brave-key-5f0c2a9e"   # the key the fake Brave Search API takes
+
+
+def brave_error(status: int, code: str, detail: str) -> dict:
+    """An error body as the Brave Search API writes it."""
+    return {"type": "ErrorResponse", "time": 0, "error": {
+        "id": "00000000-0000-0000-0000-000000000000", "status": status, "code": code,
+        "detail": detail, "meta": {"component": "api"}}}
 
 
 class Website:
     """`n_sites` generated sites (`seed`), served by start() on 127.0.0.1 until close()."""
 
-    def __init__(self, n_sites: int = 4, seed: int = 0):
+    def __init__(self, n_sites: int = 4, seed: int = 0, api_key: str = API_KEY):
+        self.api_key, self.requests = api_key, []   # requests: (Host, path, X-Subscription-Token)
         self.sites = []
         for k in range(n_sites):
             rng = random.Random(f"website|{seed}|{k}")
@@ -160,6 +175,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self):
         parts = urlsplit(self.path)
+        self.site.requests.append((self.headers.get("Host"), self.path,
+                                   self.headers.get("X-Subscription-Token")))
         if parts.path in self.site.pages:
             return self.send(200, self.site.pages[parts.path][2].encode(),
                              "text/html; charset=utf-8")
@@ -171,12 +188,31 @@ class _Handler(BaseHTTPRequestHandler):
             results = self.site.search(q)
             body = {"query": q, "number_of_results": len(results), "results": results}
             return self.send(200, json.dumps(body).encode(), "application/json")
+        if parts.path == BRAVE_PATH:
+            return self.brave_search(parse_qs(parts.query))
         test = parts.path[len("/test/"):] if parts.path.startswith("/test/") else None
         handler = (getattr(self, f"test_{test.split('/')[0].replace('-', '_')}", None) if test
                    else None)
         if handler is None:
             return self.send(404, b"<h1>Not found</h1>", "text/html")
         return handler(parts)
+
+    def brave_search(self, query: dict):
+        """The Brave Search API's web search (module docstring)."""
+        if self.headers.get("X-Subscription-Token") != self.site.api_key:
+            return self.send_json(401, brave_error(401, "SUBSCRIPTION_TOKEN_INVALID",
+                                                   "The provided subscription token is invalid."))
+        q, count = query.get("q", [""])[0], int(query.get("count", ["20"])[0])
+        body = {"type": "search", "query": {"original": q, "more_results_available": False}}
+        hits = self.site.search(q)[:count]
+        if hits:
+            body["web"] = {"type": "search", "family_friendly": True, "results": [
+                {"type": "search_result", "title": hit["title"], "url": hit["url"],
+                 "description": _marked(hit["content"], q), "language": "en"} for hit in hits]}
+        self.send_json(200, body)
+
+    def send_json(self, status: int, body):
+        self.send(status, json.dumps(body).encode(), "application/json")
 
     def send(self, status: int, body: bytes, content_type: str | None, headers: dict | None = None):
         self.send_response(status)
@@ -250,6 +286,49 @@ class _Handler(BaseHTTPRequestHandler):
     def test_search_html(self, parts):
         self.send(200, b"<html><p>this is not JSON</p></html>", "text/html")
 
+    # the Brave Search API's bad answers
+    def test_brave_rate_limited(self, parts):
+        self.send_json(429, brave_error(429, "RATE_LIMITED",
+                                        "Request rate limit exceeded for plan."))
+
+    def test_brave_unavailable(self, parts):
+        self.send(503, b"upstream connect error", "text/plain")
+
+    def test_brave_bad_json(self, parts):
+        self.send(200, b'{"type": "search", "web": {"results": [', "application/json")
+
+    def test_brave_no_results_list(self, parts):
+        self.send_json(200, {"type": "search", "query": {"original": "x"},
+                             "web": {"type": "search"}})
+
+    def test_brave_not_search(self, parts):
+        self.send_json(200, {"query": {"original": "x"}})
+
+    def test_brave_no_url(self, parts):
+        self.send_json(200, {"type": "search", "web": {"results": [
+            {"title": "Fine", "url": "http://example.org/", "description": "a result"},
+            {"title": "No URL", "description": "a result without its url"}]}})
+
+    def test_brave_script_url(self, parts):
+        self.send_json(200, {"type": "search", "web": {"results": [
+            {"title": "Script", "url": "javascript:alert(1)", "description": "not a page"}]}})
+
+    def test_brave_long(self, parts):
+        self.send_json(200, {"type": "search", "web": {"results": [
+            {"title": "Long <b>title</b>\n" * 100, "url": "http://example.org/" + "a" * 1000,
+             "description": "a line\nof text " * 1000}]}})
+
+    def test_brave_elsewhere(self, parts):   # (to another origin: localhost for 127.0.0.1)
+        port = self.server.server_address[1]
+        self.send(302, b"", None, {"Location": f"http://localhost:{port}{BRAVE_PATH}?q=x"})
+
+
+def _marked(text: str, query: str) -> str:
+    """`text` as Brave's descriptions are: HTML-escaped, the query's words in <strong>."""
+    words = {w.lower() for w in query.split()}
+    return " ".join(f"<strong>{html.escape(w)}</strong>" if w.lower().strip(".,") in words
+                    else html.escape(w) for w in text.split())
+
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -257,6 +336,9 @@ def main(argv=None) -> int:
     p.add_argument("--sites", type=int, default=12,
                    help="sites generated (4 tasks each; default 12)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--search-api", choices=("searxng", "brave"), default="searxng",
+                   help="the search endpoint the command is given: SearXNG's (default) or the "
+                   "fake Brave Search API's (its key set in $BRAVE_SEARCH_API_KEY)")
     p.add_argument("--count-in", default=None,
                    help="after the command: tool calls of this trajectories.jsonl")
     p.add_argument("command", nargs=argparse.REMAINDER,
@@ -269,6 +351,8 @@ def main(argv=None) -> int:
               f"{len(website.tasks())} tasks in {path}", file=sys.stderr, flush=True)
         command = args.command[1:] if args.command[:1] == ["--"] else args.command
         env = {**os.environ, "MINSKILL_SEARCH_URL": website.url, "MINSKILL_WEB_ALLOW": "127.0.0.1"}
+        if args.search_api == "brave":
+            env.update(MINSKILL_SEARCH_API="brave", BRAVE_SEARCH_API_KEY=website.api_key)
         code = subprocess.call(command, env=env) if command else 0
     finally:
         website.close()

@@ -1,5 +1,6 @@
-"""The web agent's tools over HTTP: web_search (SearXNG's JSON API), visit (a page as readable text
-with numbered links), read_file (a task's own attachment), and the LLM judge of WebWalker's answers.
+"""The web agent's tools over HTTP: web_search (SearXNG's JSON API, or the Brave Search API's),
+visit (a page as readable text with numbered links), read_file (a task's own attachment), and the
+LLM judge of WebWalker's answers.
 
 Every failure is a ToolError naming what and why (the agent sees it as "Tool error (verb): ..."),
 never a traceback: a backend or page that does not answer, an HTTP error status, a page over the
@@ -17,8 +18,11 @@ same way, and at most --web-max-redirects are followed. A page is read for at mo
 seconds in all and at most --web-max-bytes bytes (the rest is left unread and the page says it was
 cut); its charset is the Content-Type's, else an HTML <meta charset>, else UTF-8, and bytes that are
 not in it read as U+FFFD. Proxies from the environment are not used. The search backend is the
-user's own (--search-url), so its host needs no allow-list; the URLs it returns are untrusted like
-any other.
+user's own (--search-url; with --search-api brave, Brave's host unless --search-url names another),
+so its host needs no allow-list; the URLs it returns are untrusted like any other. The Brave Search
+API's key is read from $BRAVE_SEARCH_API_KEY only (a flag's value would land in the run's recorded
+command), sent in its header and to no other origin (a redirect elsewhere drops it), and written in
+no message.
 
 Settings are read from the environment of the process at each episode (WebSettings.from_environ), so
 that every script runs web suites unchanged; rollout's flags (add_web_args) set the same variables
@@ -45,7 +49,7 @@ from urllib.parse import urlencode, urljoin, urlsplit
 from minskill.serve.client import ChatClient, ChatError
 from minskill.tasks.webagent import TOOLS, ToolError
 
-from .page_text import Page, html_to_text
+from .page_text import Page, html_to_text, strip_tags
 
 USER_AGENT = "minskill-web-agent/1.0 (research agent)"
 HEADERS = {"User-Agent": USER_AGENT, "Accept-Encoding": "identity",
@@ -54,6 +58,9 @@ TEXT_TYPES = ("text/", "application/json", "application/xml", "application/xhtml
               "application/javascript", "application/ld+json", "application/rss+xml",
               "application/atom+xml")
 SUPPORTED_FILES = "text, CSV/TSV, JSON, HTML, XML and ZIP archives (their listing)"
+BRAVE_URL = "https://api.search.brave.com/res/v1/web/search"
+BRAVE_PATH = "/res/v1/web/search"
+BRAVE_KEY_ENV = "BRAVE_SEARCH_API_KEY"   # the name Brave's own examples use
 # WebWalker's judge: LangChain's "cot_qa" evaluator (WebWalker's evaluate.py loads it), whose prompt
 # is this; QUESTION is the question, CONTEXT the reference, STUDENT ANSWER the agent's answer.
 JUDGE_PROMPT = (
@@ -79,7 +86,11 @@ _META_CHARSET = re.compile(rb"<meta[^>]{0,200}?charset\s*=\s*[\"']?\s*([A-Za-z0-
 WEB_FLAGS = [
     ("--search-url", "MINSKILL_SEARCH_URL", "search_url",
      "web suites: base URL of a SearXNG instance (its /search?format=json; JSON must be on in "
-     "its settings.yml)"),
+     "its settings.yml); with --search-api brave, where Brave's API is (default "
+     f"{BRAVE_URL})"),
+    ("--search-api", "MINSKILL_SEARCH_API", "search_api",
+     "web suites: the search backend's API: searxng (default; needs --search-url) or brave (the "
+     f"Brave Search API; its key from ${BRAVE_KEY_ENV}, never a flag)"),
     ("--web-allow", "MINSKILL_WEB_ALLOW", "allow",
      "web suites: comma-separated hosts, addresses or networks (CIDR) fetched although not "
      "public, e.g. 127.0.0.1"),
@@ -110,13 +121,15 @@ WEB_FLAGS = [
      "web suites: tool_choice sent with the openai format: required (default: every reply is "
      "one call, which the server constrains) or auto (the model may write text: read as ReAct)"),
 ]
-CHOICES = {"tool_calls": ("auto", "openai", "react"), "tool_choice": ("required", "auto")}
+CHOICES = {"tool_calls": ("auto", "openai", "react"), "tool_choice": ("required", "auto"),
+           "search_api": ("searxng", "brave")}
 
 
 @dataclass(frozen=True)
 class WebSettings:
     """What the tools may do (module docstring); from_environ reads each from its variable."""
     search_url: str | None = None
+    search_api: str = "searxng"
     allow: tuple[str, ...] = ()
     allow_only: bool = False
     timeout: float = 15.0
@@ -130,6 +143,7 @@ class WebSettings:
     tool_choice: str = "required"
     search_results: int = 5
     networks: tuple = field(default=(), compare=False)   # the allow-list's networks, parsed
+    api_key: str = field(default="", repr=False, compare=False)   # $BRAVE_SEARCH_API_KEY
 
     @classmethod
     def from_environ(cls, environ=None) -> "WebSettings":
@@ -141,7 +155,8 @@ class WebSettings:
             if text:
                 values[name] = _setting(name, text, variable)
         networks = tuple(_network(entry) for entry in values.get("allow", ()))
-        return cls(**values, networks=tuple(n for n in networks if n is not None))
+        return cls(**values, networks=tuple(n for n in networks if n is not None),
+                   api_key=(environ.get(BRAVE_KEY_ENV) or "").strip())
 
 
 def _setting(name: str, text: str, variable: str):
@@ -196,6 +211,10 @@ class _SetVariable(argparse.Action):
             _setting(self.setting, value, self.variable)
         except ValueError as error:
             raise argparse.ArgumentError(self, str(error)) from None
+        if self.setting == "search_api" and value.lower() == "brave" and not (
+                os.environ.get(BRAVE_KEY_ENV) or "").strip():
+            raise argparse.ArgumentError(self, f"the Brave Search API needs its key in "
+                                               f"${BRAVE_KEY_ENV} (not set)")
         os.environ[self.variable] = value
         setattr(namespace, self.dest, value)
 
@@ -208,7 +227,8 @@ class WebTools:
     def __init__(self, settings: WebSettings):
         self.settings = settings
         self.tools, self.observation_chars = settings.tools, settings.observation_chars
-        self.can_search, self.judges = bool(settings.search_url), bool(settings.judge_url)
+        self.can_search = bool(settings.search_url) or settings.search_api != "searxng"
+        self.judges = bool(settings.judge_url)
 
     @classmethod
     def from_environ(cls) -> "WebTools":
@@ -234,7 +254,10 @@ class WebTools:
 # --------------------------------------------------------------------------- search
 
 def web_search(query: str, settings: WebSettings) -> list[dict]:
-    """The backend's top results for `query`: [{"title", "url", "snippet"}] (SearXNG's JSON API)."""
+    """The backend's top results for `query`: [{"title", "url", "snippet"}] (SearXNG's JSON API, or
+    the Brave Search API's with --search-api brave)."""
+    if settings.search_api == "brave":
+        return brave_search(query, settings)
     if not settings.search_url:
         raise ToolError("no search backend is set (--search-url / MINSKILL_SEARCH_URL: SearXNG's)")
     base = settings.search_url.rstrip("/")
@@ -252,10 +275,101 @@ def web_search(query: str, settings: WebSettings) -> list[dict]:
         raise ToolError(f"the search backend answered without a JSON 'results' list (is "
                         f"format=json on in SearXNG's settings.yml?): {fetched.text()[:200]!r}"
                         ) from None
-    return [{"title": " ".join(str(r.get("title") or "").split())[:200],
-             "url": str(r.get("url") or "")[:500],
-             "snippet": " ".join(str(r.get("content") or "").split())[:400]}
+    return [_search_result(r.get("title"), r.get("url"), r.get("content"))
             for r in results[:settings.search_results]]
+
+
+def _search_result(title, url, snippet) -> dict:
+    """One result, each field on one line and cut to its budget."""
+    return {"title": " ".join(str(title or "").split())[:200], "url": str(url or "")[:500],
+            "snippet": " ".join(str(snippet or "").split())[:400]}
+
+
+def brave_search(query: str, settings: WebSettings) -> list[dict]:
+    """The Brave Search API's web results, as its reference has them
+    (api-dashboard.search.brave.com/api-reference/web/search/get): GET BRAVE_URL?q=...&count=N with
+    the key in the X-Subscription-Token header; the answer's web.results[] are {title, url,
+    description}, with <strong> marks in the text. A response of type "search" without `web` has no
+    web results (the reference marks `web` optional). Every other shape is a ToolError naming the
+    field's path; no message carries the key."""
+    what = "the Brave Search API"
+    if not settings.api_key:
+        raise ToolError(f"{what} needs its key in ${BRAVE_KEY_ENV} (not set)")
+    url = _brave_url(settings.search_url) + "?" + urlencode(
+        {"q": query, "count": settings.search_results})
+    headers = {"Accept": "application/json", "X-Subscription-Token": settings.api_key}
+    try:
+        try:
+            fetched = fetch(url, settings, trusted=True, what=what, headers=headers)
+        except HTTPStatusError as error:
+            raise ToolError(f"{error}{_api_error_detail(error)}") from None
+        return _brave_results(fetched, what, settings.search_results)
+    except ToolError as error:
+        raise ToolError(str(error).replace(settings.api_key, "<the key>")) from None
+
+
+def _brave_url(search_url: str | None) -> str:
+    """--search-url as Brave's endpoint: none is Brave's own, a bare origin gets Brave's path."""
+    if not search_url:
+        return BRAVE_URL
+    return search_url.rstrip("/") + (BRAVE_PATH if urlsplit(search_url).path in ("", "/") else "")
+
+
+def _api_error_detail(error: HTTPStatusError) -> str:
+    """What the API said in its error body (Brave's {"error": {"code", "detail"}}, else its text),
+    and what to do about it."""
+    try:
+        said = json.loads(error.body)["error"]
+        said = " ".join(f"{said.get('detail') or ''} ({said.get('code') or '?'})".split())
+    except (ValueError, KeyError, TypeError, AttributeError):
+        said = " ".join(error.body.decode("utf-8", errors="replace").split())
+    hint = ""
+    if error.status in (401, 403) or "SUBSCRIPTION_TOKEN" in said:
+        hint = f"; is ${BRAVE_KEY_ENV} the key of a subscribed plan?"
+    elif error.status == 429:
+        hint = "; the plan's rate limit or quota is spent: wait, or raise the plan"
+    elif error.status >= 500:
+        hint = "; the API failed on its side: try again later"
+    return (f": {said[:300]}" if said else "") + hint
+
+
+def _brave_results(fetched: Fetched, what: str, n: int) -> list[dict]:
+    cut = f" (cut at the size cap: {fetched.note})" if fetched.note else ""
+    try:
+        answer = json.loads(fetched.text())
+    except ValueError as error:
+        raise ToolError(f"{what} answered no JSON ({error}){cut}: {fetched.text()[:200]!r}"
+                        ) from None
+    if not isinstance(answer, dict):
+        raise ToolError(f"{what} answered JSON that is no object: {fetched.text()[:200]!r}")
+    if "web" not in answer and answer.get("type") == "search":
+        return []
+    web = answer.get("web")
+    results = web.get("results") if isinstance(web, dict) else None
+    if not isinstance(results, list):
+        raise ToolError(f"{what} answered without a list at web.results: "
+                        f"{fetched.text()[:200]!r}")
+    found = []
+    for k, result in enumerate(results[:n]):
+        where = f"{what}'s web.results[{k}]"
+        if not isinstance(result, dict):
+            raise ToolError(f"{where} is not an object: {str(result)[:100]!r}")
+        url = result.get("url")
+        if not isinstance(url, str) or not url.strip():
+            raise ToolError(f"{where}.url is missing (the result has {sorted(result)[:8]})")
+        if not _is_web_url(url.strip()):
+            raise ToolError(f"{where}.url is not an http(s) URL: {url[:200]!r}")
+        found.append(_search_result(strip_tags(str(result.get("title") or "")), url.strip(),
+                                    strip_tags(str(result.get("description") or ""))))
+    return found
+
+
+def _is_web_url(url: str) -> bool:
+    try:
+        parts = urlsplit(url)
+        return parts.scheme.lower() in ("http", "https") and bool(parts.hostname)
+    except ValueError:
+        return False
 
 
 # --------------------------------------------------------------------------- visit
@@ -284,6 +398,14 @@ class Fetched:
         return self.body.decode(self.charset, errors="replace")
 
 
+class HTTPStatusError(ToolError):
+    """An HTTP error status; `body`: the first 4 KB of the answer where fetch was asked for them."""
+
+    def __init__(self, message: str, status: int, body: bytes = b""):
+        super().__init__(message)
+        self.status, self.body = status, body
+
+
 @dataclass(frozen=True)
 class _Target:
     scheme: str
@@ -293,21 +415,27 @@ class _Target:
     address: str              # the checked address the connection goes to
 
 
-def fetch(url: str, settings: WebSettings, *, trusted: bool = False, what: str = "") -> Fetched:
-    """GET `url` (module docstring: the allow-list, redirects, time and size caps, charset)."""
+def fetch(url: str, settings: WebSettings, *, trusted: bool = False, what: str = "",
+          headers: dict | None = None) -> Fetched:
+    """GET `url` (module docstring: the allow-list, redirects, time and size caps, charset). An
+    HTTP error status is an HTTPStatusError. `headers` are sent besides HEADERS to `url`'s origin
+    only (a key in them goes to no other host a redirect names), and ask for an error's body."""
     first, deadline = url, time.monotonic() + settings.timeout
-    what = what or repr(url[:200])
+    what, origin = what or repr(url[:200]), None
     for _ in range(settings.max_redirects + 1):
         target = check_url(url, settings, trusted)
+        origin = origin or (target.scheme, target.host, target.port)
+        extra = headers if headers and (target.scheme, target.host, target.port) == origin else {}
         connection = _connection(target, max(0.1, deadline - time.monotonic()))
         try:
-            connection.request("GET", target.path, headers=HEADERS)
+            connection.request("GET", target.path, headers={**HEADERS, **extra})
             response = connection.getresponse()
             if response.status in (301, 302, 303, 307, 308) and response.getheader("Location"):
                 url = urljoin(url, response.getheader("Location").strip())
                 continue
             if response.status >= 400:
-                raise ToolError(f"{what}: HTTP {response.status} {response.reason}".strip())
+                raise HTTPStatusError(f"{what}: HTTP {response.status} {response.reason}".strip(),
+                                      response.status, response.read(4096) if extra else b"")
             return _read_response(response, url, settings, deadline, what)
         except (OSError, http.client.HTTPException) as error:   # (timeouts, refused, TLS, bad HTTP)
             reason = ("timed out" if isinstance(error, TimeoutError)
