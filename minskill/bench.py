@@ -64,7 +64,7 @@ import torch
 
 from minskill.bench_profile import bench_profile
 from minskill.bench_server import add_server_args, bench_server
-from minskill.cli import resolve_device, set_up_device
+from minskill.device import resolve_device, set_up_device
 from minskill.nn.lora import AdaptersOff, apply_lora, trainable_parameters
 from minskill.nn.memory import QWEN3_COMMON, QWEN3_CONFIGS, UpdateShape, memory_report
 from minskill.nn.model import Transformer

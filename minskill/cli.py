@@ -1,14 +1,12 @@
-"""The command-line flags the three scripts share, written once: the frozen task model the skills are scored
-with (--task-*) and the teacher LLM (--teacher-*). One knob has one name in every script; each script passes its
-own defaults (from its config dataclass). And where the models run: --device and --bf16 (add_device_args), resolved
-at parse time, so that `cuda` without a GPU stops a script before it loads anything."""
+"""The command-line flags the three scripts share, written once: the frozen task model the skills
+are scored with (--task-*) and the teacher LLM (--teacher-*). One knob has one name in every script;
+each script passes its own defaults (from its config dataclass). Where the models run (--device,
+--bf16) is minskill/device.py's, which the server reads too."""
 import argparse
 import json
 import math
 import os
 from pathlib import Path
-
-import torch
 
 from minskill.nn.quantize import QUANTIZE_CHOICES
 from minskill.serve.client import MAX_REPLY_BYTES, ChatClient
@@ -17,7 +15,8 @@ from minskill.tasks.alfworld import DATA_ENV as ALFWORLD_DATA_ENV
 
 
 class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """--help shows each flag's default, unless its help already says it or there is none to show."""
+    """--help shows each flag's default, unless its help already says it or there is none to
+    show."""
 
     def _get_help_string(self, action):
         if "default" in (action.help or "") or action.default in (None, argparse.SUPPRESS):
@@ -25,29 +24,35 @@ class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
-QUANTIZE_HELP = ("the embedded server's weights: none = float (default), int8 (1.6x faster batch-1 decode on a "
-                 "CPU, the same accuracy on the held-out qa tasks; greedy replies do not depend on "
-                 "the batch: docs/http-api.md), auto = int8 on a CPU")
+QUANTIZE_HELP = ("the embedded server's weights: none = float (default), int8 (1.6x faster batch-1 "
+                 "decode on a CPU, the same accuracy on the held-out qa tasks; greedy replies do "
+                 "not depend on the batch: docs/http-api.md), auto = int8 on a CPU")
 
 
 def add_task_model_args(group, *, concurrency: int | None, max_tokens: int, quantize: str = "none",
                         url_help: str = "", main=None) -> None:
-    """--task-url/--task-model/--task-api-key/--task-quantize/--task-concurrency/--task-max-tokens: the frozen
-    model that runs the tasks (Skill-R1's task model, MASA's target). `main`: the group that shows --task-url
-    and --task-model first in --help (default: `group`)."""
+    """--task-url/--task-model/--task-api-key/--task-quantize/--task-concurrency/--task-max-tokens:
+    the frozen model that runs the tasks (Skill-R1's task model, MASA's target). `main`: the group
+    that shows --task-url and --task-model first in --help (default: `group`)."""
     main = group if main is None else main
-    main.add_argument("--task-url", default=None, help="OpenAI-compatible base URL of the frozen task model, e.g. "
-                       "http://127.0.0.1:8000/v1 (default: start the embedded server with the offline default "
-                       f"model on a free loopback port){url_help}")
-    main.add_argument("--task-model", default=None, help="model name sent to --task-url (default: the first one "
+    main.add_argument("--task-url", default=None,
+                      help="OpenAI-compatible base URL of the frozen task model, e.g. "
+                       "http://127.0.0.1:8000/v1 (default: start the embedded server with the "
+                       f"offline default model on a free loopback port){url_help}")
+    main.add_argument("--task-model", default=None,
+                      help="model name sent to --task-url (default: the first one "
                        "the server lists)")
-    group.add_argument("--task-api-key", default=None, help="API key for --task-url (default: $OPENAI_API_KEY)")
-    group.add_argument("--task-quantize", choices=QUANTIZE_CHOICES, default=quantize, help=QUANTIZE_HELP)
-    default = concurrency or "one generation's requests: K × --tasks-per-instance × --instances-per-step"
-    group.add_argument("--task-concurrency", type=int, default=concurrency, help="task-model requests the client "
-                       f"keeps in flight at most (default {default}); when --task-url is a load balancer in front of "
-                       "several vLLM/SGLang replicas, set it to replicas × per-replica batch (e.g. 4 × "
-                       "--max-num-seqs 64 = 256)")
+    group.add_argument("--task-api-key", default=None,
+                       help="API key for --task-url (default: $OPENAI_API_KEY)")
+    group.add_argument("--task-quantize", choices=QUANTIZE_CHOICES, default=quantize,
+                       help=QUANTIZE_HELP)
+    default = concurrency or ("one generation's requests: K × --tasks-per-instance × "
+                              "--instances-per-step")
+    group.add_argument("--task-concurrency", type=int, default=concurrency,
+                       help="task-model requests the client "
+                       f"keeps in flight at most (default {default}); when --task-url is a load "
+                       "balancer in front of several vLLM/SGLang replicas, set it to replicas × "
+                       "per-replica batch (e.g. 4 × --max-num-seqs 64 = 256)")
     group.add_argument("--task-max-tokens", type=int, default=max_tokens,
                        help=f"longest task-model reply, in tokens (default {max_tokens})")
     add_extra_body_arg(group, "task")
@@ -56,7 +61,7 @@ def add_task_model_args(group, *, concurrency: int | None, max_tokens: int, quan
     add_alfworld_data_arg(group)  # (and every one takes --suite, alfworld included)
 
 
-# --teacher-json-schema's choices (minskill/masa/fitting.py)
+# --teacher-json-schema's choices (minskill/masa/reply_schema.py)
 TEACHER_JSON_SCHEMA = ("auto", "on", "off")
 
 
@@ -68,7 +73,8 @@ def add_teacher_args(group, *, url_help: str = "the embedded server", main=None)
     main.add_argument("--teacher-url", default=None,
                       help=f"OpenAI-compatible base URL of the teacher (default: {url_help})")
     main.add_argument("--teacher-model", default=None, help="model name sent to --teacher-url")
-    group.add_argument("--teacher-api-key", default=None, help="API key for --teacher-url (default: $OPENAI_API_KEY)")
+    group.add_argument("--teacher-api-key", default=None,
+                       help="API key for --teacher-url (default: $OPENAI_API_KEY)")
     add_extra_body_arg(group, "teacher")
     group.add_argument("--teacher-json-schema", choices=TEACHER_JSON_SCHEMA,
                        default=TEACHER_JSON_SCHEMA[0],
@@ -78,21 +84,23 @@ def add_teacher_args(group, *, url_help: str = "the embedded server", main=None)
                             "once), on = always (a refusal is an error), off = never")
 
 
-# ---- extra request fields of a frozen model (reasoning models) ------------------------------------
+# ---- extra request fields of a frozen model (reasoning models) -----------------------------------
 EXTRA_BODY_EXAMPLE = '{"chat_template_kwargs": {"enable_thinking": false}}'
-LABELLED_EXTRA_BODY_HELP = ("fields merged into every request to the targets (LABEL=JSON: to that target alone, merged "
-                            f"over an unlabelled JSON), e.g. '{EXTRA_BODY_EXAMPLE}' for a Qwen3 (docs/gpu.md)")
+LABELLED_EXTRA_BODY_HELP = ("fields merged into every request to the targets (LABEL=JSON: to that "
+                            "target alone, merged over an unlabelled JSON), e.g. "
+                            f"'{EXTRA_BODY_EXAMPLE}' for a Qwen3 (docs/gpu.md)")
 
 
 def parse_json_object(text: str, flag: str, error=argparse.ArgumentTypeError) -> dict:
-    """`text` as a JSON object of extra request fields, or `error` naming `flag` (not JSON, not an object, or a
-    field the scripts set themselves: ChatClient.SETS)."""
+    """`text` as a JSON object of extra request fields, or `error` naming `flag` (not JSON, not an
+    object, or a field the scripts set themselves: ChatClient.SETS)."""
     try:
         value = json.loads(text)
     except ValueError as e:
         raise error(f"{flag} is not JSON ({e}): {text!r:.200}") from None
     if not isinstance(value, dict):
-        raise error(f"{flag} must be a JSON object, e.g. '{EXTRA_BODY_EXAMPLE}', got {type(value).__name__}")
+        raise error(f"{flag} must be a JSON object, e.g. '{EXTRA_BODY_EXAMPLE}', got "
+                    f"{type(value).__name__}")
     if clash := sorted(set(value) & set(ChatClient.SETS)):
         raise error(f"{flag} may not set {', '.join(clash)}: the scripts set it themselves")
     return value
@@ -107,24 +115,31 @@ def json_object(flag: str):
 
 
 def labelled_json_objects(items, labels: list[str], flag: str, error=ValueError) -> dict[str, dict]:
-    """[LABEL=]JSON items (one flag for several models, e.g. the transfer matrix's targets) -> {label: object}:
-    an unlabelled object goes to every label, a labelled one (merged over it) to its label alone."""
+    """[LABEL=]JSON items (one flag for several models, e.g. the transfer matrix's targets) ->
+    {label: object}: an unlabelled object goes to every label, a labelled one (merged over it) to
+    its label alone."""
     out = {}
-    for item in sorted(items or [], key=lambda item: not item.lstrip().startswith("{")):   # unlabelled first
+    # unlabelled first
+    for item in sorted(items or [], key=lambda item: not item.lstrip().startswith("{")):
         label, _, body = ("", "", item) if item.lstrip().startswith("{") else item.partition("=")
         if label and label not in labels:
-            raise error(f"{flag} {item!r}: expected JSON or LABEL=JSON with LABEL one of {', '.join(labels)}")
+            raise error(f"{flag} {item!r}: expected JSON or LABEL=JSON with LABEL one of "
+                        f"{', '.join(labels)}")
         for name in [label] if label else labels:
             out[name] = {**out.get(name, {}), **parse_json_object(body, f"{flag} {item!r}", error)}
     return out
 
 
 def add_extra_body_arg(group, role: str) -> None:
-    """--{role}-extra-body JSON: fields merged into every chat request to that model (ChatClient's extra_body)."""
-    group.add_argument(f"--{role}-extra-body", type=json_object(f"--{role}-extra-body"), default=None,
-                       metavar="JSON", help=f"a JSON object merged into every request to the {role} model, e.g. "
-                       f"'{EXTRA_BODY_EXAMPLE}' for a Qwen3 behind vLLM/SGLang/llama.cpp (docs/gpu.md); its reasoning "
-                       "is set apart from the answer either way (minskill.serve.client)")
+    """--{role}-extra-body JSON: fields merged into every chat request to that model (ChatClient's
+    extra_body)."""
+    group.add_argument(f"--{role}-extra-body", type=json_object(f"--{role}-extra-body"),
+                       default=None,
+                       metavar="JSON",
+                       help=f"a JSON object merged into every request to the {role} model, e.g. "
+                       f"'{EXTRA_BODY_EXAMPLE}' for a Qwen3 behind vLLM/SGLang/llama.cpp "
+                       "(docs/gpu.md); its reasoning is set apart from the answer either way "
+                       "(minskill.serve.client)")
 
 
 def add_max_reply_arg(group) -> None:
@@ -193,12 +208,15 @@ def reply_megabytes(text: str) -> float:
 
 
 def with_extra_body(client, extra_body):
-    """`client` (a ChatClient) when `extra_body` (None: {}) is its own, else a client of the same endpoint, model
-    and settings that sends it (one endpoint serving two roles, e.g. a task model that is the teacher too)."""
+    """`client` (a ChatClient) when `extra_body` (None: {}) is its own, else a client of the same
+    endpoint, model and settings that sends it (one endpoint serving two roles, e.g. a task model
+    that is the teacher too)."""
     if dict(extra_body or {}) == client.extra_body:
         return client
-    return ChatClient(client.base_url, client.model, client.api_key, extra_body=extra_body, timeout=client.timeout,
-                      max_retries=client.max_retries, max_workers=client.max_workers, backoff_base=client.backoff_base,
+    return ChatClient(client.base_url, client.model, client.api_key, extra_body=extra_body,
+                      timeout=client.timeout,
+                      max_retries=client.max_retries, max_workers=client.max_workers,
+                      backoff_base=client.backoff_base,
                       backoff_max=client.backoff_max, attempt_timeout=client.attempt_timeout,
                       max_reply_bytes=client.max_reply_bytes)
 
@@ -207,79 +225,9 @@ def client_args(args, role: str) -> dict:
     """url/model/api_key/extra_body of --{role}-*, the script's --device (where an embedded server
     runs) and its --max-reply-mb: the keyword arguments of serve.embedded.embedded_client."""
     mb = getattr(args, "max_reply_mb", None)
-    return {"url": getattr(args, f"{role}_url", None), "model": getattr(args, f"{role}_model", None),
-            "api_key": getattr(args, f"{role}_api_key", None), "extra_body": getattr(args, f"{role}_extra_body", None),
+    return {"url": getattr(args, f"{role}_url", None),
+            "model": getattr(args, f"{role}_model", None),
+            "api_key": getattr(args, f"{role}_api_key", None),
+            "extra_body": getattr(args, f"{role}_extra_body", None),
             "device": getattr(args, "device", None),
             "max_reply_bytes": MAX_REPLY_BYTES if mb is None else int(mb * 2**20)}
-
-
-# ---- device and precision -------------------------------------------------------------------------
-DEVICE_HELP = ("auto (default: cuda when torch sees a GPU, else cpu) | cpu | cuda | cuda:N; cuda without a GPU is "
-               "an error, never a silent fall-back to the CPU")
-
-
-def resolve_device(spec: str) -> str:
-    """--device's value -> "cpu", "cuda" or "cuda:N" (argparse's `type`, so a bad value stops the script at parse
-    time, before any model is loaded). auto: cuda when torch sees a GPU, else cpu."""
-    spec = str(spec).strip().lower()
-    if spec == "auto":
-        return "cuda" if _cuda_available() else "cpu"
-    if spec == "cpu":
-        return spec
-    kind, _, index = spec.partition(":")
-    if kind != "cuda" or (index and not index.isdigit()):
-        raise argparse.ArgumentTypeError(f"{spec!r} is not a device: auto | cpu | cuda | cuda:N")
-    if not _cuda_available():
-        raise argparse.ArgumentTypeError(f"{spec!r} asked for, but torch sees no CUDA GPU (torch "
-                                         f"{torch.__version__}); use --device cpu, or install a CUDA build")
-    if index and int(index) >= torch.cuda.device_count():
-        raise argparse.ArgumentTypeError(f"{spec!r}: torch sees {torch.cuda.device_count()} CUDA device(s)")
-    return spec
-
-
-def add_device_args(group, *, bf16: bool = True, default: str = "auto", what: str = "the model runs") -> None:
-    """--device (resolved at parse time: resolve_device) and, with bf16=True, --bf16/--no-bf16 (default None:
-    resolve_bf16 turns it on for CUDA, off for the CPU)."""
-    group.add_argument("--device", type=resolve_device, default=default,
-                       help=f"where {what}: {DEVICE_HELP}" + ("" if default == "auto" else f" (default {default})"))
-    if bf16:
-        group.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
-                           help="bfloat16 autocast compute, float32 master weights and optimizer state (default: on "
-                                "for CUDA, off for the CPU; docs/gpu.md)")
-
-
-def check_resumed_device(parser, args) -> None:
-    """After --resume restored a run's flags: the --device it saved (when none is given anew) must exist here too."""
-    try:
-        args.device = resolve_device(args.device)
-    except argparse.ArgumentTypeError as e:
-        parser.error(f"--device: the run saved {args.device!r} ({e}); give --device to go on elsewhere")
-
-
-def resolve_bf16(args) -> bool:
-    """--bf16 left unset follows the device: on for CUDA, off for the CPU (whose printed rewards stay as they were)."""
-    if getattr(args, "bf16", None) is None:
-        args.bf16 = is_cuda(args.device)
-    return args.bf16
-
-
-def is_cuda(device) -> bool:
-    return str(device).startswith("cuda")
-
-
-def set_up_device(device) -> None:
-    """Once at set-up, on CUDA: TF32 matmuls and convolutions for what stays float32 (outside bf16 autocast; the
-    error of a TF32 matmul is ~1e-3 relative, far below what a policy-gradient step notices). The CPU: nothing."""
-    if is_cuda(device):
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
-
-
-def precision_label(device, bf16: bool) -> str:
-    """What a plan line prints: the device and the compute/weights dtypes."""
-    return f"device {device}, " + ("bf16 autocast compute, float32 weights" if bf16 else "float32") + \
-        (" + TF32" if is_cuda(device) else "")
-
-
-def _cuda_available() -> bool:
-    return torch.cuda.is_available()

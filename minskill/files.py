@@ -1,27 +1,30 @@
-"""Files that runs write and read: atomic writes, JSON and JSONL, and the shape a reader expects of them.
+"""Files that runs write and read: atomic writes, JSON and JSONL, and the shape a reader expects of
+them.
 
-Every module that writes a file shares these, and this module imports nothing else from minskill, so the
-lowest layers (the model's weights, the server's call cache) use them too.
+Every module that writes a file shares these, and this module imports nothing else from minskill, so
+the lowest layers (the model's weights, the server's call cache) use them too.
 
 * `atomic_output(path)` (for writers that need a file name: safetensors, file copies) and
-  `write_text_atomic` / `write_json_atomic` / `write_jsonl_atomic` on top of it: a temp file in the same
-  folder, then `os.replace`, so a reader (or a killed run) sees the old file or the new one, never half.
-* `read_json(path, where)`: a JSON file people write or edit (a byte order mark is fine); a missing file
-  or one that does not parse (not UTF-8, or nested too deeply for Python's parser, included) is an
-  error naming `where`.
-* `append_jsonl` / `read_jsonl`: the logs that runs append to (metrics, trajectories, the call cache);
-  the reader takes a byte order mark, drops a torn last line and names FILE:LINE for any other bad line.
-  Every append opens its file with `open_append`, which never follows a symbolic link (`LinkError`
-  naming it): a link planted in a run folder cannot make a run write outside it (atomic writes
-  replace a link).
-* `check_shape(value, shape, where)`: what a reader of a run file (--resume, the report) uses of it has the
-  shape it expects, else `ShapeError` (a ValueError) naming `where` (FILE or FILE:LINE) and the field. A
-  shape is a type (`float`: any number, `int`: an integer, never a bool; `object`: anything), None (null),
-  `[S]` a list of S (`[S, ...]`: at least one; `[S1, S2]`: exactly those two), `{"key": S, "key?": S}` an
-  object with those keys (`?`: may be absent; other keys are ignored), `{str: S}` an object of S values,
-  and a tuple `(S1, S2)` for either.
-* `inside(root, path, what)`: `path` with every symbolic link resolved, refused (ValueError) unless it lies
-  in `root` (resolved too): a file name made from a run file's or a model's text never escapes --out.
+  `write_text_atomic` / `write_json_atomic` / `write_jsonl_atomic` on top of it: a temp file in the
+  same folder, then `os.replace`, so a reader (or a killed run) sees the old file or the new one,
+  never half.
+* `read_json(path, where)`: a JSON file people write or edit (a byte order mark is fine); a missing
+  file or one that does not parse (not UTF-8, or nested too deeply for Python's parser, included) is
+  an error naming `where`.
+* `append_jsonl` / `read_jsonl`: the logs that runs append to (metrics, trajectories, the call
+  cache); the reader takes a byte order mark, drops a torn last line and names FILE:LINE for any
+  other bad line. Every append opens its file with `open_append`, which never follows a symbolic
+  link (`LinkError` naming it): a link planted in a run folder cannot make a run write outside it
+  (atomic writes replace a link).
+* `check_shape(value, shape, where)`: what a reader of a run file (--resume, the report) uses of it
+  has the shape it expects, else `ShapeError` (a ValueError) naming `where` (FILE or FILE:LINE) and
+  the field. A shape is a type (`float`: any number, `int`: an integer, never a bool; `object`:
+  anything), None (null), `[S]` a list of S (`[S, ...]`: at least one; `[S1, S2]`: exactly those
+  two), `{"key": S, "key?": S}` an object with those keys (`?`: may be absent; other keys are
+  ignored), `{str: S}` an object of S values, and a tuple `(S1, S2)` for either.
+* `inside(root, path, what)`: `path` with every symbolic link resolved, refused (ValueError) unless
+  it lies in `root` (resolved too): a file name made from a run file's or a model's text never
+  escapes --out.
 """
 from __future__ import annotations
 
@@ -33,15 +36,18 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-TOO_DEEP = "not readable JSON: nested too deeply (Python's parser gives up at about 1,000 levels)"  # RecursionError
+# RecursionError
+TOO_DEEP = "not readable JSON: nested too deeply (Python's parser gives up at about 1,000 levels)"
 
 
-# ------------------------------------------------------------------------------ atomic writes, JSONL
+# ------------------------------------------------------------------------------ atomic writes,
+# JSONL
 
 @contextmanager
 def atomic_output(path: str | Path):
-    """Yield a temp path in `path`'s folder (`.tmp-NAME-*`, what runs.clean_staging removes) for the caller to
-    write; on success it replaces `path`, on any exception it is deleted and `path` is left as it was."""
+    """Yield a temp path in `path`'s folder (`.tmp-NAME-*`, what runs.clean_staging removes) for the
+    caller to write; on success it replaces `path`, on any exception it is deleted and `path` is
+    left as it was."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".tmp-{path.name}-")
@@ -90,11 +96,11 @@ def append_jsonl(path, record: dict) -> None:
 
 
 def read_jsonl(path) -> list[tuple[int, Any]]:
-    """(line number, value) of each non-blank line of a JSONL file that runs append to (trajectories, the
-    target-call cache). UTF-8, a byte order mark allowed; lines end at LF only (JSON text may hold
-    U+2028, where str.splitlines would cut). A torn last line (the run was killed mid-write, perhaps inside
-    a multi-byte character) is dropped, keeping everything before it; any other line that is not UTF-8 or
-    not JSON is an error naming the file and line."""
+    """(line number, value) of each non-blank line of a JSONL file that runs append to
+    (trajectories, the target-call cache). UTF-8, a byte order mark allowed; lines end at LF only
+    (JSON text may hold U+2028, where str.splitlines would cut). A torn last line (the run was
+    killed mid-write, perhaps inside a multi-byte character) is dropped, keeping everything before
+    it; any other line that is not UTF-8 or not JSON is an error naming the file and line."""
     lines = Path(path).read_bytes().removeprefix(b"\xef\xbb\xbf").split(b"\n")
     if lines[-1] == b"":
         lines.pop()  # the newline that ends the last line
@@ -115,9 +121,9 @@ def read_jsonl(path) -> list[tuple[int, Any]]:
 
 
 def read_json(path: str | Path, where: str | None = None, missing: str | None = None):
-    """A JSON file that people write or edit (a byte order mark is accepted): FileNotFoundError (`missing`,
-    or one naming `where`) when it is absent, ValueError naming `where` when it does not parse (not
-    UTF-8 included)."""
+    """A JSON file that people write or edit (a byte order mark is accepted): FileNotFoundError
+    (`missing`, or one naming `where`) when it is absent, ValueError naming `where` when it does not
+    parse (not UTF-8 included)."""
     path = Path(path)
     where = where or str(path)
     if not path.is_file():
@@ -133,24 +139,27 @@ def read_json(path: str | Path, where: str | None = None, missing: str | None = 
 
 
 def read_json_object(path: Path, what: str) -> dict:
-    """A JSON object that a program wrote (a checkpoint's config.json, an adapter_config.json): ValueError naming
-    the file when it is damaged (not UTF-8, not JSON, too deep) or is not an object (`what` says what it should
-    be)."""
+    """A JSON object that a program wrote (a checkpoint's config.json, an adapter_config.json):
+    ValueError naming the file when it is damaged (not UTF-8, not JSON, too deep) or is not an
+    object (`what` says what it should be)."""
     try:
         value = json.loads(Path(path).read_text(encoding="utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
-        raise ValueError(f"{path}: damaged, not readable JSON ({type(e).__name__}: {str(e)[:200]})") from None
+        raise ValueError(
+            f"{path}: damaged, not readable JSON ({type(e).__name__}: {str(e)[:200]})") from None
     if not isinstance(value, dict):
         raise ValueError(f"{path}: not {what} (a JSON {type(value).__name__}, not an object)")
     return value
 
 
 class ShapeError(ValueError):
-    """A run file whose content lacks the shape its reader uses; the message names the file (line) and field."""
+    """A run file whose content lacks the shape its reader uses; the message names the file (line)
+    and field."""
 
 
 def check_shape(value, shape, where: str):
-    """`value` when it has `shape` (module docstring), else ShapeError naming `where` and the field."""
+    """`value` when it has `shape` (module docstring), else ShapeError naming `where` and the
+    field."""
     problem = _shape_problem(value, shape, "")
     if problem:
         raise ShapeError(f"{where}: {problem}")
@@ -170,8 +179,10 @@ def _kind_fits(value, shape) -> bool:
 def _describe(shape) -> str:
     if isinstance(shape, tuple):
         return " or ".join(_describe(s) for s in shape)
-    return ("null" if shape is None else "an object" if isinstance(shape, dict) else "a list" if isinstance(shape, list)
-            else {int: "an integer", float: "a number", str: "a string", bool: "true or false", object: "a value"}
+    return ("null" if shape is None else "an object" if isinstance(shape, dict) else "a list"
+            if isinstance(shape, list)
+            else {int: "an integer", float: "a number", str: "a string", bool: "true or false",
+                  object: "a value"}
             .get(shape, getattr(shape, "__name__", str(shape))))
 
 
@@ -220,7 +231,8 @@ def _shape_problem(value, shape, field: str) -> str | None:
             else:
                 return f"{f'field {field} ' if field else ''}lacks the field {key!r}"
             for k, item in pairs:
-                problem = _shape_problem(item, item_shape, f"{field}.{k}" if field and key is not str else
+                problem = _shape_problem(item, item_shape, f"{field}.{k}" if field
+                                         and key is not str else
                                          f"{field}[{k[:40]!r}]" if key is str else k)
                 if problem:
                     return problem
@@ -228,7 +240,8 @@ def _shape_problem(value, shape, field: str) -> str | None:
 
 
 def inside(root: str | Path, path: str | Path, what: str = "a path") -> Path:
-    """`path` with its symbolic links resolved; ValueError naming `what` unless it lies inside `root` (resolved)."""
+    """`path` with its symbolic links resolved; ValueError naming `what` unless it lies inside
+    `root` (resolved)."""
     real, base = Path(path).resolve(), Path(root).resolve()
     if not real.is_relative_to(base):
         raise ValueError(f"{what} {str(path)[:200]!r} is outside {root} (it resolves to {real})")
@@ -240,4 +253,5 @@ def write_json_atomic(path: str | Path, obj, indent: int | None = 1) -> Path:
 
 
 def write_jsonl_atomic(path: str | Path, records) -> Path:
-    return write_text_atomic(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
+    return write_text_atomic(path,
+                             "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))

@@ -1,33 +1,40 @@
-"""Pull skills and JSON out of an LLM reply: what an editor, a teacher or a rewriter wrote, read leniently.
+"""Pull skills and JSON out of an LLM reply: what an editor, a teacher or a rewriter wrote, read
+leniently.
 
-LLM replies wrap what was asked for in prose and code fences, forget front matter, or close a JSON object
-early. Three readers turn a reply into what the caller asked for, or raise an error that quotes it:
+LLM replies wrap what was asked for in prose and code fences, forget front matter, or close a JSON
+object early. Three readers turn a reply into what the caller asked for, or raise an error that
+quotes it:
 
-* `parse_skill(reply)` -> one `Skill`: the fenced block that holds it (``` or ~~~, an unclosed one too: a
-  reply cut by max_tokens), else the reply; its front matter when there is one (read as SKILL.md is,
-  unknown fields kept as metadata), else a skill derived from the first heading (name = slug of the
-  heading, description = the first paragraph of text); closing chatter ("Let me know ...", "I hope ...")
-  dropped from the body.
-* `parse_skillset(reply)` -> a `SkillSet`: MASA's JSON library when the reply holds one (`extract_json`),
-  else the `SkillSet.to_markdown()` layout read leniently: `# General skills`, `# Task-specific skills:
-  <type>` and `# Common mistakes` sections (levels 1-3, bold or not), skills cut at each front matter (or
-  each level-2/3 heading when there is none), duplicate names numbered, a bad task type slugified;
-  a reply of more than skillsets.MAX_SKILLS skills refused before any is read.
-* `extract_json(reply)` -> the JSON value in a reply (see its docstring): lenient for a prompted LLM (the
-  first object or array that decodes, in a fence or in prose), strict for a model trained to answer in
-  JSON (the text from its first "{" to its last "}", which may hold several objects in a row).
+* `parse_skill(reply)` -> one `Skill`: the fenced block that holds it (``` or ~~~, an unclosed one
+  too: a reply cut by max_tokens), else the reply; its front matter when there is one (read as
+  SKILL.md is, unknown fields kept as metadata), else a skill derived from the first heading (name =
+  slug of the heading, description = the first paragraph of text); closing chatter ("Let me know
+  ...", "I hope ...") dropped from the body.
+* `parse_skillset(reply)` -> a `SkillSet`: MASA's JSON library when the reply holds one
+  (`extract_json`), else the `SkillSet.to_markdown()` layout read leniently: `# General skills`, `#
+  Task-specific skills: <type>` and `# Common mistakes` sections (levels 1-3, bold or not), skills
+  cut at each front matter (or each level-2/3 heading when there is none), duplicate names numbered,
+  a bad task type slugified; a reply of more than skillsets.MAX_SKILLS skills refused before any is
+  read.
+* `extract_json(reply)` -> the JSON value in a reply (see its docstring): lenient for a prompted LLM
+  (the first object or array that decodes, in a fence or in prose), strict for a model trained to
+  answer in JSON (the text from its first "{" to its last "}", which may hold several objects in a
+  row).
 
-Both skill readers raise `skills.SkillParseError` (quoting the reply) when there is nothing usable; an
-LLM's text is untrusted, so names are validated or slugified, sizes bounded as in skills.py, and JSON nested
-deeper than `MAX_JSON_DEPTH` is not read (never a RecursionError: a reply's content never ends a run).
+Both skill readers raise `skills.SkillParseError` (quoting the reply) when there is nothing usable;
+an LLM's text is untrusted, so names are validated or slugified, sizes bounded as in skills.py, and
+JSON nested deeper than `MAX_JSON_DEPTH` is not read (never a RecursionError: a reply's content
+never ends a run).
 """
 from __future__ import annotations
 
 import json
 import re
 
-from minskill.skills import (MAX_BODY_CHARS, MAX_COMPATIBILITY_CHARS, MAX_DESCRIPTION_CHARS, MAX_NAME_CHARS,
-                             SPEC_FIELDS, Skill, SkillFormatError, SkillParseError, slugify, split_front_matter,
+from minskill.skills import (MAX_BODY_CHARS, MAX_COMPATIBILITY_CHARS, MAX_DESCRIPTION_CHARS,
+                             MAX_NAME_CHARS,
+                             SPEC_FIELDS, Skill, SkillFormatError, SkillParseError, slugify,
+                             split_front_matter,
                              validate_name, validate_task_type)
 from minskill.skillsets import MAX_SKILLS, SkillSet, parse_mistakes
 
@@ -47,13 +54,16 @@ _CHATTER = re.compile(r"^(let me know|i hope|hope this|feel free|this skill (?:s
 
 
 def _fenced_blocks(text: str) -> list[str]:
-    """Contents of the outermost ``` / ~~~ fenced blocks (a nested fence of the same kind ends it)."""
+    """Contents of the outermost ``` / ~~~ fenced blocks (a nested fence of the same kind ends
+    it)."""
     blocks, open_fence, start = [], None, 0
     for match in _FENCE.finditer(text):
         fence = match.group(1)
         if open_fence is None:
             open_fence, start = fence, match.end() + 1
-        elif fence[0] == open_fence[0] and len(fence) >= len(open_fence) and match.group(0).strip() == fence:
+        elif fence[
+            0] == open_fence[
+                0] and len(fence) >= len(open_fence) and match.group(0).strip() == fence:
             blocks.append(text[start:match.start()])
             open_fence = None
     if open_fence is not None:  # an unclosed fence (a reply cut by max_tokens): keep the rest
@@ -62,7 +72,8 @@ def _fenced_blocks(text: str) -> list[str]:
 
 
 def _front_matter_start(text: str) -> int | None:
-    """Offset of a '---' line that opens front matter (the next non-blank line is a name/description key)."""
+    """Offset of a '---' line that opens front matter (the next non-blank line is a name/description
+    key)."""
     for match in re.finditer(r"^---[ \t]*\r?$", text, re.M):
         if _OPENS_FRONT_MATTER.match(text, match.end()):
             return match.start()
@@ -77,7 +88,8 @@ def _drop_chatter(body: str) -> str:
 
 
 def _lenient_skill(text: str, reply: str) -> Skill:
-    """One skill from a fragment: front matter if there is one (repaired), else derived from headings."""
+    """One skill from a fragment: front matter if there is one (repaired), else derived from
+    headings."""
     start = _front_matter_start(text)
     fields: dict = {}
     if start is not None:
@@ -90,7 +102,8 @@ def _lenient_skill(text: str, reply: str) -> Skill:
         body = text[heading.start():] if heading else text
     body = _drop_chatter(body.strip("\n"))
     if len(body) > MAX_BODY_CHARS:
-        raise SkillParseError(f"skill body is {len(body)} characters; at most {MAX_BODY_CHARS}", reply)
+        raise SkillParseError(f"skill body is {len(body)} characters; at most {MAX_BODY_CHARS}",
+                              reply)
     metadata = fields.get("metadata") if isinstance(fields.get("metadata"), dict) else {}
     metadata = {str(k): str(v) for k, v in metadata.items()
                 if re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", str(k))}
@@ -98,8 +111,10 @@ def _lenient_skill(text: str, reply: str) -> Skill:
         if key not in SPEC_FIELDS and isinstance(value, str):
             metadata[key] = value
     heading = re.search(r"^#{1,6}[ \t]+(.+?)[ \t#]*$", body, re.M)
-    # the first paragraph of plain text (heading lines left out) describes the skill when nothing else does
-    paragraphs = ["\n".join(line for line in p.split("\n") if not line.lstrip().startswith("#")).strip()
+    # the first paragraph of plain text (heading lines left out) describes the skill when nothing
+    # else does
+    paragraphs = ["\n".join(line for line in p.split("\n")
+                            if not line.lstrip().startswith("#")).strip()
                   for p in re.split(r"\n\s*\n", body)]
     first_text = next((p for p in paragraphs if p), "")
     raw_name = fields.get("name") if isinstance(fields.get("name"), str) else ""
@@ -117,9 +132,11 @@ def _lenient_skill(text: str, reply: str) -> Skill:
     if len(description) > MAX_DESCRIPTION_CHARS:
         description = description[:MAX_DESCRIPTION_CHARS - 3].rsplit(" ", 1)[0] + "..."
     skill = Skill(name=name, description=description, body=body, metadata=metadata)
-    for attr, key in (("license", "license"), ("compatibility", "compatibility"), ("allowed_tools", "allowed-tools")):
+    for attr, key in (("license", "license"), ("compatibility", "compatibility"),
+                      ("allowed_tools", "allowed-tools")):
         if isinstance(fields.get(key), str) and fields[key].strip():
-            setattr(skill, attr, fields[key][:MAX_COMPATIBILITY_CHARS] if key == "compatibility" else fields[key])
+            setattr(skill, attr, fields[key][:MAX_COMPATIBILITY_CHARS] if key == "compatibility"
+                    else fields[key])
     try:
         return skill.validate("skill in reply")
     except SkillFormatError as error:
@@ -139,8 +156,8 @@ def _unwrap(reply: str) -> str:
 
 
 def parse_skill(reply: str) -> Skill:
-    """One skill from an LLM reply: code fences, missing front matter and prose around it are tolerated.
-    Raises SkillParseError (quoting the reply) when there is nothing usable."""
+    """One skill from an LLM reply: code fences, missing front matter and prose around it are
+    tolerated. Raises SkillParseError (quoting the reply) when there is nothing usable."""
     if not isinstance(reply, str) or not reply.strip():
         raise SkillParseError("empty reply", reply if isinstance(reply, str) else repr(reply))
     return _lenient_skill(_unwrap(reply), reply)
@@ -228,24 +245,26 @@ def parse_skillset(reply: str) -> SkillSet:
 
 # --------------------------------------------------------------------------- JSON
 
-# A reply's JSON nested deeper than this is not read: what is asked for nests a few levels (a skill library: 5),
-# and a deeper value would overflow Python's stack wherever it is later copied or written (copy.deepcopy of a
-# checkpoint, json.dumps), killing the run at the same point on every --resume.
+# A reply's JSON nested deeper than this is not read: what is asked for nests a few levels (a skill
+# library: 5), and a deeper value would overflow Python's stack wherever it is later copied or
+# written (copy.deepcopy of a checkpoint, json.dumps), killing the run at the same point on every
+# --resume.
 MAX_JSON_DEPTH = 64
 
 def extract_json(reply: str, accept=None, strict: bool = False):
-    """The JSON in an LLM reply. Raises ValueError saying why there is none; a value nested more than
-    MAX_JSON_DEPTH levels deep (or past Python's stack) is none, in both modes.
+    """The JSON in an LLM reply. Raises ValueError saying why there is none; a value nested more
+    than MAX_JSON_DEPTH levels deep (or past Python's stack) is none, in both modes.
 
-    Lenient (default; a prompted LLM that may wrap its JSON in prose): the contents of each fenced block
-    (``` or ~~~), then the whole reply; in each, the first "{" or "[" from which an object or an array
-    decodes (and, when `accept` is given, for which accept(value) is true) wins, so prose around it and
-    bracketed text that is not JSON are skipped.
+    Lenient (default; a prompted LLM that may wrap its JSON in prose): the contents of each fenced
+    block (``` or ~~~), then the whole reply; in each, the first "{" or "[" from which an object or
+    an array decodes (and, when `accept` is given, for which accept(value) is true) wins, so prose
+    around it and bracketed text that is not JSON are skipped.
 
-    strict=True (a model trained to answer in JSON, whose reply is not to be read into): the text from
-    the first "{" to the last "}" must be JSON objects separated only by whitespace; one object is
-    returned as it is, several (a small model closes its object early and goes on in a second one) as
-    the list of them. A code fence or words around that text are ignored; `accept` is not used."""
+    strict=True (a model trained to answer in JSON, whose reply is not to be read into): the text
+    from the first "{" to the last "}" must be JSON objects separated only by whitespace; one object
+    is returned as it is, several (a small model closes its object early and goes on in a second
+    one) as the list of them. A code fence or words around that text are ignored; `accept` is not
+    used."""
     reply = reply if isinstance(reply, str) else ""
     if strict:
         return _json_objects(reply)
@@ -259,15 +278,18 @@ def extract_json(reply: str, accept=None, strict: bool = False):
                 value, end = decoder.raw_decode(text, match.start())
             except json.JSONDecodeError:
                 continue
-            except RecursionError:   # brackets nested past Python's stack: nothing after this start decodes
-                too_deep = True      # either, and trying each one would cost the stack depth every time
+            except RecursionError:   # brackets nested past Python's stack: nothing after this start
+                                     # decodes
+                too_deep = True      # either, and trying each one would cost the stack depth every
+                                     # time
                 break
             if nested_deeper_than(value, MAX_JSON_DEPTH):
                 too_deep, resume_at = True, end   # JSON, but not what was asked for: look after it
                 continue
             if isinstance(value, (dict, list)) and (accept is None or accept(value)):
                 return value
-    raise ValueError("no JSON object in the reply" + (f" (JSON nested more than {MAX_JSON_DEPTH} levels deep is "
+    raise ValueError("no JSON object in the reply"
+                     + (f" (JSON nested more than {MAX_JSON_DEPTH} levels deep is "
                                                         "not read)" if too_deep else ""))
 
 
@@ -285,19 +307,22 @@ def _json_objects(reply: str):
     except json.JSONDecodeError as e:
         raise ValueError(f"not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
     except RecursionError:
-        raise ValueError(f"not valid JSON (nested more than {MAX_JSON_DEPTH} levels deep)") from None
+        raise ValueError(
+            f"not valid JSON (nested more than {MAX_JSON_DEPTH} levels deep)") from None
     if any(nested_deeper_than(value, MAX_JSON_DEPTH) for value in objects):
         raise ValueError(f"the JSON is nested more than {MAX_JSON_DEPTH} levels deep")
     return objects[0] if len(objects) == 1 else objects
 
 
 def nested_deeper_than(value, limit: int) -> bool:
-    """Whether objects and arrays in `value` nest more than `limit` levels deep (counted without recursion)."""
+    """Whether objects and arrays in `value` nest more than `limit` levels deep (counted without
+    recursion)."""
     stack = [(value, 1)]
     while stack:
         node, depth = stack.pop()
         if isinstance(node, (dict, list)):
             if depth > limit:
                 return True
-            stack.extend((child, depth + 1) for child in (node.values() if isinstance(node, dict) else node))
+            stack.extend((child, depth + 1)
+                         for child in (node.values() if isinstance(node, dict) else node))
     return False

@@ -1,23 +1,23 @@
 """Run folders: what the three scripts do before they write into `--out`.
 
-A run folder holds a run's checkpoint, metrics and results. A second command pointed at the same folder
-must not silently replace them, so every script that writes one follows one rule:
+A run folder holds a run's checkpoint, metrics and results. A second command pointed at the same
+folder must not silently replace them, so every script that writes one follows one rule:
 
     --out empty or absent          start a run there
     --out holds anything, --resume continue the run it holds (the script checks it is one)
     --out holds anything, --overwrite
-                                   a run folder (below): delete what it holds (except `keep`), then start a
-                                   run there; anything else: refuse, deleting nothing
+                                   a run folder (below): delete what it holds (except `keep`), then
+                                   start a run there; anything else: refuse, deleting nothing
     --out holds anything, neither  refuse, naming the folder and both flags; nothing is written
 
-`check_run_folder` applies the rule without touching the disk, so a script can refuse before it loads
-a model; `open_run_folder` applies it again, then clears (with --overwrite) and creates the folder, writes
-its marker RUN_MARKER (`.minskill-run`) when it starts a run, then `clean_staging` undoes what a killed
-earlier run left half-written; a script calls it at the moment it writes its first file. Both raise
-`RunFolderError`, a `SystemExit` whose message is the refusal, so a script's `main` needs no handler of its own.
-A run writes no file through a symbolic link, so both refuse a folder to continue (--resume), or
-what --overwrite would keep, that holds one (`_first_link`); files.open_append refuses one met
-later.
+`check_run_folder` applies the rule without touching the disk, so a script can refuse before it
+loads a model; `open_run_folder` applies it again, then clears (with --overwrite) and creates the
+folder, writes its marker RUN_MARKER (`.minskill-run`) when it starts a run, then `clean_staging`
+undoes what a killed earlier run left half-written; a script calls it at the moment it writes its
+first file. Both raise `RunFolderError`, a `SystemExit` whose message is the refusal, so a script's
+`main` needs no handler of its own. A run writes no file through a symbolic link, so both refuse a
+folder to continue (--resume), or what --overwrite would keep, that holds one (`_first_link`);
+files.open_append refuses one met later.
 
 The marker is a JSON file: the script that started the run, the folder's inode (what ties the marker
 to the folder it was written in: a marker copied or planted elsewhere does not match), and the flags
@@ -27,16 +27,17 @@ the beginning, in place, with those flags (`started_flags`: None when `script` s
 which leaves nothing to resume), and says so (`restart_flags`, `restart_note`); nothing in the
 folder is deleted.
 
-Resuming: the one policy of all three scripts, applied by `resume_flags` (for users: docs/formats.md,
-"Resuming a run"). --resume continues the run that --out holds with the settings it saved: a flag not given takes the
-saved value; a flag given that differs from the saved value is a RunFolderError naming each such flag with
-both values, unless the script declares it may change on resume (where and how fast the run goes: endpoints,
-API keys, concurrency, timeouts, budgets, step counts, output cadence). --out, --resume and --overwrite say
-which run and how to open it, never a saved setting. What each script declares: train_grpo.py, every flag but
-RESUME_MUST_MATCH; evolve_masa.py, RESUMABLE_OVERRIDES; `rewrite.py train`, RESUME_MAY_CHANGE (the flags of
-minskill.sft.RUN_SETTINGS, the device, the data files' paths). The data are checked apart: train_grpo.py
-reads the saved suite, evolve_masa.py refuses other gate tasks, `rewrite.py train` other training records.
-`given_flags` says which flags a command line gave explicitly.
+Resuming: the one policy of all three scripts, applied by `resume_flags` (for users:
+docs/formats.md, "Resuming a run"). --resume continues the run that --out holds with the settings it
+saved: a flag not given takes the saved value; a flag given that differs from the saved value is a
+RunFolderError naming each such flag with both values, unless the script declares it may change on
+resume (where and how fast the run goes: endpoints, API keys, concurrency, timeouts, budgets, step
+counts, output cadence). --out, --resume and --overwrite say which run and how to open it, never a
+saved setting. What each script declares: train_grpo.py, every flag but RESUME_MUST_MATCH;
+evolve_masa.py, RESUMABLE_OVERRIDES; `rewrite.py train`, RESUME_MAY_CHANGE (the flags of
+minskill.sft.RUN_SETTINGS, the device, the data files' paths). The data are checked apart:
+train_grpo.py reads the saved suite, evolve_masa.py refuses other gate tasks, `rewrite.py train`
+other training records. `given_flags` says which flags a command line gave explicitly.
 
 --overwrite deletes, so it clears only what is certainly a run (`check_overwrite`), the path
 resolved before any check: a folder given by its own name (not a symbolic link, nor reached through
@@ -46,22 +47,23 @@ the marker of a run started in it (`_marker_problem`: a regular file, not a link
 whose inode matches). A folder written before runs had this marker is refused too; delete it by
 hand. A folder holding nothing but the marker counts as empty.
 
-What a run folder holds is written here too, once for both trainers and all three scripts (the files in
-it: minskill/files.py):
+What a run folder holds is written here too, once for both trainers and all three scripts (the files
+in it: minskill/files.py):
 
-* `save_checkpoint(folder, model, tokenizer, state)`: model + tokenizer in HF layout and `trainer_state.pt`
-  (the caller's state plus the RNG states; a LoRA-adapted model is written merged, with its adapter alone
-  in `adapter/`, PEFT's layout: minskill.nn.lora.save_lora_model), built in `.tmp-NAME-*` and swapped in by renames
-  (NAME → `.old-NAME`, tmp → NAME, drop `.old-NAME`). `recover_checkpoint(folder)`, called before a
-  checkpoint is read or written, undoes what a kill between those renames left: the old checkpoint comes
-  back when the new one never arrived, and stale staging folders are removed. So at every moment one
-  complete checkpoint exists under NAME or `.old-NAME`.
-  Before it writes anything it checks the disk holds the new checkpoint beside the old one (`checkpoint_bytes`,
-  `check_disk_space`: a DiskSpaceError names the folder, the need and the free space). With `keep=N` (> 1) the
-  replaced checkpoint moves to `NAME-step-S` (S = its trainer state's step) and only the newest N - 1 of those
-  stay: NAME is always the newest, what --resume and --eval read.
-* `rng_state()` / `set_rng_state(state)`: Python's and torch's generators (CUDA's too where present), so a
-  resumed run draws the same numbers as an uninterrupted one.
+* `save_checkpoint(folder, model, tokenizer, state)`: model + tokenizer in HF layout and
+  `trainer_state.pt` (the caller's state plus the RNG states; a LoRA-adapted model is written
+  merged, with its adapter alone in `adapter/`, PEFT's layout: minskill.nn.lora.save_lora_model),
+  built in `.tmp-NAME-*` and swapped in by renames (NAME → `.old-NAME`, tmp → NAME, drop
+  `.old-NAME`). `recover_checkpoint(folder)`, called before a checkpoint is read or written, undoes
+  what a kill between those renames left: the old checkpoint comes back when the new one never
+  arrived, and stale staging folders are removed. So at every moment one complete checkpoint exists
+  under NAME or `.old-NAME`. Before it writes anything it checks the disk holds the new checkpoint
+  beside the old one (`checkpoint_bytes`, `check_disk_space`: a DiskSpaceError names the folder, the
+  need and the free space). With `keep=N` (> 1) the replaced checkpoint moves to `NAME-step-S` (S =
+  its trainer state's step) and only the newest N - 1 of those stay: NAME is always the newest, what
+  --resume and --eval read.
+* `rng_state()` / `set_rng_state(state)`: Python's and torch's generators (CUDA's too where
+  present), so a resumed run draws the same numbers as an uninterrupted one.
 """
 from __future__ import annotations
 
@@ -84,24 +86,27 @@ from minskill.nn.weights import save_pretrained
 from minskill.skillsets import recover_saves
 
 TRAINER_STATE = "trainer_state.pt"
-RUN_MARKER = ".minskill-run"     # written in every run folder a run starts in: what --overwrite may clear
+RUN_MARKER = ".minskill-run"     # written in every run folder a run starts in: what --overwrite may
+                                 # clear
 
 
-RUN_FOLDER_FLAGS = ("out", "resume", "overwrite")   # which run and how to open it: never a saved setting
+RUN_FOLDER_FLAGS = ("out", "resume", "overwrite")   # which run and how to open it: never a saved
+                                                    # setting
 
 
 class RunFolderError(SystemExit):
-    """A refused --out. Subclasses SystemExit: an uncaught refusal prints the message and exits with 1."""
+    """A refused --out. Subclasses SystemExit: an uncaught refusal prints the message and exits with
+    1."""
 
 
 def check_run_folder(out: str | Path, resume: bool, overwrite: bool, script: str,
                      resumable: bool = True) -> None:
-    """Refuse `out` (RunFolderError) unless the rule in the module docstring allows it. Writes nothing.
-    resumable=False: `script` has no --resume, so a refusal does not offer it."""
+    """Refuse `out` (RunFolderError) unless the rule in the module docstring allows it. Writes
+    nothing. resumable=False: `script` has no --resume, so a refusal does not offer it."""
     out = Path(out)
     if resume and overwrite:
-        raise RunFolderError(f"{script}: --resume and --overwrite contradict each other (continue the run in "
-                             f"{out}, or replace it: choose one)")
+        raise RunFolderError(f"{script}: --resume and --overwrite contradict each other (continue "
+                             f"the run in {out}, or replace it: choose one)")
     if out.exists() and not out.is_dir():
         raise RunFolderError(f"{script}: --out {out} is a file, not a folder")
     if resume and out.is_dir():
@@ -112,7 +117,8 @@ def check_run_folder(out: str | Path, resume: bool, overwrite: bool, script: str
     if not held:
         return
     if overwrite:
-        check_overwrite(out, script)   # a mistyped --out must not wipe a home folder, a source tree, a link's target
+        check_overwrite(out, script)   # a mistyped --out must not wipe a home folder, a source
+                                       # tree, a link's target
         return
     shown = ", ".join(held[:5]) + (f", ... ({len(held)} entries)" if len(held) > 5 else "")
     resume_it = "--resume to continue the run it holds, " if resumable else ""
@@ -170,8 +176,8 @@ def open_run_folder(out: str | Path, resume: bool, overwrite: bool, script: str,
 def clean_staging(folder: str | Path) -> list[Path]:
     """Undo what writes killed mid-way left in `folder`, before anything writes there again:
     a checkpoint caught between its renames is put back (`recover_checkpoint`), so is a skill set
-    (`skillsets.recover_saves`), and `.tmp-*` entries (staging of checkpoints and atomic writes, never read)
-    are deleted. Returns the entries that were removed or moved."""
+    (`skillsets.recover_saves`), and `.tmp-*` entries (staging of checkpoints and atomic writes,
+    never read) are deleted. Returns the entries that were removed or moved."""
     folder = Path(folder)
     if not folder.is_dir():
         return []
@@ -308,9 +314,9 @@ def mark_run_folder(folder: str | Path, script: str, settings: dict | None = Non
 # ------------------------------------------------------------------------------------------ resume
 
 def given_flags(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> set[str]:
-    """The dests of the arguments `argv` (None: sys.argv[1:]) gives explicitly: argv parsed a second time by a
-    copy of `parser` (its sub-commands too) in which every default is argparse.SUPPRESS, so an argument that was
-    not given leaves no attribute, even one given with its default value."""
+    """The dests of the arguments `argv` (None: sys.argv[1:]) gives explicitly: argv parsed a second
+    time by a copy of `parser` (its sub-commands too) in which every default is argparse.SUPPRESS,
+    so an argument that was not given leaves no attribute, even one given with its default value."""
     probe = copy.deepcopy(parser)
     stack = [probe]
     while stack:
@@ -328,15 +334,16 @@ def _comparable(value):
     return tuple(_comparable(v) for v in value) if isinstance(value, (list, tuple)) else value
 
 
-def resume_flags(args: argparse.Namespace, saved: dict, given: set[str], may_change: Collection[str],
+def resume_flags(args: argparse.Namespace, saved: dict, given: set[str],
+                 may_change: Collection[str],
                  script: str, parser: argparse.ArgumentParser | None = None,
                  source: str = "the saved flags") -> list[str]:
-    """The resume policy (module docstring) applied to `args` in place: every setting in `saved` (the flags the
-    run saved, by dest) that `given` lacks takes its saved value; a given one that differs is a RunFolderError
-    naming each such flag with both values, unless it is in `may_change`. RUN_FOLDER_FLAGS are left as given.
-    With `parser`, a saved value that its flag could not have parsed (a file edited by hand) is a
-    RunFolderError naming `source` and the flag. Returns "--flag saved -> given" for each may-change
-    flag given anew."""
+    """The resume policy (module docstring) applied to `args` in place: every setting in `saved`
+    (the flags the run saved, by dest) that `given` lacks takes its saved value; a given one that
+    differs is a RunFolderError naming each such flag with both values, unless it is in
+    `may_change`. RUN_FOLDER_FLAGS are left as given. With `parser`, a saved value that its flag
+    could not have parsed (a file edited by hand) is a RunFolderError naming `source` and the flag.
+    Returns "--flag saved -> given" for each may-change flag given anew."""
     actions = {a.dest: a for a in parser._actions} if parser is not None else {}
     refused, changed, mistyped = [], [], []
     for name, value in saved.items():
@@ -355,9 +362,10 @@ def resume_flags(args: argparse.Namespace, saved: dict, given: set[str], may_cha
                              f"flag takes: {', '.join(mistyped)}; correct them, or start a new run "
                              f"in another --out")
     if refused:
-        raise RunFolderError(f"{script}: --resume continues the run in --out with the settings it saved, and these "
-                             f"flags differ from them (saved -> given): {', '.join(refused)}; drop them to take "
-                             f"the saved values, or start a new run in another --out")
+        raise RunFolderError(f"{script}: --resume continues the run in --out with the settings it "
+                             "saved, and these flags differ from them (saved -> given): "
+                             f"{', '.join(refused)}; drop them to take the saved values, or start "
+                             "a new run in another --out")
     return changed
 
 
@@ -390,7 +398,8 @@ def _saved_flag_problem(action: argparse.Action, value) -> str | None:
     return None
 
 
-# ------------------------------------------------------------------------------------------ checkpoints
+# ------------------------------------------------------------------------------------------
+# checkpoints
 
 def rng_state() -> dict:
     state = {"python": random.getstate(), "torch": torch.get_rng_state()}
@@ -416,18 +425,21 @@ def recover_checkpoint(folder: str | Path) -> None:
     folder = Path(folder)
     old = folder.with_name(f".old-{folder.name}")
     if old.is_dir() and not folder.exists():
-        os.replace(old, folder)       # killed between the two renames: the old checkpoint is the one
+        os.replace(old, folder)       # killed between the two renames: the old checkpoint is the
+                                      # one
     elif old.is_dir():
         shutil.rmtree(old)            # killed after the swap, before the clean-up
     for stale in folder.parent.glob(f".tmp-{folder.name}-*"):
         shutil.rmtree(stale, ignore_errors=True)
 
 
-def save_checkpoint(folder: str | Path, model, tokenizer, state: dict | None = None, keep: int = 1) -> Path:
-    """Write model + tokenizer (HF layout; with LoRA merged, plus adapter/) and, when `state` is given, trainer_state.pt = state plus
-    {"rng": rng_state()} into `folder`, replacing an earlier checkpoint there atomically. First checks that the disk
-    holds it (`check_disk_space`). keep > 1: the checkpoint it replaces moves to NAME-step-S (S: its saved step), and
-    of those only the newest keep - 1 stay (`older_checkpoints`)."""
+def save_checkpoint(folder: str | Path, model, tokenizer, state: dict | None = None,
+                    keep: int = 1) -> Path:
+    """Write model + tokenizer (HF layout; with LoRA merged, plus adapter/) and, when `state` is
+    given, trainer_state.pt = state plus {"rng": rng_state()} into `folder`, replacing an earlier
+    checkpoint there atomically. First checks that the disk holds it (`check_disk_space`). keep > 1:
+    the checkpoint it replaces moves to NAME-step-S (S: its saved step), and of those only the
+    newest keep - 1 stay (`older_checkpoints`)."""
     folder = Path(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
     recover_checkpoint(folder)
@@ -436,7 +448,8 @@ def save_checkpoint(folder: str | Path, model, tokenizer, state: dict | None = N
     old = folder.with_name(f".old-{folder.name}")
     try:
         if has_lora(model):
-            save_lora_model(model, tmp)   # merged in HF layout, and the adapter alone in tmp/adapter (PEFT)
+            save_lora_model(model, tmp)   # merged in HF layout, and the adapter alone in
+                                          # tmp/adapter (PEFT)
         else:
             save_pretrained(model, tmp)
         tokenizer.save_pretrained(tmp)
@@ -453,7 +466,8 @@ def save_checkpoint(folder: str | Path, model, tokenizer, state: dict | None = N
 
 
 class DiskSpaceError(SystemExit):
-    """A checkpoint the disk cannot hold, refused before anything is written (a SystemExit, like RunFolderError)."""
+    """A checkpoint the disk cannot hold, refused before anything is written (a SystemExit, like
+    RunFolderError)."""
 
 
 def _size(n: int) -> str:
@@ -473,9 +487,10 @@ def _tensor_bytes(obj, seen: set) -> int:
 
 
 def checkpoint_bytes(model, state: dict | None = None) -> int:
-    """What save_checkpoint writes, estimated from above: the weights as saved (each parameter once, in its dtype;
-    with LoRA the merged model in float32 plus the adapter), the tensors of `state` (each storage once: what
-    torch.save writes), and 64 MiB + 2% for the tokenizer, the configs and the pickled rest."""
+    """What save_checkpoint writes, estimated from above: the weights as saved (each parameter once,
+    in its dtype; with LoRA the merged model in float32 plus the adapter), the tensors of `state`
+    (each storage once: what torch.save writes), and 64 MiB + 2% for the tokenizer, the configs and
+    the pickled rest."""
     params = list(model.parameters())     # a tied embedding is one parameter
     if has_lora(model):
         weights = sum(4 * p.numel() for p in params)
@@ -486,13 +501,15 @@ def checkpoint_bytes(model, state: dict | None = None) -> int:
 
 
 def check_disk_space(folder: str | Path, need: int) -> None:
-    """DiskSpaceError naming the folder, the space a save needs and the space free, when the disk lacks it. The
-    earlier checkpoint stays until the new one is complete, so the new one must fit beside it."""
+    """DiskSpaceError naming the folder, the space a save needs and the space free, when the disk
+    lacks it. The earlier checkpoint stays until the new one is complete, so the new one must fit
+    beside it."""
     free = shutil.disk_usage(Path(folder).parent).free
     if free < need:
         raise DiskSpaceError(f"{folder}: not saved: the checkpoint needs about {_size(need)} and "
-                             f"{Path(folder).parent} has {_size(free)} free. The previous checkpoint is kept; free "
-                             f"some space (or keep fewer checkpoints) and continue with --resume")
+                             f"{Path(folder).parent} has {_size(free)} free. The previous "
+                             "checkpoint is kept; free some space (or keep fewer checkpoints) and "
+                             "continue with --resume")
 
 
 def older_checkpoints(folder: str | Path) -> list[Path]:
@@ -504,11 +521,12 @@ def older_checkpoints(folder: str | Path) -> list[Path]:
 
 
 def _retire(old: Path, folder: Path, keep: int) -> None:
-    """The checkpoint a save replaced (now `old`): deleted, or with keep > 1 renamed NAME-step-S; then only the
-    newest keep - 1 of those stay."""
+    """The checkpoint a save replaced (now `old`): deleted, or with keep > 1 renamed NAME-step-S;
+    then only the newest keep - 1 of those stay."""
     if keep > 1 and (old / TRAINER_STATE).is_file():
         try:
-            step = int(torch.load(old / TRAINER_STATE, map_location="cpu", weights_only=True, mmap=True)["step"])
+            step = int(torch.load(old / TRAINER_STATE, map_location="cpu", weights_only=True,
+                                  mmap=True)["step"])
         except Exception:   # no readable step: it cannot be named, so it goes
             step = None
         if step is not None:
@@ -522,9 +540,10 @@ def _retire(old: Path, folder: Path, keep: int) -> None:
 
 def load_trainer_state(folder: str | Path, restore_rng: bool = True, required: tuple[str, ...] = (),
                        mmap: bool = False) -> dict:
-    """trainer_state.pt of a checkpoint (recovered first); restores the RNG states it holds unless told not.
-    A file that cannot be read (truncated, say), or is not a dict holding the `required` keys, is a ValueError
-    naming it. mmap: its tensors are mapped from the file, not read (to look at the saved flags only)."""
+    """trainer_state.pt of a checkpoint (recovered first); restores the RNG states it holds unless
+    told not. A file that cannot be read (truncated, say), or is not a dict holding the `required`
+    keys, is a ValueError naming it. mmap: its tensors are mapped from the file, not read (to look
+    at the saved flags only)."""
     folder = Path(folder)
     recover_checkpoint(folder)
     path = folder / TRAINER_STATE
@@ -532,12 +551,14 @@ def load_trainer_state(folder: str | Path, restore_rng: bool = True, required: t
         raise FileNotFoundError(f"{folder} is not a training checkpoint (no {TRAINER_STATE})")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
-    except Exception as e:  # torch raises RuntimeError, EOFError, UnpicklingError, ... for a damaged file
+    except Exception as e:  # torch raises RuntimeError, EOFError, UnpicklingError, ... for a
+                            # damaged file
         raise ValueError(f"{path}: damaged, cannot be read ({type(e).__name__}: "
                          f"{str(e).split('. ')[0][:200] or 'the file ends early'})") from None
     missing = [key for key in required if key not in state] if isinstance(state, dict) else None
     if missing is None or missing:
-        raise ValueError(f"{path}: not a trainer state (" + (f"no {', '.join(map(repr, missing))}" if missing
+        raise ValueError(f"{path}: not a trainer state ("
+                         + (f"no {', '.join(map(repr, missing))}" if missing
                          else f"a {type(state).__name__}, not a dict") + ")")
     if restore_rng and "rng" in state:
         set_rng_state(state["rng"])

@@ -1,54 +1,19 @@
-"""Skills: one `Skill`, its on-disk format and its prompt text (skill sets, MASA's JSON library and common
-mistakes: minskill.skillsets; reading skills out of LLM replies: minskill.replies). This module imports
-nothing else from minskill, so it can be copied alone.
+"""Skills: one `Skill`, its on-disk format and its prompt text (skill sets, MASA's JSON library and
+common mistakes: minskill.skillsets; reading skills out of LLM replies: minskill.replies). This
+module imports nothing else from minskill, so it can be copied alone.
 
-A *skill* is natural-language guidance for an agent. Its on-disk format is the open Agent Skills layout:
-a folder whose name is the skill's name, holding `SKILL.md` = YAML front matter + Markdown body:
+A *skill* is an Agent Skills folder: `SKILL.md` = YAML front matter (name, description, optional
+metadata) + a Markdown body, and any other files of the folder as resources that travel with it.
 
-    ---
-    name: count-carefully            1-64 chars of a-z 0-9 -, no leading/trailing/double hyphen,
-    description: Use when ...        equal to the folder name; description 1-1024 chars
-    metadata:                        optional mapping of text keys to text (or to lists and
-      title: Count carefully         mappings of text, nested as deep as YAML allows here)
-    ---
-    Markdown body
-    scripts/  references/  ...       any other files and folders (resources)
-
-(`license`, `compatibility` (<= 500 chars) and `allowed-tools` are accepted as the spec allows; any other
-top-level field is an error, as in the spec's reference validator.)
-
-YAML. Front matter (and MASA's YAML model cards) are read by PyYAML's safe loader (`read_yaml`), composing
-nodes only: every scalar is the text written (no types, as the spec's validator reads it), anchors, aliases
-and tags are refused, nesting is bounded (MAX_YAML_DEPTH = 16), and the file is size-bounded before it is
-parsed; an error names the file and line. One leniency: a one-line plain value holding ': ' (`description:
-Use when: ...`), which YAML refuses, is read as if quoted. What minskill writes is plain or JSON-quoted
-YAML that any YAML reader reads back as written.
-
-Sizes. A SKILL.md file (and a skill's body) is at most MAX_FILE_BYTES = 256 KiB: the only size that
-refuses a SKILL.md. The spec *recommends* a body under 500 lines and under 5,000 tokens; a longer body
-loads with a `SkillWarning` (warnings.warn), tokens approximated as approx_tokens(body) = ceil(chars/4).
-
-Resources. Every other file of a skill's folder (`Skill.resources`: relative POSIX path -> bytes;
-scripts/, references/, assets/, LICENSE.txt, any folder the body names) travels with it: read on
-load, written back byte for byte on save with its exec bit (an executable's bytes are
-`ExecutableBytes`: mode 0o755, others 0o644; minskill never runs them), at most MAX_RESOURCE_FILES =
-1,000 files (a cap the scripts' flag `--skill-max-files N` raises: `set_max_resource_files`) and
-MAX_RESOURCE_BYTES = 50 MiB per skill. A symbolic link anywhere in the folder is an error naming it
-(it could point outside); dot-files and dot-folders are skipped (.git, editor droppings, our own
-temp files). Prompts list the resources by name (`resource_note`); no LLM ever rewrites them, and
-none of their bytes is ever shown to one or run. A resource path is validated
-(`validate_resource_path`) before it becomes a file name: not SKILL.md, no part empty, '.', '..',
-hidden, with a control character or over 255 bytes, at most MAX_RESOURCE_DEPTH = 16 parts; a skill
-set bounds all its resources together (skillsets.py).
-
-Rendering for a task model's system prompt (`Skill.render(task_type, max_tokens)`, as `SkillSet.render`:
-the one interface the rollout code uses): the skill as a set of that one skill, i.e. `## title`, the
-description, the body and the resource_note line (when it has resources); when count_tokens(text) > max_tokens the text is cut and says so. count_tokens
-defaults to `approx_tokens`, ceil(len(text) / 4), about right for English with BPE tokenizers.
-
-Text written by an LLM is untrusted: names are validated (`validate_name`) or repaired (`slugify`) before
-they become paths, sizes are bounded, nothing from it is executed. Files are written atomically (temp file
-+ os.replace); a SKILL.md that is a symbolic link is never read.
+Decisions (in full, with the format's limits: docs/formats.md, "skills.py in full"):
+1. YAML is read by PyYAML's safe loader, composing nodes only: every scalar is the text written.
+2. A SKILL.md is at most MAX_FILE_BYTES; a body over the spec's recommendation loads with a warning.
+3. Resources are read and written byte for byte, never shown to an LLM nor run; a symbolic link
+   anywhere in the folder is an error naming it.
+4. `Skill.render(task_type, max_tokens)`, as `SkillSet.render`, is the one interface the rollout
+   code uses; past the budget the text is cut and says so.
+5. Text written by an LLM is untrusted: names are validated (`validate_name`) or repaired
+   (`slugify`) before they become paths; files are written atomically.
 """
 from __future__ import annotations
 
@@ -63,17 +28,23 @@ from pathlib import Path
 
 import yaml
 
-__all__ = ["Skill", "SkillFormatError", "SkillParseError", "validate_name", "validate_task_type", "slugify",
-           "split_front_matter", "approx_tokens", "resource_note", "validate_resource_path", "SkillWarning",
-           "MAX_NAME_CHARS", "MAX_DESCRIPTION_CHARS", "MAX_BODY_CHARS", "MAX_FILE_BYTES", "ExecutableBytes",
+__all__ = ["Skill", "SkillFormatError", "SkillParseError", "validate_name", "validate_task_type",
+           "slugify",
+           "split_front_matter", "approx_tokens", "resource_note", "validate_resource_path",
+           "SkillWarning",
+           "MAX_NAME_CHARS", "MAX_DESCRIPTION_CHARS", "MAX_BODY_CHARS", "MAX_FILE_BYTES",
+           "ExecutableBytes",
            "read_yaml", "set_max_resource_files"]
 
 MAX_NAME_CHARS = 64
 MAX_DESCRIPTION_CHARS = 1024
 MAX_COMPATIBILITY_CHARS = 500
-MAX_BODY_CHARS = 20_000              # the longest body an LLM may *write* (replies.py); files: MAX_FILE_BYTES
-MAX_FILE_BYTES = 256 * 1024          # a SKILL.md or SKILLSET.md (or a skill's body) larger than this is refused
-RECOMMENDED_BODY_LINES = 500         # the spec's recommendation: above it a body loads with a warning
+MAX_BODY_CHARS = 20_000              # the longest body an LLM may *write* (replies.py); files:
+                                     # MAX_FILE_BYTES
+MAX_FILE_BYTES = 256 * 1024          # a SKILL.md or SKILLSET.md (or a skill's body) larger than
+                                     # this is refused
+RECOMMENDED_BODY_LINES = 500         # the spec's recommendation: above it a body loads with a
+                                     # warning
 RECOMMENDED_BODY_TOKENS = 5000       # ... tokens counted by approx_tokens (chars / 4)
 MAX_RESOURCE_FILES = 1000            # per skill: each file of its folder but SKILL.md (one: 1,224)
 MAX_RESOURCE_BYTES = 50 * 1024 * 1024   # ... together (public skills: up to 5.5 MB, mostly fonts)
@@ -91,7 +62,8 @@ class SkillWarning(UserWarning):
 
 
 class SkillParseError(ValueError):
-    """An LLM reply holds no usable skill (raised by minskill.replies); the message quotes its start."""
+    """An LLM reply holds no usable skill (raised by minskill.replies); the message quotes its
+    start."""
 
     def __init__(self, message: str, reply: str):
         quoted = reply[:300] + ("..." if len(reply) > 300 else "")
@@ -106,15 +78,18 @@ _TASK_TYPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 
 def validate_name(name, where: str = "name") -> str:
-    """Return `name` if it is a valid skill name (and so a safe folder name), else raise SkillFormatError."""
+    """Return `name` if it is a valid skill name (and so a safe folder name), else raise
+    SkillFormatError."""
     if not isinstance(name, str):
         raise SkillFormatError(f"{where}: must be a string, got {type(name).__name__}")
     if not name:
         raise SkillFormatError(f"{where}: is empty")
     if len(name) > MAX_NAME_CHARS:
-        raise SkillFormatError(f"{where}: {name[:80]!r} is {len(name)} characters; at most {MAX_NAME_CHARS}")
+        raise SkillFormatError(f"{where}: {name[:80]!r} is {len(name)} characters; at most "
+                               f"{MAX_NAME_CHARS}")
     if "/" in name or "\\" in name or name.startswith("."):
-        raise SkillFormatError(f"{where}: {name!r} looks like a path; a name is only a-z, 0-9 and '-'")
+        raise SkillFormatError(f"{where}: {name!r} looks like a path; a name is only a-z, 0-9 and "
+                               "'-'")
     if name != name.lower():
         raise SkillFormatError(f"{where}: {name!r} has upper-case letters; use a-z, 0-9 and '-'")
     if name.startswith("-") or name.endswith("-"):
@@ -128,7 +103,8 @@ def validate_name(name, where: str = "name") -> str:
 
 
 def slugify(text: str, fallback: str = "skill") -> str:
-    """A valid skill name made from any text: ASCII-fold, lower-case, runs of other characters -> '-'."""
+    """A valid skill name made from any text: ASCII-fold, lower-case, runs of other characters ->
+    '-'."""
     ascii_text = unicodedata.normalize("NFKD", str(text)).encode("ascii", "ignore").decode("ascii")
     slug = re.sub(r"[^a-z0-9]+", "-", ascii_text.lower()).strip("-")
     slug = slug[:MAX_NAME_CHARS].rstrip("-")
@@ -136,23 +112,28 @@ def slugify(text: str, fallback: str = "skill") -> str:
 
 
 def validate_task_type(task_type, where: str = "task type") -> str:
-    """Task types become folder names too: 1-64 of A-Z a-z 0-9 _ . -, not starting with . or -, no '..'."""
+    """Task types become folder names too: 1-64 of A-Z a-z 0-9 _ . -, not starting with . or -, no
+    '..'."""
     if not isinstance(task_type, str) or not _TASK_TYPE.fullmatch(task_type) or ".." in task_type:
-        raise SkillFormatError(f"{where}: {task_type!r} is not a valid task type (1-64 characters of "
-                               f"A-Z, a-z, 0-9, '_', '.', '-', starting with a letter or digit, no '..')")
+        raise SkillFormatError(f"{where}: {task_type!r} is not a valid task type (1-64 characters "
+                               "of A-Z, a-z, 0-9, '_', '.', '-', starting with a letter or digit, "
+                               "no '..')")
     return task_type
 
 
-# --------------------------------------------------------------------------- YAML (PyYAML's safe loader)
+# --------------------------------------------------------------------------- YAML (PyYAML's safe
+# loader)
 
-MAX_YAML_DEPTH = 16      # mappings and lists nested deeper than this are refused (never a RecursionError)
+MAX_YAML_DEPTH = 16      # mappings and lists nested deeper than this are refused (never a
+                         # RecursionError)
 
 
 class _TextLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, used to compose nodes only: no Python object is ever built from the text, and
-    every scalar stays the text written (no types: `version: 1.10`, `name: yes` are strings, as the spec's
-    reference validator, strictyaml, reads them). Refused as strictyaml refuses them: anchors and aliases
-    (so no document grows as it is read) and tags; nesting deeper than MAX_YAML_DEPTH."""
+    """PyYAML's safe loader, used to compose nodes only: no Python object is ever built from the
+    text, and every scalar stays the text written (no types: `version: 1.10`, `name: yes` are
+    strings, as the spec's reference validator, strictyaml, reads them). Refused as strictyaml
+    refuses them: anchors and aliases (so no document grows as it is read) and tags; nesting deeper
+    than MAX_YAML_DEPTH."""
 
     depth = 0
 
@@ -190,8 +171,9 @@ def _node_data(node, at):
 
 
 def read_yaml(text: str, where: str, first_line: int = 1):
-    """The YAML document `text` as str / list / dict of text (see _TextLoader), {} when it is empty. Errors
-    name `where` and the line (`first_line` is the number of the text's first line in its file)."""
+    """The YAML document `text` as str / list / dict of text (see _TextLoader), {} when it is empty.
+    Errors name `where` and the line (`first_line` is the number of the text's first line in its
+    file)."""
     def at(node_or_mark) -> str:
         mark = getattr(node_or_mark, "start_mark", node_or_mark)
         return f"{where}, line {first_line + mark.line}" if mark is not None else where
@@ -200,21 +182,24 @@ def read_yaml(text: str, where: str, first_line: int = 1):
         node = yaml.compose(text, Loader=_TextLoader)
     except yaml.MarkedYAMLError as error:
         problem = ", ".join(filter(None, (error.context, error.problem))) or "not valid YAML"
-        hint = " (quote a value that holds ': ')" if "mapping values are not allowed" in problem else ""
+        hint = (" (quote a value that holds ': ')" if "mapping values are not allowed" in problem
+                else "")
         raise SkillFormatError(f"{at(error.context_mark or error.problem_mark)}: not valid YAML: "
                                f"{problem}{hint}") from None
     except yaml.reader.ReaderError as error:           # a character YAML does not allow
         line = first_line + text.count("\n", 0, error.position)
-        raise SkillFormatError(f"{where}, line {line}: not valid YAML: character U+{error.character:04X} is not "
-                               f"allowed (write it as an escape in a double-quoted string)") from None
+        raise SkillFormatError(f"{where}, line {line}: not valid YAML: character "
+                               f"U+{error.character:04X} is not allowed (write it as an escape in "
+                               "a double-quoted string)") from None
     except yaml.YAMLError as error:
         raise SkillFormatError(f"{where}: not valid YAML: {error}") from None
     return {} if node is None else _node_data(node, at)
 
 
 def parse_front_matter(lines: list[str], where: str, first_line: int = 2) -> dict:
-    """The front matter of a SKILL.md (the lines between the '---' markers) as a dict (read_yaml). A one-line
-    plain value holding ': ' (`description: Use when: ...`), which YAML refuses, is read as if quoted."""
+    """The front matter of a SKILL.md (the lines between the '---' markers) as a dict (read_yaml). A
+    one-line plain value holding ': ' (`description: Use when: ...`), which YAML refuses, is read as
+    if quoted."""
     try:
         data = read_yaml("\n".join(lines) + "\n", where, first_line)
     except SkillFormatError as error:
@@ -226,16 +211,19 @@ def parse_front_matter(lines: list[str], where: str, first_line: int = 2) -> dic
         except SkillFormatError:
             raise error from None                  # the error of the text as written
     if not isinstance(data, dict):
-        raise SkillFormatError(f"{where}, line {first_line}: expected 'key: value' lines (a YAML mapping), "
-                               f"got {'a list' if isinstance(data, list) else 'one value'}")
+        raise SkillFormatError(f"{where}, line {first_line}: expected 'key: value' lines (a YAML "
+                               "mapping), got "
+                               f"{'a list' if isinstance(data, list) else 'one value'}")
     return data
 
 
-_COLON_VALUE = re.compile(r"([A-Za-z0-9_][A-Za-z0-9_.-]*):[ \t]+([^\s\"'|>\[{&*!%@`#].*?: .*?)[ \t]*")
+_COLON_VALUE = re.compile(r"([A-Za-z0-9_][A-Za-z0-9_.-]*):[ \t]+([^\s\"'|>\[{&*!%@`#].*?: .*?)[ "
+                          r"\t]*")
 
 
 def _quote_colon_values(lines: list[str]) -> list[str]:
-    """Top-level one-line plain values that hold ': ' written as quoted scalars (a ' #' comment dropped)."""
+    """Top-level one-line plain values that hold ': ' written as quoted scalars (a ' #' comment
+    dropped)."""
     out = []
     for i, line in enumerate(lines):
         match = _COLON_VALUE.fullmatch(line)
@@ -248,7 +236,8 @@ def _quote_colon_values(lines: list[str]) -> list[str]:
 
 
 def _yaml_block(value, indent: int = 0) -> list[str]:
-    """The block YAML lines of a non-empty mapping or list of text (read back by read_yaml as `value`)."""
+    """The block YAML lines of a non-empty mapping or list of text (read back by read_yaml as
+    `value`)."""
     pad, lines = " " * indent, []
     items = value.items() if isinstance(value, dict) else ((None, item) for item in value)
     for key, item in items:
@@ -264,41 +253,47 @@ def _yaml_block(value, indent: int = 0) -> list[str]:
 
 
 def _check_yaml_text(value, where: str, depth: int = 1) -> None:
-    """`value` is text, or a list / mapping (text keys) of such, nested at most MAX_YAML_DEPTH deep."""
+    """`value` is text, or a list / mapping (text keys) of such, nested at most MAX_YAML_DEPTH
+    deep."""
     if isinstance(value, str):
         return
     if depth > MAX_YAML_DEPTH or not isinstance(value, (list, dict)):
-        raise SkillFormatError(f"{where}: must be text, or lists and mappings of text nested at most "
-                               f"{MAX_YAML_DEPTH} deep; got {type(value).__name__}")
+        raise SkillFormatError(f"{where}: must be text, or lists and mappings of text nested at "
+                               f"most {MAX_YAML_DEPTH} deep; got {type(value).__name__}")
     for key, item in (value.items() if isinstance(value, dict) else enumerate(value)):
         if isinstance(value, dict) and (not isinstance(key, str) or len(_yaml_scalar(key)) > 1000):
-            raise SkillFormatError(f"{where}: key {str(key)[:80]!r} must be text of at most 1,000 characters "
-                                   f"as written")
+            raise SkillFormatError(f"{where}: key {str(key)[:80]!r} must be text of at most 1,000 "
+                                   f"characters as written")
         _check_yaml_text(item, f"{where}[{key!r}]", depth + 1)
 
 
-_PLAIN_UNSAFE = re.compile(r"^[\s\-?:,\[\]{}#&*!|>'\"%@`]|: |\s#|\s$|[\x00-\x1f\x7f\x85\u2028\u2029]|:$")
-_YAML_SPECIAL = re.compile(r"(?:~|null|Null|NULL|true|True|TRUE|false|False|FALSE|yes|Yes|YES|no|No|NO|"
-                           r"on|On|ON|off|Off|OFF|[-+]?(?:\.inf|\.Inf|\.INF)|\.nan|\.NaN|\.NAN|"
-                           r"[-+]?[0-9][0-9_.,:eExXoObB+-]*|[-+]?\.[0-9]+)")
+_PLAIN_UNSAFE = re.compile(r"^[\s\-?:,\[\]{}#&*!|>'\"%@`]|: "
+                           r"|\s#|\s$|[\x00-\x1f\x7f\x85\u2028\u2029]|:$")
+_YAML_SPECIAL = re.compile(
+    r"(?:~|null|Null|NULL|true|True|TRUE|false|False|FALSE|yes|Yes|YES|no|No|NO|"
+    r"on|On|ON|off|Off|OFF|[-+]?(?:\.inf|\.Inf|\.INF)|\.nan|\.NaN|\.NAN|"
+    r"[-+]?[0-9][0-9_.,:eExXoObB+-]*|[-+]?\.[0-9]+)")
 
 
 def _yaml_scalar(value: str) -> str:
     """A YAML scalar that any YAML reader (and ours) reads back as exactly `value`, as a string."""
     if value and not _PLAIN_UNSAFE.search(value) and not _YAML_SPECIAL.fullmatch(value):
         return value
-    encoded = json.dumps(value, ensure_ascii=False)  # JSON strings are valid YAML double-quoted scalars
+    encoded = json.dumps(value, ensure_ascii=False)  # JSON strings are valid YAML double-quoted
+                                                     # scalars
     # YAML wants non-printable characters escaped; JSON leaves a few of them raw
-    return re.sub(r"[\x7f-\x9f\u2028\u2029\ufeff\ufffe\uffff]", lambda m: f"\\u{ord(m.group()):04x}", encoded)
+    return re.sub(r"[\x7f-\x9f\u2028\u2029\ufeff\ufffe\uffff]",
+                  lambda m: f"\\u{ord(m.group()):04x}", encoded)
 
 
 # --------------------------------------------------------------------------- files
 
 def _atomic_write_text(path: Path, text: str) -> None:
-    """Write `text` (UTF-8, newlines as given) to `path` via a temp file in the same folder + os.replace.
+    """Write `text` (UTF-8, newlines as given) to `path` via a temp file in the same folder +
+    os.replace.
 
-    minskill.runs has the package's atomic writer; this module keeps its own so that it can be copied
-    alone (it imports nothing from minskill)."""
+    minskill.runs has the package's atomic writer; this module keeps its own so that it can be
+    copied alone (it imports nothing from minskill)."""
     _atomic_write_bytes(path, text.encode("utf-8"))
 
 
@@ -327,14 +322,16 @@ def _read_text(path: Path, max_bytes: int = MAX_FILE_BYTES) -> str:
     try:
         return path.read_bytes().decode("utf-8-sig")
     except UnicodeDecodeError as error:
-        raise SkillFormatError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start})") from None
+        raise SkillFormatError(
+            f"{path}: not UTF-8 text ({error.reason} at byte {error.start})") from None
 
 
 # --------------------------------------------------------------------------- resources
 
 class ExecutableBytes(bytes):
-    """The bytes of a skill's file that is executable: read from a file with an exec bit, saved with mode
-    0o755 (others 0o644). Equal to the same bytes (a Skill's == ignores modes); minskill never runs it."""
+    """The bytes of a skill's file that is executable: read from a file with an exec bit, saved with
+    mode 0o755 (others 0o644). Equal to the same bytes (a Skill's == ignores modes); minskill never
+    runs it."""
 
     __slots__ = ()
 
@@ -343,18 +340,22 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def validate_resource_path(rel, where: str = "resource") -> str:
-    """Return `rel` if it is a safe path of a file in a skill folder (any file but SKILL.md), else raise."""
+    """Return `rel` if it is a safe path of a file in a skill folder (any file but SKILL.md), else
+    raise."""
     if not isinstance(rel, str):
-        raise SkillFormatError(f"{where}: a resource path must be a string, got {type(rel).__name__}")
+        raise SkillFormatError(f"{where}: a resource path must be a string, got "
+                               f"{type(rel).__name__}")
     parts = rel.split("/")
     if rel == "SKILL.md":
         raise SkillFormatError(f"{where}: 'SKILL.md' is the skill itself, not one of its files")
     if len(parts) > MAX_RESOURCE_DEPTH:
-        raise SkillFormatError(f"{where}: {rel[:80]!r} is {len(parts)} folders deep; at most {MAX_RESOURCE_DEPTH}")
+        raise SkillFormatError(f"{where}: {rel[:80]!r} is {len(parts)} folders deep; at most "
+                               f"{MAX_RESOURCE_DEPTH}")
     for part in parts:
-        if not part or part.startswith(".") or "\\" in part or _CONTROL.search(part) or len(part.encode()) > 255:
-            raise SkillFormatError(f"{where}: {rel[:80]!r} has an empty, hidden, '..', over-long or control-"
-                                   f"character part {part[:80]!r}")
+        if not part or part.startswith(
+            ".") or "\\" in part or _CONTROL.search(part) or len(part.encode()) > 255:
+            raise SkillFormatError(f"{where}: {rel[:80]!r} has an empty, hidden, '..', over-long "
+                                   f"or control-character part {part[:80]!r}")
     return rel
 
 
@@ -373,7 +374,8 @@ def set_max_resource_files(cap: int | None) -> int | None:
 
 
 def _check_resources(resources, where: str) -> None:
-    """Types, paths and the bounds (files, bytes) of a skill's resources; no path is a folder of another."""
+    """Types, paths and the bounds (files, bytes) of a skill's resources; no path is a folder of
+    another."""
     if not isinstance(resources, dict):
         raise SkillFormatError(f"{where}: resources must be a mapping of relative paths to bytes")
     if len(resources) > _max_files():
@@ -383,18 +385,22 @@ def _check_resources(resources, where: str) -> None:
     for rel, data in resources.items():
         validate_resource_path(rel, f"{where}: resource")
         if not isinstance(data, (bytes, bytearray)):
-            raise SkillFormatError(f"{where}: resource {rel!r} must be bytes, got {type(data).__name__}")
+            raise SkillFormatError(f"{where}: resource {rel!r} must be bytes, got "
+                                   f"{type(data).__name__}")
         total += len(data)
         folders.update("/".join(rel.split("/")[:i]) for i in range(1, rel.count("/") + 1))
     if total > MAX_RESOURCE_BYTES:
-        raise SkillFormatError(f"{where}: resources are {total} bytes; at most {MAX_RESOURCE_BYTES}")
+        raise SkillFormatError(
+            f"{where}: resources are {total} bytes; at most {MAX_RESOURCE_BYTES}")
     if clash := sorted(folders & set(resources)):
-        raise SkillFormatError(f"{where}: resource {clash[0]!r} is a file and a folder of other resources")
+        raise SkillFormatError(f"{where}: resource {clash[0]!r} is a file and a folder of other "
+                               "resources")
 
 
 def _load_resources(folder: Path) -> dict[str, bytes]:
-    """Every file of the skill folder but SKILL.md (sorted; dot-files and dot-folders skipped), within the
-    bounds, executables as ExecutableBytes; a symbolic link anywhere is refused, naming it."""
+    """Every file of the skill folder but SKILL.md (sorted; dot-files and dot-folders skipped),
+    within the bounds, executables as ExecutableBytes; a symbolic link anywhere is refused, naming
+    it."""
     resources, total = {}, 0
     for dirpath, dirnames, filenames in os.walk(folder):   # never follows links (followlinks=False)
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
@@ -426,42 +432,49 @@ def _max_files() -> int:
 
 
 def _save_resources(folder: Path, resources: dict[str, bytes]) -> None:
-    """Write each resource below `folder` byte for byte, with its exec bit; no existing link is followed."""
+    """Write each resource below `folder` byte for byte, with its exec bit; no existing link is
+    followed."""
     for rel, data in sorted(resources.items()):
         parts = validate_resource_path(rel, f"{folder}: resource").split("/")
         parent = folder
         for part in parts[:-1]:
             parent = parent / part
             if parent.is_symlink() or (parent.exists() and not parent.is_dir()):
-                raise SkillFormatError(f"{parent}: exists and is not a folder (a link is never followed)")
+                raise SkillFormatError(f"{parent}: exists and is not a folder (a link is never "
+                                       "followed)")
             parent.mkdir(exist_ok=True)
         if (parent / parts[-1]).is_symlink():
-            raise SkillFormatError(f"{parent / parts[-1]}: is a symbolic link; refusing to write through it")
-        _atomic_write_bytes(parent / parts[-1], bytes(data), 0o755 if isinstance(data, ExecutableBytes) else 0o644)
+            raise SkillFormatError(f"{parent / parts[-1]}: is a symbolic link; refusing to write "
+                                   "through it")
+        _atomic_write_bytes(parent / parts[-1], bytes(data), 0o755
+                            if isinstance(data, ExecutableBytes) else 0o644)
 
 
 def resource_note(resources) -> str:
     """The prompt line that lists a skill's resource files by name ("" without any)."""
     if not resources:
         return ""
-    return "Files that come with this skill (kept as they are, not shown): " + ", ".join(sorted(resources))
+    return "Files that come with this skill (kept as they are, not shown): " + ", ".join(
+        sorted(resources))
 
 
 def _warn_if_long(body: str, where: str) -> None:
     lines = body.count("\n") + 1 if body else 0
     tokens = approx_tokens(body)
     if lines >= RECOMMENDED_BODY_LINES or tokens >= RECOMMENDED_BODY_TOKENS:
-        warnings.warn(f"{where}: body is {lines} lines, ~{tokens} tokens (chars/4); the Agent Skills spec "
-                      f"recommends < {RECOMMENDED_BODY_LINES} lines and < {RECOMMENDED_BODY_TOKENS} tokens "
-                      f"(move detail to references/)", SkillWarning, stacklevel=3)
+        warnings.warn(f"{where}: body is {lines} lines, ~{tokens} tokens (chars/4); the Agent "
+                      f"Skills spec recommends < {RECOMMENDED_BODY_LINES} lines and < "
+                      f"{RECOMMENDED_BODY_TOKENS} tokens (move detail to references/)",
+                      SkillWarning, stacklevel=3)
 
 
 # --------------------------------------------------------------------------- Skill
 
 @dataclass
 class Skill:
-    """One skill: what SKILL.md holds (`metadata` maps text to text, or to lists and mappings of text), and
-    the other files of its folder (`resources`: relative path -> bytes; ExecutableBytes for an executable)."""
+    """One skill: what SKILL.md holds (`metadata` maps text to text, or to lists and mappings of
+    text), and the other files of its folder (`resources`: relative path -> bytes; ExecutableBytes
+    for an executable)."""
     name: str
     description: str
     body: str = ""
@@ -469,7 +482,8 @@ class Skill:
     license: str | None = None
     compatibility: str | None = None
     allowed_tools: str | None = None
-    resources: dict = field(default_factory=dict, repr=False)   # "scripts/x.py" -> bytes (module docstring)
+    resources: dict = field(default_factory=dict, repr=False)   # "scripts/x.py" -> bytes (module
+                                                                # docstring)
 
     @property
     def title(self) -> str:
@@ -482,26 +496,29 @@ class Skill:
     def validate(self, where: str = "skill") -> "Skill":
         validate_name(self.name, f"{where}: name")
         if not isinstance(self.description, str) or not self.description.strip():
-            raise SkillFormatError(f"{where}: description is empty (1-{MAX_DESCRIPTION_CHARS} characters)")
+            raise SkillFormatError(f"{where}: description is empty (1-{MAX_DESCRIPTION_CHARS} "
+                                   "characters)")
         if len(self.description) > MAX_DESCRIPTION_CHARS:
             raise SkillFormatError(f"{where}: description is {len(self.description)} characters; "
                                    f"at most {MAX_DESCRIPTION_CHARS}")
         if not isinstance(self.body, str):
             raise SkillFormatError(f"{where}: body must be a string")
         if len(self.body.encode("utf-8")) > MAX_FILE_BYTES:
-            raise SkillFormatError(f"{where}: body is {len(self.body.encode('utf-8'))} bytes; at most "
-                                   f"{MAX_FILE_BYTES} (a SKILL.md is at most that)")
+            raise SkillFormatError(f"{where}: body is {len(self.body.encode('utf-8'))} bytes; at "
+                                   f"most {MAX_FILE_BYTES} (a SKILL.md is at most that)")
         _check_resources(self.resources, where)
         if not isinstance(self.metadata, dict):
-            raise SkillFormatError(f"{where}: metadata must be a mapping of text keys to text (or lists and "
-                                   f"mappings of text)")
+            raise SkillFormatError(f"{where}: metadata must be a mapping of text keys to text (or "
+                                   f"lists and mappings of text)")
         _check_yaml_text(self.metadata, f"{where}: metadata")
         for label, value in (("license", self.license), ("compatibility", self.compatibility),
                              ("allowed-tools", self.allowed_tools)):
             if value is not None and not isinstance(value, str):
                 raise SkillFormatError(f"{where}: {label} must be a string")
-        if self.compatibility is not None and not 1 <= len(self.compatibility) <= MAX_COMPATIBILITY_CHARS:
-            raise SkillFormatError(f"{where}: compatibility must be 1-{MAX_COMPATIBILITY_CHARS} characters")
+        if self.compatibility is not None and not 1 <= len(
+            self.compatibility) <= MAX_COMPATIBILITY_CHARS:
+            raise SkillFormatError(f"{where}: compatibility must be 1-{MAX_COMPATIBILITY_CHARS} "
+                                   "characters")
         return self
 
     # ---- SKILL.md text
@@ -521,8 +538,10 @@ class Skill:
         return "\n".join(lines) + "\n" + ("\n" + self.body + "\n" if self.body else "")
 
     @classmethod
-    def from_skill_md(cls, text: str, where: str = "SKILL.md", folder_name: str | None = None) -> "Skill":
-        """Parse SKILL.md text strictly (as the spec's validator does). `folder_name` must equal the name."""
+    def from_skill_md(cls, text: str, where: str = "SKILL.md", folder_name: str
+                      | None = None) -> "Skill":
+        """Parse SKILL.md text strictly (as the spec's validator does). `folder_name` must equal the
+        name."""
         fields, body = split_front_matter(text, where)
         unknown = [k for k in fields if k not in SPEC_FIELDS]
         if unknown:
@@ -535,23 +554,27 @@ class Skill:
         if metadata == "":
             metadata = {}
         if not isinstance(metadata, dict):
-            raise SkillFormatError(f"{where}: metadata must be an indented mapping of 'key: value' lines")
+            raise SkillFormatError(f"{where}: metadata must be an indented mapping of 'key: value' "
+                                   "lines")
         for key, value in fields.items():
             if key != "metadata" and not isinstance(value, str):
                 raise SkillFormatError(f"{where}: {key} must be one text value, not a "
                                        f"{'list' if isinstance(value, list) else 'mapping'}")
-        skill = cls(name=fields["name"], description=fields["description"], body=body, metadata=metadata,
+        skill = cls(name=fields["name"], description=fields["description"], body=body,
+                    metadata=metadata,
                     license=fields.get("license"), compatibility=fields.get("compatibility"),
                     allowed_tools=fields.get("allowed-tools"))
         skill.validate(where)
         if folder_name is not None and folder_name != skill.name:
-            raise SkillFormatError(f"{where}: name {skill.name!r} differs from its folder name {folder_name!r}")
+            raise SkillFormatError(f"{where}: name {skill.name!r} differs from its folder name "
+                                   f"{folder_name!r}")
         _warn_if_long(skill.body, where)
         return skill
 
-    def render(self, task_type: str | None = None, max_tokens: int = 1024, count_tokens=None) -> str:
-        """The system-prompt text of this skill alone: that of a skill set holding only it (`task_type` is
-        unused then; it is there so that a skill and a skill set render alike)."""
+    def render(self, task_type: str | None = None, max_tokens: int = 1024,
+               count_tokens=None) -> str:
+        """The system-prompt text of this skill alone: that of a skill set holding only it
+        (`task_type` is unused then; it is there so that a skill and a skill set render alike)."""
         count = count_tokens or approx_tokens
         text = _render_skill(self)
         return text if count(text) <= max_tokens else _cut_to_fit(text, "", max_tokens, count)
@@ -569,8 +592,8 @@ class Skill:
         return skill
 
     def save(self, parent: str | Path) -> Path:
-        """Write parent/<name>/SKILL.md and the resources atomically, file by file; returns the skill folder.
-        Files already in the folder that the skill does not hold are left alone."""
+        """Write parent/<name>/SKILL.md and the resources atomically, file by file; returns the
+        skill folder. Files already in the folder that the skill does not hold are left alone."""
         validate_name(self.name, f"skill {self.name!r}: name")
         folder = _child(Path(parent), self.name)
         folder.mkdir(parents=True, exist_ok=True)
@@ -594,7 +617,8 @@ def split_front_matter(text: str, where: str) -> tuple[dict, str]:
     first_end = text.find("\n")
     first = text if first_end < 0 else text[:first_end]
     if first.rstrip("\r").rstrip() != "---":
-        raise SkillFormatError(f"{where}, line 1: SKILL.md must start with a '---' line opening the front matter")
+        raise SkillFormatError(f"{where}, line 1: SKILL.md must start with a '---' line opening "
+                               "the front matter")
     lines, position, line_number = [], first_end + 1, 1
     while True:
         if first_end < 0 or position > len(text):
@@ -628,16 +652,18 @@ def approx_tokens(text: str) -> int:
 
 
 def _render_skill(skill: Skill) -> str:
-    """A skill's block in a system prompt: `## title`, the description (unless it is the title), the body,
-    and the names of its resource files (resource_note), if it has any."""
+    """A skill's block in a system prompt: `## title`, the description (unless it is the title), the
+    body, and the names of its resource files (resource_note), if it has any."""
     description = " ".join(skill.description.split())
     head = f"## {skill.title}" + (f"\n{description}" if description != skill.title else "")
     note = resource_note(skill.resources)
-    return head + ("\n\n" + skill.body.strip() if skill.body.strip() else "") + ("\n\n" + note if note else "")
+    return head + ("\n\n" + skill.body.strip() if skill.body.strip() else "") + ("\n\n" + note
+                                                                                 if note else "")
 
 
 def _cut_to_fit(text: str, tail: str, max_tokens: int, count) -> str:
-    """The longest start of `text`, marked as cut, such that count(start + mark + tail) <= max_tokens."""
+    """The longest start of `text`, marked as cut, such that count(start + mark + tail) <=
+    max_tokens."""
     note = "\n[cut to fit the token budget]"
     low, high = 0, len(text)
     while low < high:

@@ -1,55 +1,8 @@
-"""Skill sets: `SkillSet` (MASA's skill library) as a folder with a SKILLSET.md index, saved so that a
-killed process never loses it; MASA's JSON library; common mistakes; the prompt text within a token
-budget. It imports only minskill.skills (one skill, SKILL.md, names, file helpers): copy it with skills.py.
-
-A *skill set* (MASA's skill library) is general skills, task-specific skills per task type and a list of
-common mistakes. As a folder:
-
-    DIR/SKILLSET.md                           order of the skills, the common mistakes, other fields
-    DIR/general/<name>/SKILL.md
-    DIR/task-specific/<type>/<name>/SKILL.md
-
-SKILLSET.md is Markdown: `## General skills` and `## Task-specific skills: <type>` sections listing skill
-names in order, `## Common mistakes` as a bullet list, and `## Other fields` as a JSON block. Skill folders
-not listed are appended alphabetically, so a skill can be added by dropping its folder in.
-A folder of skill folders alone (DIR/<name>/SKILL.md: a skills repo's skills/, ~/.claude/skills)
-loads as general skills by name; one that does not load is skipped with a SkillWarning saying why.
-
-MASA's JSON library is read and written too:
-
-    {"general_skills": [{"skill_id", "title", "principle", "when_to_apply", ...}],
-     "task_specific_skills": {"<type>": [ ...same... ]},
-     "common_mistakes": ["text", or {"description", "how_to_avoid", ...}]}
-
-MASA's released search libraries call the task-specific section "query_type_skills" (their query types); such a
-file is read the same way and written back under that name (a file holding both sections is refused).
-
-Mapping (lossless, JSON -> folders -> JSON gives back the same JSON):
-    skill_id -> name (slugified; the original is kept in metadata when the slug differs)
-    principle -> body;  when_to_apply -> description;  title and any other field -> metadata
-    (non-string values are stored as JSON text and listed in metadata `json-fields`; the original
-    field list is kept in `masa-fields` unless it is exactly skill_id, title, principle, when_to_apply).
-    A description is required, so a skill without when_to_apply gets its title as description.
-    A skill's resource files (every other file of its folder: skills.py) have no place in MASA's JSON:
-    to_json leaves them out; `carry_resources` gives a rewritten set the resources of its source by name.
-    An object mistake becomes a `Mistake`: a str (its readable text) that keeps the original fields.
-
-Rendering for a task model's system prompt (`SkillSet.render(task_type, max_tokens)`, and `Skill.render`
-as a set of that one skill: the one interface the rollout code uses):
-    text = general skills, then the skills of the task's type, then the common mistakes;
-    while count_tokens(text) > max_tokens: leave one more out and say so: common mistakes first,
-    then general skills, the task's own skills (MASA retrieves them for its type) last, each from
-    the end. `budgeted` counts what is left out. count_tokens: skills.approx_tokens, ceil(len / 4).
-
-Files are read and written with skills.py's helpers (size-bounded; atomic); no link is followed.
-
-Saving a skill-set folder NAME: it is built in a staging folder `.NAME.tmp-*` beside it (SKILLSET.md last);
-then an existing NAME is moved to `.NAME.old-*/set` and the staging folder is renamed to NAME. A process
-killed at any point leaves NAME (old or new) complete, or, between the two renames, NAME missing and the old
-set complete in `.NAME.old-*/set`: `SkillSet.load` then reads that one, and the next save (or
-`recover_save` / `recover_saves`, for a script at its start) moves it back and deletes the staging folders
-(so one process at a time saves a given folder).
-"""
+"""Skill sets: `SkillSet` (MASA's skill library: general skills, task-specific skills per task
+type, common mistakes) as a folder with a SKILLSET.md index, saved so that a killed process never
+loses it; MASA's JSON library (mapped losslessly); the prompt text within a token budget, leaving
+whole entries out, common mistakes first, the task's own skills last. It imports only
+minskill.skills: copy it with skills.py. In full: docs/formats.md, "skillsets.py in full"."""
 from __future__ import annotations
 
 import dataclasses
@@ -63,7 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from minskill.files import TOO_DEEP
-from minskill.skills import (MAX_DESCRIPTION_CHARS, MAX_FILE_BYTES, MAX_NAME_CHARS, Skill, SkillFormatError,
+from minskill.skills import (MAX_DESCRIPTION_CHARS, MAX_FILE_BYTES, MAX_NAME_CHARS, Skill,
+                             SkillFormatError,
                              SkillWarning, _atomic_write_text, _child, _cut_to_fit, _read_text,
                              _render_skill, approx_tokens, slugify, validate_name,
                              validate_task_type)
@@ -73,7 +27,8 @@ __all__ = ["SkillSet", "Mistake", "parse_mistakes", "recover_save", "recover_sav
 QUERY_TYPE_SKILLS = "query_type_skills"   # MASA's search libraries' name of task_specific_skills
 MAX_JSON_BYTES = 32 * 1024 * 1024    # a MASA .json library larger than this is refused
 MAX_SKILLS = 1000                    # per skill set
-MAX_SET_RESOURCE_BYTES = 100 * 1024 * 1024   # all skills' resource files together (each skill: skills.py)
+MAX_SET_RESOURCE_BYTES = 100 * 1024 * 1024   # all skills' resource files together (each skill:
+                                             # skills.py)
 MASA_DEFAULT_FIELDS = ("skill_id", "title", "principle", "when_to_apply")
 SKILLSET_FILE = "SKILLSET.md"
 GENERAL_DIR = "general"
@@ -83,10 +38,11 @@ TASK_DIR = "task-specific"
 # --------------------------------------------------------------------------- common mistakes
 
 class Mistake(str):
-    """A common mistake that a MASA JSON library wrote as an object ({"description", "how_to_avoid", ...}).
+    """A common mistake that a MASA JSON library wrote as an object ({"description", "how_to_avoid",
+    ...}).
 
-    It *is* its readable text (so it renders and compares like any mistake string) and keeps the original
-    fields in `.fields` so that saving it as JSON gives back the same object."""
+    It *is* its readable text (so it renders and compares like any mistake string) and keeps the
+    original fields in `.fields` so that saving it as JSON gives back the same object."""
     fields: dict
 
     def __new__(cls, fields: dict):
@@ -104,7 +60,8 @@ def _mistake_text(fields: dict) -> str:
                  if isinstance(fields.get(k), str) and fields[k].strip()), None)
     parts = [main] if main else []
     for key, value in fields.items():
-        if value is main or key == "id" or key.endswith("_id") or not isinstance(value, str) or not value.strip():
+        if value is main or key == "id" or key.endswith(
+            "_id") or not isinstance(value, str) or not value.strip():
             continue
         parts.append(f"{key.replace('_', ' ').capitalize()}: {value}")
     return " ".join(parts) if parts else json.dumps(fields, ensure_ascii=False)
@@ -134,7 +91,8 @@ def _bullet_text(lines: list[str]) -> str:
 
 
 def parse_mistakes(lines: list[str]) -> list[str]:
-    """Bullet items ('-', '*', '+', '1.') with indented continuation lines and optional value comments."""
+    """Bullet items ('-', '*', '+', '1.') with indented continuation lines and optional value
+    comments."""
     items: list[list[str]] = []
     for line in lines:
         if re.match(r"^\s{0,1}(?:[-*+]|\d+[.)])\s+\S", line) or re.fullmatch(r"\s{0,1}[-*+]", line):
@@ -163,7 +121,7 @@ def parse_mistakes(lines: list[str]) -> list[str]:
             except (json.JSONDecodeError, RecursionError):   # the visible text is the mistake then
                 decoded = None
             candidate = Mistake(decoded) if isinstance(decoded, dict) else decoded
-            # the comment wins only while the visible text still says the same thing (else it was edited)
+            # the comment wins only while the visible text still says the same (else it was edited)
             if isinstance(candidate, str) and " ".join(candidate.split()) == " ".join(text.split()):
                 value = candidate
         if value.strip() or comment is not None:
@@ -178,10 +136,12 @@ _RESERVED_METADATA = ("masa-fields", "json-fields")
 
 def _skill_from_masa(entry, where: str, taken: set[str]) -> Skill:
     if not isinstance(entry, dict):
-        raise SkillFormatError(f"{where}: a skill must be a JSON object, got {type(entry).__name__}")
+        raise SkillFormatError(
+            f"{where}: a skill must be a JSON object, got {type(entry).__name__}")
     for key in entry:
         if not isinstance(key, str) or not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", key):
-            raise SkillFormatError(f"{where}: field name {key!r} must be letters, digits, '_', '.', '-'")
+            raise SkillFormatError(f"{where}: field name {key!r} must be letters, digits, '_', "
+                                   "'.', '-'")
         if key in _RESERVED_METADATA:
             raise SkillFormatError(f"{where}: field name {key!r} is reserved")
     skill_id, title = entry.get("skill_id"), entry.get("title")
@@ -189,23 +149,26 @@ def _skill_from_masa(entry, where: str, taken: set[str]) -> Skill:
     name_source = next((v for v in (skill_id, title) if isinstance(v, str) and v.strip()), "skill")
     name = slugify(name_source)
     base, k = name, 2
-    while name in taken:  # two skills may slug to the same folder name; the original id is kept below
+    while name in taken:  # two skills may slug to one folder name; the id is kept below
         suffix = f"-{k}"
         name = base[:MAX_NAME_CHARS - len(suffix)].rstrip("-") + suffix
         k += 1
     taken.add(name)
     body = principle if isinstance(principle, str) else ""
     if len(body.encode("utf-8")) > MAX_FILE_BYTES:   # it must fit in a SKILL.md
-        raise SkillFormatError(f"{where}: principle is {len(body.encode('utf-8'))} bytes; at most {MAX_FILE_BYTES}")
+        raise SkillFormatError(f"{where}: principle is {len(body.encode('utf-8'))} bytes; at most "
+                               f"{MAX_FILE_BYTES}")
     use_when = isinstance(when, str) and when.strip() and len(when) <= MAX_DESCRIPTION_CHARS
     if use_when:
         description = when
     else:
-        fallback = next((v for v in (title, when, principle) if isinstance(v, str) and v.strip()), name)
+        given = (v for v in (title, when, principle) if isinstance(v, str) and v.strip())
+        fallback = next(given, name)
         description = " ".join(fallback.split())[:MAX_DESCRIPTION_CHARS]
     metadata, json_fields = {}, []
     for key, value in entry.items():
-        consumed = ((key == "skill_id" and value == name) or (key == "principle" and isinstance(value, str))
+        consumed = ((key == "skill_id" and value == name)
+                    or (key == "principle" and isinstance(value, str))
                     or (key == "when_to_apply" and use_when))
         if consumed:
             continue
@@ -223,7 +186,8 @@ def _skill_from_masa(entry, where: str, taken: set[str]) -> Skill:
 
 def _skill_to_masa(skill: Skill) -> dict:
     meta = skill.metadata
-    fields = meta["masa-fields"].split(",") if meta.get("masa-fields") else list(MASA_DEFAULT_FIELDS)
+    masa_fields = meta.get("masa-fields")
+    fields = masa_fields.split(",") if masa_fields else list(MASA_DEFAULT_FIELDS)
     json_fields = set(meta.get("json-fields", "").split(",")) - {""}
     out = {}
     for key in fields + [k for k in meta if k not in fields and k not in _RESERVED_METADATA]:
@@ -244,14 +208,16 @@ def _skill_to_masa(skill: Skill) -> dict:
 
 @dataclass
 class SkillSet:
-    """General skills, task-specific skills per task type, common mistakes (+ other MASA JSON fields)."""
+    """General skills, task-specific skills per task type, common mistakes (+ other MASA JSON
+    fields)."""
     general: list[Skill] = field(default_factory=list)
     task_specific: dict[str, list[Skill]] = field(default_factory=dict)
     common_mistakes: list[str] = field(default_factory=list)
     extra: dict = field(default_factory=dict)   # unknown top-level fields of a MASA JSON library
 
     def skills(self, task_type: str | None = None) -> list[Skill]:
-        """General skills, then the skills for `task_type` (all task-specific ones when it is None)."""
+        """General skills, then the skills for `task_type` (all task-specific ones when it is
+        None)."""
         if task_type is None:
             return self.general + [s for group in self.task_specific.values() for s in group]
         return self.general + list(self.task_specific.get(task_type, []))
@@ -262,8 +228,10 @@ class SkillSet:
     def validate(self) -> "SkillSet":
         if len(self) > MAX_SKILLS:
             raise SkillFormatError(f"skill set has {len(self)} skills; at most {MAX_SKILLS}")
-        groups = [("general", self.general)] + [(f"task-specific[{t!r}]", g) for t, g in self.task_specific.items()]
-        resource_bytes = sum(len(d) for s in self.skills() if isinstance(s, Skill) for d in s.resources.values())
+        groups = [("general", self.general)] + [(f"task-specific[{t!r}]", g)
+                                                for t, g in self.task_specific.items()]
+        resource_bytes = sum(len(d) for s in self.skills() if isinstance(s, Skill)
+                             for d in s.resources.values())
         if resource_bytes > MAX_SET_RESOURCE_BYTES:
             raise SkillFormatError(f"skill set: resource files are {resource_bytes} bytes; at most "
                                    f"{MAX_SET_RESOURCE_BYTES}")
@@ -275,7 +243,8 @@ class SkillSet:
             seen = set()
             for i, skill in enumerate(group):
                 if not isinstance(skill, Skill):
-                    raise SkillFormatError(f"{label}[{i}]: expected a Skill, got {type(skill).__name__}")
+                    raise SkillFormatError(f"{label}[{i}]: expected a Skill, got "
+                                           f"{type(skill).__name__}")
                 skill.validate(f"{label}[{i}] ({skill.name!r})")
                 if skill.name in seen:
                     raise SkillFormatError(f"{label}: two skills are named {skill.name!r}")
@@ -291,15 +260,17 @@ class SkillSet:
     # ---- MASA JSON
     @classmethod
     def from_json(cls, data: dict, where: str = "skill library") -> "SkillSet":
-        """Build from MASA's JSON library (the dict). Unknown top-level fields go to `extra`, and so does
-        the list of the three sections that were absent (key "__absent__") and the name the task-specific section
-        was read by when it is query_type_skills (key "__section__"), so to_json() gives them back."""
+        """Build from MASA's JSON library (the dict). Unknown top-level fields go to `extra`, and so
+        does the list of the three sections that were absent (key "__absent__") and the name the
+        task-specific section was read by when it is query_type_skills (key "__section__"), so
+        to_json() gives them back."""
         if not isinstance(data, dict):
             raise SkillFormatError(f"{where}: expected a JSON object, got {type(data).__name__}")
         general_raw = data.get("general_skills", [])
         if "task_specific_skills" in data and QUERY_TYPE_SKILLS in data:
-            raise SkillFormatError(f"{where}: holds both task_specific_skills and {QUERY_TYPE_SKILLS} (MASA's search "
-                                   f"libraries' name for the same section); keep one")
+            raise SkillFormatError(f"{where}: holds both task_specific_skills and "
+                                   f"{QUERY_TYPE_SKILLS} (MASA's search libraries' name for the "
+                                   "same section); keep one")
         section = QUERY_TYPE_SKILLS if QUERY_TYPE_SKILLS in data else "task_specific_skills"
         specific_raw = data.get(section, {})
         mistakes_raw = data.get("common_mistakes", [])
@@ -310,14 +281,16 @@ class SkillSet:
         if not isinstance(mistakes_raw, list):
             raise SkillFormatError(f"{where}: common_mistakes must be a list")
         taken: set[str] = set()
-        general = [_skill_from_masa(e, f"{where}: general_skills[{i}]", taken) for i, e in enumerate(general_raw)]
+        general = [_skill_from_masa(e, f"{where}: general_skills[{i}]", taken)
+                   for i, e in enumerate(general_raw)]
         specific = {}
         for task_type, entries in specific_raw.items():
             validate_task_type(task_type, f"{where}: {section} key")
             if not isinstance(entries, list):
                 raise SkillFormatError(f"{where}: {section}[{task_type!r}] must be a list")
             taken = set()
-            specific[task_type] = [_skill_from_masa(e, f"{where}: {section}[{task_type!r}][{i}]", taken)
+            specific[task_type] = [_skill_from_masa(e, f"{where}: {section}[{task_type!r}][{i}]",
+                                                    taken)
                                    for i, e in enumerate(entries)]
         mistakes = []
         for i, m in enumerate(mistakes_raw):
@@ -326,7 +299,8 @@ class SkillSet:
             elif isinstance(m, dict):
                 mistakes.append(Mistake(m))
             else:
-                raise SkillFormatError(f"{where}: common_mistakes[{i}] must be a string or an object")
+                raise SkillFormatError(f"{where}: common_mistakes[{i}] must be a string or an "
+                                       "object")
         extra = {k: v for k, v in data.items()
                  if k not in ("general_skills", section, "common_mistakes")}
         presence = [k for k in ("general_skills", "task_specific_skills", "common_mistakes")
@@ -347,7 +321,8 @@ class SkillSet:
             out[self.extra.get("__section__", "task_specific_skills")] = {
                 t: [_skill_to_masa(s) for s in g] for t, g in self.task_specific.items()}
         if "common_mistakes" not in absent or self.common_mistakes:
-            out["common_mistakes"] = [m.fields if isinstance(m, Mistake) else str(m) for m in self.common_mistakes]
+            out["common_mistakes"] = [m.fields if isinstance(m, Mistake) else str(m)
+                                      for m in self.common_mistakes]
         out.update({k: v for k, v in self.extra.items() if k not in ("__absent__", "__section__")})
         return out
 
@@ -361,21 +336,25 @@ class SkillSet:
     @classmethod
     def load(cls, path: str | Path) -> "SkillSet":
         """A skill-set folder, a skill folder (-> one general skill) or a folder of them (-> general
-        skills), or a MASA .json file. No link inside is followed: one there is an error naming it."""
+        skills), or a MASA .json file. No link inside is followed: one there is an error naming
+        it."""
         path = Path(path)
         if path.is_file():
-            text = _read_text(path, MAX_JSON_BYTES if path.suffix.lower() == ".json" else MAX_FILE_BYTES)
+            text = _read_text(path, MAX_JSON_BYTES if path.suffix.lower() == ".json"
+                              else MAX_FILE_BYTES)
             if path.suffix.lower() == ".json":
                 try:
                     data = json.loads(text)
                 except json.JSONDecodeError as error:
-                    raise SkillFormatError(f"{path}, line {error.lineno}: not valid JSON ({error.msg})") from None
+                    raise SkillFormatError(f"{path}, line {error.lineno}: not valid JSON "
+                                           f"({error.msg})") from None
                 except RecursionError:
                     raise SkillFormatError(f"{path}: {TOO_DEEP}") from None
                 return cls.from_json(data, str(path))
             if path.name == "SKILL.md":
                 return cls(general=[Skill.load(path.parent)])
-            raise SkillFormatError(f"{path}: expected a skill-set folder, a skill folder or a .json library")
+            raise SkillFormatError(f"{path}: expected a skill-set folder, a skill folder or a "
+                                   ".json library")
         if not path.is_dir():
             retired = _retired_set(path)
             if retired is None:
@@ -401,7 +380,8 @@ class SkillSet:
         types = list(order.task_types) if order else []
         if task_root.is_dir():
             for entry in sorted(task_root.iterdir()):
-                if entry.is_symlink() and not entry.name.startswith("."):  # even one to a file or nowhere
+                # even one to a file or nowhere
+                if entry.is_symlink() and not entry.name.startswith("."):
                     raise SkillFormatError(f"{entry}: symbolic links are not followed")
                 if entry.name.startswith(".") or not entry.is_dir():
                     continue
@@ -416,9 +396,10 @@ class SkillSet:
         return cls(general, specific, mistakes, extra).validate()
 
     def save(self, path: str | Path) -> Path:
-        """Write the folder tree. Built beside `path`, then renamed into place (see the module docstring);
-        what an earlier killed save left is recovered first. An existing folder is replaced only when it
-        is a skill set (holds nothing but SKILLSET.md, general/, task-specific/)."""
+        """Write the folder tree. Built beside `path`, then renamed into place (see the module
+        docstring); what an earlier killed save left is recovered first. An existing folder is
+        replaced only when it is a skill set (holds nothing but SKILLSET.md, general/,
+        task-specific/)."""
         path = Path(path)
         self.validate()
         recover_save(path)
@@ -457,25 +438,31 @@ class SkillSet:
 
     def _index_text(self) -> str:
         lines = ["# Skill set", "",
-                 "An Agent Skills skill set (written by minskill): one folder per skill under general/ and",
+                 "An Agent Skills skill set (written by minskill): one folder per skill under "
+                 "general/ and",
                  "task-specific/<type>/. This file keeps their order and the common mistakes.", "",
                  "## General skills", ""]
-        lines += [f"- [{s.name}]({GENERAL_DIR}/{s.name}/SKILL.md)" for s in self.general] or ["(none)"]
+        lines += [f"- [{s.name}]({GENERAL_DIR}/{s.name}/SKILL.md)"
+                  for s in self.general] or ["(none)"]
         for task_type, group in self.task_specific.items():
             lines += ["", f"## Task-specific skills: {task_type}", ""]
-            lines += [f"- [{s.name}]({TASK_DIR}/{task_type}/{s.name}/SKILL.md)" for s in group] or ["(none)"]
+            lines += [f"- [{s.name}]({TASK_DIR}/{task_type}/{s.name}/SKILL.md)"
+                      for s in group] or ["(none)"]
         lines += ["", "## Common mistakes", ""]
         for mistake in self.common_mistakes:
             lines += _mistake_lines(mistake)
         if not self.common_mistakes:
             lines.append("(none)")
         if self.extra:
-            lines += ["", "## Other fields", "", "```json", json.dumps(self.extra, indent=2, ensure_ascii=False), "```"]
+            lines += ["", "## Other fields", "", "```json",
+                      json.dumps(self.extra, indent=2, ensure_ascii=False), "```"]
         return "\n".join(lines) + "\n"
 
     # ---- prompts
-    def render(self, task_type: str | None = None, max_tokens: int = 1024, count_tokens=None) -> str:
-        """The text a task model gets in its system prompt (see the module docstring); "" when empty."""
+    def render(self, task_type: str | None = None, max_tokens: int = 1024,
+               count_tokens=None) -> str:
+        """The text a task model gets in its system prompt (see the module docstring); "" when
+        empty."""
         return self.budgeted(task_type, max_tokens, count_tokens)[0]
 
     def budgeted(self, task_type=None, max_tokens=1024, count_tokens=None) -> tuple[str, dict]:
@@ -493,7 +480,8 @@ class SkillSet:
             parts = [text for section, text in kept if section != "common_mistakes"]
             parts += ["## Common mistakes to avoid", "\n".join(mistakes)] if mistakes else []
             if k < len(entries):
-                parts.append(f"({len(entries) - k} more skill(s) left out to fit the token budget.)")
+                parts.append(
+                    f"({len(entries) - k} more skill(s) left out to fit the token budget.)")
             return "\n\n".join(parts)
 
         kept, text = len(entries), assemble(len(entries))
@@ -510,25 +498,28 @@ class SkillSet:
         counts = {t: self.budgeted(t, max_tokens)[1] for t in dict.fromkeys(task_types)}
         return {t: c for t, c in counts.items() if any(c.values())}
 
-    # ---- resources (skills.py): listed by name in prompts, carried over by name after an LLM rewrite
+    # ---- resources (skills.py): listed by name in prompts, carried by name after an LLM rewrite
     def resource_note(self) -> str:
         """The prompt lines naming each skill's resource files ("" when no skill has any)."""
         lines = [f"- {label}{s.name}: {', '.join(sorted(s.resources))}"
                  for label, group in [("general/", self.general)] +
                  [(f"task-specific/{t}/", g) for t, g in self.task_specific.items()]
                  for s in group if s.resources]
-        return ("\n\nFiles that come with these skills (kept as they are: not shown, not to be rewritten):\n"
+        return ("\n\nFiles that come with these skills (kept as they are: not shown, not to be "
+                "rewritten):\n"
                 + "\n".join(lines)) if lines else ""
 
     def carry_resources(self, source: "SkillSet") -> "SkillSet":
-        """This set with each skill lacking resources given those of the skill of the same name and group in
-        `source` (an LLM rewrites SKILL.md only; a renamed skill loses them). A new SkillSet."""
+        """This set with each skill lacking resources given those of the skill of the same name and
+        group in `source` (an LLM rewrites SKILL.md only; a renamed skill loses them). A new
+        SkillSet."""
         def carried(group: list[Skill], old: list[Skill]) -> list[Skill]:
             by_name = {s.name: s.resources for s in old}
             return [s if s.resources or not by_name.get(s.name) else
                     dataclasses.replace(s, resources=dict(by_name[s.name])) for s in group]
         return SkillSet(carried(self.general, source.general),
-                        {t: carried(g, source.task_specific.get(t, [])) for t, g in self.task_specific.items()},
+                        {t: carried(g, source.task_specific.get(t, []))
+                         for t, g in self.task_specific.items()},
                         list(self.common_mistakes), dict(self.extra))
 
     # ---- the text an LLM edits
@@ -589,7 +580,8 @@ def _read_index(path: Path) -> _Index:
         elif section is not None and line.strip() and line.strip() != "(none)":
             match = re.fullmatch(r"\s*[-*]\s+(?:\[([^\]]*)\]\([^)]*\)|(\S+))\s*", line)
             if not match:
-                raise SkillFormatError(f"{path}, line {number}: expected '- [name](path)', got {line[:60]!r}")
+                raise SkillFormatError(f"{path}, line {number}: expected '- [name](path)', got "
+                                       f"{line[:60]!r}")
             # only the name is used; the link target is never trusted as a path
             name = validate_name(match.group(1) or match.group(2), f"{path}, line {number}")
             (index.general if section == "general" else index.task_types[section]).append(name)
@@ -598,7 +590,8 @@ def _read_index(path: Path) -> _Index:
         try:
             index.extra = json.loads("\n".join(json_lines))
         except json.JSONDecodeError as error:
-            raise SkillFormatError(f"{path}: 'Other fields' is not valid JSON ({error.msg})") from None
+            raise SkillFormatError(
+                f"{path}: 'Other fields' is not valid JSON ({error.msg})") from None
         except RecursionError:
             raise SkillFormatError(f"{path}: 'Other fields' is {TOO_DEEP}") from None
         if not isinstance(index.extra, dict):
@@ -607,13 +600,15 @@ def _read_index(path: Path) -> _Index:
 
 
 def check_replaceable(path: str | Path) -> None:
-    """SkillFormatError unless SkillSet.save may replace `path`: absent, or a folder (not a link to one) holding
-    nothing but a skill set (SKILLSET.md, general/, task-specific/). So a mistyped destination is never wiped."""
+    """SkillFormatError unless SkillSet.save may replace `path`: absent, or a folder (not a link to
+    one) holding nothing but a skill set (SKILLSET.md, general/, task-specific/). So a mistyped
+    destination is never wiped."""
     path = Path(path)
     if path.exists() or path.is_symlink():
         if not path.is_dir() or path.is_symlink():
             raise SkillFormatError(f"{path}: exists and is not a folder")
-        foreign = [p.name for p in path.iterdir() if p.name not in (SKILLSET_FILE, GENERAL_DIR, TASK_DIR)]
+        foreign = [p.name for p in path.iterdir()
+                   if p.name not in (SKILLSET_FILE, GENERAL_DIR, TASK_DIR)]
         if foreign:
             raise SkillFormatError(f"{path}: refusing to replace a folder that is not a skill set "
                                    f"(it holds {sorted(foreign)[:5]})")
@@ -632,7 +627,8 @@ def _load_group(folder: Path, order: list[str]) -> list[Skill]:
                 found[entry.name] = entry
     missing = [name for name in order if name not in found]
     if missing:
-        raise SkillFormatError(f"{folder}: {SKILLSET_FILE} lists skill(s) {missing} with no folder here")
+        raise SkillFormatError(f"{folder}: {SKILLSET_FILE} lists skill(s) {missing} with no "
+                               "folder here")
     names = list(dict.fromkeys(order)) + [n for n in found if n not in order]
     return [Skill.load(found[name]) for name in names]
 
@@ -660,7 +656,8 @@ _STAGING = re.compile(r"\.(?P<name>.+)\.(?P<kind>tmp|old)-[a-z0-9_]{8}")
 
 
 def _staging_folders(path: Path) -> dict[str, list[Path]]:
-    """The folders SkillSet.save(path) stages in: {"tmp": [new sets being built], "old": [retired sets]}."""
+    """The folders SkillSet.save(path) stages in: {"tmp": [new sets being built], "old": [retired
+    sets]}."""
     found: dict[str, list[Path]] = {"tmp": [], "old": []}
     if path.parent.is_dir():
         for entry in path.parent.iterdir():
@@ -675,12 +672,14 @@ def _retired_set(path: Path) -> Path | None:
     if os.path.lexists(path):
         return None
     sets = [old / "set" for old in _staging_folders(path)["old"] if (old / "set").is_dir()]
-    return max(sets, key=lambda s: s.parent.stat().st_mtime_ns, default=None)  # the latest one moved
+    # the latest one moved
+    return max(sets, key=lambda s: s.parent.stat().st_mtime_ns, default=None)
 
 
 def recover_save(path: str | Path) -> None:
-    """Undo what a killed `SkillSet.save(path)` left: put the retired set back when `path` is missing,
-    then delete the staging folders. Every save calls it first; a script may call it at its start."""
+    """Undo what a killed `SkillSet.save(path)` left: put the retired set back when `path` is
+    missing, then delete the staging folders. Every save calls it first; a script may call it at its
+    start."""
     path = Path(path)
     retired = _retired_set(path)
     if retired is not None:
@@ -691,7 +690,8 @@ def recover_save(path: str | Path) -> None:
 
 
 def recover_saves(folder: str | Path) -> None:
-    """recover_save for every skill set that has staging folders in `folder` (a run folder, at start)."""
+    """recover_save for every skill set that has staging folders in `folder` (a run folder, at
+    start)."""
     folder = Path(folder)
     for entry in sorted(folder.iterdir()) if folder.is_dir() else []:
         match = _STAGING.fullmatch(entry.name)

@@ -16,7 +16,7 @@ import evolve_masa
 import rewrite
 import train_grpo
 from minskill import rollout
-from minskill.masa import search as masa
+from minskill.masa import search as masa, teacher as masa_teacher
 from minskill.masa.model_card import ModelCard
 from minskill.serve.client import ChatResult
 from minskill.serve.server import ScriptedBackend, start_server
@@ -82,7 +82,7 @@ ROW_FIELDS = ("step", "reward_per_generation", "carried_reward_per_generation", 
               "task_tokens", "task_prompt_tokens", "task_completion_tokens", "task_seconds", "task_request_seconds",
               "seconds_editor_sampling", "editor_sampled_tokens", "editor_sample_tokens_per_s", "train_tokens_per_s", "seconds_sampling_and_rollouts",
               "seconds_update", "instances", "best_skill", "best_skill_reward", "best_skill_gain",
-              "best_skill_instance")
+              "best_skill_instance", "inter_share")
 TIMING_FIELDS = ("editor_sample_tokens_per_s", "train_tokens_per_s", "seconds_sampling_and_rollouts", "task_seconds",
                  "task_request_seconds", "seconds_editor_sampling",
                  "seconds_update")
@@ -155,22 +155,22 @@ def skill(name, body):
 def teacher_fn(messages, request):
     prompt = messages[1]["content"]
     task = re.search(r"^## Task: (.*)$", prompt, re.M).group(1)
-    if masa.STRENGTHS_TASK in task:
+    if masa_teacher.STRENGTHS_TASK in task:
         return 'Summary:\n{"strengths": ["follows instructions"], "weaknesses": ["knows no keys"]}'
-    if masa.ATTRIBUTION_TASK in task:
+    if masa_teacher.ATTRIBUTION_TASK in task:
         return ('Analysis below.\n```json\n{"failure_categories": [{"category": "missing key", "count": 3, '
                 '"evidence": ["replied: I am not sure"], "suggested_fix": "give the key"}], "summary": "no key"}\n```')
-    if masa.GENERAL_REWRITE_TASK in task:
+    if masa_teacher.GENERAL_REWRITE_TASK in task:
         if len(messages) == 2:  # the first answer never parses: exercises the retry
             return "Let me think about what the model needs."
         return SkillSet(general=[skill("use-key", "KEY-GENERAL: answer with 'Answer: N'.")], task_specific={},
                         common_mistakes=["no key"]).to_markdown()
-    if masa.TASK_REWRITE_TASK in task:
+    if masa_teacher.TASK_REWRITE_TASK in task:
         task_type = re.search(r"of type '([\w-]+)'", task).group(1)
         body = "KEY-SECRET: look the number up." if task_type == "secret" else "Add the two numbers."
         return SkillSet(general=[], task_specific={task_type: [skill(f"{task_type.replace('_', '-')}-tip", body)]},
                         common_mistakes=[]).to_markdown()
-    if masa.ONESHOT_TASK in task:
+    if masa_teacher.ONESHOT_TASK in task:
         return json.dumps({"general_skills": [{"skill_id": "oneshot", "title": "One shot", "principle": "Be careful.",
                                                "when_to_apply": "one-shot skill"}],   # the keys the prompt asks for
                            "task_specific_skills": {}, "common_mistakes": []})
@@ -187,7 +187,7 @@ class NumberedTeacher:
 
     def chat(self, messages, **kwargs):
         task = re.search(r"^## Task: (.*)$", messages[1]["content"], re.M).group(1)
-        if masa.ATTRIBUTION_TASK in task:
+        if masa_teacher.ATTRIBUTION_TASK in task:
             return ChatResult(['{"failure_categories": [], "summary": "scripted"}'], ["stop"], 0, 0)
         k, self.rewrites = self.rewrites, self.rewrites + 1
         if k in self.skipped:

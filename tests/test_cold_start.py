@@ -13,7 +13,7 @@ import train_grpo
 from minskill.nn.tokenizer import Tokenizer
 from minskill.rollout import base_skills
 from minskill.serve.server import ScriptedBackend, start_server
-from minskill.skill_r1 import cold_start, loop
+from minskill.skill_r1 import cold_start, loop, run_setup
 from minskill.skill_r1.loop import EvolveConfig, HistoryEntry, Instance, Outcome, parse_candidate
 from minskill.tasks import Task, load_suite
 from tiny import make_tiny_model_dir
@@ -174,7 +174,7 @@ def test_sft_loss_falls_and_the_folder_loads_as_train_grpos_editor(run, editor_d
     assert "val_loss" in metrics[-1] and (out / "loss.svg").is_file()
     args = train_grpo.parse_args(["--editor", str(out / "final"), "--out", str(tmp_path / "grpo"), "--device", "cpu",
                                   "--max-skill-tokens", "64"])
-    editor, tokenizer, _ = train_grpo.build_editor(args, None, args.editor)
+    editor, tokenizer, _ = run_setup.build_editor(args, None, args.editor)
     trained = load_file(out / "final" / "model.safetensors")
     start = load_file(editor_dir / "model.safetensors")
     assert any((trained[k] != start[k]).any() for k in start)

@@ -1,4 +1,4 @@
-"""--device and --bf16 (minskill/cli.py): resolved at parse time in every script that loads a model; `cuda` without a
+"""--device and --bf16 (minskill/device.py): resolved at parse time in every script that loads a model; `cuda` without a
 GPU is a clear error before anything loads, never a fall-back; auto and the bf16 default follow the device; TF32 is
 set on CUDA only. The CUDA machine is faked (torch.cuda.is_available monkeypatched): nothing here runs on a GPU."""
 import argparse
@@ -9,7 +9,7 @@ import torch
 import evolve_masa
 import rewrite
 import train_grpo
-from minskill import bench, cli
+from minskill import bench, cli, device
 from minskill.masa import transfer
 from minskill.serve import embedded, server
 from minskill.skill_r1 import loop
@@ -61,21 +61,21 @@ def test_auto_and_the_bf16_default_follow_the_device(monkeypatch):
     assert train_grpo.parse_args(["--no-bf16"]).bf16 is False
     assert train_grpo.parse_args(["--device", "cuda:1"]).device == "cuda:1"
     assert train_grpo.parse_args(["--device", "cpu"]).bf16 is False
-    assert cli.precision_label("cuda", True) == "device cuda, bf16 autocast compute, float32 weights + TF32"
-    assert cli.precision_label("cpu", False) == "device cpu, float32"
+    assert device.precision_label("cuda", True) == "device cuda, bf16 autocast compute, float32 weights + TF32"
+    assert device.precision_label("cpu", False) == "device cpu, float32"
     with pytest.raises(argparse.ArgumentTypeError, match="torch sees 2 CUDA device"):
-        cli.resolve_device("cuda:2")
+        device.resolve_device("cuda:2")
     args = rewrite.build_parser().parse_args(["train", "d.jsonl", "--out", "o"])
-    assert args.device == "cuda" and cli.resolve_bf16(args) is True
+    assert args.device == "cuda" and device.resolve_bf16(args) is True
 
 
 def test_tf32_is_set_on_cuda_only(monkeypatch):
     matmul, cudnn = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     try:
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-        cli.set_up_device("cpu")
+        device.set_up_device("cpu")
         assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
-        cli.set_up_device("cuda:0")
+        device.set_up_device("cuda:0")
         assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, cudnn

@@ -16,9 +16,9 @@ import pytest
 import torch
 
 
-import rewrite
 import train_grpo
 from minskill import sft
+from minskill.masa import rewriter
 from minskill.nn.sampling import completion_logprobs, generate
 from minskill.nn.weights import load_model
 from minskill.serve.server import CompletionRequest, ModelBackend
@@ -118,6 +118,6 @@ def test_rewriter_pass_on_the_models_device(cpu_model):
     skills = SkillSet(general=[Skill(name="be-brief", description="Answer briefly.", body="Give the answer.")],
                       task_specific={}, common_mistakes=[])
     with meta_default():
-        text, finish = rewrite.rewrite_with_model(model, tokenizer, {"name": "tiny"}, skills, "short questions",
+        text, finish = rewriter.rewrite_with_model(model, tokenizer, {"name": "tiny"}, skills, "short questions",
                                                   max_new_tokens=4)
     assert finish in ("stop", "length") and isinstance(text, str)

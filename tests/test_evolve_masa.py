@@ -13,9 +13,10 @@ import shutil
 import pytest
 
 import evolve_masa
+from masa_records import check_sft_record
 from helpers import argv, interrupted_at_save, read, target_fn, teacher_fn, write_suite
 from minskill.masa import data as masa_data
-from minskill.masa import search as masa
+from minskill.masa import search as masa, teacher as masa_teacher
 from minskill.masa.model_card import ModelCard
 from minskill.serve.errors import BackendError
 from minskill.serve.server import ScriptedBackend, start_server
@@ -52,7 +53,8 @@ def test_run_json_records_the_cost_per_role(full_run):
     run, state = read(full_run, "run.json"), read(full_run, "state.json")
     usage = run["usage"]
     assert usage == state["usage"] and usage["sessions"] == 1 and usage["wall_seconds"] > 0
-    # (the teacher's one failure: the scripted teacher refused response_format json_schema, masa/fitting.py)
+    # (the teacher's one failure: the scripted teacher refused response_format json_schema,
+    # masa/reply_schema.py)
     assert usage["target"]["calls"] == run["target_calls"] > 0 and usage["teacher"]["failures"] == 1
     assert usage["teacher"]["calls"] + 1 == run["teacher_calls"] > 1
     assert usage["target"]["cache_hits"] == run["target_cache_hits"]
@@ -86,7 +88,7 @@ def test_sft_records_well_formed(full_run):
     sources = {r["source"] for r in records}
     assert {"early", "middle", "late", "teacher_oneshot", "noise", "partial", "verbose"} <= sources
     for i, r in enumerate(records):
-        masa_data.check_sft_record(r, f"sft.jsonl:{i + 1}")
+        check_sft_record(r, f"sft.jsonl:{i + 1}")
         assert r["skills_out"] == library and r["target_model"] == "target-a" and r["reward_out"] == 1.0
         assert "secret" in r["task_description"] and r["model_card"]["weaknesses"] == ["knows no keys"]
     oneshot = SkillSet.from_json(next(r for r in records if r["source"] == "teacher_oneshot")["skills_in"])
@@ -188,7 +190,7 @@ def test_merge_runs_adds_other_backbone(env, full_run):
     other = [r for r in records if r["source"] == "other_backbone"]
     assert len(other) == 2 and {r["target_model"] for r in other} == {"target-a", "target-b"}
     for r in records:
-        masa_data.check_sft_record(r)
+        check_sft_record(r)
     a_to = next(r for r in other if r["target_model"] == "target-a")
     assert a_to["skills_in"] == read(out_b, "library.json") and a_to["skills_out"] == read(full_run, "library.json")
 
@@ -387,9 +389,9 @@ def test_a_teacher_prompt_too_long_for_the_server_is_sent_trimmed(env, tmp_path,
     assert {e["what"] for e in trims} >= {"attribution", "general rewrite"} and all(e["trim"] >= 1 for e in trims)
     assert "sent trimmed" in err
     # the refused attribution showed the 6 failed episodes; the one answered in its place, fewer
-    refused_attribution = [p for p in refused if masa.ATTRIBUTION_TASK in p]
+    refused_attribution = [p for p in refused if masa_teacher.ATTRIBUTION_TASK in p]
     assert refused_attribution and max(p.count("- task ") for p in refused_attribution) == 6
-    assert min(p.count("- task ") for p in answered if masa.ATTRIBUTION_TASK in p) < 6
+    assert min(p.count("- task ") for p in answered if masa_teacher.ATTRIBUTION_TASK in p) < 6
     assert all(len(p) <= 1800 for p in answered)
     results = read(tmp_path / "run", "results.json")
     assert results["stopped"] is None and results["reward_out"] == 1.0
@@ -456,7 +458,7 @@ def test_a_teacher_reply_skipped_at_the_budgets_end_is_logged_and_counted(env, t
     evaluation = 16; then the attribution, which never parses (2 attempts), the general rewrite (2) and its
     evaluation (12): 17 cuts the attribution's retry, 21 the evaluation."""
     def teacher(messages, request):
-        if masa.ATTRIBUTION_TASK in messages[1]["content"]:
+        if masa_teacher.ATTRIBUTION_TASK in messages[1]["content"]:
             return "I cannot tell what went wrong."
         return teacher_fn(messages, request)
 

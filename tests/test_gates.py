@@ -18,7 +18,7 @@ from minskill import gates
 from minskill.masa import search as masa, ucb
 from minskill.masa.model_card import ModelCard
 from minskill.paired import sign_test_p, sign_test_p_greater
-from minskill.skill_r1 import loop as skill_r1
+from minskill.skill_r1 import loop as skill_r1, run_setup
 from minskill.skill_r1.records import lineage_records
 from minskill.skillsets import SkillSet
 from minskill.tasks.base import Task
@@ -233,8 +233,8 @@ def test_train_grpo_carry_gate_flags_and_resume(monkeypatch, tmp_path):
     with pytest.raises(SystemExit):
         train_grpo.parse_args(["--carry-gate-alpha", "0"])
     old = dict(vars(args))   # a checkpoint of a run with the strict gate
-    monkeypatch.setattr(train_grpo, "find_checkpoint", lambda out: tmp_path)
-    monkeypatch.setattr(train_grpo, "load_trainer_state", lambda ckpt, restore_rng, required=(), mmap=False:
+    monkeypatch.setattr(run_setup, "find_checkpoint", lambda out: tmp_path)
+    monkeypatch.setattr(run_setup, "load_trainer_state", lambda ckpt, restore_rng, required=(), mmap=False:
                         {"args": old})
     assert train_grpo.parse_args(["--resume", "--out", str(tmp_path)]).carry_gate == "strict"
     with pytest.raises(SystemExit, match="--carry-gate 'strict' -> 'paired'"):
@@ -400,12 +400,13 @@ def test_gate_tasks_are_disjoint_balanced_and_leave_the_search_tasks_as_they_wer
     parser = evolve_masa.build_parser()
     for suite in ("qa", "household", "webwalk"):
         args = parser.parse_args(["--suite", suite, "--gate", "fresh", "--gate-tasks", "24"])
-        prelim, search_tasks, heldout = evolve_masa.load_tasks(args)
+        prelim, search_tasks, heldout = evolve_masa.load_task_splits(args)
         gate = evolve_masa.load_gate_tasks(args, prelim + search_tasks + heldout)
         assert len(gate) == 24 and len({t.id for t in gate}) == 24
         assert not {t.id for t in gate} & {t.id for t in prelim + search_tasks + heldout}, suite
         assert all(t.metadata["split"] == "train" for t in gate)
-        strict = evolve_masa.load_tasks(parser.parse_args(["--suite", suite]))   # the other gates: unchanged
+        # the other gates: unchanged
+        strict = evolve_masa.load_task_splits(parser.parse_args(["--suite", suite]))
         assert [[t.id for t in part] for part in strict] == [[t.id for t in part] for part in (prelim, search_tasks, heldout)]
         assert evolve_masa.load_gate_tasks(parser.parse_args(["--suite", suite]), []) == []
         counts = {t.type: sum(g.type == t.type for g in gate) for t in gate}
@@ -492,7 +493,7 @@ def test_evolve_masa_fresh_rejects_the_overfit_climb_that_paired_accepts(fresh_e
     gate_ids = [f"{kind}-{i}" for i in range(7, 11) for kind in ("sum", "secret")]
     assert state["gate_tasks"] == gate_ids                                   # after the 2 + 12 train tasks
     args = evolve_masa.build_parser().parse_args(fresh_env["argv"](fresh_run))
-    used = [t.id for part in evolve_masa.load_tasks(args) for t in part]
+    used = [t.id for part in evolve_masa.load_task_splits(args) for t in part]
     assert not set(gate_ids) & set(used) and len(used) == 2 + 12 + 8
     general = [x for x in state["search"]["candidates"] if x["phase"] == "general" and x["reward"] is not None]
     assert len(general) == 2 and all(set(x["gate"]) == FRESH_KEYS and not x["accepted"] for x in general)

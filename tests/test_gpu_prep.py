@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import minskill.cli
+import minskill.device
 import rewrite
 from helpers import TASK, run_rewrite
 from minskill import bench
@@ -87,7 +87,7 @@ class Loaded(Exception):
 @pytest.fixture
 def pretend_cuda(monkeypatch):
     """--device cuda accepted on the CPU, TF32 left alone, and load_model recording the dtype it is asked for."""
-    monkeypatch.setattr(minskill.cli, "_cuda_available", lambda: True)
+    monkeypatch.setattr(minskill.device, "_cuda_available", lambda: True)
     monkeypatch.setattr(rewrite, "set_up_device", lambda device: None)
 
     def load_model(path, dtype=None, device=None):

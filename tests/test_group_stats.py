@@ -56,3 +56,27 @@ def test_groups_of_unequal_size_are_refused(tmp_path):
     path = write(tmp_path / "lineage.jsonl", [record(0.0, [[0.0, 1.0]]), record(0.0, [[0.0, 1.0, 1.0]])])
     with pytest.raises(ValueError, match=r"K must be one value"):
         group_stats.report(group_stats.read_groups(path))
+
+
+def test_the_share_of_lambda_a_inter_per_run_and_step(tmp_path):
+    # step 0: group means 0.5 (generation 1) and 0.2 (generation 2) are λ·A_inter/S, so the share is
+    # (2·0.5 + 2·0.2) / 2.4; step 1: λ = 0, every group mean is 0: share 0
+    first = record(0.0, [[0.0, 1.0], [0.5, 0.5]])
+    for skill, a in zip(first["skills"][1:], [1.5, -0.5, 0.2, 0.2]):
+        skill["advantage"] = a
+    second = {**record(0.0, [[0.0, 1.0], [0.0, 1.0]]), "step": 1}
+    for skill, a in zip(second["skills"][1:], [-0.7, 0.7, -0.7, 0.7]):
+        skill["advantage"] = a
+    groups = group_stats.read_groups(write(tmp_path / "lineage.jsonl", [first, second]))
+    assert groups[0]["advantages"] == [[1.5, -0.5], [0.2, 0.2]]
+    line = group_stats.inter_share_line("run", groups)
+    share = 1.4 / (2.4 + 2.8)
+    assert line == (f"run: share of λ·A_inter in the advantage {share:.3f} over 8 candidates; "
+                    f"per step: median {1.4 / 2.4 / 2:.3f}, 0.000 to {1.4 / 2.4:.3f} (2 steps)")
+
+
+def test_records_without_advantages_say_the_share_cannot_be_computed(tmp_path, capsys):
+    path = write(tmp_path / "lineage.jsonl", [record(0.0, [[0.0, 1.0]])])   # no "advantage" fields
+    assert group_stats.read_groups(path)[0]["advantages"] is None
+    assert group_stats.main([str(path)]) == 0
+    assert f"{path}: its records hold no advantages" in capsys.readouterr().out

@@ -11,6 +11,7 @@ import train_grpo
 from minskill.runs import TRAINER_STATE
 from minskill.skill_r1 import evaluate as skill_r1_eval
 from minskill.skill_r1.evaluate import HeldoutSplitError, check_probes_of, heldout_split
+from minskill.skill_r1.loop import load_split
 
 
 def flags(*argv):
@@ -130,7 +131,7 @@ def test_training_seeds_share_the_probe_and_the_evaluation_heldout_seed_moves_th
     evo0, test0, probe0 = heldout_split(flags(*argv), probe=True)
     evo1, test1, probe1 = heldout_split(flags(*argv, "--seed", "1"), probe=True)
     assert task_ids(evo0, test0) == task_ids(evo1, test1) and task_ids(probe0) == task_ids(probe1)
-    assert train_grpo.load_tasks(flags("--seed", "1"), "train") != train_grpo.load_tasks(flags(), "train")
+    assert load_split(flags("--seed", "1"), "train") != load_split(flags(), "train")
     evo2, test2, probe2 = heldout_split(flags(*argv, "--heldout-seed", "1"), probe=True)
     assert task_ids(probe2) != task_ids(probe0) and not task_ids(evo2, test2) & task_ids(probe2)
 

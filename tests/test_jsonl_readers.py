@@ -7,7 +7,7 @@ import pytest
 
 from minskill import rollout
 from minskill.files import read_jsonl
-from minskill.masa import sft
+from minskill.masa import rewriter_sft as sft
 from minskill.rollout import Trajectory
 from minskill.serve.caching import CachingClient
 from minskill.serve.client import ChatResult

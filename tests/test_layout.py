@@ -16,14 +16,16 @@ PACKAGE = ROOT / "minskill"
 # bottom to top; a layer is a list of parts (a module or a subpackage, named without "minskill.")
 LAYERS = [
     ["files", "skills", "skillsets", "paired", "gates", "tasks", "replies", "plot",   # shared by both papers
-     "distributed"],                     # data-parallel ranks (torchrun)
+     "distributed", "device",            # data-parallel ranks (torchrun); where the models run
+     "trajectories"],                    # one rollout's record
     ["nn"],                              # the model: weights, tokenizer, sampling, LoRA, int8, shared prefix
     ["serve", "cli", "web"],             # the task model behind HTTP, its client, the flags; the web tools
     ["runs", "retrieval", "rollout",     # run folders, skill retrieval, rollouts and their rewards,
+     "agent_loop",                       # the multi-turn rollouts
      "sft"],                             # supervised fine-tuning on chats (both papers' trainers)
     ["skill_r1", "masa"],                # the two papers
     ["report"],                          # the HTML report of any run folder
-    ["bench", "bench_server", "bench_profile"],   # measurements
+    ["bench", "bench_server", "bench_profile", "bench_schema"],   # measurements
 ]
 APART = {"skill_r1", "masa"}            # same layer, but neither imports the other
 MAX_FLOORS = 10
@@ -98,6 +100,16 @@ def test_no_import_goes_up_a_layer():
                   layer(target) == layer(source) and part(target) != part(source) and
                   {part(source), part(target)} <= APART))]
     assert upward == []
+
+
+def test_no_two_parts_import_each_other():
+    """Sideways within a layer is allowed, but only one way: two parts that import each other (cli.py
+    and serve/, once: cli imported serve/client.py while serve/server.py imported cli) draw an arrow
+    back up, whichever way the drawing puts them."""
+    arrows = {(part(s), part(t)) for s, targets in GRAPH.items() for t in targets
+              if s != "minskill" and part(s) != part(t)}
+    both_ways = sorted(f"{a} <-> {b}" for a, b in arrows if (b, a) in arrows and a < b)
+    assert both_ways == []
 
 
 def test_the_graph_has_at_most_ten_floors():

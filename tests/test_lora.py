@@ -22,6 +22,7 @@ from minskill.nn.lora import (ADAPTER_DIR, AdaptersOff, adapters_disabled, apply
                               load_peft_adapter, lora_layers, merged_model, save_lora_model,
                               save_peft_adapter, trainable_parameters)
 from minskill.nn.weights import load_model, load_pretrained
+from minskill.skill_r1 import run_setup
 from minskill.serve.server import ScriptedBackend, start_server
 from tiny import make_tiny_model_dir
 
@@ -349,7 +350,7 @@ def test_beta_with_lora_uses_the_editor_with_adapters_off_as_reference(editor_di
     [row] = read_rows(tmp_path / "beta")
     # epoch 1 starts at the reference (adapters at B = 0: KL 0); epoch 2 after one update: KL > 0, ratio != 1
     assert row["kl"] > 0 and row["ratio_mean"] != 1.0
-    run = train_grpo.setup(train_grpo.parse_args(flags(tmp_path / "setup")))
+    run = run_setup.setup(train_grpo.parse_args(flags(tmp_path / "setup")))
     assert isinstance(run.ref_model, AdaptersOff) and run.ref_model.model is run.editor   # no second copy
 
 

@@ -8,10 +8,18 @@ from functools import partial
 
 import pytest
 
+from masa_records import check_sft_record
 from helpers import run_climb, scripted_search
-from minskill.masa import data as masa_data, fitting, model_card, search as masa, teacher as masa_replies
+from minskill.masa import data as masa_data, model_card, search as masa
 from minskill.masa.model_card import ModelCard
-from minskill.masa.teacher import TeacherReplyError
+from minskill.masa.reply_schema import MAX_SKILLS
+from minskill.masa.teacher import (ATTRIBUTION_TASK, GENERAL_REWRITE_TASK, ONESHOT_TASK,
+                                   NothingToTrim, TeacherReplyError, ask_fitting, ask_teacher,
+                                   attribution_messages, general_rewrite_messages,
+                                   one_shot_rewrite, oneshot_messages,
+                                   parse_attribution, parse_skillset_reply, parse_strengths,
+                                   strengths_messages, task_rewrite_messages, trim_levels,
+                                   trimmed)
 from minskill.replies import extract_json
 from minskill.rollout import Trajectory, summarize
 from minskill.serve.caching import BudgetExhausted, CachingClient, CallBudget
@@ -19,6 +27,7 @@ from minskill.serve.client import ChatError, ChatResult
 from minskill.serve.server import ScriptedBackend, start_server
 from minskill.skills import Skill
 from minskill.skillsets import SkillSet
+from minskill.tasks.base import is_context_refusal
 
 
 def skillset(general=("alpha one. alpha two. alpha three.",), typed=None) -> SkillSet:
@@ -108,31 +117,31 @@ def test_extract_json_from_fences_and_prose():
     assert extract_json('Analysis: {"a": 1} and that is {not json}') == {"a": 1}
     assert extract_json('noise {bad json} then {"b": {"c": 3}} end') == {"b": {"c": 3}}
     with pytest.raises(TeacherReplyError, match="no JSON object in the reply 'I think the model"):
-        masa_replies.parse_strengths("I think the model is bad at math.")   # a teacher reply: quoted
+        parse_strengths("I think the model is bad at math.")   # a teacher reply: quoted
 
 
 def test_parse_attribution_normalises_shape():
     reply = ('Here:\n```json\n{"failure_categories": [{"category": "format", "count": 2, "evidence": "t1: no number",'
              ' "suggested_fix": "end with Answer: N"}, "arithmetic"], "summary": "two kinds"}\n```')
-    att = masa_replies.parse_attribution(reply)
+    att = parse_attribution(reply)
     assert att["failure_categories"][0] == {"category": "format", "count": 2, "evidence": ["t1: no number"],
                                             "suggested_fix": "end with Answer: N"}
     assert att["failure_categories"][1]["category"] == "arithmetic"
     assert att["summary"] == "two kinds"
     with pytest.raises(TeacherReplyError, match="no 'failure_categories' list"):
-        masa_replies.parse_attribution('{"summary": "x"}')
+        parse_attribution('{"summary": "x"}')
 
 
 def test_parse_skillset_reply_markdown_and_json():
     s = skillset(general=("Say the answer last.",), typed={"math": ["Add carefully."]})
-    assert masa_replies.parse_skillset_reply("Here you go:\n\n" + s.to_markdown()).to_json() == s.to_json()
-    js = masa_replies.parse_skillset_reply("```json\n" + json.dumps(s.to_json()) + "\n```")
+    assert parse_skillset_reply("Here you go:\n\n" + s.to_markdown()).to_json() == s.to_json()
+    js = parse_skillset_reply("```json\n" + json.dumps(s.to_json()) + "\n```")
     assert js.to_json() == s.to_json()
     with pytest.raises(TeacherReplyError):
-        masa_replies.parse_skillset_reply("I cannot help with that.")
-    too_many = skillset(general=tuple(f"body {i}" for i in range(masa_replies.MAX_SKILLS + 1)))
+        parse_skillset_reply("I cannot help with that.")
+    too_many = skillset(general=tuple(f"body {i}" for i in range(MAX_SKILLS + 1)))
     with pytest.raises(TeacherReplyError, match="at most"):
-        masa_replies.parse_skillset_reply(json.dumps(too_many.to_json()))
+        parse_skillset_reply(json.dumps(too_many.to_json()))
 
 
 class FakeTeacher:
@@ -149,8 +158,8 @@ class FakeTeacher:
 def test_ask_teacher_retries_then_succeeds():
     teacher = FakeTeacher(["no json here", '{"strengths": ["facts"], "weaknesses": []}'])
     skips = []
-    out = masa.ask_teacher(teacher, [{"role": "user", "content": "q"}], masa_replies.parse_strengths, what="x",
-                           retries=2, seed=10, on_skip=skips.append)
+    out = ask_teacher(teacher, [{"role": "user", "content": "q"}], parse_strengths, what="x",
+                      retries=2, seed=10, on_skip=skips.append)
     assert out == {"strengths": ["facts"], "weaknesses": []} and skips == []
     retry_messages, retry_kwargs = teacher.sent[1]
     assert retry_messages[1] == {"role": "assistant", "content": "no json here"}
@@ -160,8 +169,8 @@ def test_ask_teacher_retries_then_succeeds():
 def test_ask_teacher_skips_after_bounded_retries():
     teacher = FakeTeacher(["nope"] * 5)
     skips = []
-    out = masa.ask_teacher(teacher, [{"role": "user", "content": "q"}], masa_replies.parse_attribution, what="attribution",
-                           retries=2, on_skip=skips.append)
+    out = ask_teacher(teacher, [{"role": "user", "content": "q"}], parse_attribution,
+                      what="attribution", retries=2, on_skip=skips.append)
     assert out is None and len(teacher.sent) == 3
     assert skips[0]["what"] == "attribution" and skips[0]["attempts"] == 3 and len(skips[0]["errors"]) == 3
     assert skips[0]["last_reply"] == "nope"
@@ -177,12 +186,12 @@ def test_deeply_nested_teacher_replies_are_reply_errors(reply):
     """Every teacher-reply reader refuses JSON nested past 64 levels with TeacherReplyError (the error ask_teacher
     retries and skips on), never RecursionError; a deep value that decodes is not kept either (it overflowed the
     stack when the search checkpointed)."""
-    for parse in (masa_replies.parse_attribution, masa_replies.parse_strengths, masa_replies.parse_skillset_reply):
+    for parse in (parse_attribution, parse_strengths, parse_skillset_reply):
         with pytest.raises(TeacherReplyError):
             parse(reply)
     teacher = FakeTeacher([reply, '{"strengths": ["facts"], "weaknesses": []}'])
-    out = masa.ask_teacher(teacher, [{"role": "user", "content": "q"}], masa_replies.parse_strengths, what="x",
-                           retries=1)
+    out = ask_teacher(teacher, [{"role": "user", "content": "q"}], parse_strengths, what="x",
+                      retries=1)
     assert out == {"strengths": ["facts"], "weaknesses": []} and len(teacher.sent) == 2   # retried, not crashed
 
 
@@ -210,8 +219,8 @@ REFUSALS = {   # (HTTP status, the server's message) -> whether it is a refusal 
 
 @pytest.mark.parametrize("status, message, expected", list(REFUSALS.values()), ids=list(REFUSALS))
 def test_a_refusal_of_a_prompt_too_long_is_recognised_by_status_and_message(status, message, expected):
-    assert fitting.is_context_refusal(ChatError(message, status, "http://x/v1/chat/completions")) is expected
-    assert not fitting.is_context_refusal(RuntimeError(message))
+    assert is_context_refusal(ChatError(message, status, "http://x/v1/chat/completions")) is expected
+    assert not is_context_refusal(RuntimeError(message))
 
 
 def test_minskill_servers_own_refusal_of_a_long_prompt_is_recognised():
@@ -222,27 +231,27 @@ def test_minskill_servers_own_refusal_of_a_long_prompt_is_recognised():
         assert client.chat([{"role": "user", "content": "one two"}], max_tokens=2).texts == ["ok"]
         with pytest.raises(ChatError) as refused:
             client.chat([{"role": "user", "content": "word " * 20}], max_tokens=2)
-    assert refused.value.status == 400 and fitting.is_context_refusal(refused.value)
+    assert refused.value.status == 400 and is_context_refusal(refused.value)
 
 
 def test_a_prompt_list_is_halved_at_each_trim_level_then_the_next_lists():
     items, more = list(range(5)), list(range(3))
-    assert [len(fitting.trimmed(items, k)) for k in range(4)] == [5, 2, 1, 0]
-    with pytest.raises(fitting.NothingToTrim):
-        fitting.trimmed(items, 4)
-    assert fitting.trimmed(items, 5, more) == [] and fitting.trim_levels(more) == 2
-    with pytest.raises(fitting.NothingToTrim):
-        fitting.trimmed(items, 6, more)
-    with pytest.raises(fitting.NothingToTrim):
-        fitting.trimmed([], 1)
+    assert [len(trimmed(items, k)) for k in range(4)] == [5, 2, 1, 0]
+    with pytest.raises(NothingToTrim):
+        trimmed(items, 4)
+    assert trimmed(items, 5, more) == [] and trim_levels(more) == 2
+    with pytest.raises(NothingToTrim):
+        trimmed(items, 6, more)
+    with pytest.raises(NothingToTrim):
+        trimmed([], 1)
     # a builder with two lists (the model summary's episodes): the solved ones go first, then the failed ones
     episode = {"task_id": "t", "task_type": "qa", "question": "q?", "reply": "r", "transcript": ""}
-    shown = [masa.strengths_messages(ModelCard(name="m"), [episode] * 3, [episode] * 2, "stats", k)[1]["content"]
+    shown = [strengths_messages(ModelCard(name="m"), [episode] * 3, [episode] * 2, "stats", k)[1]["content"]
              for k in range(5)]
     counts = [(p.split("### Failed")[0].count("- task "), p.split("### Failed")[1].count("- task ")) for p in shown]
     assert counts == [(2, 3), (1, 3), (0, 3), (0, 1), (0, 0)]
-    with pytest.raises(fitting.NothingToTrim):
-        masa.strengths_messages(ModelCard(name="m"), [episode] * 3, [episode] * 2, "stats", 5)
+    with pytest.raises(NothingToTrim):
+        strengths_messages(ModelCard(name="m"), [episode] * 3, [episode] * 2, "stats", 5)
 
 
 class ContextTeacher(FakeTeacher):
@@ -261,26 +270,26 @@ class ContextTeacher(FakeTeacher):
 
 
 def test_a_prompt_too_long_is_sent_again_with_less_history_then_skipped():
-    """search.MasaSearch.ask's step (fitting.ask_fitting around ask_teacher): a prompt the server refuses for its
+    """search.MasaSearch.ask's step (teacher.ask_fitting around ask_teacher): a prompt the server refuses for its
     length is built again at the next trim level (fewer top sets here) until it fits, and `on_trim` says so; when
     even the shortest is refused, the step is a skip ("prompt too long"), never the server's error."""
     card, sets = ModelCard(name="tiny"), [(skillset(general=(f"set number {i} " * 40,)), 0.1 * i) for i in range(5)]
-    prompt = partial(masa.general_rewrite_messages, card, skillset(), 0.5, None, sets)
-    full, shortest = (sum(len(m["content"]) for m in prompt(trim=k)) for k in (0, fitting.trim_levels(sets)))
+    prompt = partial(general_rewrite_messages, card, skillset(), 0.5, None, sets)
+    full, shortest = (sum(len(m["content"]) for m in prompt(trim=k)) for k in (0, trim_levels(sets)))
     assert [prompt(trim=k)[1]["content"].count("#### Set") for k in range(4)] == [5, 2, 1, 0]
     reply = SkillSet(general=[Skill(name="new", description="d", body="b", metadata={})]).to_markdown()
     skips, trims = [], []
     teacher = ContextTeacher([reply], limit=(full + shortest) // 2)
-    out = fitting.ask_fitting(masa.ask_teacher, teacher, prompt, masa_replies.parse_skillset_reply,
-                              what="general rewrite", retries=0, on_skip=skips.append, on_trim=trims.append)
+    out = ask_fitting(ask_teacher, teacher, prompt, parse_skillset_reply, what="general rewrite",
+                      retries=0, on_skip=skips.append, on_trim=trims.append)
     assert [s.name for s in out.general] == ["new"] and skips == []
     sent = teacher.sent[0][0][1]["content"]
     assert teacher.refused and sent.count("#### Set") < 5 and sent == prompt(trim=trims[0]["trim"])[1]["content"]
     assert trims[0]["what"] == "general rewrite" and len(trims[0]["errors"]) == len(teacher.refused)
     teacher = ContextTeacher([reply], limit=shortest - 1)
-    assert fitting.ask_fitting(masa.ask_teacher, teacher, prompt, masa_replies.parse_skillset_reply,
-                               what="general rewrite", retries=0, on_skip=skips.append) is None
-    assert teacher.sent == [] and len(teacher.refused) == fitting.trim_levels(sets) + 1
+    assert ask_fitting(ask_teacher, teacher, prompt, parse_skillset_reply,
+                       what="general rewrite", retries=0, on_skip=skips.append) is None
+    assert teacher.sent == [] and len(teacher.refused) == trim_levels(sets) + 1
     assert skips[0]["reason"] == "prompt too long" and skips[0]["attempts"] == len(teacher.refused)
     assert "exceeds the available context size" in skips[0]["errors"][-1]
 
@@ -290,9 +299,9 @@ def test_another_failure_of_the_teacher_passes_on():
         def chat(self, messages, **kwargs):
             raise ChatError("'temperature' must be a number", 400, "http://x")
     with pytest.raises(ChatError):
-        fitting.ask_fitting(masa.ask_teacher, Failing(), partial(masa.oneshot_messages, ModelCard(name="t"),
-                                                                 skillset(), "qa"),
-                            masa_replies.parse_skillset_reply, what="one-shot rewrite")
+        ask_fitting(ask_teacher, Failing(), partial(oneshot_messages, ModelCard(name="t"),
+                                                    skillset(), "qa"),
+                    parse_skillset_reply, what="one-shot rewrite")
 
 
 def test_prompts_carry_their_inputs():
@@ -300,13 +309,13 @@ def test_prompts_carry_their_inputs():
     s = skillset(general=("Always end with Answer: N.",), typed={"math": ["Carry the one."]})
     failures = [{"task_id": "t1", "task_type": "math", "question": "2+2?", "expected": "4", "reply": "5",
                  "transcript": "", "error": None}]
-    att = masa.attribution_messages(card, s, failures, 0.25, task_type="math")[1]["content"]
-    assert masa.ATTRIBUTION_TASK in att and "adds badly" in att and "2+2?" in att and "Carry the one." in att
-    gen = masa.general_rewrite_messages(card, s, 0.25, {"failure_categories": []},
-                                        [(s, 0.5), (skillset(general=("older set",)), 0.25)])[1]["content"]
-    assert masa.GENERAL_REWRITE_TASK in gen and "R = 0.500" in gen and "older set" in gen
+    att = attribution_messages(card, s, failures, 0.25, task_type="math")[1]["content"]
+    assert ATTRIBUTION_TASK in att and "adds badly" in att and "2+2?" in att and "Carry the one." in att
+    gen = general_rewrite_messages(card, s, 0.25, {"failure_categories": []},
+                                   [(s, 0.5), (skillset(general=("older set",)), 0.25)])[1]["content"]
+    assert GENERAL_REWRITE_TASK in gen and "R = 0.500" in gen and "older set" in gen
     assert "Carry the one." not in gen  # only general skills are rewritten here
-    task = masa.task_rewrite_messages(card, s, "math", 0.25, None, ["2+2?"])[1]["content"]
+    task = task_rewrite_messages(card, s, "math", 0.25, None, ["2+2?"])[1]["content"]
     assert "type 'math'" in task and "Carry the one." in task and "2+2?" in task
 
 
@@ -421,7 +430,7 @@ def test_caching_client_disabled_and_budget():
     assert len(inner.sent) == 2 and budget.spent == 2
     with pytest.raises(BudgetExhausted, match="2 of 3 calls used, 2 more needed"):
         client.chat_many([dict(messages=msgs), dict(messages=msgs)])
-    assert budget.exhausted and len(inner.sent) == 2
+    assert budget.refusals > 0 and len(inner.sent) == 2
     results = client.chat_many([dict(messages=msgs)] * 2, return_exceptions=True)
     assert all(isinstance(r, BudgetExhausted) for r in results)
     client.chat(msgs)                              # one still fits
@@ -458,13 +467,13 @@ def test_sft_records_well_formed():
     assert sources[:4] == ["early", "middle", "late", "teacher_oneshot"]
     assert sources.count("noise") == sources.count("partial") == sources.count("verbose") == 2
     for i, r in enumerate(records):
-        masa_data.check_sft_record(r, f"record {i}")
+        check_sft_record(r, f"record {i}")
         assert r["skills_out"] == best.to_json() and r["reward_out"] == 0.9 and r["target_model"] == "t"
     early = SkillSet.from_json(records[0]["skills_in"]).general[0].body
     late = SkillSet.from_json(records[2]["skills_in"]).general[0].body
     assert early in ("version 0.", "version 1.") and late in ("version 4.", "version 5.", "version 6.")
     with pytest.raises(ValueError, match="lacks field 'source'"):
-        masa_data.check_sft_record({k: v for k, v in records[0].items() if k != "source"})
+        check_sft_record({k: v for k, v in records[0].items() if k != "source"})
     with pytest.raises(ValueError, match="unknown source"):
         masa_data.sft_record(card, best, "d", best, "mystery", "t", 0.0)
 
@@ -474,19 +483,19 @@ def test_one_shot_rewrite_accepts_dict_card_and_keeps_missing_types():
     new = skillset(general=("new general.",), typed={"math": ["new math."]})
     teacher = FakeTeacher(["Here is the library:\n```json\n" + json.dumps(new.to_json()) + "\n```"])
     card = {"family": None, "multilingual": "unknown", "num_layers": 30, "weaknesses": ["math"]}  # rewrite.py style
-    out = masa.one_shot_rewrite(teacher, card, base, "qa tasks")
+    out = one_shot_rewrite(teacher, card, base, "qa tasks")
     assert out.general[0].body == "new general."
     assert out.task_specific["math"][0].body == "new math." and out.task_specific["facts"][0].body == "old facts."
     prompt = teacher.sent[0][0][1]["content"]
-    assert masa.ONESHOT_TASK in prompt and "num_layers: 30" in prompt and "old facts." in prompt
-    assert masa.one_shot_rewrite(FakeTeacher(["no", "no", "no"]), card, base, "qa") is None
+    assert ONESHOT_TASK in prompt and "num_layers: 30" in prompt and "old facts." in prompt
+    assert one_shot_rewrite(FakeTeacher(["no", "no", "no"]), card, base, "qa") is None
 
 
 def test_one_shot_reply_written_as_the_prompt_asks_keeps_its_skills():
     """The one-shot prompt asks for the keys SkillSet.from_json reads: a reply written exactly in the asked-for form
     gives the teacher's skills (names, bodies, descriptions), not skills named "skill" with an empty body."""
     base = skillset(general=("old general.",), typed={"math": ["old math."]})
-    prompt = masa.oneshot_messages(ModelCard(name="t"), base, "qa tasks")[1]["content"]
+    prompt = oneshot_messages(ModelCard(name="t"), base, "qa tasks")[1]["content"]
     asked = extract_json(prompt[prompt.index("Reply with JSON"):])        # the form the prompt shows
     keys = list(asked["general_skills"][0])
     assert keys == ["skill_id", "title", "principle", "when_to_apply"]
@@ -496,7 +505,7 @@ def test_one_shot_reply_written_as_the_prompt_asks_keeps_its_skills():
     reply = json.dumps({"general_skills": [entry("short-answers", "Answer in one line.", "Every task.")],
                         "task_specific_skills": {"math": [entry("carry-the-one", "Carry the one.", "Sums.")]},
                         "common_mistakes": ["long answers"]})
-    out = masa.one_shot_rewrite(FakeTeacher([reply]), ModelCard(name="t"), base, "qa tasks")
+    out = one_shot_rewrite(FakeTeacher([reply]), ModelCard(name="t"), base, "qa tasks")
     assert [(s.name, s.body, s.description) for s in out.general] == [("short-answers", "Answer in one line.",
                                                                          "Every task.")]
     assert [(s.name, s.body) for s in out.task_specific["math"]] == [("carry-the-one", "Carry the one.")]

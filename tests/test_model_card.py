@@ -85,10 +85,10 @@ def test_yaml_cards_are_read_as_yaml_lists_and_continued_lines_too(tmp_path):
 def test_scripts_read_yaml_cards(tmp_path):
     """evolve_masa.py's --model-card goes through ModelCard.load; rewrite.py's through read_card_file
     leniently (an unknown key dropped), both giving the same card."""
-    import rewrite
+    from minskill.masa import rewriter
     path = tmp_path / "card.yaml"
     path.write_text(YAML_CARD + "homepage: 'https://example.org'\n", encoding="utf-8")
-    assert rewrite.load_model_card(str(path)) == ModelCard(**JSON_CARD).to_json()
+    assert rewriter.load_model_card(str(path)) == ModelCard(**JSON_CARD).to_json()
     with pytest.raises(ValueError, match=r"card\.yaml, line 25: unknown field 'homepage'"):
         ModelCard.load(path)
     data, where = read_card_file(path, strict=False)
@@ -148,10 +148,10 @@ UNREADABLE_CARDS = {  # file name, content, what the error must say (besides the
 def test_an_unreadable_card_names_the_file_and_the_line_or_field(tmp_path, name, content, message):
     """Invalid UTF-8 was a bare UnicodeDecodeError, a 5,000-digit num_layers Python's
     integer-limit message; both readers (strict and lenient) now say which file, line or field."""
-    import rewrite
+    from minskill.masa import rewriter
     path = tmp_path / name
     path.write_bytes(content)
-    for read in (ModelCard.load, lambda p: rewrite.load_model_card(str(p))):   # strict; lenient (read_card_file)
+    for read in (ModelCard.load, lambda p: rewriter.load_model_card(str(p))):   # strict; lenient (read_card_file)
         with pytest.raises(ValueError, match=message) as error:
             read(path)
         assert f"model card {path}" in str(error.value)
@@ -159,8 +159,8 @@ def test_an_unreadable_card_names_the_file_and_the_line_or_field(tmp_path, name,
 
 def test_a_folder_as_card_says_it_is_a_folder(tmp_path):
     """A folder given as the card said "no such file"; rewrite.py's reader names what the folder lacks."""
-    import rewrite
+    from minskill.masa import rewriter
     with pytest.raises(ValueError, match=rf"model card {tmp_path}: is a folder; a model card is a JSON or YAML file"):
         ModelCard.load(tmp_path)
     with pytest.raises(FileNotFoundError, match="holds neither model_card.json .* nor config.json"):
-        rewrite.load_model_card(str(tmp_path))
+        rewriter.load_model_card(str(tmp_path))

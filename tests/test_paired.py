@@ -156,7 +156,7 @@ def test_an_editor_rows_success_interval_by_instance_covers_where_wilson_over_it
     400 seeded runs: eval_table.success_interval (by instance) covers the true 0.4 in at least 93% of them; a
     Wilson interval over the 480 scores, as if the tasks sharing a skill were independent, in fewer than 90%
     (seen: 0.955 and 0.70)."""
-    from minskill.rollout import wilson_interval
+    from minskill.paired import wilson_interval
     from minskill.skill_r1.eval_table import success_interval
     scores, _ = simulate(np.random.default_rng(11), 400, 0.2, base=0.4, instances=24)
     by_instance, by_score = [], []

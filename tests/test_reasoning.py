@@ -20,8 +20,7 @@ import requests
 from safetensors.numpy import load_file
 
 from minskill.cli import with_extra_body
-from minskill.masa.search import ask_teacher
-from minskill.masa.teacher import parse_attribution
+from minskill.masa.teacher import ask_teacher, parse_attribution
 from minskill.nn.tokenizer import Tokenizer
 from minskill.rollout import run_rollouts
 from minskill.serve.backends import ModelBackend, ScriptedBackend

@@ -19,7 +19,7 @@ import evolve_masa
 import train_grpo
 from helpers import (CHROMIUM, KEYWORDS, XSS, assert_self_contained_and_escaped, browse, keyword_task_model,
                      scripted_search, skill, target_fn, teacher_fn, write_keyword_suite, write_suite)
-from minskill.masa import search as masa, ucb
+from minskill.masa import search as masa, teacher as masa_teacher, ucb
 from minskill.report import __main__ as report, html as report_html, provenance
 from minskill.serve.server import ScriptedBackend, start_server
 from minskill.skillsets import SkillSet
@@ -99,11 +99,11 @@ def xss_teacher(messages, request):
     """helpers.teacher_fn, but its attribution carries hostile text into the page, and its first two
     rewrites of the `secret` skills miss the key (so the tree grows past the root and UCB1 picks a child)."""
     prompt = messages[1]["content"]
-    if masa.ATTRIBUTION_TASK in prompt:
+    if masa_teacher.ATTRIBUTION_TASK in prompt:
         return json.dumps({"failure_categories": [{"category": f"missing key {XSS}", "count": 3,
                                                    "evidence": [XSS_ATTR], "suggested_fix": "give the key"}],
                            "summary": XSS})
-    if masa.TASK_REWRITE_TASK in prompt and "of type 'secret'" in prompt:
+    if masa_teacher.TASK_REWRITE_TASK in prompt and "of type 'secret'" in prompt:
         SECRET_REWRITES.append(1)
         if len(SECRET_REWRITES) <= 2:
             return SkillSet(general=[], task_specific={"secret": [skill(f"secret-try-{len(SECRET_REWRITES)}",

@@ -7,8 +7,8 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 import pytest
 
 from minskill import rollout
-from minskill.retrieval import (RetrievalError, RetrievedSkills, Retriever, bm25_scores, retriever_from_args, tokens,
-                                with_retrieval)
+from minskill.retrieval import RetrievalError, RetrievedSkills, Retriever, retriever_from_args, with_retrieval
+from minskill.tasks.bm25 import bm25_scores, tokens
 from minskill.serve.client import ChatClient
 from minskill.serve.server import ScriptedBackend, start_server
 from minskill.skills import Skill

@@ -11,6 +11,7 @@ from safetensors.torch import load_file
 import evolve_masa
 import rewrite
 from helpers import TARGET, TASK, run_rewrite, run_rewrite_compare
+from minskill.masa import rewriter
 from minskill.serve.server import ScriptedBackend, start_server
 from minskill.skillsets import SkillSet
 
@@ -165,17 +166,17 @@ def test_apply_saves_an_unparseable_output_raw_and_writes_no_skill(files):
 def test_parse_rewriter_output():
     good = json.dumps({"general_skills": [{"skill_id": "count-first", "title": "Count first",
                                            "principle": "Count the items.", "when_to_apply": "Counting."}]})
-    assert rewrite.parse_rewriter_output(f"```json\n{good}\n```").general[0].name == "count-first"
+    assert rewriter.parse_rewriter_output(f"```json\n{good}\n```").general[0].name == "count-first"
     with pytest.raises(ValueError, match="not valid JSON .*token limit"):
-        rewrite.parse_rewriter_output(good[:-10], finish_reason="length")
+        rewriter.parse_rewriter_output(good[:-10], finish_reason="length")
     with pytest.raises(ValueError, match="no JSON object"):
-        rewrite.parse_rewriter_output("---\nname: x\ndescription: y\n---\nprose")   # not the trained format
+        rewriter.parse_rewriter_output("---\nname: x\ndescription: y\n---\nprose")   # not the trained format
     with pytest.raises(ValueError, match="empty skill set"):
-        rewrite.parse_rewriter_output('{"general_skills": [], "common_mistakes": []}')
+        rewriter.parse_rewriter_output('{"general_skills": [], "common_mistakes": []}')
     with pytest.raises(ValueError, match="none of general_skills"):
-        rewrite.parse_rewriter_output('{"answer": 3}')
+        rewriter.parse_rewriter_output('{"answer": 3}')
     with pytest.raises(ValueError, match="not a valid MASA skill library"):
-        rewrite.parse_rewriter_output('{"general_skills": "oops"}')
+        rewriter.parse_rewriter_output('{"general_skills": "oops"}')
 
 
 @pytest.mark.parametrize("text", ['{"general_skills": ' + "[" * 1000, "{" + '"a": {' * 2000,
@@ -184,7 +185,7 @@ def test_parse_rewriter_output():
 def test_parse_rewriter_output_refuses_deep_nesting_with_its_value_error(text):
     """A rewriter reply nested past 64 levels is the ordinary ValueError (apply saves it raw), never RecursionError."""
     with pytest.raises(ValueError, match="nested more than 64 levels"):
-        rewrite.parse_rewriter_output(text)
+        rewriter.parse_rewriter_output(text)
 
 
 def test_parse_rewriter_output_merges_a_skill_set_split_over_objects():
@@ -192,15 +193,15 @@ def test_parse_rewriter_output_merges_a_skill_set_split_over_objects():
                                    "principle": "Write the answer last.", "when_to_apply": "Always."}]}
     specific = {"task_specific_skills": {"counting": [{"skill_id": "count-one", "title": "Count one item",
                                                         "principle": "Tally the item.", "when_to_apply": "Counting."}]}}
-    skills = rewrite.parse_rewriter_output(json.dumps(general, indent=1) + "\n\n" + json.dumps(specific) + "\n")
+    skills = rewriter.parse_rewriter_output(json.dumps(general, indent=1) + "\n\n" + json.dumps(specific) + "\n")
     assert skills.to_json()["general_skills"][0]["skill_id"] == "end-with-answer"
     assert [s.name for s in skills.task_specific["counting"]] == ["count-one"]
     with pytest.raises(ValueError, match="value 2 is not a further part"):     # the same key twice: ambiguous
-        rewrite.parse_rewriter_output(json.dumps(general) + json.dumps(general))
+        rewriter.parse_rewriter_output(json.dumps(general) + json.dumps(general))
     with pytest.raises(ValueError, match="value 2 is not a further part"):
-        rewrite.parse_rewriter_output(json.dumps(general) + ' {"answer": 3}')
+        rewriter.parse_rewriter_output(json.dumps(general) + ' {"answer": 3}')
     with pytest.raises(ValueError, match="not valid JSON"):                      # prose between the parts
-        rewrite.parse_rewriter_output(json.dumps(general) + " and then " + json.dumps(specific))
+        rewriter.parse_rewriter_output(json.dumps(general) + " and then " + json.dumps(specific))
 
 
 def test_apply_compare_prints_one_table_of_input_rewritten_and_teacher(trained, files):

@@ -10,8 +10,10 @@ import pytest
 
 from minskill import rollout
 from minskill.files import append_jsonl, read_jsonl
-from minskill.rollout import (Trajectory, load_trajectories, parse_action, run_rollouts, skill_text, summarize,
-                              wilson_interval)
+from minskill.paired import wilson_interval
+from minskill.rollout import run_rollouts, skill_text, summarize
+from minskill.tasks.base import parse_action
+from minskill.trajectories import Trajectory, load_trajectories
 from minskill.serve.errors import BackendError
 from minskill.serve.server import ScriptedBackend, start_server
 from minskill.skills import Skill

@@ -200,11 +200,12 @@ def test_another_400_is_not_taken_for_a_prompt_to_trim():
 
 
 def test_the_task_sides_and_the_teachers_refusal_are_the_same_check():
-    from minskill.masa import fitting
-    assert fitting.is_context_refusal is rollout.is_context_refusal
+    from minskill import agent_loop
+    from minskill.masa import teacher
+    assert teacher.is_context_refusal is agent_loop.is_context_refusal
     refusal = ChatError("the request exceeds the available context size, try increasing it", 400,
                         "http://x/v1")
-    assert rollout.is_context_refusal(refusal) and not rollout.is_context_refusal(RuntimeError("x"))
+    assert agent_loop.is_context_refusal(refusal) and not agent_loop.is_context_refusal(RuntimeError("x"))
 
 
 # ------------------------------------------------------------------------------ the transfer matrix

@@ -1,4 +1,4 @@
-"""minskill/masa/sft.py (records -> chats, bad data handling) and minskill/sft.py (chats -> masked tokens, the chunked
+"""minskill/masa/rewriter_sft.py (records -> chats, bad data handling) and minskill/sft.py (chats -> masked tokens, the chunked
 target-token loss, the training loop: memorisation, resume round trip)."""
 import itertools
 import json
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from minskill import sft
-from minskill.masa import sft as masa_sft
+from minskill.masa import rewriter_sft as masa_sft
 from minskill.nn.optim import lr_factor
 from minskill.nn.sampling import generate
 from minskill.nn.tokenizer import Tokenizer

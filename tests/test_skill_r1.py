@@ -18,7 +18,7 @@ from minskill.nn.weights import load_model
 from minskill.serve.server import ScriptedBackend, start_server
 from minskill.skill_r1 import loop as skill_r1
 from minskill.skill_r1.loop import (EvolveConfig, HistoryEntry, Instance, Outcome, assign_advantages,
-                                    SuiteError, editor_messages, evolve_batch, load_tasks, make_instances,
+                                    SuiteError, editor_messages, evolve_batch, load_split, make_instances,
                                     parse_candidate)
 from minskill.tasks import Task
 from tiny import make_tiny_model_dir
@@ -217,12 +217,12 @@ def test_bilevel_grpo_raises_the_reward_of_a_tiny_editor(editor_dir, task_server
 
 
 def test_a_bad_suite_file_is_a_suite_error_in_the_library_and_a_usage_error_of_the_script(editor_dir, tmp_path):
-    """load_tasks raises SuiteError naming the file and line (the library never exits); train_grpo.py run as a
+    """load_split raises SuiteError naming the file and line (the library never exits); train_grpo.py run as a
     script turns it into a one-line usage error, exit status 1 and no traceback."""
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"id": "a", "type": "t", "question": "q", "answer": "a"}\n{not json\n')
     with pytest.raises(SuiteError, match=rf"--suite {bad}: .*{bad.name}:2"):
-        load_tasks(SimpleNamespace(suite=str(bad), seed=0, n_tasks=None), "train")
+        load_split(SimpleNamespace(suite=str(bad), seed=0, n_tasks=None), "train")
     root = Path(__file__).resolve().parents[1]
     done = subprocess.run([sys.executable, str(root / "train_grpo.py"), "--editor", str(editor_dir), "--suite",
                            str(bad), "--task-url", "http://127.0.0.1:9/v1", "--out", str(tmp_path / "run")],

@@ -6,7 +6,7 @@ import warnings
 import pytest
 
 from minskill import skills as skills_module
-from minskill.masa import search as masa
+from minskill.masa import search as masa, teacher as masa_teacher
 from minskill.masa.model_card import ModelCard
 from minskill.replies import parse_skillset
 from minskill.rollout import skill_text
@@ -215,10 +215,11 @@ def test_the_skill_r1_editor_sees_the_resource_names(tmp_path):
 
 def test_the_masa_teacher_prompts_list_resources_and_a_rewrite_keeps_them(tmp_path):
     library, card = _library(tmp_path), ModelCard(name="t")
-    prompts = [masa.attribution_messages(card, library, [], 0.5), masa.attribution_messages(card, library, [], 0.5, "math"),
-               masa.general_rewrite_messages(card, library, 0.5, None, [(library, 0.5)]),
-               masa.task_rewrite_messages(card, library, "math", 0.5, None, ["1+1?"]),
-               masa.oneshot_messages(card, library, "maths")]
+    prompts = [masa_teacher.attribution_messages(card, library, [], 0.5),
+               masa_teacher.attribution_messages(card, library, [], 0.5, "math"),
+               masa_teacher.general_rewrite_messages(card, library, 0.5, None, [(library, 0.5)]),
+               masa_teacher.task_rewrite_messages(card, library, "math", 0.5, None, ["1+1?"]),
+               masa_teacher.oneshot_messages(card, library, "maths")]
     for messages, expected in zip(prompts, ["scripts/extract.py", "assets/table.csv", "scripts/extract.py",
                                             "assets/table.csv", "references/api.md"]):
         user = messages[-1]["content"]
@@ -241,13 +242,15 @@ def test_masa_search_candidates_keep_the_base_resources_in_prompts_and_after_res
     child = search.add_candidate(reply, "general", parent=root, iteration=1)
     assert child.skills.general[0].body.endswith("Run it.") and child.skills.general[0].resources == RESOURCES
     # the teacher's next rewrite and the task model's prompt both name the files of the candidate being edited
-    user = masa.general_rewrite_messages(card, child.skills, 0.5, None, [(child.skills, 0.5)])[-1]["content"]
+    user = masa_teacher.general_rewrite_messages(card, child.skills, 0.5, None,
+                                                 [(child.skills, 0.5)])[-1]["content"]
     assert "scripts/helpers/util.sh" in user                  # general skills only: the general rewrite
-    assert "assets/table.csv" in masa.task_rewrite_messages(card, child.skills, "math", 0.5, None, ["1+1?"])[-1]["content"]
+    task_prompt = masa_teacher.task_rewrite_messages(card, child.skills, "math", 0.5, None, ["1+1?"])
+    assert "assets/table.csv" in task_prompt[-1]["content"]
     assert "references/api.md" in skill_text(child.skills, "math")
     # state.json holds MASA JSON (no resources): a resumed search gives the candidates the same files back
     resumed = masa.MasaSearch(None, None, card, tasks, base, masa.MasaConfig(), state=search.to_json())
     for before, after in zip(search.candidates, resumed.candidates):
         assert [s.resources for s in after.skills.skills()] == [s.resources for s in before.skills.skills()]
-        assert masa._skills_text(after.skills) == masa._skills_text(before.skills)
+        assert masa_teacher._skills_text(after.skills) == masa_teacher._skills_text(before.skills)
     assert "resources" not in str(search.to_json())

@@ -1,4 +1,4 @@
-"""MASA's teacher asked for the JSON schema its reply is read in (minskill/masa/fitting.py: the
+"""MASA's teacher asked for the JSON schema its reply is read in (minskill/masa/reply_schema.py: the
 schemas of the shapes minskill/masa/teacher.py's readers take, and the asking): the schemas are in
 the subset minskill's server serves, hold no more skills than a reply may, fit the reply budget and
 agree with the JSON form the prompts show; a tiny random model behind minskill's server,
@@ -13,12 +13,16 @@ import jsonschema
 import pytest
 
 from helpers import NumberedTeacher, scripted_search
-from minskill.masa import fitting, search as masa
-from minskill.masa.fitting import (CHARS_PER_TOKEN, attribution_schema, longest_reply,
-                                   skillset_schema, strengths_schema)
+from minskill.masa import reply_schema
 from minskill.masa.model_card import ModelCard
-from minskill.masa.teacher import (MAX_SKILLS, parse_attribution, parse_skillset_reply,
-                                   parse_strengths)
+from minskill.masa.reply_schema import (CHARS_PER_TOKEN, MAX_SKILLS, attribution_schema,
+                                        longest_reply, shortest_reply, skillset_schema,
+                                        strengths_schema)
+from minskill.masa.teacher import (ATTRIBUTION_TASK, GENERAL_REWRITE_TASK, TASK_REWRITE_TASK,
+                                   NothingToTrim, ask_fitting, ask_teacher,
+                                   general_rewrite_messages, one_shot_rewrite,
+                                   parse_attribution, parse_skillset_reply, parse_strengths,
+                                   task_rewrite_messages)
 from minskill.replies import extract_json
 from minskill.serve.client import ChatError
 from minskill.serve.json_schema import compile_schema
@@ -35,9 +39,9 @@ READERS = {"attribution": (parse_attribution, attribution_schema),
 PROMPT = [{"role": "user", "content": "Write the reply in JSON."}]
 
 
-def prompt(trim=0):   # a prompt builder (fitting.ask_fitting's): nothing to trim
+def prompt(trim=0):   # a prompt builder (ask_fitting's): nothing to trim
     if trim:
-        raise fitting.NothingToTrim("nothing to drop")
+        raise NothingToTrim("nothing to drop")
     return PROMPT
 
 
@@ -88,15 +92,15 @@ def test_a_skill_set_schema_never_allows_more_skills_than_a_reply_may_hold():
 
 def test_the_rewrite_prompts_show_the_json_form_their_schema_takes():
     card, skills = ModelCard(name="t"), SkillSet(general=[], task_specific={}, common_mistakes=[])
-    general = masa.general_rewrite_messages(card, skills, 0.5, None, [], json_reply=True)
-    typed = masa.task_rewrite_messages(card, skills, "math", 0.5, None, [], json_reply=True)
+    general = general_rewrite_messages(card, skills, 0.5, None, [], json_reply=True)
+    typed = task_rewrite_messages(card, skills, "math", 0.5, None, [], json_reply=True)
     general, typed = general[1]["content"], typed[1]["content"]
     for content, schema in ((general, skillset_schema(1536)),
                             (typed, skillset_schema(1536, task_types=["math"], general=False))):
         shown = extract_json(content[content.index("Reply with JSON"):])
         jsonschema.validate(shown, schema)
         assert parse_skillset_reply(json.dumps(shown)).skills()
-    markdown = masa.general_rewrite_messages(card, skills, 0.5, None, [])[1]["content"]
+    markdown = general_rewrite_messages(card, skills, 0.5, None, [])[1]["content"]
     assert "Reply with JSON" not in markdown and "---\nname: answer-format" in markdown
 
 
@@ -117,9 +121,9 @@ def test_a_constrained_teacher_reply_always_parses(tiny_server, what):
     parse, schema = READERS[what]
     teacher, skips = Recorder(tiny_server.client(timeout=300)), []
     for temperature, seed in ((0.0, 0), (1.0, 1), (1.0, 2)):
-        result = fitting.ask_fitting(masa.ask_teacher, teacher, prompt, parse, what=what,
-                                     schema=schema, retries=0, temperature=temperature,
-                                     max_tokens=256, seed=seed, on_skip=skips.append)
+        result = ask_fitting(ask_teacher, teacher, prompt, parse, what=what,
+                             schema=schema, retries=0, temperature=temperature,
+                             max_tokens=256, seed=seed, on_skip=skips.append)
         assert result is not None, skips
     assert skips == [] and len(teacher.replies) == 3
     for sent, reply in zip(teacher.formats, teacher.replies):
@@ -132,7 +136,7 @@ def test_the_one_shot_rewrite_parses_constrained(tiny_server):
     base = SkillSet.from_json({"general_skills": [],
                                "task_specific_skills": {"math": [], "qa": []}})
     teacher, skips = Recorder(tiny_server.client(timeout=300)), []
-    out = masa.one_shot_rewrite(teacher, ModelCard(name="t"), base, "qa tasks", retries=0,
+    out = one_shot_rewrite(teacher, ModelCard(name="t"), base, "qa tasks", retries=0,
                                 max_tokens=600, on_skip=skips.append)
     assert out is not None and out.general and teacher.formats[0] is not None, skips
     assert list(teacher.formats[0]["json_schema"]["schema"]["properties"]["task_specific_skills"]
@@ -147,7 +151,7 @@ def test_a_skill_set_schema_asks_only_for_the_types_whose_empty_reply_fits_half_
             typed = schema["properties"].get("task_specific_skills", {"properties": {}})
             asked = list(typed["properties"])
             assert asked == types[:len(asked)] and len(asked) >= 1 - general
-            assert len(asked) <= 1 - general or fitting.shortest_reply(schema) <= max_tokens // 2
+            assert len(asked) <= 1 - general or shortest_reply(schema) <= max_tokens // 2
     assert len(skillset_schema(1536, types)["properties"]["task_specific_skills"]["properties"]) > 3
 
 
@@ -166,30 +170,30 @@ def refusing_server():
 def test_a_refusal_falls_back_to_free_text_once_per_client(refusing_server, capsys):
     teacher = Recorder(refusing_server.client())
     for seed in (0, 1):
-        out = fitting.ask_fitting(masa.ask_teacher, teacher, prompt, parse_attribution,
-                                  what="attribution", retries=0, seed=seed)
+        out = ask_fitting(ask_teacher, teacher, prompt, parse_attribution,
+                          what="attribution", retries=0, seed=seed)
         assert out["failure_categories"][0]["category"] == "format"
     assert [f is not None for f in teacher.formats] == [True, False, False]   # refused: free text
-    assert not fitting.asks_json(teacher, "auto") and fitting.asks_json(teacher, "on")
+    assert not reply_schema.asks_json(teacher, "auto") and reply_schema.asks_json(teacher, "on")
     err = capsys.readouterr().err
     assert err.count("refused response_format json_schema") == 1 and "'response_format'" in err
     other = Recorder(refusing_server.client())       # another client asks again, and is told again
-    fitting.ask_fitting(masa.ask_teacher, other, prompt, parse_attribution, what="attribution",
-                        retries=0)
+    ask_fitting(ask_teacher, other, prompt, parse_attribution, what="attribution",
+                retries=0)
     assert [f is not None for f in other.formats] == [True, False]
     assert capsys.readouterr().err.count("refused response_format") == 1
 
 
 def test_on_makes_the_refusal_an_error_and_off_never_asks(refusing_server):
     with pytest.raises(ChatError, match="--teacher-json-schema on"):
-        fitting.ask_fitting(masa.ask_teacher, refusing_server.client(), prompt, parse_attribution,
-                            what="attribution", retries=0, json_schema="on")
+        ask_fitting(ask_teacher, refusing_server.client(), prompt, parse_attribution,
+                    what="attribution", retries=0, json_schema="on")
     teacher = Recorder(refusing_server.client())
-    out = fitting.ask_fitting(masa.ask_teacher, teacher, prompt, parse_attribution,
-                              what="attribution", retries=0, json_schema="off")
+    out = ask_fitting(ask_teacher, teacher, prompt, parse_attribution,
+                      what="attribution", retries=0, json_schema="off")
     assert out["summary"] == "s" and teacher.formats == [None]
     with pytest.raises(ValueError, match="--teacher-json-schema must be one of auto, on, off"):
-        fitting.asks_json(teacher, "always")
+        reply_schema.asks_json(teacher, "always")
 
 
 # ---- the search asks each step in its schema ----------------------------------------------
@@ -216,10 +220,10 @@ def test_the_search_asks_each_step_in_its_schema_and_reads_the_reply():
     lines = [line for line in search.run() if line]
     assert search.phase == "done" and len(lines) == 4
     asked = search.teacher.asked
-    assert asked[0][:2] == (f"## Task: {masa.ATTRIBUTION_TASK}", ["failure_categories", "summary"])
-    assert asked[1] == (f"## Task: {masa.GENERAL_REWRITE_TASK}",
+    assert asked[0][:2] == (f"## Task: {ATTRIBUTION_TASK}", ["failure_categories", "summary"])
+    assert asked[1] == (f"## Task: {GENERAL_REWRITE_TASK}",
                         ["general_skills", "common_mistakes"], [], True)
-    assert asked[3] == (f"## Task: {masa.TASK_REWRITE_TASK} of type 'qa'", ["task_specific_skills"],
+    assert asked[3] == (f"## Task: {TASK_REWRITE_TASK} of type 'qa'", ["task_specific_skills"],
                         ["qa"], True)
     assert [s.name for s in search.library().task_specific["qa"]] == ["rewrite-1"]
 

@@ -1,16 +1,18 @@
-"""The stage-2 rewriter at inference: what `rewrite.py apply` and `python -m minskill.masa.transfer --rewriter` share.
+"""The stage-2 rewriter at inference: what `rewrite.py apply` and `python -m minskill.masa.transfer
+--rewriter` share.
 
-Given the target's model card, an input skill set S_in and a task description d, the trained rewriter writes
-S*_F in one greedy pass (`rewrite_with_model`, the prompt of minskill/masa/sft.py's records):
+Given the target's model card, an input skill set S_in and a task description d, the trained
+rewriter writes S*_F in one greedy pass (`rewrite_with_model`, the prompt of
+minskill/masa/rewriter_sft.py's records):
 
     S*_F = parse(argmax-decode p_θ(· | chat(card, S_in, d)))
 
-Its reply is untrusted text: `parse_rewriter_output` accepts only the MASA JSON it was trained to write
-(never free text re-read as Markdown), and `save_skills_validated` writes a skill folder only after a trial
-copy reads back identically. `load_model_card` reads --model-card (a card file, an evolve_masa.py run folder,
-a checkpoint folder or a model spec: the card of a spec or checkpoint is built by the builder evolve_masa.py
-uses, so the rewriter sees the card it was trained with); `resolve_rewriter` finds the weights of a
-`rewrite.py train` folder.
+Its reply is untrusted text: `parse_rewriter_output` accepts only the MASA JSON it was trained to
+write (never free text re-read as Markdown), and `save_skills_validated` writes a skill folder only
+after a trial copy reads back identically. `load_model_card` reads --model-card (a card file, an
+evolve_masa.py run folder, a checkpoint folder or a model spec: the card of a spec or checkpoint is
+built by the builder evolve_masa.py uses, so the rewriter sees the card it was trained with);
+`resolve_rewriter` finds the weights of a `rewrite.py train` folder.
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 from minskill.masa.model_card import as_model_card, read_card_file, target_model_card
-from minskill.masa.sft import prompt_messages
+from minskill.masa.rewriter_sft import prompt_messages
 from minskill.nn.sampling import generate
 from minskill.replies import extract_json
 from minskill.sft import latest_checkpoint
@@ -27,59 +29,66 @@ from minskill.skillsets import SkillSet
 
 
 def load_model_card(spec: str) -> dict:
-    """--model-card: a JSON or YAML card file (read leniently: unknown keys dropped); an evolve_masa.py run folder
-    (its model_card.json: the card its SFT records were built with, the teacher's strengths and weaknesses
-    included); or a checkpoint folder or model spec, whose card is built as evolve_masa.py builds it for that
-    target before the teacher's summary (minskill.masa.model_card.target_model_card)."""
+    """--model-card: a JSON or YAML card file (read leniently: unknown keys dropped); an
+    evolve_masa.py run folder (its model_card.json: the card its SFT records were built with, the
+    teacher's strengths and weaknesses included); or a checkpoint folder or model spec, whose card
+    is built as evolve_masa.py builds it for that target before the teacher's summary
+    (minskill.masa.model_card.target_model_card)."""
     path = Path(spec)
     if path.is_dir() and not (path / "config.json").is_file():
         if not (path / "model_card.json").is_file():
-            raise FileNotFoundError(f"model card {spec}: the folder holds neither model_card.json (an evolve_masa.py "
-                                    f"run) nor config.json (a checkpoint)")
+            raise FileNotFoundError(f"model card {spec}: the folder holds neither model_card.json "
+                                    f"(an evolve_masa.py run) nor config.json (a checkpoint)")
         path = path / "model_card.json"     # a run folder
     if path.is_file():
         data, where = read_card_file(path, strict=False)
         return as_model_card(data, where).to_json()
-    return target_model_card(spec).to_json()   # e.g. "smollm2-135m": its converted HF folder's config.json
+    return target_model_card(spec).to_json()   # e.g. "smollm2-135m": its HF folder's config.json
 
 
 def resolve_rewriter(spec: str) -> str:
-    """--rewriter: an HF folder, a `rewrite.py train` output folder (its final/ or latest checkpoint) or a spec."""
+    """--rewriter: an HF folder, a `rewrite.py train` output folder (its final/ or latest
+    checkpoint) or a spec."""
     path = Path(spec)
     if path.is_dir() and not (path / "config.json").is_file():
         if (path / "final" / "config.json").is_file():
             return str(path / "final")
         checkpoint = latest_checkpoint(path)
         if checkpoint is None:
-            raise FileNotFoundError(f"--rewriter {spec}: no config.json, final/ or checkpoint-*/ in this folder")
+            raise FileNotFoundError(f"--rewriter {spec}: no config.json, final/ or checkpoint-*/ "
+                                    f"in this folder")
         return str(checkpoint)
     return spec
 
 
 def parse_rewriter_output(text: str, finish_reason: str = "stop"):
-    """The SkillSet in a rewriter reply: the MASA JSON object it was trained to write (the text from its
-    first "{" to its last "}": replies.extract_json(strict=True); a code fence or words around it are
-    ignored). A small rewriter sometimes closes the object early and writes the rest of the set as a
-    second object ({"general_skills": ...} {"task_specific_skills": ...}); whitespace-separated objects
-    whose keys are distinct skill-set keys are merged into one. Raises ValueError saying why it does not
-    parse. Free text is never re-read leniently as Markdown (a garbled or cut-off reply would become the
-    body of a broken skill), and an empty skill set counts as not parsed."""
+    """The SkillSet in a rewriter reply: the MASA JSON object it was trained to write (the text
+    from its first "{" to its last "}": replies.extract_json(strict=True); a code fence or words
+    around it are ignored). A small rewriter sometimes closes the object early and writes the rest
+    of the set as a second object ({"general_skills": ...} {"task_specific_skills": ...});
+    whitespace-separated objects whose keys are distinct skill-set keys are merged into one. Raises
+    ValueError saying why it does not parse. Free text is never re-read leniently as Markdown (a
+    garbled or cut-off reply would become the body of a broken skill), and an empty skill set
+    counts as not parsed."""
     keys = {"general_skills", "task_specific_skills", "common_mistakes"}
-    cut = " (the reply hit the token limit: raise --max-new-tokens)" if finish_reason == "length" else ""
+    cut = " (the reply hit the token limit: raise --max-new-tokens)" \
+        if finish_reason == "length" else ""
     try:
         data = extract_json(text, strict=True)
     except ValueError as e:
         raise ValueError(f"{e}{cut}") from None
-    if isinstance(data, list):   # several objects in a row: the parts of one skill set, or not a reply
+    if isinstance(data, list):   # several objects in a row: the parts of one skill set, or no reply
         seen: set = set()
         for i, part in enumerate(data, 1):
             if not isinstance(part, dict) or not set(part) <= keys or seen & set(part):
-                raise ValueError(f"the reply holds {len(data)} JSON values and value {i} is not a further part "
-                                 f"of one skill set (distinct keys among {sorted(keys)})")
+                raise ValueError(f"the reply holds {len(data)} JSON values and value {i} is not a "
+                                 f"further part of one skill set (distinct keys among "
+                                 f"{sorted(keys)})")
             seen |= set(part)
         data = {k: v for part in data for k, v in part.items()}
     if not isinstance(data, dict) or not keys & set(data):
-        raise ValueError("the JSON object has none of general_skills, task_specific_skills, common_mistakes")
+        raise ValueError("the JSON object has none of general_skills, task_specific_skills, "
+                         "common_mistakes")
     try:
         skills = SkillSet.from_json(data, where="rewriter output")
     except ValueError as e:
@@ -90,7 +99,8 @@ def parse_rewriter_output(text: str, finish_reason: str = "stop"):
 
 
 def save_skills_validated(skills, out: Path):
-    """Write `skills` as an Agent Skills folder at `out`, only once a trial copy has read back identically."""
+    """Write `skills` as an Agent Skills folder at `out`, only once a trial copy has read back
+    identically."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     trial = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.check-"))
@@ -107,7 +117,9 @@ def save_skills_validated(skills, out: Path):
 def rewrite_with_model(model, tokenizer, card: dict, skills, task: str, max_new_tokens: int = 1536,
                        temperature: float = 0.0, seed: int = 0) -> tuple[str, str]:
     """One rewriter pass: (raw reply text, finish reason). Greedy by default."""
-    prompt = tokenizer.apply_chat_template(prompt_messages(card, skills.to_json(), task), add_generation_prompt=True)
-    sample = generate(model, [prompt], max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
-                      stop_token_ids=tokenizer.stop_token_ids, tokenizer=tokenizer, pad_id=tokenizer.pad_token_id)[0]
+    prompt = tokenizer.apply_chat_template(prompt_messages(card, skills.to_json(), task),
+                                           add_generation_prompt=True)
+    sample = generate(model, [prompt], max_new_tokens=max_new_tokens, temperature=temperature,
+                      seed=seed, stop_token_ids=tokenizer.stop_token_ids, tokenizer=tokenizer,
+                      pad_id=tokenizer.pad_token_id)[0]
     return sample.text, sample.finish_reason

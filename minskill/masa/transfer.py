@@ -79,11 +79,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
-from minskill import paired
+from minskill import device, paired
 from minskill.files import inside, read_json, write_json_atomic, write_jsonl_atomic, write_text_atomic
 from minskill.masa import data as masa_data, rewriter
 from minskill.masa.transfer_record import LABEL, REWRITTEN, check_matrix
-from minskill.cli import LABELLED_EXTRA_BODY_HELP, QUANTIZE_CHOICES, add_device_args, labelled_json_objects, set_up_device
+from minskill.cli import LABELLED_EXTRA_BODY_HELP, QUANTIZE_CHOICES, labelled_json_objects
 from minskill.nn.weights import DEFAULT_MODEL, load_model
 from minskill.retrieval import (RetrievalError, add_retrieval_args, check_retrieval_args, retriever_from_args,
                                 with_retrieval)
@@ -263,7 +263,7 @@ def load_targets(args) -> list[Target]:
     return targets
 
 
-def load_tasks(args) -> list:
+def load_heldout_tasks(args) -> list:
     """The held-out tasks (the split and selection evolve_masa.py's held-out table uses)."""
     if args.n_heldout < 1:
         raise TransferError(f"--n-heldout {args.n_heldout}: need at least one task")
@@ -284,7 +284,7 @@ def task_description(args) -> str:
     try:
         return masa_data.sft_task_description(args.suite, args.task_seed)
     except ValueError:
-        return masa_data.suite_description(load_tasks(args), suite_name(args.suite))
+        return masa_data.suite_description(load_heldout_tasks(args), suite_name(args.suite))
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -294,7 +294,7 @@ def rewritten_rows(args, libraries: list[Library], targets: list[Target], out: P
     """One "L+rw" row per library with skills: the rewriter's greedy rewrite of L for each target's card,
     validated and saved in OUT/rewritten/F/L/ (what does not parse: OUT/rewritten/F/L.raw.txt)."""
     import torch
-    set_up_device(args.device)   # --device, resolved at parse time (minskill.cli); TF32 on CUDA
+    device.set_up_device(args.device)   # --device, resolved at parse time (minskill.cli); TF32 on CUDA
     model, tokenizer = load_model(rewriter.resolve_rewriter(args.rewriter), dtype=torch.float32, device=args.device)
     model.eval()
     task, rows = task_description(args), []
@@ -597,7 +597,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--task", default=None, help="task description given to the rewriter, or a suite's name for the "
                    "description evolve_masa.py's SFT records hold for it (default: --suite's)")
     g.add_argument("--rewriter-max-tokens", type=int, default=1536, help="reply budget of the rewriter")
-    add_device_args(g, bf16=False, what="the rewriter and the embedded targets run")
+    device.add_device_args(g, bf16=False, what="the rewriter and the embedded targets run")
     g = p.add_argument_group("run")
     g.add_argument("--task-concurrency", type=int, default=16, help="requests in flight per target")
     g.add_argument("--timeout", type=float, default=600.0, help="seconds one reply may take")
@@ -611,7 +611,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def set_up(args, saved: dict | None) -> tuple[list[Library], list[Target], list, Path]:
     """Checked before any model starts: libraries, targets (cards), tasks, the folder; --resume: check_resumable."""
-    tasks = load_tasks(args)
+    tasks = load_heldout_tasks(args)
     libraries = [load_library(x, args.suite) for x in args.libraries]
     unique([lib.label for lib in libraries], "--libraries")
     clash = next((lib.label for lib in libraries if args.rewriter and lib.label.endswith(REWRITTEN)), None)

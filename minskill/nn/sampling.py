@@ -1,32 +1,21 @@
 """Batched generation with a KV cache, and per-token log-probabilities of given completions.
 
-generate(): every prompt is prefilled once (a left-padded batch), its cache is repeated for its n samples,
-then all samples decode one token per step. At each step a sample with temperature T > 0 draws from
+    python -m minskill.nn.sampling --model smollm2-135m --prompt "What is 2+2?"    (a chat)
 
-    p(token) = softmax(logits / T),  restricted to the k most likely tokens (top_k > 0) and then to the
-               smallest set whose renormalised probability reaches top_p (top_p < 1), renormalised;
+generate(): every prompt is prefilled once, its cache repeated for its n samples, then all samples
+decode one token a step; T > 0 draws from softmax(logits / T) restricted to top_k then top_p.
+completion_logprobs(): log p(c_t | prompt, c_<t) / T of given completions, differentiable.
+In full, with the sampling rule's equations: docs/model.md, "sampling.py in full".
 
-T = 0 takes argmax(logits). The reported log-probability of the chosen token is always the unrestricted
-log_softmax(logits / T)[token] (T = 0 counts as 1): exactly what completion_logprobs() recomputes for training.
-top_logprobs = k > 0 (a server's logprobs) also keeps, for each token, the k most likely tokens of that same
-unrestricted distribution with their log-probs (one torch.topk per step, only while some row asks for it).
-A draw uses one uniform u from the sample's own torch.Generator (seeded from the request seed and the
-sample's index): token = first index whose cumulative probability exceeds u, so a seeded request gives the
-same tokens whatever else shares the batch.
-
-Host syncs. A decoding step runs on the device alone: the host looks at the chosen tokens (stop tokens, stop
-strings, lengths, should_stop, streaming) once every `sync_every` tokens (1 on the CPU, SYNC_EVERY on a GPU,
-where each look stalls the device). A sample that stopped inside such a block decodes on until its end and those
-tokens are dropped, so the tokens are the same for any sync_every (log-probs to float rounding: finished rows
-leave the batch at other steps); each block's uniforms are drawn at its start
-from the rows' generators (one copy to the device). top_p < 1 without a top-k of at most 64 still looks once a
-token (_filtered_choice sizes its candidate window by the probability mass).
-
-completion_logprobs(): log p(c_t | prompt, c_<t) / T for given completions, differentiable. Logits are
-computed only at completion positions, in chunks of `chunk_tokens`, each chunk recomputed in the backward
-pass, so the full (B, T, V) float32 logits never exist (Qwen vocabularies have 151,936 entries).
-
-Chat from the command line:  python -m minskill.nn.sampling --model smollm2-135m --prompt "What is 2+2?"
+Decisions:
+1. The reported log-prob of a token is the unrestricted log_softmax(logits / T)[token] (T = 0
+   counts as 1): exactly what completion_logprobs() recomputes for training.
+2. Each sample draws from its own seeded torch.Generator: a seeded request gives the same tokens
+   whatever else shares the batch.
+3. The host looks at the tokens once every `sync_every` tokens (1 on the CPU); the tokens are the
+   same for any sync_every.
+4. completion_logprobs computes logits at completion positions only, in recomputed chunks: the
+   full (B, T, V) float32 logits never exist.
 """
 from __future__ import annotations
 

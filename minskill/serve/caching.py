@@ -53,10 +53,6 @@ class CallBudget:
         self._lock = threading.Lock()
 
     @property
-    def exhausted(self) -> bool:
-        return self.refusals > 0
-
-    @property
     def spent_this_session(self) -> int:
         return self.spent - self.spent_before
 

@@ -165,7 +165,7 @@ def unicode_text(text: str) -> str:
 def lone_surrogate_at(value) -> str | None:
     """Where a decoded JSON value has a string (or key) with a lone surrogate, e.g. "messages[0].content"
     ("the body": the value itself); None when all its strings are Unicode text. (minskill.serve.server refuses a
-    request with one; minskill.masa.sft skips such a record.)"""
+    request with one; minskill.masa.rewriter_sft skips such a record.)"""
     stack = [("", value)]
     while stack:  # (a loop, not recursion: the value may be as deep as json.loads allows)
         where, value = stack.pop()
@@ -439,11 +439,6 @@ class ChatClient:
     def usage(self) -> dict:
         """Calls, tokens and seconds of this client's chat calls so far (module docstring; a snapshot)."""
         return self._usage.snapshot()
-
-    def reset_stats(self) -> None:
-        with self._lock:
-            self._stats = dict.fromkeys(self._stats, 0)
-        self._usage = Usage()
 
     def _count(self, **deltas) -> None:
         with self._lock:

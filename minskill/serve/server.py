@@ -93,7 +93,7 @@ from urllib.parse import unquote, urlsplit
 
 import torch
 
-from minskill.cli import add_device_args, is_cuda, set_up_device
+from minskill.device import add_device_args, is_cuda, set_up_device
 from minskill.nn.quantize import QUANTIZE_CHOICES, serving_default, weight_format
 from minskill.serve.backends import (Backend, Choice, ClientGone, CompletionRequest, ModelBackend,  # noqa: F401
                                      SCHEDULERS, ScriptedBackend, parse_chat_request, parse_completion_request)

@@ -1,27 +1,20 @@
-"""Put the rows of several `train_grpo.py --eval` runs into one table, as if one run had measured them all.
+"""Put the rows of several `train_grpo.py --eval` runs into one table, as if one run had measured
+them all.
 
-    python -m minskill.skill_r1.combine runs/eval-frozen runs/eval-skill-r1 runs/eval-grpo --out runs/eval-all
+    python -m minskill.skill_r1.combine runs/eval-frozen runs/eval-skill-r1 --out runs/eval-all
 
-An --eval row depends only on the flags, the held-out tasks and the seeds, never on the other rows, so an
-editor trained later can be evaluated in a run of its own (`--no-frozen-row --skillr1-editor NEW`) and its
-row joined to the earlier ones here; the paired table (eval_table.paired_rows: every row against no skill, each
-Skill-R1 row against every other row, vanilla GRPO against inference-only, by instance) is then computed over all
-of them, e.g. Skill-R1 against the inference-only row of another run. What must agree, else it is refused naming
-the difference:
+An --eval row depends only on the flags, the held-out tasks and the seeds, never on the other rows,
+so an editor trained later can be evaluated in a run of its own (`--no-frozen-row`) and its row
+joined to the earlier ones here; the paired table is then computed over all of them. In full:
+docs/skill-r1.md, "combine in full".
 
-    the flags that shape a row (COMPARED_FLAGS: suite, seed, tasks per instance, the --eval-* split, G, K, n,
-    the editor's sampling and budgets, the task model's), the task model, the instances with their evolve
-    and evaluation tasks (by id), and the no-skill and seed-skill rows' per-task scores (the same task model
-    answering the same prompts: a difference means the runs did not measure alike)
-
-Rows come in the order of the runs given (the first run's no-skill and seed-skill rows open the
-table); a row whose name (an editor row's names its editor) appears twice is refused. Every
-field combine reads is checked first (check_record): a record of another shape is refused naming
-FILE and the field. Writes OUT/eval.json (evaluate.eval_record's format, with "combined_from":
-the eval.json files read, and each row's "ci95" recomputed from its scores by
-eval_table.success_interval, as the table prints it: a run's stored interval may be of an older
-kind) and prints the tables as --eval does.
-"""
+Decisions:
+1. What shapes a row must agree (COMPARED_FLAGS, the task model, the instances and their tasks,
+   the no-skill and seed-skill rows' per-task scores), else it is refused naming the difference.
+2. Rows come in the order of the runs given; a row name given twice is refused.
+3. Every field read is checked first (check_record): another shape is refused naming FILE and field.
+4. Writes OUT/eval.json (with "combined_from"), each row's "ci95" recomputed from its scores, and
+   prints the tables as --eval does."""
 from __future__ import annotations
 
 import argparse
@@ -34,9 +27,12 @@ from minskill.runs import RunFolderError, check_run_folder, open_run_folder
 from minskill.skill_r1.eval_table import (EVAL_FILE, paired_rows, print_table, recorded_tasks,
                                           success_interval)
 
-COMPARED_FLAGS = ("suite", "seed", "n_tasks", "tasks_per_instance", "eval_instances", "eval_tasks", "eval_scoring",
-                  "generations", "candidates", "rollouts", "seed_skills", "editor_temperature", "editor_top_p",
-                  "max_skill_tokens", "context_tokens", "task_max_tokens", "task_temperature", "task_quantize",
+COMPARED_FLAGS = ("suite", "seed", "n_tasks", "tasks_per_instance", "eval_instances", "eval_tasks",
+                  "eval_scoring",
+                  "generations", "candidates", "rollouts", "seed_skills", "editor_temperature",
+                  "editor_top_p",
+                  "max_skill_tokens", "context_tokens", "task_max_tokens", "task_temperature",
+                  "task_quantize",
                   "carry_gate", "carry_gate_alpha")
 SKILL_ROWS = 2   # each run opens with the no-skill and the seed-skill rows
 # what combine reads of an eval.json (minskill.files.check_shape): check_alike's fields, the
@@ -50,14 +46,68 @@ RECORD_SHAPE = {"flags": {"suite": str, "seed": int, "generations": int, "candid
                 "instances": [{"id": object, "type": str, "eval_tasks": [str]}]}
 
 
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m minskill.skill_r1.combine", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("runs", nargs="+",
+                   help="--eval run folders (or their eval.json), the first one's rows first")
+    p.add_argument("--out", required=True, help="output folder: OUT/eval.json")
+    p.add_argument("--overwrite", action="store_true", help="replace what a non-empty --out holds")
+    args = p.parse_args(argv)
+    if len(args.runs) < 2:
+        p.error("give at least two --eval runs")
+    out = Path(args.out)
+    try:
+        check_run_folder(out, False, args.overwrite, "combine", resumable=False)
+        record = combine(args.runs)
+    except RunFolderError as e:
+        print(e, file=sys.stderr)     # (its message names the script)
+        return 2
+    except (ValueError, OSError) as e:
+        print(f"combine: {e}", file=sys.stderr)
+        return 2
+    flags = SimpleNamespace(**record["flags"])
+    evo = [SimpleNamespace(type=x["type"]) for x in record["instances"]]
+    print(f"rows of {', '.join(record['combined_from'])}")
+    print_table(record["rows"], evo, recorded_tasks(record["instances"]), flags)
+    open_run_folder(out, False, args.overwrite, "combine")
+    write_json_atomic(out / EVAL_FILE, record)
+    print(f"\nwrote {out / EVAL_FILE}; python -m minskill.report {out} draws the evaluation as one "
+          "HTML page")
+    return 0
+
+
+def combine(paths: list[str]) -> dict:
+    """The combined record (module docstring) of the --eval runs at `paths`."""
+    runs = [read_eval(p) for p in paths]
+    for other in runs[1:]:
+        check_alike(runs[0], other)
+    rows, seen = list(runs[0][1]["rows"]), {r["name"] for r in runs[0][1]["rows"]}
+    for file, record in runs[1:]:
+        for row in record["rows"][SKILL_ROWS:]:
+            if row["name"] in seen:
+                raise ValueError(f"{file}: the row '{row['name']}' is already in an earlier run "
+                                 "given")
+            seen.add(row["name"])
+            rows.append(row)
+    head = runs[0][1]
+    test = recorded_tasks(head["instances"])   # a run's stored "ci95" may be older: recomputed
+    rows = [{**r, "ci95": success_interval(r, test)} for r in rows]
+    return {**head, "rows": rows, "paired": paired_rows(rows, head["flags"]["seed"]),
+            "combined_from": [str(f) for f, _ in runs], "usage": None,
+            "wall_seconds": sum(r.get("wall_seconds", 0.0) for _, r in runs), "finished": True}
+
+
 def read_eval(path: str) -> tuple[Path, dict]:
-    """An --eval run's record (a folder or its eval.json); ValueError when it is not a finished one."""
+    """An --eval run's record (a folder or its eval.json); ValueError when it is not a finished
+    one."""
     file = Path(path) / EVAL_FILE if Path(path).is_dir() else Path(path)
     record = read_json(file, str(file))
     if not isinstance(record, dict) or record.get("kind") != "skill-r1-eval":
         raise ValueError(f"{file}: not a train_grpo.py --eval record")
     if not record.get("finished"):
-        raise ValueError(f"{file}: the evaluation did not finish (its paired table is missing): run it again")
+        raise ValueError(f"{file}: the evaluation did not finish (its paired table is missing): "
+                         "run it again")
     check_record(file, record)
     return file, record
 
@@ -100,9 +150,11 @@ def check_record(file: Path, record: dict) -> None:
 
 
 def check_alike(first: tuple[Path, dict], other: tuple[Path, dict]) -> None:
-    """Refuse (ValueError, naming both files and what differs) two runs whose rows cannot share one table."""
+    """Refuse (ValueError, naming both files and what differs) two runs whose rows cannot share one
+    table."""
     (a, ra), (b, rb) = first, other
-    flags = [f"--{k.replace('_', '-')} {ra['flags'].get(k)!r} vs {rb['flags'].get(k)!r}" for k in COMPARED_FLAGS
+    flags = [f"--{k.replace('_', '-')} {ra['flags'].get(k)!r} vs {rb['flags'].get(k)!r}"
+             for k in COMPARED_FLAGS
              if ra["flags"].get(k) != rb["flags"].get(k)]
     if ra.get("task_model") != rb.get("task_model"):
         flags.append(f"task model {ra.get('task_model')!r} vs {rb.get('task_model')!r}")
@@ -112,59 +164,9 @@ def check_alike(first: tuple[Path, dict], other: tuple[Path, dict]) -> None:
         raise ValueError(f"{a} and {b} evaluate other instances or tasks")
     for row_a, row_b in zip(ra["rows"][:SKILL_ROWS], rb["rows"][:SKILL_ROWS]):
         if row_a["scores"] != row_b["scores"]:
-            raise ValueError(f"{a} and {b}: the row '{row_a['name']}' scored differently on the same tasks, so the "
-                             "two runs did not measure alike (another task model, server or quantisation?)")
-
-
-def combine(paths: list[str]) -> dict:
-    """The combined record (module docstring) of the --eval runs at `paths`."""
-    runs = [read_eval(p) for p in paths]
-    for other in runs[1:]:
-        check_alike(runs[0], other)
-    rows, seen = list(runs[0][1]["rows"]), {r["name"] for r in runs[0][1]["rows"]}
-    for file, record in runs[1:]:
-        for row in record["rows"][SKILL_ROWS:]:
-            if row["name"] in seen:
-                raise ValueError(f"{file}: the row '{row['name']}' is already in an earlier run given")
-            seen.add(row["name"])
-            rows.append(row)
-    head = runs[0][1]
-    test = recorded_tasks(head["instances"])   # a run's stored "ci95" may be older: recomputed
-    rows = [{**r, "ci95": success_interval(r, test)} for r in rows]
-    return {**head, "rows": rows, "paired": paired_rows(rows, head["flags"]["seed"]),
-            "combined_from": [str(f) for f, _ in runs], "usage": None,
-            "wall_seconds": sum(r.get("wall_seconds", 0.0) for _, r in runs), "finished": True}
-
-
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m minskill.skill_r1.combine", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("runs", nargs="+", help="--eval run folders (or their eval.json), the first one's rows first")
-    p.add_argument("--out", required=True, help="output folder: OUT/eval.json")
-    p.add_argument("--overwrite", action="store_true", help="replace what a non-empty --out holds")
-    args = p.parse_args(argv)
-    if len(args.runs) < 2:
-        p.error("give at least two --eval runs")
-    out = Path(args.out)
-    try:
-        check_run_folder(out, False, args.overwrite, "combine", resumable=False)
-        record = combine(args.runs)
-    except RunFolderError as e:
-        print(e, file=sys.stderr)     # (its message names the script)
-        return 2
-    except (ValueError, OSError) as e:
-        print(f"combine: {e}", file=sys.stderr)
-        return 2
-    flags = SimpleNamespace(**record["flags"])
-    evo = [SimpleNamespace(type=x["type"]) for x in record["instances"]]
-    print(f"rows of {', '.join(record['combined_from'])}")
-    print_table(record["rows"], evo, recorded_tasks(record["instances"]), flags)
-    open_run_folder(out, False, args.overwrite, "combine")
-    write_json_atomic(out / EVAL_FILE, record)
-    print(f"\nwrote {out / EVAL_FILE}; python -m minskill.report {out} draws the evaluation as one HTML page")
-    return 0
-
-
+            raise ValueError(f"{a} and {b}: the row '{row_a['name']}' scored differently on the "
+                             "same tasks, so the two runs did not measure alike (another task "
+                             "model, server or quantisation?)")
 
 
 if __name__ == "__main__":

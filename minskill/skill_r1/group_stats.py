@@ -17,6 +17,14 @@ G. Generation g + 1 is written from generation g's outcomes in the prompt, by th
    D = mean_k r_{g+1,k} − mean_k r_{g,k} per group measures what the extra generation adds. Its mean over the
    records is tested by paired.sign_flip (a record: one instance at one step). The carried reward after each
    generation is also printed; it was selected on the same tasks it is scored on, so it is biased upward.
+
+λ. Each candidate's advantage A = A_intra + λ·A_inter / S (skill_r1.grpo) is in the record too. Per
+   run, and per step, the share of the inter-generation term in it (grpo.inter_share):
+
+       share = mean_{g,k} |λ·A_inter(g) / S| / mean_{g,k} |A(g, k)|
+
+   where λ·A_inter(g) / S = mean_k A(g, k) (A_intra sums to 0 within a group): it needs neither the
+   run's λ nor its --inter-scale.
 """
 from __future__ import annotations
 
@@ -28,13 +36,15 @@ from pathlib import Path
 
 from minskill.files import read_jsonl
 from minskill.paired import sign_flip
+from minskill.skill_r1.grpo import inter_share
 
 LINEAGE_FILE = "lineage.jsonl"
 
 
 def read_groups(path) -> list[dict]:
-    """One dict per lineage record: {"seed": r_0, "generations": [[r_{1,k}], [r_{2,k}], ...], "carried": [r]}.
-    A record without the skills' rewards is a ValueError naming the file and line."""
+    """One dict per lineage record: {"seed": r_0, "generations": [[r_{1,k}], [r_{2,k}], ...],
+    "carried": [r], "step", "advantages": [[A_{1,k}], ...], or None where the record has none}. A
+    record without the skills' rewards is a ValueError naming the file and line."""
     path = Path(path)
     if path.is_dir():
         path = path / LINEAGE_FILE
@@ -47,9 +57,14 @@ def read_groups(path) -> list[dict]:
             n_gen = max(s["generation"] for s in skills)
             generations = [[reward[s["id"]] for s in skills if s["generation"] == g] for g in range(1, n_gen + 1)]
             carried = [reward[c] for c in record["carried"]]
+            advantage = {s["id"]: s.get("advantage") for s in skills if s["generation"] > 0}
+            advantages = None if None in advantage.values() else [
+                [float(advantage[s["id"]]) for s in skills if s["generation"] == g]
+                for g in range(1, n_gen + 1)]
         except (KeyError, IndexError, TypeError, ValueError) as e:
             raise ValueError(f"{path}:{line}: not a lineage record with rewards ({type(e).__name__}: {e})") from None
-        groups.append({"seed": seed, "generations": generations, "carried": carried})
+        groups.append({"seed": seed, "generations": generations, "carried": carried,
+                       "step": record.get("step"), "advantages": advantages})
     if not groups:
         raise ValueError(f"{path}: no lineage record")
     return groups
@@ -91,14 +106,30 @@ def report(groups: list[dict]) -> list[str]:
     return lines
 
 
+def inter_share_line(run: str, groups: list[dict]) -> str:
+    """The share of λ·A_inter in a run's advantages (module docstring, λ), and per step."""
+    recorded = [g for g in groups if g["advantages"] is not None]
+    if not recorded:
+        return f"{run}: its records hold no advantages: the share of λ·A_inter cannot be computed"
+    by_step: dict = {}
+    for group in recorded:
+        by_step.setdefault(group["step"], []).extend(group["advantages"])
+    steps = [inter_share(advantages) for advantages in by_step.values()]
+    every = [advantages for group in recorded for advantages in group["advantages"]]
+    return (f"{run}: share of λ·A_inter in the advantage {inter_share(every):.3f} over "
+            f"{sum(map(len, every))} candidates; per step: median {statistics.median(steps):.3f}, "
+            f"{min(steps):.3f} to {max(steps):.3f} ({len(steps)} steps)")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m minskill.skill_r1.group_stats", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="+", help="train_grpo.py training folders (or their lineage.jsonl)")
     args = parser.parse_args(argv)
     try:
-        groups = [g for run in args.runs for g in read_groups(run)]
-        print("\n".join(report(groups)))
+        runs = [(run, read_groups(run)) for run in args.runs]
+        print("\n".join(report([g for _, groups in runs for g in groups]) +
+                        [inter_share_line(run, groups) for run, groups in runs]))
     except (OSError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

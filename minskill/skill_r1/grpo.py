@@ -9,13 +9,35 @@ r_g^(i) is the mean verifier score of the n task-model rollouts run with skill s
 
     A_intra(g, i) = r_g^(i) - mean_i r_g^(i)                      (optionally / (std_i r_g^(i) + eps))
     A_inter(g)    = mean_i r_g^(i) - mean_i r_{g-1}^(i)           (A_inter(1) uses the seed skill's score)
-    A(g, i)       = A_intra(g, i) + λ · A_inter(g)
+    A(g, i)       = A_intra(g, i) + λ · A_inter(g) / S            (S: the inter scale, below)
 
 λ = 0 is vanilla GRPO. A_intra ranks the K candidates against each other; A_inter rewards (or
 punishes) the whole generation for improving on the previous one, so that the editor also learns
 to make progress across generations. std is the sample standard deviation (Bessel-corrected,
 as in TRL and verl); a group of one candidate has std 0. Every token of candidate i's skill gets
 the advantage A(g, i).
+
+The inter scale S (--inter-scale; `inter_divisor`), one per instance and step:
+
+    raw         S = 1                                       (the paper's A = A_intra + λ·A_inter)
+    pooled-std  S = std(r_0, r_1^(1..K), …, r_G^(1..K)) + eps   (S = 1 when that std is 0)
+
+The paper writes A = A_intra + λ·A_inter, A_intra "as in standard GRPO", and does not say how the
+two scales meet. With A_intra divided by its group's std (--scale-by-std) it has unit spread, while
+the raw A_inter stays on the reward scale (a few hundredths), so λ·A_inter is a small share of A
+(`inter_share`, in each step's row of metrics.jsonl, measures it) and λ says little about how much
+the two levels weigh.
+
+pooled-std puts A_inter on A_intra's footing: a difference of mean rewards divided by a spread of
+single candidates' rewards, so λ = 1 weighs one std of improvement across generations like one std
+of rank within a group. The spread is the sample std of all the instance's rewards of the step,
+pooled over its generations (the seed skill's r_0 and the K·G candidates'): one divisor per
+instance, so its G inter terms keep their relative sizes. Not the std of the G + 1 generation means:
+those are the very numbers A_inter differences, so dividing by their spread would make A_inter
+scale-free (a +0.01 and a +0.3 improvement alike) and, from 2 or 3 values, noisy. The seed is in the
+pool so that the std is 0 only when every reward is equal; then every A_inter is 0 (up to float
+rounding, which 1/eps would magnify), and S = 1. pooled-std is meant with --scale-by-std (the
+default): without it A_intra stays on the reward scale, where the raw A_inter already is.
 
 Policy loss (per valid token t of sequence b; log-probs at the sampling temperature)
 ------------------------------------------------------------------------------------
@@ -43,16 +65,18 @@ A token with ratio < 1 − ε_low but A > 0 is *not* clipped: the min picks the 
 gradient pushes the ratio back up. Likewise ratio > 1 + ε_high with A < 0.
 
 Note: the loss value is near zero by construction. On the first pass ratio = 1 and, within a group,
-the intra advantages sum to zero, so the surrogate averages to ≈ −λ·A_inter (plus β·KL). Its value
-says nothing about progress; watch the reward (and KL, clip fractions) instead.
+the intra advantages sum to zero, so the surrogate averages to ≈ −λ·A_inter / S (plus β·KL). Its
+value says nothing about progress; watch the reward (and KL, clip fractions) instead.
 """
 from __future__ import annotations
 
 import math
+import statistics
 
 import torch
 
 AGGREGATIONS = ("token_mean", "seq_mean", "dr_grpo")
+INTER_SCALES = ("raw", "pooled-std")   # --inter-scale: the divisor S of A_inter (module docstring)
 
 
 def _as_reward_tensor(rewards, where: str) -> torch.Tensor:
@@ -81,10 +105,39 @@ def inter_advantage(rewards, prev_mean: float | None) -> float:
 
 
 def bilevel_advantages(rewards, prev_mean: float | None, lam: float, scale_by_std: bool = False,
-                       eps: float = 1e-4) -> torch.Tensor:
-    """A(i) = A_intra(i) + λ · A_inter for the K candidates of one generation (prev_mean: the previous generation's
-    mean reward; None: A_inter = 0). Only A_intra is divided by the std: A_inter is already on the reward scale."""
-    return intra_advantages(rewards, scale_by_std, eps) + float(lam) * inter_advantage(rewards, prev_mean)
+                       eps: float = 1e-4, inter_divisor: float = 1.0) -> torch.Tensor:
+    """A(i) = A_intra(i) + λ · A_inter / S for the K candidates of one generation (prev_mean: the
+    previous generation's mean reward, None: A_inter = 0; inter_divisor: S, 1 in the raw form)."""
+    inter = float(lam) * inter_advantage(rewards, prev_mean) / inter_divisor   # x / 1.0 == x: raw
+    return intra_advantages(rewards, scale_by_std, eps) + inter
+
+
+def inter_divisor(seed_reward: float, generations: list[list[float]], how: str = "raw",
+                  eps: float = 1e-4) -> float:
+    """S of the module docstring for one instance: 1 (raw), or the sample std of the seed skill's
+    reward and all its generations' candidates' rewards + eps (pooled-std; 1 when that std is 0)."""
+    if how not in INTER_SCALES:
+        raise ValueError(f"inter scale: unknown {how!r}; choose one of {', '.join(INTER_SCALES)}")
+    pooled = [float(seed_reward)] + [float(r) for rewards in generations for r in rewards]
+    if how == "raw" or len(pooled) < 2:
+        return 1.0
+    spread = statistics.stdev(pooled)   # exact arithmetic: 0 when every reward is equal
+    return spread + eps if spread > 0 else 1.0   # no spread: every A_inter is 0 already
+
+
+def inter_share(groups) -> float:
+    """The share of λ·A_inter/S in the advantage, mean |λ·A_inter(g)/S| / mean |A(g, i)| over
+    every candidate of `groups` (each: the K advantages A(g, ·) of one generation of one instance;
+    0.0 when every A is 0). The advantages suffice: A_intra sums to 0 over a group (scaled or not),
+    so λ·A_inter(g)/S is the group's mean A."""
+    inter = total = 0.0
+    for advantages in groups:
+        advantages = [float(a) for a in advantages]
+        if not advantages:
+            continue
+        inter += len(advantages) * abs(sum(advantages) / len(advantages))
+        total += sum(abs(a) for a in advantages)
+    return inter / total if total > 0 else 0.0
 
 
 def check_loss_config(lam: float, eps_low: float, eps_high: float, beta: float, agg: str) -> None:

@@ -1,8 +1,8 @@
-"""The common task interface: `Task` (single-turn question + verifier, or multi-turn environment) and
-`Environment` (text observations, a step budget, a success flag, the "Nothing happens." counter);
-what an agent loop (minskill/rollout.py) needs beside them: `parse_action`, a free-form reply read
-leniently as one action of the environment, and `is_context_refusal`, a server's refusal of a prompt
-too long for its context.
+"""The common task interface: `Task` (single-turn question + verifier, or multi-turn environment)
+and `Environment` (text observations, a step budget, a success flag, the "Nothing happens."
+counter); what an agent loop (minskill/rollout.py) needs beside them: `parse_action`, a free-form
+reply read leniently as one action of the environment, and `is_context_refusal`, a server's refusal
+of a prompt too long for its context.
 
 Splits. A generated task is identified by a *problem key* (what makes it the problem it is, e.g.
 ("arithmetic", 3, "+", 4)). Its split is a pure function of the key:
@@ -30,7 +30,8 @@ HELDOUT_PERCENT = 50
 
 
 class TaskWarning(UserWarning):
-    """Something of a suite that a run goes on without: a task's missing file, skills for no task type of it."""
+    """Something of a suite that a run goes on without: a task's missing file, skills for no task
+    type of it."""
 
 
 def stable_hash(text: str) -> int:
@@ -44,7 +45,8 @@ def split_of(key: str) -> str:
 
 
 def task_id(prefix: str, key: str) -> str:
-    """A short id that depends only on the problem, so the same task has the same id in every run."""
+    """A short id that depends only on the problem, so the same task has the same id in every
+    run."""
     return f"{prefix}-{stable_hash('id:' + key):012x}"
 
 
@@ -52,31 +54,36 @@ _TASK_TYPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 
 def check_task_type(task_type, where: str) -> str:
-    """A task type becomes the folder name of its task-specific skills, so it follows skills.py's rule
-    (kept here too, so that tasks/ can be copied alone): 1-64 of A-Z a-z 0-9 _ . -, starting with a letter
-    or digit, no '..'. Raises ValueError naming `where`."""
+    """A task type becomes the folder name of its task-specific skills, so it follows skills.py's
+    rule (kept here too, so that tasks/ can be copied alone): 1-64 of A-Z a-z 0-9 _ . -, starting
+    with a letter or digit, no '..'. Raises ValueError naming `where`."""
     if not isinstance(task_type, str) or not _TASK_TYPE.fullmatch(task_type) or ".." in task_type:
-        raise ValueError(f"{where}: task type {task_type!r} cannot name a skill folder (use 1-64 characters "
-                         f"of A-Z, a-z, 0-9, '_', '.', '-', starting with a letter or digit, no '..')")
+        raise ValueError(f"{where}: task type {task_type!r} cannot name a skill folder (use 1-64 "
+                         "characters of A-Z, a-z, 0-9, '_', '.', '-', starting with a letter or "
+                         "digit, no '..')")
     return task_type
 
 
 def check_split(split: str, allow_all: bool = True) -> str:
-    """`split` if it names one ("all" = train then held-out, where allowed), else ValueError. A generator
-    makes one split; load_suite puts "all" together from the two."""
+    """`split` if it names one ("all" = train then held-out, where allowed), else ValueError. A
+    generator makes one split; load_suite puts "all" together from the two."""
     if split not in SPLITS and (split != "all" or not allow_all):
-        raise ValueError(f"unknown split {split!r}; use 'train', 'heldout'" + (" or 'all'" if allow_all else ""))
+        raise ValueError(f"unknown split {split!r}; use 'train', 'heldout'"
+                         + (" or 'all'" if allow_all else ""))
     return split
 
 
-def counts_per_type(types, known, n: int | None, default_per_type: int, what: str) -> dict[str, int]:
-    """How many tasks of each type make `n` in total (default: `default_per_type` each), as even as can be,
-    earlier types taking the remainder. `what` names the types in the error for one not in `known`."""
+def counts_per_type(types, known, n: int | None, default_per_type: int, what: str) -> dict[str,
+                                                                                           int]:
+    """How many tasks of each type make `n` in total (default: `default_per_type` each), as even as
+    can be, earlier types taking the remainder. `what` names the types in the error for one not in
+    `known`."""
     unknown = [t for t in types if t not in known]
     if unknown:
         raise ValueError(f"unknown {what} {unknown}; known: {', '.join(known)}")
     total = default_per_type * len(types) if n is None else n
-    return {t: total // len(types) + (1 if i < total % len(types) else 0) for i, t in enumerate(types)}
+    return {t: total // len(types) + (1 if i < total % len(types) else 0)
+            for i, t in enumerate(types)}
 
 
 def interleave(by_type: dict[str, list], types) -> list:
@@ -92,12 +99,14 @@ def rng_for(suite: str, split: str, seed: int, stream: str = "") -> random.Rando
     return random.Random(stable_hash(f"{suite}|{split}|{seed}|{stream}"))
 
 
-def draw_tasks(suite: str, split: str, seed: int, types, known, n: int | None, default_per_type: int,
+def draw_tasks(suite: str, split: str, seed: int, types, known, n: int | None,
+               default_per_type: int,
                draw) -> list:
-    """`n` distinct tasks of `split` (default `default_per_type` per type), types interleaved, for a generator
-    whose `draw(rng, task_type)` returns (key, build) or None (nothing usable this time): a key names the task's
-    content, is kept once, and decides its split (split_of); build() makes the Task. Each type has its own rng
-    (rng_for), so adding a type leaves the others' tasks as they were; a type that cannot be filled is an error."""
+    """`n` distinct tasks of `split` (default `default_per_type` per type), types interleaved, for a
+    generator whose `draw(rng, task_type)` returns (key, build) or None (nothing usable this time):
+    a key names the task's content, is kept once, and decides its split (split_of); build() makes
+    the Task. Each type has its own rng (rng_for), so adding a type leaves the others' tasks as they
+    were; a type that cannot be filled is an error."""
     check_split(split, allow_all=False)
     per_type = counts_per_type(types, known, n, default_per_type, f"{suite} task types")
     by_type = {}
@@ -106,7 +115,8 @@ def draw_tasks(suite: str, split: str, seed: int, types, known, n: int | None, d
         while len(tasks) < per_type[task_type]:
             attempts += 1
             if attempts > 200 * (per_type[task_type] + 10):
-                raise ValueError(f"{suite}/{task_type}: could not draw {per_type[task_type]} distinct {split} tasks")
+                raise ValueError(f"{suite}/{task_type}: could not draw {per_type[task_type]} "
+                                 f"distinct {split} tasks")
             drawn = draw(rng, task_type)
             if drawn is None or drawn[0] in seen or split_of(drawn[0]) != split:
                 continue
@@ -118,7 +128,8 @@ def draw_tasks(suite: str, split: str, seed: int, types, known, n: int | None, d
 
 @dataclass
 class Task:
-    """One task. Single-turn: `question` + `answer` scored by `verifier`. Multi-turn: minskill.tasks.make_env."""
+    """One task. Single-turn: `question` + `answer` scored by `verifier`. Multi-turn:
+    minskill.tasks.make_env."""
     id: str
     type: str
     question: str                 # the prompt (single-turn) or the instruction (multi-turn)
@@ -126,15 +137,18 @@ class Task:
     verifier: str = "final"       # a key of verifiers.VERIFIERS
     multi_turn: bool = False
     max_steps: int = 1
-    env_spec: dict = field(default_factory=dict)   # JSON-able: everything make_env needs; or choices
+    env_spec: dict = field(default_factory=dict)   # JSON-able: everything make_env needs; or
+                                                   # choices
     metadata: dict = field(default_factory=dict)   # suite, split, level, source line, ...
-    prompt: str = ""              # what the task model is shown, when not `question` (a JSONL task's GAIA prompt
-                                  # and file: qa.task_prompt); retrieval, teachers and editors quote `question`
+    prompt: str = ""              # what the task model is shown, when not `question` (a JSONL
+                                  # task's GAIA prompt and file: qa.task_prompt); retrieval,
+                                  # teachers and editors quote `question`
 
     def score(self, reply: str) -> float:
         """1.0 when the reply is right according to this task's verifier, else 0.0."""
         if self.multi_turn:
-            raise ValueError(f"task {self.id} is multi-turn: its reward is the environment's success flag")
+            raise ValueError(f"task {self.id} is multi-turn: its reward is the environment's "
+                             "success flag")
         if self.answer is None:
             raise ValueError(f"task {self.id} has no reference answer to score against")
         return 1.0 if verify(self.verifier, reply, self.answer, self.env_spec) else 0.0
@@ -150,15 +164,16 @@ class Task:
 class Environment:
     """Base of the multi-turn environments.
 
-    reset() -> first observation. step(action) -> (observation, done, success). An action that changes
-    nothing (unknown, impossible here, wrong object...) returns exactly NOTHING_HAPPENS and is counted in
-    `nothing_happens`; purely informational actions (look, inventory, examine) are valid. The episode
-    ends on success, on a final action (webwalk `answer`), or when `steps` reaches `max_steps`.
+    reset() -> first observation. step(action) -> (observation, done, success). An action that
+    changes nothing (unknown, impossible here, wrong object...) returns exactly NOTHING_HAPPENS and
+    is counted in `nothing_happens`; purely informational actions (look, inventory, examine) are
+    valid. The episode ends on success, on a final action (webwalk `answer`), or when `steps`
+    reaches `max_steps`.
 
     What an agent loop may rely on (rollout.py reads these and nothing else about a suite):
-      action_syntax          the action patterns this environment understands ("go to X", "answer <text>");
-                             shown to the agent, and their first words are the verbs found in a free-form
-                             reply; () = none declared
+      action_syntax          the action patterns this environment understands ("go to X", "answer
+                             <text>"); shown to the agent, and their first words are the verbs found
+                             in a free-form reply; () = none declared
       admissible_actions()   the actions that would do something now; [] = not listed
     """
     action_syntax: tuple[str, ...] = ()
@@ -307,7 +322,7 @@ def parse_action(reply: str, admissible: list[str] | None = None,
 # "... but the model's context is N tokens". Conservative: only these phrases, so that no other 400
 # (a bad field) is taken for a prompt to trim. Kept here, below both readers: the agent loop
 # (minskill/rollout.py trims an episode's history) and the teacher's prompts
-# (minskill/masa/fitting.py).
+# (minskill/masa/teacher.py).
 CONTEXT_REFUSAL = re.compile(r"exceeds the available context size|maximum context length|"
                              r"context_length_exceeded|the model's context is \d+ tokens", re.I)
 

@@ -1,8 +1,9 @@
 """`household`: a small ALFWorld-like text environment.
 
-A house has rooms; rooms hold receptacles (a fridge, cabinets and drawers that open and close, tables,
-a sink basin, a microwave, ...); receptacles hold objects. The agent is at one receptacle at a time
-(or in the middle of the house at the start), holds at most one object, and acts with ALFWorld's verbs:
+A house has rooms; rooms hold receptacles (a fridge, cabinets and drawers that open and close,
+tables, a sink basin, a microwave, ...); receptacles hold objects. The agent is at one receptacle at
+a time (or in the middle of the house at the start), holds at most one object, and acts with
+ALFWorld's verbs:
 
     go to R | open R | close R | take O from R | put O in/on R | heat O with R | cool O with R |
     clean O with R | use O | examine X | inventory | look
@@ -17,26 +18,31 @@ The six ALFWorld task types and their success conditions (checked after every st
     pick_two_obj            two Os are in/on Rs
 
 The types keep the names of the first release (task ids and base-skill folders are made from them);
-TYPE_NAMES lists ALFWorld's own names of them (pick_two_obj_and_place, pick_clean_then_place_in_recep, ...)
-and MASA's library keys (clean, heat, cool, examine), read as these types wherever skills are looked up.
+TYPE_NAMES lists ALFWorld's own names of them (pick_two_obj_and_place,
+pick_clean_then_place_in_recep, ...) and MASA's library keys (clean, heat, cool, examine), read as
+these types wherever skills are looked up.
 
-An action that cannot be carried out (unknown verb or name, not here, closed, hands full, ...) returns
-exactly "Nothing happens." and is counted in `env.nothing_happens`; look, inventory and examine only
-report. Tasks are generated from a seed; their split is decided by the goal (type, object, receptacle),
-so held-out goals never appear in training. `oracle_actions(task)` plans a solution from the state.
+An action that cannot be carried out (unknown verb or name, not here, closed, hands full, ...)
+returns exactly "Nothing happens." and is counted in `env.nothing_happens`; look, inventory and
+examine only report. Tasks are generated from a seed; their split is decided by the goal (type,
+object, receptacle), so held-out goals never appear in training. `oracle_actions(task)` plans a
+solution from the state.
 """
 from __future__ import annotations
 
 import copy
 import re
 
-from .base import (NOTHING_HAPPENS, Environment, Task, check_split, counts_per_type, interleave, rng_for,
+from .base import (NOTHING_HAPPENS, Environment, Task, check_split, counts_per_type, interleave,
+                   rng_for,
                    split_of, task_id)
 
-TASK_TYPES = ("pick_and_place", "look_at_obj_in_light", "pick_clean_then_place", "pick_heat_then_place",
+TASK_TYPES = ("pick_and_place", "look_at_obj_in_light", "pick_clean_then_place",
+              "pick_heat_then_place",
               "pick_cool_then_place", "pick_two_obj")
-# Other names of the six types: ALFWorld's own (its game folders) and the keys of MASA's ALFWorld skill
-# libraries. A library keyed by one of them is read as keyed by this suite's type (tasks.skill_key_type).
+# Other names of the six types: ALFWorld's own (its game folders) and the keys of MASA's ALFWorld
+# skill libraries. A library keyed by one of them is read as keyed by this suite's type
+# (tasks.skill_key_type).
 TYPE_NAMES = {
     "pick_and_place": ("pick_and_place_simple",),
     "look_at_obj_in_light": ("examine",),
@@ -52,14 +58,18 @@ ACTION_SYNTAX = ("go to X", "open X", "close X", "take X from Y", "put X in/on Y
 
 # receptacle type -> (openable, preposition)
 RECEPTACLES = {
-    "fridge": (True, "in"), "microwave": (True, "in"), "cabinet": (True, "in"), "drawer": (True, "in"),
+    "fridge": (True, "in"), "microwave": (True, "in"), "cabinet": (True, "in"),
+    "drawer": (True, "in"),
     "safe": (True, "in"), "countertop": (False, "on"), "diningtable": (False, "on"),
     "sinkbasin": (False, "in"), "stoveburner": (False, "on"), "garbagecan": (False, "in"),
-    "shelf": (False, "on"), "sidetable": (False, "on"), "desk": (False, "on"), "sofa": (False, "on"),
-    "bed": (False, "on"), "dresser": (False, "on"), "coffeetable": (False, "on"), "armchair": (False, "on"),
+    "shelf": (False, "on"), "sidetable": (False, "on"), "desk": (False, "on"),
+    "sofa": (False, "on"),
+    "bed": (False, "on"), "dresser": (False, "on"), "coffeetable": (False, "on"),
+    "armchair": (False, "on"),
 }
 ROOMS = {  # room -> receptacle types (with counts)
-    "kitchen": {"fridge": 1, "microwave": 1, "sinkbasin": 1, "countertop": 2, "cabinet": 3, "drawer": 2,
+    "kitchen": {"fridge": 1, "microwave": 1, "sinkbasin": 1, "countertop": 2, "cabinet": 3,
+                "drawer": 2,
                 "stoveburner": 1, "garbagecan": 1, "diningtable": 1},
     "living room": {"sofa": 1, "coffeetable": 1, "shelf": 2, "armchair": 1, "sidetable": 1},
     "bedroom": {"bed": 1, "desk": 1, "dresser": 1, "drawer": 2, "safe": 1, "shelf": 1},
@@ -79,15 +89,18 @@ TASK_OBJECTS = {
                      "apple", "egg", "mug", "plate"),
 }
 TARGETS = {"kitchen_goods": ("countertop", "diningtable", "cabinet", "fridge", "drawer", "shelf"),
-           "small_goods": ("sofa", "bed", "desk", "dresser", "shelf", "drawer", "sidetable", "coffeetable",
+           "small_goods": ("sofa", "bed", "desk", "dresser", "shelf", "drawer", "sidetable",
+                           "coffeetable",
                            "safe", "armchair")}
 # where objects of a kind are found at the start
 HOMES = {"food": ("fridge", "countertop", "diningtable", "cabinet", "garbagecan", "stoveburner"),
          "dishes": ("cabinet", "countertop", "diningtable", "sinkbasin", "shelf", "drawer"),
-         "small": ("drawer", "shelf", "desk", "sidetable", "sofa", "bed", "dresser", "coffeetable", "safe",
+         "small": ("drawer", "shelf", "desk", "sidetable", "sofa", "bed", "dresser", "coffeetable",
+                   "safe",
                    "armchair")}
 LAMP_PLACES = ("desk", "sidetable")
-APPLIANCE = {"pick_clean_then_place": ("clean", "sinkbasin"), "pick_heat_then_place": ("heat", "microwave"),
+APPLIANCE = {"pick_clean_then_place": ("clean", "sinkbasin"),
+             "pick_heat_then_place": ("heat", "microwave"),
              "pick_cool_then_place": ("cool", "fridge")}
 
 
@@ -138,7 +151,8 @@ class HouseholdEnv(Environment):
         self.objects = copy.deepcopy(self.spec["objects"])
         self.location: str | None = None
         self.holding: str | None = None
-        rooms = "; ".join(f"in the {room}: {_listing(names)}" for room, names in self.spec["rooms"].items())
+        rooms = "; ".join(f"in the {room}: {_listing(names)}"
+                          for room, names in self.spec["rooms"].items())
         return (f"You are in the middle of a house. Looking quickly around you, you see {rooms}.\n"
                 f"Your task is to: {goal_text(self.goal)}")
 
@@ -150,15 +164,16 @@ class HouseholdEnv(Environment):
         return not r["openable"] or r["open"]
 
     def _describe(self, receptacle: str) -> str:
-        r = self.receptacles[receptacle]
+        r, listing = self.receptacles[receptacle], _listing(self._contents(receptacle))
         if r["openable"]:
             if not r["open"]:
                 return f"The {receptacle} is closed."
-            return f"The {receptacle} is open. In it, you see {_listing(self._contents(receptacle))}."
-        return f"{r['prep'].capitalize()} the {receptacle}, you see {_listing(self._contents(receptacle))}."
+            return f"The {receptacle} is open. In it, you see {listing}."
+        return f"{r['prep'].capitalize()} the {receptacle}, you see {listing}."
 
     def _reachable_objects(self) -> list[str]:
-        here = self._contents(self.location) if self.location and self._accessible(self.location) else []
+        at = self.location
+        here = self._contents(at) if at and self._accessible(at) else []
         return here + ([self.holding] if self.holding else [])
 
     def _check_success(self) -> None:
@@ -175,7 +190,8 @@ class HouseholdEnv(Environment):
         if len(placed) >= (2 if g["type"] == "pick_two_obj" else 1):
             self.success = self.done = True
 
-    # ---- actions: each verb's pattern and the method that carries it out (or answers NOTHING_HAPPENS)
+    # ---- actions: each verb's pattern and the method that carries it out (or answers
+    # NOTHING_HAPPENS)
     VERBS = [(re.compile(r"go to (?:the )?(.+)"), "_go"),
              (re.compile(r"(open|close) (?:the )?(.+)"), "_open_close"),
              (re.compile(r"take (.+?) from (.+)"), "_take"),
@@ -251,7 +267,9 @@ class HouseholdEnv(Environment):
         if not lamp["on"]:
             return f"You turn off the {name}."
         g = self.goal
-        if g["type"] == "look_at_obj_in_light" and self.holding and self.objects[self.holding]["type"] == g["object"]:
+        if g[
+            "type"] == "look_at_obj_in_light" and self.holding and self.objects[
+                self.holding]["type"] == g["object"]:
             self.success = self.done = True
         return f"You turn on the {name}."
 
@@ -269,7 +287,8 @@ class HouseholdEnv(Environment):
         return f"There's nothing special about {target}."
 
     def _reset_rooms(self) -> str:
-        return "; ".join(f"In the {room}: {_listing(names)}." for room, names in self.spec["rooms"].items())
+        return "; ".join(f"In the {room}: {_listing(names)}."
+                         for room, names in self.spec["rooms"].items())
 
     def admissible_actions(self) -> list[str]:
         """Every action that would not return "Nothing happens." now (look/inventory included)."""
@@ -330,7 +349,8 @@ def _make_world(rng, task_type: str, obj_type: str, target: str) -> dict:
                 counters[rtype] = counters.get(rtype, 0) + 1
                 name = f"{rtype} {counters[rtype]}"
                 openable, prep = RECEPTACLES[rtype]
-                receptacles[name] = {"type": rtype, "openable": openable, "open": False, "prep": prep,
+                receptacles[name] = {"type": rtype, "openable": openable, "open": False,
+                                     "prep": prep,
                                      "room": room}
                 names.append(name)
         layout[room] = names
@@ -392,9 +412,11 @@ def generate_household(split: str = "train", seed: int = 0, n: int | None = None
             if t == "look_at_obj_in_light":
                 target = rng.choice(LAMP_PLACES)
             spec = _make_world(rng, t, obj_type, target)
-            tasks.append(Task(id=task_id(f"household-{t}", key), type=t, question=goal_text(spec["goal"]),
+            tasks.append(Task(id=task_id(f"household-{t}", key), type=t,
+                              question=goal_text(spec["goal"]),
                               answer=None, verifier="env", multi_turn=True, max_steps=MAX_STEPS,
-                              env_spec=spec, metadata={"suite": "household", "split": split, "seed": seed}))
+                              env_spec=spec,
+                              metadata={"suite": "household", "split": split, "seed": seed}))
         by_type[t] = tasks
     return interleave(by_type, types)
 
@@ -402,7 +424,8 @@ def generate_household(split: str = "train", seed: int = 0, n: int | None = None
 # --------------------------------------------------------------------------- oracle
 
 def oracle_actions(task: Task) -> list[str]:
-    """A shortest-ish plan that solves the task, found by acting in a private copy of the environment."""
+    """A shortest-ish plan that solves the task, found by acting in a private copy of the
+    environment."""
     env = HouseholdEnv(task.env_spec, max_steps=task.max_steps)
     env.reset()
     plan: list[str] = []

@@ -1,34 +1,38 @@
-"""`searchqa`: search-based question answering (Search-R1 style) over a generated corpus, with a real retrieval
-tool.
+"""`searchqa`: search-based question answering (Search-R1 style) over a generated corpus, with a
+real retrieval tool.
 
-Each task has its own small world of fictional entities (countries and their cities, people, companies, films,
-rivers) written as short documents, one an entity, plus distractor documents that name the same entities
-without answering (a biography's author, a company's rival, people who share a surname). The agent acts with
+Each task has its own small world of fictional entities (countries and their cities, people,
+companies, films, rivers) written as short documents, one an entity, plus distractor documents that
+name the same entities without answering (a biography's author, a company's rival, people who share
+a surname). The agent acts with
 
-    search[query]   the top TOP_K documents of the corpus by BM25 (tasks/bm25.py) over each document's title
-                    and text, shown as Search-R1 shows them:
-                    <information>Doc 1(Title: T) text\\nDoc 2(Title: ...) ...</information>
+    search[query]   the top TOP_K documents of the corpus by BM25 (tasks/bm25.py) over each
+                    document's title and text, shown as Search-R1 shows them: <information>Doc
+                    1(Title: T) text\\nDoc 2(Title: ...) ...</information>
     answer[text]    ends the episode
 
-(a space before the bracket, or none and no bracket — "answer 1987", as the agent loop writes a verb — is read
-too). The answer is scored as search-QA benchmarks do (SQuAD normalisation: lower case, no punctuation, no
-articles a/an/the, single spaces): exact match against the golden answers (`env.em`; success = EM, Search-R1's
-reward) and token F1 (`env.f1`, verifiers.token_f1: the harmonic mean of the precision and recall of the
-normalised tokens shared with the best golden answer).
+(a space before the bracket, or none and no bracket — "answer 1987", as the agent loop writes a verb
+— is read too). The answer is scored as search-QA benchmarks do (SQuAD normalisation: lower case, no
+punctuation, no articles a/an/the, single spaces): exact match against the golden answers (`env.em`;
+success = EM, Search-R1's reward) and token F1 (`env.f1`, verifiers.token_f1: the harmonic mean of
+the precision and recall of the normalised tokens shared with the best golden answer).
 
-Task types, as MASA's released search skill libraries name their query types (their query_type_skills keys;
-"compare", another name of comparison there, is read as it: TYPE_NAMES):
+Task types, as MASA's released search skill libraries name their query types (their
+query_type_skills keys; "compare", another name of comparison there, is read as it: TYPE_NAMES):
 
     direct_retrieval         one document states the answer to a who/when question (NQ, TriviaQA)
-    entity_attribute_lookup  one attribute of a named entity: occupation, birthplace, language, country (PopQA)
-    multi_hop_reasoning      a bridge entity first (the founder of a company, the director of a film), then its
-                             attribute (HotpotQA's bridge questions)
-    comparison               the same attribute of two entities compared (born earlier, founded first, longer)
+    entity_attribute_lookup  one attribute of a named entity: occupation, birthplace, language,
+                             country (PopQA)
+    multi_hop_reasoning      a bridge entity first (the founder of a company, the director of a
+                             film), then its attribute (HotpotQA's bridge questions)
+    comparison               the same attribute of two entities compared (born earlier, founded
+                             first, longer)
 
-An action that is neither (or an empty query or answer) returns exactly "Nothing happens." and is counted.
-Split: by a stable hash of (type, question, answer); each world is random, so the splits share no task. Every
-task is checked when drawn: the search an oracle would make for each document the answer needs (the entity's
-name) finds it among the top TOP_K, so every task is solvable by reading; `oracle_actions(task)` is that plan.
+An action that is neither (or an empty query or answer) returns exactly "Nothing happens." and is
+counted. Split: by a stable hash of (type, question, answer); each world is random, so the splits
+share no task. Every task is checked when drawn: the search an oracle would make for each document
+the answer needs (the entity's name) finds it among the top TOP_K, so every task is solvable by
+reading; `oracle_actions(task)` is that plan.
 """
 from __future__ import annotations
 
@@ -39,16 +43,20 @@ from .bm25 import top_documents
 from .verifiers import exact_match, token_f1
 
 TASK_TYPES = ("direct_retrieval", "multi_hop_reasoning", "entity_attribute_lookup", "comparison")
-# Other names of the types: "compare" is comparison's key in some of MASA's/SkillRL's released search files.
+# Other names of the types: "compare" is comparison's key in some of MASA's/SkillRL's released
+# search files.
 TYPE_NAMES = {"comparison": ("compare",)}
 DEFAULT_PER_TYPE = 10
 MAX_STEPS = 6          # a few searches and the answer (Search-R1 allows 4 turns of search)
 TOP_K = 3              # documents a search returns (Search-R1's top-k)
 ACTION_SYNTAX = ("search [query]", "answer [text]")
 
-_SYLLABLES = ["bra", "dor", "vel", "ka", "mir", "tos", "len", "qua", "sil", "ro", "zan", "per", "ul", "fen", "gri",
-              "hal", "jo", "mek", "nor", "ost", "pax", "ril", "sev", "tam", "wyn", "ix", "cal", "dre", "lun", "vor"]
-_OCCUPATIONS = ["architect", "botanist", "painter", "novelist", "chemist", "cartographer", "violinist",
+_SYLLABLES = ["bra", "dor", "vel", "ka", "mir", "tos", "len", "qua", "sil", "ro", "zan", "per",
+              "ul", "fen", "gri",
+              "hal", "jo", "mek", "nor", "ost", "pax", "ril", "sev", "tam", "wyn", "ix", "cal",
+              "dre", "lun", "vor"]
+_OCCUPATIONS = ["architect", "botanist", "painter", "novelist", "chemist", "cartographer",
+                "violinist",
                 "engineer", "historian", "photographer", "sculptor", "astronomer"]
 _LANGUAGES = ["Velorian", "Kastic", "Ombrese", "Tilvan", "Sarnish", "Quell"]
 _COMPANY_KINDS = ["Records", "Motors", "Textiles", "Foods", "Optics", "Press"]
@@ -64,7 +72,8 @@ def _name(rng, used: set[str], parts: int = 2) -> str:
 
 
 def _make_world(rng) -> dict:
-    """Entities and their documents: {"docs": [{"title", "text"}], and each kind of entity's facts}."""
+    """Entities and their documents: {"docs": [{"title", "text"}], and each kind of entity's
+    facts}."""
     used: set[str] = set()
     countries = [_name(rng, used) + "ia" for _ in range(3)]
     cities = [{"name": _name(rng, used), "country": countries[i % 3]} for i in range(6)]
@@ -75,49 +84,66 @@ def _make_world(rng) -> dict:
     for i in range(8):
         first = _name(rng, used)
         people.append({"name": f"{first} {surnames[i % 4]}", "born": years[i],
-                       "birthplace": rng.choice(cities)["name"], "occupation": rng.choice(_OCCUPATIONS)})
+                       "birthplace": rng.choice(cities)["name"],
+                       "occupation": rng.choice(_OCCUPATIONS)})
     city_country = {c["name"]: c["country"] for c in cities}
     founders = rng.sample(people, 4)
     company_years = rng.sample(range(1920, 2015), 4)
-    companies = [{"name": f"{_name(rng, used)} {kind}", "founded": company_years[i], "founder": founders[i]["name"],
-                  "hq": rng.choice(cities)["name"]} for i, kind in enumerate(rng.sample(_COMPANY_KINDS, 4))]
+    companies = [{"name": f"{_name(rng, used)} {kind}", "founded": company_years[i],
+                  "founder": founders[i]["name"],
+                  "hq": rng.choice(cities)["name"]}
+                 for i, kind in enumerate(rng.sample(_COMPANY_KINDS, 4))]
     directors = rng.sample([p for p in people if p not in founders], 3)
-    films = [{"name": f"The {_name(rng, used)} {rng.choice(['Road', 'Winter', 'Garden', 'Letter', 'Harbor'])}",
+    films = [{"name": f"The {_name(rng, used)} "
+              f"{rng.choice(['Road', 'Winter', 'Garden', 'Letter', 'Harbor'])}",
               "released": rng.randint(1950, 2020), "director": directors[i]["name"],
               "language": rng.choice(_LANGUAGES)} for i in range(3)]
     lengths = rng.sample(range(80, 2400), 3)
-    rivers = [{"name": f"{_name(rng, used)} River", "length": lengths[i], "country": countries[i]} for i in range(3)]
+    rivers = [{"name": f"{_name(rng, used)} River", "length": lengths[i], "country": countries[i]}
+              for i in range(3)]
     docs = []
     for c in countries:
         docs.append({"title": c, "text": f"{c} is a country. Its capital is {capitals[c]}."})
     for city in cities:
-        docs.append({"title": city["name"], "text": f"{city['name']} is a city in {city['country']}."})
+        docs.append({"title": city["name"],
+                     "text": f"{city['name']} is a city in {city['country']}."})
     for p in people:
-        docs.append({"title": p["name"], "text": f"{p['name']} is a {p['occupation']}, born in {p['born']} in "
-                                                 f"{p['birthplace']}, {city_country[p['birthplace']]}."})
+        docs.append({"title": p["name"],
+                     "text": f"{p['name']} is a {p['occupation']}, born in {p['born']} in "
+                                                 f"{p['birthplace']}, "
+                     f"{city_country[p['birthplace']]}."})
     for co in companies:
-        docs.append({"title": co["name"], "text": f"{co['name']} is a company founded in {co['founded']} by "
-                                                  f"{co['founder']}. Its headquarters are in {co['hq']}."})
+        docs.append({"title": co["name"],
+                     "text": f"{co['name']} is a company founded in {co['founded']} by "
+                                                  f"{co['founder']}. Its headquarters are in "
+                     f"{co['hq']}."})
     for f in films:
-        docs.append({"title": f["name"], "text": f"{f['name']} is a {f['language']}-language film released in "
+        docs.append({"title": f["name"],
+                     "text": f"{f['name']} is a {f['language']}-language film released in "
                                                  f"{f['released']}, directed by {f['director']}."})
     for r in rivers:
-        docs.append({"title": r["name"], "text": f"The {r['name']} flows through {r['country']}. It is "
+        docs.append({"title": r["name"],
+                     "text": f"The {r['name']} flows through {r['country']}. It is "
                                                  f"{r['length']} kilometres long."})
     # distractors: they name the entities, answer nothing asked
     for p in rng.sample(people, 3):
         author = rng.choice([q for q in people if q is not p])
-        docs.append({"title": f"Life of {p['name']}", "text": f"Life of {p['name']} is a biography written by "
-                                                              f"{author['name']}. It was praised by critics."})
+        docs.append({"title": f"Life of {p['name']}",
+                     "text": f"Life of {p['name']} is a biography written by "
+                                                              f"{author['name']}. It was praised "
+                     "by critics."})
     for co in rng.sample(companies, 2):
         rival = rng.choice([c for c in companies if c is not co])
-        docs.append({"title": f"{co['name']} and {rival['name']}", "text": f"{co['name']} and {rival['name']} "
+        docs.append({"title": f"{co['name']} and {rival['name']}",
+                     "text": f"{co['name']} and {rival['name']} "
                      f"have been rivals for decades, competing for the same customers."})
     for f in rng.sample(films, 1):
-        docs.append({"title": f"Reviews of {f['name']}", "text": f"Critics praised {f['name']} for its music "
+        docs.append({"title": f"Reviews of {f['name']}",
+                     "text": f"Critics praised {f['name']} for its music "
                      f"and its long final scene."})
     rng.shuffle(docs)
-    return {"docs": docs, "people": people, "companies": companies, "films": films, "rivers": rivers,
+    return {"docs": docs, "people": people, "companies": companies, "films": films,
+            "rivers": rivers,
             "capitals": capitals, "city_country": city_country}
 
 
@@ -126,7 +152,8 @@ def _doc(world: dict, title: str) -> int:
 
 
 def _question(rng, task_type: str, w: dict) -> tuple[str, str, list[str]]:
-    """(question, answer, the names searched for, in order: each the title of a document the answer needs)."""
+    """(question, answer, the names searched for, in order: each the title of a document the answer
+    needs)."""
     person = {p["name"]: p for p in w["people"]}
     if task_type == "direct_retrieval":
         kind = rng.randrange(4)
@@ -158,7 +185,8 @@ def _question(rng, task_type: str, w: dict) -> tuple[str, str, list[str]]:
         kind = rng.randrange(4)
         if kind == 0:
             co = rng.choice(w["companies"])
-            return (f"in what city was the founder of {co['name']} born?", person[co["founder"]]["birthplace"],
+            return (f"in what city was the founder of {co['name']} born?",
+                    person[co["founder"]]["birthplace"],
                     [co["name"], co["founder"]])
         if kind == 1:
             f = rng.choice(w["films"])
@@ -166,15 +194,18 @@ def _question(rng, task_type: str, w: dict) -> tuple[str, str, list[str]]:
                     person[f["director"]]["occupation"], [f["name"], f["director"]])
         if kind == 2:
             f = rng.choice(w["films"])
-            return (f"in what year was the director of the film {f['name']} born?", str(person[f["director"]]["born"]),
+            return (f"in what year was the director of the film {f['name']} born?",
+                    str(person[f["director"]]["born"]),
                     [f["name"], f["director"]])
         co = rng.choice(w["companies"])
-        return (f"in what country is the city where {co['name']} has its headquarters?", w["city_country"][co["hq"]],
+        return (f"in what country is the city where {co['name']} has its headquarters?",
+                w["city_country"][co["hq"]],
                 [co["name"], co["hq"]])
     kind = rng.randrange(3)
     if kind == 0:
         a, b = rng.sample(w["people"], 2)
-        return (f"who was born earlier, {a['name']} or {b['name']}?", a["name"] if a["born"] < b["born"] else b["name"],
+        return (f"who was born earlier, {a['name']} or {b['name']}?", a["name"]
+                if a["born"] < b["born"] else b["name"],
                 [a["name"], b["name"]])
     if kind == 1:
         a, b = rng.sample(w["companies"], 2)
@@ -186,8 +217,8 @@ def _question(rng, task_type: str, w: dict) -> tuple[str, str, list[str]]:
 
 
 def _solvable(world: dict, answer: str, searches: list[str], task_type: str) -> bool:
-    """Each searched name finds its document among the top TOP_K, and the last one states the answer (a
-    comparison's answer is one of the two names: both documents are needed)."""
+    """Each searched name finds its document among the top TOP_K, and the last one states the answer
+    (a comparison's answer is one of the two names: both documents are needed)."""
     texts = [f"{d['title']} {d['text']}" for d in world["docs"]]
     for name in searches:
         if _doc(world, name) not in top_documents(name, texts, TOP_K):
@@ -208,8 +239,8 @@ class SearchQAEnv(Environment):
     def _reset(self) -> str:
         self.answer: str | None = None
         self.em, self.f1, self.reward = False, 0.0, 0.0
-        return (f"Question: {self.spec['question']}\nYou can search[query] (the top {TOP_K} documents of the corpus "
-                f"come back) and answer[text] (ends the episode).")
+        return (f"Question: {self.spec['question']}\nYou can search[query] (the top {TOP_K} "
+                f"documents of the corpus come back) and answer[text] (ends the episode).")
 
     def search(self, query: str) -> str:
         hits = top_documents(query, self._texts, TOP_K)
@@ -217,7 +248,8 @@ class SearchQAEnv(Environment):
             return "<information>No documents found.</information>"
         docs = self.spec["docs"]
         return ("<information>" + "\n".join(f"Doc {k}(Title: {docs[i]['title']}) {docs[i]['text']}"
-                                            for k, i in enumerate(hits, start=1)) + "</information>")
+                                            for k, i in enumerate(hits, start=1))
+                + "</information>")
 
     def _step(self, action: str) -> str:
         m = _ACTION.fullmatch(action)
@@ -242,7 +274,8 @@ class SearchQAEnv(Environment):
 
 def generate_searchqa(split: str = "train", seed: int = 0, n: int | None = None,
                       types: tuple[str, ...] = TASK_TYPES) -> list[Task]:
-    """`n` search-QA tasks (default 10 per type) of one split, types interleaved (base.draw_tasks)."""
+    """`n` search-QA tasks (default 10 per type) of one split, types interleaved
+    (base.draw_tasks)."""
     def draw(rng, task_type):
         world = _make_world(rng)
         question, answer, searches = _question(rng, task_type, world)
@@ -250,15 +283,20 @@ def generate_searchqa(split: str = "train", seed: int = 0, n: int | None = None,
         if not _solvable(world, answer, searches, task_type):
             return None
         key = f"searchqa|{task_type}|{question}|{answer}"
-        spec = {"kind": "searchqa", "question": question, "golden_answers": [answer], "searches": searches,
+        spec = {"kind": "searchqa", "question": question, "golden_answers": [answer],
+                "searches": searches,
                 "docs": world["docs"]}
-        return key, lambda: Task(id=task_id(f"searchqa-{task_type}", key), type=task_type, question=question,
-                                 answer=answer, verifier="exact", multi_turn=True, max_steps=MAX_STEPS, env_spec=spec,
-                                 metadata={"suite": "searchqa", "split": split, "seed": seed, "hops": len(searches)})
+        return key, lambda: Task(id=task_id(f"searchqa-{task_type}", key), type=task_type,
+                                 question=question,
+                                 answer=answer, verifier="exact", multi_turn=True,
+                                 max_steps=MAX_STEPS, env_spec=spec,
+                                 metadata={"suite": "searchqa", "split": split, "seed": seed,
+                                           "hops": len(searches)})
     return draw_tasks("searchqa", split, seed, types, TASK_TYPES, n, DEFAULT_PER_TYPE, draw)
 
 
 def oracle_actions(task: Task) -> list[str]:
     """A search for each document the answer needs (by its name), then answer[the golden answer]."""
     spec = task.env_spec
-    return [f"search[{name}]" for name in spec["searches"]] + [f"answer[{spec['golden_answers'][0]}]"]
+    return [f"search[{name}]"
+            for name in spec["searches"]] + [f"answer[{spec['golden_answers'][0]}]"]

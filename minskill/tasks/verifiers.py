@@ -9,26 +9,26 @@
   trailing full stop), else the last \\boxed{...}, else the whole reply. A reference answer with
   nothing to compare (blank, or the "?" of GAIA's test split) is refused (ValueError): the scorer
   would call a blank answer right. The scorer's rules:
-    - the ground truth parses as a float  -> number: drop `$`, `%`, `,` from the prediction, parse it as a
-      float (a failed parse is +inf, i.e. wrong) and compare with `==`;
-    - else the ground truth contains `,` or `;` -> list: split both on `,`/`;`; different lengths are wrong;
-      element i is compared as a number (same rule) when the ground-truth element parses as a float, else
-      as a string lower-cased with all whitespace removed (punctuation kept);
+    - the ground truth parses as a float  -> number: drop `$`, `%`, `,` from the prediction, parse
+      it as a float (a failed parse is +inf, i.e. wrong) and compare with `==`;
+    - else the ground truth contains `,` or `;` -> list: split both on `,`/`;`; different lengths
+      are wrong; element i is compared as a number (same rule) when the ground-truth element parses
+      as a float, else as a string lower-cased with all whitespace removed (punctuation kept);
     - else -> string: lower-case, remove all whitespace and all `string.punctuation`, compare.
 * `exact_match` — SQuAD / Search-R1 `normalize_answer`: lower-case, remove punctuation, remove the
   articles a/an/the, collapse whitespace; equal to any of the golden answers.
-* `token_f1` — SQuAD's F1 (the search-QA benchmarks' second score): the normalised prediction's and golden
-  answer's tokens, c = how many they share (with multiplicity), P = c / |prediction|, R = c / |golden|,
-  F1 = 2PR / (P + R) (0 when c = 0); the best over the golden answers.
-* `numeric_match` — the final number of a free-form reply ("The answer is 42." -> 42; `1,234` -> 1234,
-  `-3.5` -> -3.5) equals the reference within |a - b| <= 1e-6 * max(1, |b|).
-* `final_answer_match` — the lenient check of the built-in `qa` suite. The reply is cut where the model
-  starts inventing a new question (a line "Q:" / "Question:"); the candidate answer is what follows
-  the *first* "answer is" / "answer:" / "final answer is" (small models state their answer, then
-  ramble), else what follows the *last* "=", else the whole reply. Numeric references: the first
-  number of the candidate after a marker, the last number of a reply without one. Text references:
-  the normalised reference occurs as whole words in the candidate and, when the task lists its
-  distractors (`choices`), no other choice does.
+* `token_f1` — SQuAD's F1 (the search-QA benchmarks' second score): the normalised prediction's and
+  golden answer's tokens, c = how many they share (with multiplicity), P = c / |prediction|, R = c /
+  |golden|, F1 = 2PR / (P + R) (0 when c = 0); the best over the golden answers.
+* `numeric_match` — the final number of a free-form reply ("The answer is 42." -> 42; `1,234` ->
+  1234, `-3.5` -> -3.5) equals the reference within |a - b| <= 1e-6 * max(1, |b|).
+* `final_answer_match` — the lenient check of the built-in `qa` suite. The reply is cut where the
+  model starts inventing a new question (a line "Q:" / "Question:"); the candidate answer is what
+  follows the *first* "answer is" / "answer:" / "final answer is" (small models state their answer,
+  then ramble), else what follows the *last* "=", else the whole reply. Numeric references: the
+  first number of the candidate after a marker, the last number of a reply without one. Text
+  references: the normalised reference occurs as whole words in the candidate and, when the task
+  lists its distractors (`choices`), no other choice does.
 """
 from __future__ import annotations
 
@@ -74,7 +74,8 @@ def _gaia_normalize_str(input_str: str, remove_punct: bool = True) -> str:
 
 
 def gaia_match(prediction: str | None, ground_truth: str) -> bool:
-    """GAIA's `question_scorer(model_answer, ground_truth)`; see the module docstring for the rules."""
+    """GAIA's `question_scorer(model_answer, ground_truth)`; see the module docstring for the
+    rules."""
     if prediction is None:
         prediction = "None"  # as the official scorer does
     if _gaia_is_float(ground_truth):
@@ -185,7 +186,8 @@ def _braced(text: str, start: int) -> int | None:
     return None
 
 
-# --------------------------------------------------------------------------- SQuAD / Search-R1 exact match
+# --------------------------------------------------------------------------- SQuAD / Search-R1
+# exact match
 
 def normalize_answer(s: str) -> str:
     """SQuAD's normalize_answer: lower, drop punctuation, drop articles, collapse whitespace."""
@@ -229,12 +231,15 @@ def contains_match(prediction: str, golden_answers: str | list[str]) -> bool:
 # --------------------------------------------------------------------------- numbers in free text
 
 # A number: optional sign, digits with optional thousands separators, optional decimals; or ".5".
-# The lookarounds keep "v2" or "3rd" parts from being read as signs or separators of a bigger number.
-_NUMBER = re.compile(r"(?<![\w.])[-+−]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?![\d])|(?<![\w.])[-+]?\.\d+")
+# The lookarounds keep "v2" or "3rd" parts from being read as signs or separators of a bigger
+# number.
+_NUMBER = re.compile(
+    r"(?<![\w.])[-+−]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?![\d])|(?<![\w.])[-+]?\.\d+")
 
 
 def extract_numbers(text: str) -> list[float]:
-    """All numbers of a free-form text, in order ("1,234" -> 1234.0; "−2" with a Unicode minus -> -2.0)."""
+    """All numbers of a free-form text, in order ("1,234" -> 1234.0; "−2" with a Unicode minus ->
+    -2.0)."""
     values = []
     for match in _NUMBER.finditer(text):
         token = match.group(0).replace(",", "").replace("−", "-")
@@ -278,7 +283,8 @@ _NEW_QUESTION = re.compile(r"\n\s*(?:Q|Question)\s*[:.]", re.I)
 
 
 def _candidate(reply: str) -> tuple[str, bool]:
-    """Where the reply commits to an answer (see the module docstring) and whether a marker was found."""
+    """Where the reply commits to an answer (see the module docstring) and whether a marker was
+    found."""
     new_question = _NEW_QUESTION.search(reply)
     if new_question and reply[:new_question.start()].strip():
         reply = reply[:new_question.start()]  # the model went on to invent questions of its own

@@ -368,7 +368,7 @@ def oracle_actions(task: Task) -> list[str]:
 
 
 def tool_call_counts(trajectories) -> dict[str, dict[str, int]]:
-    """Per tool, the calls and the tool errors of rollouts of web tasks (rollout.Trajectory:
+    """Per tool, the calls and the tool errors of rollouts of web tasks (trajectories.Trajectory:
     `actions`, and `observations`, whose entry k + 1 answers action k)."""
     counts = {t: {"calls": 0, "errors": 0} for t in TOOLS}
     for traj in trajectories:

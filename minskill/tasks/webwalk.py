@@ -1,15 +1,16 @@
 """`webwalk`: WebWalker-like multi-hop navigation over a generated local website.
 
-Each task has its own small website of a fictional institute: a home page, an about page, a news page,
-an index of departments, a page per department, pages for its people and its labs, and a page per
-project of a lab. Every page has a title, some text and links (by label). The agent starts on the home
-page with a question whose answer is written on one page (one source) or needs two pages (two
-sources), and acts with
+Each task has its own small website of a fictional institute: a home page, an about page, a news
+page, an index of departments, a page per department, pages for its people and its labs, and a page
+per project of a lab. Every page has a title, some text and links (by label). The agent starts on
+the home page with a question whose answer is written on one page (one source) or needs two pages
+(two sources), and acts with
 
     click <link label> | back | answer <text>
 
-`answer` ends the episode; success = `exact_match(text, reference)` (SQuAD normalisation). A click on a
-label that is not on the page, or `back` on the first page, returns "Nothing happens." (counted).
+`answer` ends the episode; success = `exact_match(text, reference)` (SQuAD normalisation). A click
+on a label that is not on the page, or `back` on the first page, returns "Nothing happens."
+(counted).
 
 Levels (by how deep the answer lies; the home page is depth 0):
     easy    one source at depth 2 (a department's founding year or building)
@@ -23,7 +24,8 @@ from __future__ import annotations
 
 from collections import deque
 
-from .base import (NOTHING_HAPPENS, Environment, Task, check_split, counts_per_type, interleave, rng_for,
+from .base import (NOTHING_HAPPENS, Environment, Task, check_split, counts_per_type, interleave,
+                   rng_for,
                    split_of, task_id)
 from .verifiers import exact_match
 
@@ -32,13 +34,17 @@ DEFAULT_PER_TYPE = 10
 MAX_STEPS = 12
 ACTION_SYNTAX = ("click <link>", "back", "answer <text>")
 
-_FIELDS = ["Optics", "Geology", "Botany", "Linguistics", "Robotics", "Music", "History", "Chemistry",
+_FIELDS = ["Optics", "Geology", "Botany", "Linguistics", "Robotics", "Music", "History",
+           "Chemistry",
            "Astronomy", "Economics", "Zoology", "Oceanography"]
-_SYLLABLES = ["mar", "lo", "ven", "tis", "ka", "dor", "ri", "sel", "bu", "nam", "e", "quin", "ha", "vel",
+_SYLLABLES = ["mar", "lo", "ven", "tis", "ka", "dor", "ri", "sel", "bu", "nam", "e", "quin", "ha",
+              "vel",
               "ta", "mo", "zer", "li", "an", "cor"]
-_LAB_WORDS = ["Kestrel", "Aurora", "Granite", "Willow", "Comet", "Harbor", "Falcon", "Ember", "Juniper",
+_LAB_WORDS = ["Kestrel", "Aurora", "Granite", "Willow", "Comet", "Harbor", "Falcon", "Ember",
+              "Juniper",
               "Summit", "Lantern", "Meadow", "Orchid", "Quartz", "Tundra", "Vertex"]
-_PROJECT_WORDS = ["Atlas", "Beacon", "Cascade", "Delta", "Echo", "Fjord", "Gale", "Helix", "Iris", "Jade",
+_PROJECT_WORDS = ["Atlas", "Beacon", "Cascade", "Delta", "Echo", "Fjord", "Gale", "Helix", "Iris",
+                  "Jade",
                   "Keel", "Lumen", "Mosaic", "Nimbus", "Onyx", "Prism"]
 
 
@@ -67,9 +73,12 @@ def _make_site(rng) -> dict:
 
     home = lambda: ["Home", "home"]  # noqa: E731 - a link every page carries
     pages["home"] = {"title": f"{institute} - Home",
-                     "text": f"Welcome to the {institute}. We study many things in {len(departments)} departments.",
-                     "links": [["About", "about"], ["News", "news"], ["Departments", "departments"]]}
-    pages["about"] = {"title": "About", "text": f"The {institute} is an independent research institute. "
+                     "text": f"Welcome to the {institute}. We study many things in "
+                     f"{len(departments)} departments.",
+                     "links": [["About", "about"], ["News", "news"],
+                               ["Departments", "departments"]]}
+    pages["about"] = {"title": "About",
+                      "text": f"The {institute} is an independent research institute. "
                       f"Visitors are welcome on weekdays.", "links": [home()]}
     pages["news"] = {"title": "News", "text": "The annual open day will be announced soon. "
                      "Our library has new opening hours.", "links": [home()]}
@@ -82,8 +91,8 @@ def _make_site(rng) -> dict:
         lab_names = [f"{labs_words[2 * d_index + k]} Lab" for k in range(2)]
         people = [head] + [_person(rng) for _ in range(2)]
         pages[d_id] = {"title": f"Department of {field}",
-                       "text": f"The Department of {field} was founded in {founded}. It is housed in building "
-                               f"{building}. The head of the department is {head}.",
+                       "text": f"The Department of {field} was founded in {founded}. It is housed "
+                               f"in building {building}. The head of the department is {head}.",
                        "links": [home(), ["People", f"{d_id}-people"], ["Labs", f"{d_id}-labs"]]}
         facts["departments"][field] = {"page": d_id, "founded": founded, "building": building}
         pages[f"{d_id}-people"] = {"title": f"People of the Department of {field}",
@@ -103,7 +112,8 @@ def _make_site(rng) -> dict:
             project = f"Project {project_words[2 * d_index + k]}"
             pr_id = f"project-{project_words[2 * d_index + k].lower()}"
             pages[f"{d_id}-labs"]["links"].append([lab, l_id])
-            pages[l_id] = {"title": lab, "text": f"The {lab} was founded in {lab_year}. It runs one project.",
+            pages[l_id] = {"title": lab,
+                           "text": f"The {lab} was founded in {lab_year}. It runs one project.",
                            "links": [home(), [project, pr_id]]}
             start = year(2016, 2024)
             pages[pr_id] = {"title": project, "text": f"{project} of the {lab} started in {start}.",
@@ -120,7 +130,8 @@ def _question(rng, level: str, site: dict) -> tuple[str, str, list[str]]:
         field = rng.choice(sorted(facts["departments"]))
         d = facts["departments"][field]
         if rng.random() < 0.5:
-            return f"In which year was the Department of {field} founded?", str(d["founded"]), [d["page"]]
+            return f"In which year was the Department of {field} founded?", str(
+                d["founded"]), [d["page"]]
         return f"In which building is the Department of {field} housed?", d["building"], [d["page"]]
     if level == "medium":
         if rng.random() < 0.5:
@@ -128,7 +139,8 @@ def _question(rng, level: str, site: dict) -> tuple[str, str, list[str]]:
             p = facts["people"][person]
             return f"What is the office room number of {person}?", p["room"], [p["page"]]
         lab = rng.choice(sorted(facts["labs"]))
-        return f"In which year was the {lab} founded?", str(facts["labs"][lab]["founded"]), [facts["labs"][lab]["page"]]
+        return f"In which year was the {lab} founded?", str(
+            facts["labs"][lab]["founded"]), [facts["labs"][lab]["page"]]
     if rng.random() < 0.5:
         project = rng.choice(sorted(facts["projects"]))
         pr = facts["projects"][project]
@@ -137,8 +149,8 @@ def _question(rng, level: str, site: dict) -> tuple[str, str, list[str]]:
         a, b = rng.sample(sorted(facts["departments"]), 2)
         da, db = facts["departments"][a], facts["departments"][b]
         answer = a if da["founded"] < db["founded"] else b
-        return (f"Which department was founded earlier, the Department of {a} or the Department of {b}? "
-                f"Answer with the field name only.", answer, [da["page"], db["page"]])
+        return (f"Which department was founded earlier, the Department of {a} or the Department of "
+                f"{b}? Answer with the field name only.", answer, [da["page"], db["page"]])
     a, b = rng.sample(sorted(facts["labs"]), 2)
     la, lb = facts["labs"][a], facts["labs"][b]
     answer = a if la["founded"] < lb["founded"] else b
@@ -159,7 +171,8 @@ class WebWalkEnv(Environment):
         self.page = "home"
         self.history: list[str] = []
         self.answer: str | None = None
-        return (f"Question: {self.spec['question']}\nYou can `click <link>`, go `back`, or `answer <text>`.\n\n"
+        return (f"Question: {self.spec['question']}\nYou can `click <link>`, go `back`, or `answer "
+                "<text>`.\n\n"
                 + self.render(self.page))
 
     def render(self, page_id: str) -> str:
@@ -221,7 +234,8 @@ def generate_webwalk(split: str = "train", seed: int = 0, n: int | None = None,
                     "pages": site["pages"]}
             tasks.append(Task(id=task_id(f"webwalk-{level}", key), type=level, question=question,
                               answer=answer, verifier="exact", multi_turn=True, max_steps=MAX_STEPS,
-                              env_spec=spec, metadata={"suite": "webwalk", "split": split, "seed": seed,
+                              env_spec=spec,
+                              metadata={"suite": "webwalk", "split": split, "seed": seed,
                                                        "sources": len(sources)}))
         by_level[level] = tasks
     return interleave(by_level, types)

@@ -1,111 +1,45 @@
-"""The machinery around a teacher call: a prompt that its server refuses as too long for its context
-(recognised, trimmed and asked again), and the JSON schema its reply is asked in.
+"""The JSON schema a MASA teacher's reply is asked in (--teacher-json-schema).
 
-A teacher behind llama.cpp with 2,048 tokens per slot answers a 2,103-token prompt with HTTP 400; that one prompt
-must not end a MASA run. `ask_fitting` wraps one teacher step (minskill.masa.search.ask_teacher): its prompt is
-a builder of a trim level, prompt(trim=0) the whole prompt; a refusal for its length (`is_context_refusal`)
-builds it again at the next level and asks again. Each builder shows fewer of its lists at each level (`trimmed`:
-the history first, then the examples) and raises NothingToTrim when it has nothing left to drop; then the step is
-skipped and logged as a reply that does not parse is.
-
-    level k of a list of n items shows its first  n >> k  items  (k = 0: all; after n.bit_length() levels: none)
-
-This is the machinery around a teacher call, as the client's retries are: at trim level 0 (every prompt that fits)
-the prompt is the builder's whole prompt and the step is ask_teacher's, unchanged.
-
-So is the reply's format: under --teacher-json-schema auto (the default) or on, each call asks for
-the JSON schema of the reply's reader (below: the shapes minskill/masa/teacher.py reads) in
-`response_format` `json_schema`, which minskill's server and vLLM serve by constraining the reply to
-it, so that the reply parses. A server that refuses the field (HTTP 400 naming it:
+A server that serves response_format json_schema (minskill's own, vLLM) writes only what the
+schema allows, so a reply asked for in the schema of its reader (minskill/masa/teacher.py's
+READER_SCHEMAS) parses. Under --teacher-json-schema auto (the default) or on, each teacher call
+asks for it (`SchemaTeacher`); a server that refuses the field (HTTP 400 naming it:
 `is_schema_refusal`) is asked again without it; under auto its client is then asked in free text,
 read as before, for the rest of the run (said once on stderr); under on the refusal is an error;
 off never asks.
+
+Each schema has its reader's shape, every property required and no other (OpenAI's strict mode
+asks both), and bounds on its lists (maxItems) and strings (maxLength, scaled by `fitted`) that
+let its longest reply close within the teacher's max_tokens.
 """
 from __future__ import annotations
 
-import itertools
 import re
 import sys
 import weakref
-from typing import Any, Callable
+from typing import Callable
 
 from minskill.cli import TEACHER_JSON_SCHEMA
-from minskill.masa.teacher import (MAX_SKILL_CHARS, MAX_SKILLS, TeacherReplyError,
-                                   parse_attribution, parse_skillset_reply, parse_strengths)
-from minskill.serve.caching import BudgetExhausted
 from minskill.serve.client import ChatError
-from minskill.tasks.base import (CONTEXT_REFUSAL,  # noqa: F401 (the agent loop's too)
-                                 is_context_refusal)
 
+# teacher.parse_skillset_reply's bounds, which the skill-set schema keeps (LLM output is untrusted)
+MAX_SKILLS = 16              # a rewrite with more skills than this is rejected
+MAX_SKILL_CHARS = 6000       # nor one whose skill body is longer
 
-class NothingToTrim(Exception):
-    """A prompt builder was asked for a trim level past its last: the prompt cannot be made shorter."""
-
-
-def trim_levels(items: list) -> int:
-    """How many trim levels `items` has before none of it is left (`trimmed` halves it at each)."""
-    return len(items).bit_length()
-
-
-def trimmed(items: list, trim: int, *more: list) -> list:
-    """The first of `items` a prompt shows at trim level `trim`: all at 0, half as many (rounded down) at each
-    level, none after `trim_levels(items)`. Past that come the levels of the lists in `more` (trimmed after it, by
-    the caller); past theirs too, NothingToTrim: nothing is left to drop."""
-    if trim > trim_levels(items) + sum(map(trim_levels, more)):
-        raise NothingToTrim(f"trim level {trim}: nothing left to drop")
-    return items[:len(items) >> trim]
-
-
-def ask_fitting(ask_teacher: Callable[..., Any], teacher, prompt: Callable[..., list[dict]],
-                parse: Callable[[str], Any], *, what: str, on_skip: Callable[[dict], None] | None = None,
-                on_trim: Callable[[dict], None] | None = None, json_schema: str = "auto",
-                schema: Callable[[int], dict] | None = None, **kwargs):
-    """ask_teacher(teacher, prompt(trim=0), parse, what=, on_skip=, **kwargs): one teacher step (the search's
-    ask_teacher, passed in), asked again on prompt(trim=1), (trim=2), ... while the server refuses the prompt as
-    too long; `on_trim` gets {"what",
-    "trim", "errors"} once one fits. When nothing is left to drop (NothingToTrim) the step is skipped as a reply
-    that does not parse is: `on_skip` gets {"what", "attempts", "errors", "last_reply", "reason": "prompt too
-    long"}, and None is returned. A budget spent before the retry of a reply that did not parse skips the step
-    too ("reason": "budget spent": those replies were paid for), then BudgetExhausted passes on, as any other
-    failure does. Each call asks for the reply's JSON schema, schema(max_tokens) (default: its
-    reader's, READER_SCHEMAS), as `json_schema` says (SCHEMA_MODES; module docstring)."""
-    schema = (schema or READER_SCHEMAS.get(parse)) if asks_json(teacher, json_schema) else None
-    reply_format = json_schema_format(what, schema, kwargs.get("max_tokens", 1024))  # (its default)
-    refusals = []
-    for trim in itertools.count():
-        try:
-            messages = prompt(trim=trim)
-        except NothingToTrim:
-            break
-        asked = RecordingTeacher(SchemaTeacher(teacher, reply_format, json_schema))
-        try:
-            result = ask_teacher(asked, messages, parse, what=what, on_skip=on_skip, **kwargs)
-        except ChatError as error:
-            if not is_context_refusal(error):
-                raise
-            chars = sum(len(m["content"]) for m in messages)   # a retry's conversation holds more
-            refusals.append(f"trim level {trim} (a prompt of {chars} characters): HTTP 400: {error.message}"[:600])
-            continue
-        except BudgetExhausted:
-            if asked.replies and on_skip is not None:
-                on_skip({"what": what, "attempts": len(asked.replies), "last_reply": asked.replies[-1][:1000],
-                         "errors": [reply_error(parse, r) for r in asked.replies], "reason": "budget spent"})
-            raise
-        if refusals and on_trim is not None:
-            on_trim({"what": what, "trim": trim, "errors": refusals})
-        return result
-    if on_skip is not None:
-        on_skip({"what": what, "attempts": len(refusals), "errors": refusals, "last_reply": "",
-                 "reason": "prompt too long"})
-    return None
-
-
-# ---- the reply's JSON schema -------------------------------------------------------------------
 SCHEMA_MODES = TEACHER_JSON_SCHEMA   # --teacher-json-schema: auto, on, off
 # a refusal of the field: minskill's server ("'response_format': the model ... cannot constrain"),
 # OpenAI's ("Invalid schema for response_format ..."), a server that takes no field it does not know
 SCHEMA_REFUSAL = re.compile(r"response_format|json_schema|structured.outputs?\b", re.I)
 _REFUSED = weakref.WeakSet()   # teacher clients whose server refused it: free text from then on
+
+
+def asks_json(teacher, mode: str) -> bool:
+    """Whether `teacher` is asked for its replies' JSON schemas under --teacher-json-schema `mode`:
+    always when on; when auto (the default), until its server refused one; never when off."""
+    if mode not in SCHEMA_MODES:
+        raise ValueError(f"--teacher-json-schema must be one of {', '.join(SCHEMA_MODES)}, "
+                         f"got {mode!r}")
+    return mode == "on" or (mode == "auto" and teacher not in _REFUSED)
 
 
 def json_schema_format(what: str, schema: Callable[[int], dict] | None, max_tokens: int):
@@ -148,50 +82,14 @@ class SchemaTeacher:
             return self.teacher.chat(messages, **kwargs)
 
 
-def asks_json(teacher, mode: str) -> bool:
-    """Whether `teacher` is asked for its replies' JSON schemas under --teacher-json-schema `mode`:
-    always when on; when auto (the default), until its server refused one; never when off."""
-    if mode not in SCHEMA_MODES:
-        raise ValueError(f"--teacher-json-schema must be one of {', '.join(SCHEMA_MODES)}, "
-                         f"got {mode!r}")
-    return mode == "on" or (mode == "auto" and teacher not in _REFUSED)
-
-
 def is_schema_refusal(error: ChatError) -> bool:
     """Whether `error` is a server's refusal of response_format: HTTP 400 (or 422, a validating
     framework's) whose message names it (SCHEMA_REFUSAL)."""
     return error.status in (400, 422) and SCHEMA_REFUSAL.search(error.message or "") is not None
 
 
-class RecordingTeacher:
-    """A teacher that keeps its replies (ask_fitting: those of a step that a spent budget cut short)."""
-
-    def __init__(self, teacher):
-        self.teacher, self.replies = teacher, []
-
-    def chat(self, messages, **kwargs):
-        result = self.teacher.chat(messages, **kwargs)
-        self.replies.append(result.texts[0] if result.texts else "")
-        return result
-
-
-def reply_error(parse: Callable[[str], Any], reply: str) -> str:
-    """Why `reply` did not parse (the error ask_teacher recorded for it)."""
-    try:
-        parse(reply)
-    except TeacherReplyError as e:
-        return str(e)[:500]
-    return ""
-
-
-# ------------------------------------------------------------------------------------------------
-# The JSON schemas of the teacher's replies (the shapes teacher.py's readers take)
-#
-# A server that serves response_format json_schema (minskill's own, vLLM) writes only what the
-# schema allows, so a reply asked for in the schema of its reader parses. Each schema has its
-# reader's shape, every property required and no other (OpenAI's strict mode asks both), and bounds
-# on its lists (maxItems) and strings (maxLength, scaled by `fitted`) that let its longest reply
-# close within the teacher's max_tokens.
+# --------------------------------------------------------------------------------------------------
+# The schemas (the shapes teacher.py's readers take)
 
 CHARS_PER_TOKEN = 3  # characters a reply token holds, at the least in English prose (about 4 mean)
 GAP = 4              # whitespace counted between two tokens of JSON (a newline and an indent)
@@ -294,7 +192,7 @@ def shortest_reply(schema: dict) -> int:
         return 2 if kind == "string" else 1
     if kind == "array":
         return 2 + schema["minItems"] * (shortest_reply(schema["items"]) + 1)
-    return 2 + sum(len(key) + 3 + shortest_reply(value) 
+    return 2 + sum(len(key) + 3 + shortest_reply(value)
                    for key, value in schema["properties"].items())
 
 
@@ -307,8 +205,3 @@ def _scaled(schema: dict, length) -> dict:
         properties = schema["properties"]
         return {**schema, "properties": {k: _scaled(v, length) for k, v in properties.items()}}
     return schema
-
-
-# the schema of each reader's reply, by max_tokens (teacher.py); a reader not here: free text
-READER_SCHEMAS = {parse_attribution: attribution_schema, parse_strengths: strengths_schema,
-                  parse_skillset_reply: skillset_schema}

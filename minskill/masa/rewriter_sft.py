@@ -1,22 +1,24 @@
-"""MASA's rewriter records as SFT chats: the record format, its reader and its tokenisation.
+"""MASA stage 2: the rewriter's records as SFT chats: the record format, its reader and its
+tokenisation.
 
 MASA stage 2 teaches a small LM to map (model card of a target model, input skill set S_in, task
-description d) to the skill set S*_F that the stage-1 search found best for that target. One record
-(a JSON object of the stage-1 JSONL) becomes one chat:
+description d) to the skill set S*_F that the stage-1 search found best for that target. One
+record (a JSON object of the stage-1 JSONL) becomes one chat:
 
     system     REWRITER_SYSTEM_PROMPT (what the rewriter does and the reply format)
     user       the model card (JSON of its known fields), the task description, S_in (MASA JSON)
     assistant  S*_F as MASA JSON text: {"general_skills": [...], "task_specific_skills": {...},
                "common_mistakes": [...]}, serialised by `skills_to_text` (json.dumps, indent=1)
 
-`encode_records` tokenises the chats with minskill.sft.encode_chat; the loss, the training loop, checkpoints
-and resume are minskill.sft's (rewrite.py train calls minskill.sft.train_sft on these examples).
+`encode_records` tokenises the chats with minskill.sft.encode_chat; the loss, the training loop,
+checkpoints and resume are minskill.sft's (rewrite.py train calls minskill.sft.train_sft on these
+examples).
 
 Bad data never crashes a run: malformed JSONL lines are reported as `file:line: reason` and skipped;
 records longer than max_length are skipped (or truncated, keeping the head) and counted.
 
-This module imports minskill.sft (the chats' tokenisation), minskill.files (the depth limit's message) and
-minskill.serve.client (the lone-surrogate check).
+This module imports minskill.sft (the chats' tokenisation), minskill.files (the depth limit's
+message) and minskill.serve.client (the lone-surrogate check).
 """
 from __future__ import annotations
 
@@ -44,23 +46,27 @@ RECORD_FIELDS = {"model_card": dict, "skills_in": dict, "task_description": str,
 # ----------------------------------------------------------------------------- records -> chats
 
 def skills_to_text(skillset: dict) -> str:
-    """The text form of a MASA JSON skill set, used both as prompt input and as the training target."""
+    """The text form of a MASA JSON skill set, used both as prompt input and as the training
+    target."""
     return json.dumps(skillset, ensure_ascii=False, indent=1)
 
 
 def card_to_text(model_card: dict) -> str:
-    """The model card as JSON, leaving out fields with no known value (None, "", "unknown", [], {})."""
+    """The model card as JSON, leaving out fields with no known value (None, "", "unknown", [],
+    {})."""
     known = {k: v for k, v in model_card.items() if v not in (None, "", "unknown", [], {})}
     return json.dumps(known, ensure_ascii=False, indent=1)
 
 
 def prompt_messages(model_card: dict, skills_in: dict | str, task_description: str) -> list[dict]:
-    """System + user messages asking the rewriter to adapt `skills_in` to the model of `model_card`."""
+    """System + user messages asking the rewriter to adapt `skills_in` to the model of
+    `model_card`."""
     skills = skills_in if isinstance(skills_in, str) else skills_to_text(skills_in)
     user = (f"Target model card:\n{card_to_text(model_card)}\n\n"
             f"Task description:\n{task_description.strip()}\n\n"
             f"Input skill set:\n{skills}")
-    return [{"role": "system", "content": REWRITER_SYSTEM_PROMPT}, {"role": "user", "content": user}]
+    return [{"role": "system", "content": REWRITER_SYSTEM_PROMPT},
+            {"role": "user", "content": user}]
 
 
 def record_messages(record: dict) -> tuple[list[dict], str]:
@@ -81,8 +87,10 @@ def check_record(record) -> str | None:
                    f"got {type(record[name]).__name__}"
     if not record["task_description"].strip():
         return "field 'task_description' is empty"
-    if (where := lone_surrogate_at(record)) is not None:   # (no tokenizer takes it: the run would die later)
-        return f"{where} is not Unicode text (a lone surrogate: a \\ud800-\\udfff escape without its pair)"
+    # a lone surrogate: no tokenizer takes it, so the run would die later
+    if (where := lone_surrogate_at(record)) is not None:
+        return (f"{where} is not Unicode text (a lone surrogate: a \\ud800-\\udfff escape "
+                f"without its pair)")
     return None
 
 
@@ -90,10 +98,10 @@ def read_records(paths: Iterable[str | os.PathLike], warn: Callable[[str], None]
                  ) -> tuple[list[dict], list[str]]:
     """Read SFT records from JSONL files. Returns (records, problems).
 
-    Files are UTF-8 (a byte order mark is allowed); lines end at LF only (JSON text may hold U+2028).
-    Every malformed line (not UTF-8, bad JSON, not an object, missing or mistyped field, a string with a lone
-    surrogate) is reported through `warn` as "path:line: skipped: reason" and skipped. Blank lines are ignored.
-    A missing file is an error."""
+    Files are UTF-8 (a byte order mark is allowed); lines end at LF only (JSON text may hold
+    U+2028). Every malformed line (not UTF-8, bad JSON, not an object, missing or mistyped field, a
+    string with a lone surrogate) is reported through `warn` as "path:line: skipped: reason" and
+    skipped. Blank lines are ignored. A missing file is an error."""
     records, problems = [], []
     for path in paths:
         path = Path(path)
@@ -124,9 +132,10 @@ def read_records(paths: Iterable[str | os.PathLike], warn: Callable[[str], None]
 
 # ----------------------------------------------------------------------------- records -> examples
 
-def encode_records(tokenizer: Tokenizer, records: list[dict], max_length: int = 4096, too_long: str = "skip"
-                   ) -> tuple[list[Example], dict]:
-    """Tokenise records. Returns (examples, counts) with counts {"kept", "truncated", "skipped_too_long"}."""
+def encode_records(tokenizer: Tokenizer, records: list[dict], max_length: int = 4096,
+                   too_long: str = "skip") -> tuple[list[Example], dict]:
+    """Tokenise records. Returns (examples, counts) with counts {"kept", "truncated",
+    "skipped_too_long"}."""
     eot_id = end_of_turn_id(tokenizer)
     examples, counts = [], {"kept": 0, "truncated": 0, "skipped_too_long": 0}
     for record in records:
