@@ -197,8 +197,10 @@ def write_run_config(args, cfg, out: Path, records, problems, train, val, too_lo
                      truncated: int) -> None:
     """OUT/run_config.json: the command, the data and their counts, the flags (what --resume
     restores)."""
-    lora = {k: getattr(args, k) for k in ("lora_rank", "lora_alpha", "lora_dropout", "lora_targets",
-                                          "lora_base_dtype")}
+    lora = {
+        k: getattr(args, k)
+        for k in ("lora_rank", "lora_alpha", "lora_dropout", "lora_targets", "lora_base_dtype")
+    }
     counts = {"records": len(records), "malformed_lines": len(problems),
               "too_long_skipped": too_long, "truncated": truncated, "train": len(train),
               "validation": len(val)}

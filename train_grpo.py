@@ -505,7 +505,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="evaluate the "
                    "inference-only row (--editor, frozen); --no-frozen-row skips it, e.g. to add a "
                    "Skill-R1 row to a table already measured with the same flags (every row uses "
-                   "the same tasks and seeds; python -m minskill.skill_r1.combine joins the runs' "
+                   "the same tasks and seeds; python -m minskill.measure.combine joins the runs' "
                    "rows into one table)")
     e.add_argument("--eval-instances", type=int, default=d.eval_instances,
                    help="held-out instances (default %(default)s), task types "

@@ -12,6 +12,7 @@ from minskill.nn.quantize import QUANTIZE_CHOICES
 from minskill.serve.client import MAX_REPLY_BYTES, ChatClient
 from minskill.skills import MAX_RESOURCE_FILES, set_max_resource_files
 from minskill.tasks.alfworld import DATA_ENV as ALFWORLD_DATA_ENV
+from minskill.tasks.search_r1 import add_retriever_url_arg
 
 
 class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -59,6 +60,7 @@ def add_task_model_args(group, *, concurrency: int | None, max_tokens: int, quan
     add_max_reply_arg(group)
     add_skill_files_arg(group)   # (every script with a task model reads skill sets)
     add_alfworld_data_arg(group)  # (and every one takes --suite, alfworld included)
+    add_retriever_url_arg(group)  # (searchqa's retriever)
 
 
 # --teacher-json-schema's choices (minskill/masa/reply_schema.py)

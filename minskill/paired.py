@@ -51,7 +51,7 @@ instances are.
 
 By task (`compare_tasks`, `sign_test_p`, `sign_test_p_greater`): where the tasks are independent
 draws scored under one fixed skill set (the gates of minskill/gates.py, the transfer matrix of
-minskill/masa/transfer.py), the task is the unit:
+minskill/measure/transfer.py), the task is the unit:
     gained = #{t : d(t) > 0},   lost = #{t : d(t) < 0},   m = gained + lost
     sign test   p = min(1, 2 · Σ_{i ≤ min(gained, lost)} C(m, i) / 2^m)
                 (two-sided exact binomial test of "B beats A as often as A beats B"; McNemar's

@@ -45,6 +45,7 @@ from minskill.skillsets import SkillSet
 from minskill.trajectories import Trajectory, chat_error, load_trajectories, with_system
 from minskill.tasks import (BASE_SKILLS_DIR, GAIA_SUBMISSION, SUITES, TaskWarning, is_task_file,
                             load_suite, skill_key_type, suite_types, withhold_hidden)
+from minskill.tasks.search_r1 import add_retriever_url_arg
 from minskill.web import add_web_args   # (importing it gives web suites their tools)
 
 
@@ -396,6 +397,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="qa | household | alfworld | webwalk | webshop | searchqa | "
                    "PATH.jsonl | web:PATH.jsonl")
     add_alfworld_data_arg(p)
+    add_retriever_url_arg(p)
     p.add_argument("--skills", default="none",
                    help="skill set: an Agent Skills folder, a MASA .json, a text file used as-is, "
                         "'base' (the suite's hand-written base skills) or 'none' (no system "

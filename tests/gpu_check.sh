@@ -101,7 +101,7 @@ fi
 # 4. bench gpu on the random Qwen3-0.6B
 bench=0
 if [ "$cuda" = 1 ]; then
-    timeout -k 10 120 "$PY" -m minskill.bench gpu --config qwen3-0.6b --repeats 3 --micro-batch 2 2>&1 \
+    timeout -k 10 120 "$PY" -m minskill.measure.bench gpu --config qwen3-0.6b --repeats 3 --micro-batch 2 2>&1 \
         | tee "$OUT/bench_gpu.txt"
     bench=${PIPESTATUS[0]}
     summary+=("bench gpu exit $bench (124: timed out)")

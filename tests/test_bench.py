@@ -1,5 +1,5 @@
-"""minskill/bench.py: the bandwidth bound's byte count and the matmul-only ceiling, on tiny models;
-minskill/bench_server.py: configurations, workloads, and other servers (--against) beside minskill's."""
+"""minskill/measure/bench.py: the bandwidth bound's byte count and the matmul-only ceiling, on tiny models;
+minskill/measure/bench_server.py: configurations, workloads, and other servers (--against) beside minskill's."""
 import os
 import sys
 import time
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from minskill import bench
+from minskill.measure import bench
 from minskill.nn.weights import load_pretrained
 from tiny import make_tiny_model_dir
 
@@ -50,14 +50,14 @@ def test_llama_cpp_reference_decodes_the_shipped_gguf():
     assert bench.llama_cpp_decode(gguf, batch=2, tokens=4, threads=1, repeats=1) > 0
 
 
-# ---- bench server (minskill/bench_server.py)
+# ---- bench server (minskill/measure/bench_server.py)
 
 HELP_TODAY = "usage: python -m minskill.serve [--max-batch MAX_BATCH] [--dtype {auto,float32,bfloat16}]\n"
 HELP_NEW = HELP_TODAY + "  --prefix-cache-mb PREFIX_CACHE_MB\n  --scheduler {static,continuous}\n"
 
 
 def test_plan_runs_what_the_server_accepts_and_says_why_it_skips_the_rest():
-    from minskill.bench_server import plan
+    from minskill.measure.bench_server import plan
     runnable, skipped = plan(["today", "new"], HELP_TODAY, "256")
     assert runnable == {"today": []}               # today's values of flags the server lacks: left out
     assert "--prefix-cache-mb" in skipped["new"] and list(skipped) == ["new"]
@@ -81,7 +81,7 @@ def test_plan_runs_what_the_server_accepts_and_says_why_it_skips_the_rest():
 
 
 def test_long_library_has_the_asked_length_and_every_qa_skill(tmp_path):
-    from minskill.bench_server import long_library
+    from minskill.measure.bench_server import long_library
     from minskill.nn.tokenizer import Tokenizer
     tok = Tokenizer.from_pretrained(make_tiny_model_dir(tmp_path / "m"))
     text = long_library(tok, 300)
@@ -92,7 +92,7 @@ def test_long_library_has_the_asked_length_and_every_qa_skill(tmp_path):
 def test_bench_server_runs_every_configuration_on_the_same_requests(tmp_path, monkeypatch, capsys):
     """A tiny model behind two real servers (today's flags; a --max-batch 1 stand-in for a second engine): one
     table with every column, each configuration sent the same requests, greedy replies identical."""
-    from minskill import bench_server
+    from minskill.measure import bench_server
     monkeypatch.setitem(bench_server.CONFIGURATIONS, "batch-1", {"--max-batch": "1"})
     model = make_tiny_model_dir(tmp_path / "m")
     bench.main(["server", "--workload", "shared-prefix", "--model", str(model), "--configs", "today,batch-1",
@@ -115,7 +115,7 @@ def test_bench_server_names_a_bad_size_before_starting_anything(flags, named):
 
 def test_rollout_ratios_set_reply_length_apart_from_the_prefix():
     """A skill set that doubles the replies' length and the wall costs 2x the wall but 1x per completion token."""
-    from minskill.bench_server import Call, Row, ratios
+    from minskill.measure.bench_server import Call, Row, ratios
 
     def row(label, wall, tokens):
         return Row("new", f"rollouts, {label}", [Call({"i": i}, ["x"], 10, tokens, 1.0) for i in range(4)], wall, 0.5)
@@ -128,7 +128,7 @@ def test_rollout_ratios_set_reply_length_apart_from_the_prefix():
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="no /proc (not Linux)")
 def test_process_cpu_seconds_reads_the_cpu_a_process_used():
-    from minskill.bench_server import process_cpu_seconds
+    from minskill.measure.other_servers import process_cpu_seconds
     before, start = process_cpu_seconds(os.getpid()), time.process_time()
     while time.process_time() - start < 0.2:   # burn CPU past a few clock ticks
         sum(i * i for i in range(1000))
@@ -138,7 +138,7 @@ def test_process_cpu_seconds_reads_the_cpu_a_process_used():
 
 
 def test_against_entries_parse_into_servers():
-    from minskill.bench_server import Against, parse_against
+    from minskill.measure.other_servers import Against, parse_against
     assert parse_against("llama-cpp, vllm=http://127.0.0.1:8000/v1/@4242,b=https://u@h/x/v1") == [
         Against("llama-cpp"), Against("vllm", "http://127.0.0.1:8000/v1", 4242),
         Against("b", "https://u@h/x/v1")]   # an @ not followed by digits belongs to the URL
@@ -149,7 +149,7 @@ def test_against_entries_parse_into_servers():
     "llama", "x=127.0.0.1:8000/v1", "x=http://h:1/chat", "x=http://h/v1@0", "a b=http://h/v1",
     "=http://h/v1", "x=http://h/v1@12abc", "x=http://h/v1,x=http://g/v1", "llama-cpp,llama-cpp"])
 def test_a_bad_against_entry_names_the_flag(entry):
-    from minskill.bench_server import parse_against
+    from minskill.measure.other_servers import parse_against
     with pytest.raises(SystemExit, match="--against"):
         parse_against(entry)
 
@@ -175,7 +175,7 @@ def test_bench_server_runs_the_rollouts_on_other_servers_beside_minskill(tmp_pat
     """minskill's server on a tiny model, then two scripted OpenAI-compatible servers given as
     NAME=URL (one right on every task, one wrong): a row each per skill set, their own success, CPU
     seconds where a pid is given, and each server's wall over the first --against server's."""
-    from minskill.bench_server import SERVER_COLUMNS
+    from minskill.measure.bench_server import SERVER_COLUMNS
     from minskill.serve.server import ScriptedBackend, start_server
     from minskill.tasks import load_suite
     tasks = load_suite("qa", split="heldout", seed=0, n=2)
@@ -225,7 +225,8 @@ def test_llama_cpp_launcher_serves_the_shipped_gguf_and_stops(capsys):
     CPU seconds are counted; it is gone once the block exits."""
     pytest.importorskip("xllamacpp")
     import argparse
-    from minskill.bench_server import Against, against_client, llama_cpp_gguf, measure_server
+    from minskill.measure.bench_server import measure_server
+    from minskill.measure.other_servers import Against, against_client, llama_cpp_gguf
     from minskill.tasks import load_suite
     args = argparse.Namespace(gguf=None, model=bench.DEFAULT_MODEL, clients=2, threads=1,
                               llama_slots=2, llama_ctx=1024)

@@ -1,4 +1,4 @@
-"""`python -m minskill.bench gpu`: the published Qwen3 architectures it builds (parameter counts), the rows it
+"""`python -m minskill.measure.bench gpu`: the published Qwen3 architectures it builds (parameter counts), the rows it
 prints (smoke-tested on the CPU with --config tiny), and exit code 2 with a clear message without CUDA."""
 import contextlib
 import io
@@ -7,7 +7,7 @@ import re
 import pytest
 import torch
 
-from minskill import bench
+from minskill.measure import bench
 from minskill.nn.lora import apply_lora, trainable_parameters
 
 

@@ -9,7 +9,7 @@ import rewrite
 import train_grpo
 from minskill import rollout
 from minskill.cli import client_args
-from minskill.masa import transfer
+from minskill.measure import transfer
 from minskill.masa.run_config import MasaRunConfig
 
 TASK_MODEL = ["--task-url", "--task-model", "--task-api-key", "--task-quantize", "--task-concurrency",

@@ -1,4 +1,4 @@
-"""python -m minskill.skill_r1.combine on eval.json files of the wrong shape (a clean refusal
+"""python -m minskill.measure.combine on eval.json files of the wrong shape (a clean refusal
 naming FILE and the field, never a traceback, never --resume), the success intervals that the
 combined record, the printed table and the report share (recomputed from the instances, not
 copied), and the sentence saying what the p-values generalise over."""
@@ -13,7 +13,7 @@ import pytest
 from minskill.paired import generalises_over
 from minskill.report import __main__ as report
 from minskill.report.html import esc
-from minskill.skill_r1 import combine
+from minskill.measure import combine
 from minskill.skill_r1.eval_table import FROZEN_ROW, print_table, recorded_tasks, success_interval
 
 RUNS = Path(__file__).resolve().parents[1] / "docs" / "runs" / "skill-r1-cold-start"

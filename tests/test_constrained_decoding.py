@@ -15,7 +15,7 @@ import time
 import pytest
 import requests
 
-from minskill.serve.backends import parse_chat_request
+from minskill.serve.request_parsing import parse_chat_request
 from minskill.serve.json_schema import close_cost, compile_schema, start
 from minskill.serve.server import ModelBackend, start_server
 from test_json_schema import SCHEMAS, validate

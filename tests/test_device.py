@@ -9,8 +9,9 @@ import torch
 import evolve_masa
 import rewrite
 import train_grpo
-from minskill import bench, cli, device
-from minskill.masa import transfer
+from minskill import cli, device
+from minskill.measure import bench
+from minskill.measure import transfer
 from minskill.serve import embedded, server
 from minskill.skill_r1 import loop
 

@@ -25,7 +25,7 @@ from safetensors.torch import load_file
 import rewrite
 import train_grpo
 from helpers import common_flags, keyword_task_model, read_rows, write_keyword_suite
-from minskill import bench
+from minskill.measure import bench
 from minskill.sft import sft_throughput
 from minskill.nn.lora import ADAPTER_DIR, apply_lora
 from minskill.nn.sampling import completion_logprobs, generate

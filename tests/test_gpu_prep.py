@@ -18,7 +18,7 @@ import torch
 import minskill.device
 import rewrite
 from helpers import TASK, run_rewrite
-from minskill import bench
+from minskill.measure import bench
 from minskill.nn.lora import add_lora_arguments, lora_settings
 from minskill.nn.memory import GIB, UpdateShape, predict_update_memory, published_config
 from minskill.nn.weights import convert_gguf
@@ -31,7 +31,7 @@ import runpy, sys
 sys.modules["gguf"] = None                      # `import gguf` now raises ImportError
 sys.path[:0] = [".", "tests"]
 for kind, name in (("path", "train_grpo.py"), ("path", "rewrite.py"), ("path", "evolve_masa.py"),
-                   ("module", "minskill.bench"), ("module", "minskill.serve")):
+                   ("module", "minskill.measure.bench"), ("module", "minskill.serve")):
     sys.argv = [name, "--help"]
     try:
         (runpy.run_path if kind == "path" else runpy.run_module)(name, run_name="__main__")

@@ -1,9 +1,9 @@
-"""skill_r1.group_stats: the K and G measurements on lineage.jsonl, against values computed by hand."""
+"""measure.group_stats: the K and G measurements on lineage.jsonl, against values computed by hand."""
 import json
 
 import pytest
 
-from minskill.skill_r1 import group_stats
+from minskill.measure import group_stats
 
 
 def record(seed, generations, carried_ids=None):

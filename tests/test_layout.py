@@ -24,8 +24,8 @@ LAYERS = [
      "agent_loop",                       # the multi-turn rollouts
      "sft"],                             # supervised fine-tuning on chats (both papers' trainers)
     ["skill_r1", "masa"],                # the two papers
+    ["measure"],                         # what measures the papers and the model: tables, benchmarks
     ["report"],                          # the HTML report of any run folder
-    ["bench", "bench_server", "bench_profile", "bench_schema"],   # measurements
 ]
 APART = {"skill_r1", "masa"}            # same layer, but neither imports the other
 MAX_FLOORS = 10

@@ -69,6 +69,7 @@ def _cache(model, rows: int, seed: int) -> AlignedCache:
     cache.k.copy_(torch.randn(cache.k.shape, generator=generator))
     cache.v.copy_(torch.randn(cache.v.shape, generator=generator))
     cache.next_position[:] = torch.tensor(positions)
+    cache.positions = list(positions)
     cache.length = max(positions)
     return cache
 

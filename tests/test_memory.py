@@ -162,7 +162,7 @@ def test_the_largest_micro_batch_fits_and_one_more_does_not():
 
 
 def test_bench_memory_prints_the_parts_and_the_micro_batch_that_fits(capsys):
-    from minskill import bench
+    from minskill.measure import bench
     argv = ["memory", "--config", "qwen3-1.7b", "-K", "8", "--prompt-tokens", "2048", "--skill-tokens", "256",
             "--lora-rank", "16", "--lora-base-dtype", "bfloat16", "--bf16", "--gpu-gib", "20"]
     bench.main(argv)

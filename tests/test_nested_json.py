@@ -14,7 +14,8 @@ import pytest
 
 import evolve_masa
 import rewrite
-from minskill.masa import rewriter_sft as sft, transfer
+from minskill.masa import rewriter_sft as sft
+from minskill.measure import transfer
 from minskill.report import __main__ as report
 from minskill.serve.caching import CachingClient
 from minskill.skills import SkillFormatError

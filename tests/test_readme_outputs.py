@@ -54,7 +54,7 @@ def test_the_skill_r1_quick_start_table_is_what_combine_prints(tmp_path, capsys)
     """The Skill-R1 quick start's table (docs/results-skill-r1.md, which the README links), as
     `combine` prints it from the four evaluation runs that docs/runs keeps (the README's command
     combines the same runs under runs/)."""
-    from minskill.skill_r1 import combine
+    from minskill.measure import combine
     runs = ROOT / "docs" / "runs" / "skill-r1-cold-start"
     names = ("frozen", "grpo", "skill-r1-seed0", "skill-r1-seed1")
     files = [runs / f"eval-{name}.json" for name in names]

@@ -298,7 +298,7 @@ def test_apply_gives_the_rewriter_the_card_and_task_its_sft_records_hold(trained
                                    "--skills", str(files["skills"]), "--task", "qa", "--out", str(tmp_path / "out2"),
                                    "--device", "cpu"])
     assert code == 0 and seen["card"] == record_card and "has no strengths or weaknesses" not in stderr, stderr
-    from minskill.masa import transfer  # transfer's embedded target: the same builder
+    from minskill.measure import transfer  # transfer's embedded target: the same builder
     (target,) = transfer.load_targets(transfer.build_parser().parse_args(
         ["--libraries", "builtin", "--targets", f"f={DEFAULT_MODEL}", "--rewriter", str(trained[0])]))
     assert target.card == record_card

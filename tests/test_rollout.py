@@ -522,7 +522,7 @@ def test_a_library_whose_keys_match_no_type_of_the_suite_is_a_warning_naming_the
 def test_every_loader_of_a_library_for_a_suite_reads_it_for_the_suite(tmp_path):
     """--skills (rollout, train_grpo, rewrite), --base-skills (evolve_masa), --libraries (transfer)."""
     import evolve_masa
-    from minskill.masa import transfer
+    from minskill.measure import transfer
     folder = masa_alfworld_library(extra_keys=["slice"]).save(tmp_path / "masa-lib")
     with pytest.warns(TaskWarning, match="'slice'"):
         loaded = [rollout.load_skills(str(folder), "household"),

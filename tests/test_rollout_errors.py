@@ -15,7 +15,7 @@ import pytest
 import evolve_masa
 from helpers import argv as masa_argv, read, run_rewrite_compare, skill, target_fn
 from minskill import rollout
-from minskill.masa import transfer
+from minskill.measure import transfer
 from minskill.report.masa import heldout_section
 from minskill.report.provenance import load_transfer
 from minskill.report.transfer import render_transfer

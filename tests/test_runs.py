@@ -13,7 +13,7 @@ import pytest
 import evolve_masa
 import rewrite
 import train_grpo
-from minskill.masa import transfer
+from minskill.measure import transfer
 from minskill.nn.optim import lr_factor
 from minskill.runs import (RUN_MARKER, RunFolderError, check_run_folder, given_flags,
                            mark_run_folder, open_run_folder, resume_flags)
@@ -132,7 +132,7 @@ def _transfer(out):
     ("evolve_masa.py", lambda out: evolve_masa.main(["--out", out, "--overwrite", "--task-url",
                                                      "http://127.0.0.1:9/v1"])),
     ("evolve_masa.py --merge", lambda out: evolve_masa.main(["--merge", "x", "--out", out, "--overwrite"])),
-    ("minskill.masa.transfer", _transfer),
+    ("minskill.measure.transfer", _transfer),
 ])
 def test_every_script_refuses_to_overwrite_what_is_not_a_run(tmp_path, monkeypatch, capsys, script, argv):
     not_runs = _not_runs(tmp_path, monkeypatch)

@@ -9,7 +9,7 @@ import pytest
 import requests
 import torch
 
-from minskill.serve.backends import parse_chat_request, parse_completion_request
+from minskill.serve.request_parsing import parse_chat_request, parse_completion_request
 from minskill.serve.penalties import Penalties, penalized_logits
 from minskill.serve.server import ModelBackend, start_server
 

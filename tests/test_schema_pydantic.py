@@ -292,7 +292,7 @@ def test_random_schemas_tiny_model_replies_validate_within_max_tokens(tiny_serve
         checked += 1
 
 
-# ---- the measurement: bench server --workload schema (minskill/bench_schema.py) ------------------
+# ---- the measurement: bench server --workload schema (minskill/measure/bench_schema.py) ------------------
 class Address(BaseModel):
     street: str = Field(max_length=60)
     city: str
@@ -342,7 +342,7 @@ class Order(BaseModel):
 
 
 def test_the_bench_schema_is_what_pydantic_writes_for_a_30_field_model():
-    from minskill.bench_schema import ORDER_SCHEMA
+    from minskill.measure.bench_schema import ORDER_SCHEMA
     assert ORDER_SCHEMA == Order.model_json_schema()
     models = (Address, Customer, LineItem, Card, Transfer, Order)
     assert sum(len(m.model_fields) for m in models) == 30
@@ -354,7 +354,7 @@ def test_the_bench_schema_is_what_pydantic_writes_for_a_30_field_model():
 
 def test_bench_schema_reports_compile_time_and_the_cost_per_token(tmp_path, capsys):
     import argparse
-    from minskill.bench_schema import bench_schema
+    from minskill.measure.bench_schema import bench_schema
     from tiny import make_tiny_model_dir
     folder = make_tiny_model_dir(tmp_path / "tiny-llama", family="llama", chat_format="chatml")
     numbers = bench_schema(argparse.Namespace(model=str(folder), dtype="float32", quantize=None,

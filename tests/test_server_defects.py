@@ -275,7 +275,7 @@ def test_max_completion_tokens_beside_max_tokens_is_never_ignored(value, problem
 
 
 def test_bench_server_prints_the_stop_string_ratio():
-    from minskill.bench_server import STOP_LABELS, Call, Row, ratios
+    from minskill.measure.bench_server import STOP_LABELS, Call, Row, ratios
 
     def row(label, wall, text):
         return Row("new", label, [Call({"n": 16}, [text] * 16, 10, 1000, wall)], wall)

@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 
 import train_grpo
 from minskill.paired import wilson_interval
-from minskill.skill_r1 import combine
+from minskill.measure import combine
 from helpers import (KEYWORDS, ROW_FIELDS, TIMING_FIELDS, common_flags, crash_after_checkpoint, keyword_task_model,
                      keyword_tasks, read_rows, write_keyword_suite)
 from minskill.nn.sampling import completion_logprobs

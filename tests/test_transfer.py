@@ -1,4 +1,4 @@
-"""The transfer matrix (minskill/masa/transfer.py) and its report page (minskill/report/transfer.py), with scripted
+"""The transfer matrix (minskill/measure/transfer.py) and its report page (minskill/report/transfer.py), with scripted
 targets behind the real HTTP server (minskill.serve.server.ScriptedBackend on loopback).
 
 The scripted targets prefer different skills, the model-dependence effect of the MASA paper: target `alpha`
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from helpers import CHROMIUM, TASK, XSS, assert_self_contained_and_escaped, browse, skill
-from minskill.masa import transfer
+from minskill.measure import transfer
 from minskill.report.provenance import load_transfer
 from minskill.report.transfer import render_transfer
 from minskill.runs import mark_run_folder

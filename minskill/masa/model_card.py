@@ -362,8 +362,8 @@ def target_model_card(spec, name: str | None = None) -> ModelCard:
     teacher adds strengths and weaknesses: its config.json's fields (model_card_from_config) and
     what KNOWN_MODELS says of a known spec; named `name`, else the spec's last path part. The one
     builder of evolve_masa.py's card (--target-checkpoint, the embedded target), rewrite.py apply's
-    --model-card SPEC and minskill.masa.transfer's embedded targets, so that the rewriter is given
-    at apply the card its SFT records were built with."""
+    --model-card SPEC and minskill.measure.transfer's embedded targets, so that the rewriter is
+    given at apply the card its SFT records were built with."""
     from minskill.nn.weights import resolve_model  # (torch: imported only when a card is built)
     spec = str(spec)
     return model_card_from_config(resolve_model(spec), name=name or Path(spec).name,

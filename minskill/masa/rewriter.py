@@ -1,4 +1,5 @@
-"""The stage-2 rewriter at inference: what `rewrite.py apply` and `python -m minskill.masa.transfer
+"""The stage-2 rewriter at inference: what `rewrite.py apply` and `python -m
+minskill.measure.transfer
 --rewriter` share.
 
 Given the target's model card, an input skill set S_in and a task description d, the trained

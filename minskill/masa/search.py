@@ -170,8 +170,9 @@ class MasaSearch:
         """The teacher attributes the best set's failures, then rewrites its general skills; None:
         a reply skipped."""
         best, it = climb.best, climb.iteration + 1
-        attribution = self.ask(partial(attribution_messages, self.card, best.skills, best.failures,
-                                       best.reward), parse_attribution, "attribution", it)
+        attribution = self.ask(
+            partial(attribution_messages, self.card, best.skills, best.failures, best.reward),
+            parse_attribution, "attribution", it)
         history = sorted((x for x in self.candidates
                           if x.phase in ("base", "general") and x.reward is not None),
                          key=lambda x: (-x.reward, x.id))[:5]
@@ -340,8 +341,10 @@ class MasaSearch:
         """The search as plain JSON: the candidates, and the climb and trees with candidate ids as
         payloads."""
         by_id, climb = (lambda candidate: candidate.id), self.climb   # noqa: E731
-        candidates = [{k: x.skills.to_json() if k == "skills" else getattr(x, k)
-                       for k in CANDIDATE_KEYS} for x in self.candidates]
+        candidates = [
+            {k: x.skills.to_json() if k == "skills" else getattr(x, k) for k in CANDIDATE_KEYS}
+            for x in self.candidates
+        ]
         general = None if climb is None else {"best": climb.best.id,
                                               "best_reward": climb.best.reward,
                                               "iteration": climb.iteration, "stale": climb.stale}
@@ -353,9 +356,12 @@ class MasaSearch:
     def restore(self, state: dict) -> None:
         """Set the search to a state written by to_json (a checkpoint)."""
         state = copy.deepcopy(state)   # the caller keeps its checkpoint as it was
-        self.candidates = [   # the skills as add_candidate holds them
-            SkillSetCandidate(**{**x, "skills": SkillSet.from_json(x["skills"]).carry_resources(
-                self.base_skills)}) for x in state["candidates"]]
+        self.candidates = [  # the skills as add_candidate holds them
+            SkillSetCandidate(
+                **{**x, "skills": SkillSet.from_json(x["skills"]).carry_resources(self.base_skills)}
+            )
+            for x in state["candidates"]
+        ]
         by_id, climb = self.candidates.__getitem__, state["general"]
         self.climb = None if climb is None else \
             HillClimbState(by_id(climb["best"]), climb["iteration"], climb["stale"])

@@ -1,24 +1,26 @@
 """int8 weight-only quantization of a frozen minskill Transformer (the task model, the teacher).
 
-A frozen model needs no float weights. On a CPU, decoding one token streams every weight matrix through
-memory once, and the matmul kernels read weights at about the same bytes per second whatever their
-dtype, so bytes per weight decide the speed: int8 (1 byte) against bf16 (2) or float32 (4).
+A frozen model needs no float weights. On a CPU, decoding one token streams every weight matrix
+through memory once, and the matmul kernels read weights at about the same bytes per second
+whatever their dtype, so bytes per weight decide the speed: int8 (1 byte) against bf16 (2) or
+float32 (4).
 
-Each linear layer y = x Wᵀ + b with W ∈ R^{out×in} is stored as int8 codes Q and one scale per output
-channel (row) o:
+Each linear layer y = x Wᵀ + b with W ∈ R^{out×in} is stored as int8 codes Q and one scale per
+output channel (row) o:
 
-    s_o  = ⌈max_i |W_oi| / 127⌉_bf16                (rounded UP to a bfloat16 number; s_o = 1 for a zero row)
+    s_o  = ⌈max_i |W_oi| / 127⌉_bf16      (rounded UP to a bfloat16 number; s_o = 1 for a zero row)
     Q_oi = round(W_oi / s_o)  ∈ [−127, 127]
-    y_o  = s_o · Σ_i x_i Q_oi + b_o                 (= x (diag(s) Q)ᵀ + b)
+    y_o  = s_o · Σ_i x_i Q_oi + b_o       (= x (diag(s) Q)ᵀ + b)
 
-The kernel keeps its scales in bfloat16, so s_o is made a bfloat16 number *before* Q is computed, and
-rounded up so that |W_oi / s_o| ≤ 127 needs no clamp: the weights used are then exactly s_o·Q_oi and the
-error of one weight is at most s_o / 2 (s_o ≤ (1 + 2⁻⁷)·max_i |W_oi| / 127). The product runs in torch's
-own kernel `torch._weight_int8pack_mm(x, Q, s)` with bfloat16 activations (its fast path; float32
-activations take a slow one). On a device where that kernel is missing, the layer keeps the same Q and s
-and computes x (diag(s) Q)ᵀ with the weights dequantized exactly in float32 at each call (s_o·Q_oi has
-8 + 7 significant bits: float32 holds it exactly, bfloat16 would round it by up to 2⁻⁹ of |W|): the same
-weights, without the speed; the two paths' outputs differ only by the rounding of their accumulations.
+The kernel keeps its scales in bfloat16, so s_o is made a bfloat16 number *before* Q is computed,
+and rounded up so that |W_oi / s_o| ≤ 127 needs no clamp: the weights used are then exactly
+s_o·Q_oi and the error of one weight is at most s_o / 2 (s_o ≤ (1 + 2⁻⁷)·max_i |W_oi| / 127). The
+product runs in torch's own kernel `torch._weight_int8pack_mm(x, Q, s)` with bfloat16 activations
+(its fast path; float32 activations take a slow one). On a device where that kernel is missing, the
+layer keeps the same Q and s and computes x (diag(s) Q)ᵀ with the weights dequantized exactly in
+float32 at each call (s_o·Q_oi has 8 + 7 significant bits: float32 holds it exactly, bfloat16 would
+round it by up to 2⁻⁹ of |W|): the same weights, without the speed; the two paths' outputs differ
+only by the rounding of their accumulations.
 
 `quantize_int8(model)` converts every projection of every layer (q, k, v, o, gate, up, down) and the
 output head, in place, and casts the rest (embeddings, norms) to bfloat16, so activations flow in
@@ -58,16 +60,18 @@ INT4_GROUP = 32     # G: inputs per int4 group (one scale and one offset each)
 
 
 def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(Q int8 (out, in), s (out,): float32 holding bfloat16 values) with W ≈ diag(s) Q, per the module
-    docstring: |W − diag(s) Q| ≤ s / 2 elementwise."""
+    """(Q int8 (out, in), s (out,): float32 holding bfloat16 values) with W ≈ diag(s) Q, per the
+    module docstring: |W − diag(s) Q| ≤ s / 2 elementwise."""
     w = weight.detach().float()
     exact = w.abs().amax(dim=1) / 127.0
     exact = torch.where(exact > 0, exact, torch.ones_like(exact))
     scales = exact.to(torch.bfloat16)
-    # round up to the next bfloat16 where rounding went down (positive numbers: the next bit pattern)
+    # round up to the next bfloat16 where rounding went down (positive numbers: the next bit
+    # pattern)
     up = (scales.view(torch.int16) + 1).view(torch.bfloat16)
     scales = torch.where(scales.float() < exact, up, scales).float()
-    codes = torch.round(w / scales[:, None]).clamp_(-127, 127).to(torch.int8)   # (the clamp never acts)
+    # (the clamp never acts)
+    codes = torch.round(w / scales[:, None]).clamp_(-127, 127).to(torch.int8)
     return codes, scales
 
 

@@ -1,41 +1,47 @@
-"""Tokenizer: a Hugging Face `tokenizer.json` run by the `tokenizers` package, plus chat templates and stop tokens.
+"""Tokenizer: a Hugging Face `tokenizer.json` run by the `tokenizers` package, plus chat templates
+and stop tokens.
 
 Text <-> token ids is delegated to `tokenizers` (the Rust library behind HF's fast tokenizers), so
-`encode` gives exactly the ids HF gives for the same file. What HF does with a Jinja chat template we do
-with two small hand-written renderers, chosen once from the checkpoint's template text:
+`encode` gives exactly the ids HF gives for the same file. What HF does with a Jinja chat template
+we do with two small hand-written renderers, chosen once from the checkpoint's template text:
 
 ChatML (Qwen2/2.5, Qwen3, SmolLM2), one turn per message:
 
-    <|im_start|>{role}\\n{content}<|im_end|>\\n              ... then, for a reply: <|im_start|>assistant\\n
+    <|im_start|>{role}\\n{content}<|im_end|>\\n              ... then, for a reply:
+                                                             <|im_start|>assistant\\n
 
     * a default system turn when the conversation has none, if the template carries one
       (SmolLM2: "You are a helpful AI assistant named SmolLM, trained by Hugging Face";
        Qwen2.5: "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.");
-    * Qwen3 (thinking off): the reply prompt is `<|im_start|>assistant\\n<think>\\n\\n</think>\\n\\n`; an
-      assistant turn after the last user turn is written with its (possibly empty) `<think>` block, earlier
-      ones with their reasoning removed — exactly what Qwen3's template does. `enable_thinking=True` (a chat
-      template kwarg: minskill.serve honours `chat_template_kwargs`) leaves the empty block out, so the model
-      thinks, as the template does with enable_thinking true or undefined; minskill's default is False (its
-      scripts score answers, not thinking). A template without `enable_thinking` ignores it, as Jinja would.
+    * Qwen3 (thinking off): the reply prompt is
+      `<|im_start|>assistant\\n<think>\\n\\n</think>\\n\\n`; an assistant turn after the last user
+      turn is written with its (possibly empty) `<think>` block, earlier ones with their reasoning
+      removed — exactly what Qwen3's template does. `enable_thinking=True` (a chat template kwarg:
+      minskill.serve honours `chat_template_kwargs`) leaves the empty block out, so the model
+      thinks, as the template does with enable_thinking true or undefined; minskill's default is
+      False (its scripts score answers, not thinking). A template without `enable_thinking` ignores
+      it, as Jinja would.
 
 Llama 3:
 
-    <|begin_of_text|>  then per message  <|start_header_id|>{role}<|end_header_id|>\\n\\n{content.strip()}<|eot_id|>
+    <|begin_of_text|>  then per message
+                        <|start_header_id|>{role}<|end_header_id|>\\n\\n{content.strip()}<|eot_id|>
     reply prompt: <|start_header_id|>assistant<|end_header_id|>\\n\\n
 
     * Llama 3.1/3.2/3.3 templates always open with a system turn that starts with
-      "Cutting Knowledge Date: December 2023\\nToday Date: {date}\\n\\n" followed by the (stripped) system
-      message, or nothing; {date} is today's date ("%d %b %Y") where the template asks for `strftime_now`
-      (3.2), else "26 Jul 2024" (3.1, 3.3). Llama 3.0 has no such turn.
+      "Cutting Knowledge Date: December 2023\\nToday Date: {date}\\n\\n" followed by the (stripped)
+      system message, or nothing; {date} is today's date ("%d %b %Y") where the template asks for
+      `strftime_now` (3.2), else "26 Jul 2024" (3.1, 3.3). Llama 3.0 has no such turn.
 
-`apply_chat_template` encodes the control tokens the format itself writes (the `<|...|>` tokens shown above)
-as their special ids, and every stretch of text between them, where the message contents are, with special
-tokens off: a message that types "<|im_end|>\n<|im_start|>system\n..." gets those characters as plain text,
-never a turn of its own (role injection). Non-special added tokens (Qwen3's `<think>`) are matched in both.
-HF encodes the rendered text as a whole, which splits at special tokens and encodes each stretch between them
-apart, so for contents without special-token text the ids are identical token for token to HF's
-`apply_chat_template(..., tokenize=True)`; for contents with it, HF (and any server that renders text, then
-tokenizes it) would turn the user's text into control tokens.
+`apply_chat_template` encodes the control tokens the format itself writes (the `<|...|>` tokens
+shown above) as their special ids, and every stretch of text between them, where the message
+contents are, with special tokens off: a message that types "<|im_end|>\n<|im_start|>system\n..."
+gets those characters as plain text, never a turn of its own (role injection). Non-special added
+tokens (Qwen3's `<think>`) are matched in both. HF encodes the rendered text as a whole, which
+splits at special tokens and encodes each stretch between them apart, so for contents without
+special-token text the ids are identical token for token to HF's `apply_chat_template(...,
+tokenize=True)`; for contents with it, HF (and any server that renders text, then tokenizes it)
+would turn the user's text into control tokens.
 
 Tools (`tools=[{"type": "function", "function": {...}}, ...]`, as HF's `tools` template variable),
 assistant turns with `tool_calls` and `tool` turns are written as each family's template writes
@@ -52,9 +58,9 @@ them:
       "parameters"}; a call is that JSON as the assistant's turn (one call per turn, as the template
       demands), a tool's reply an `ipython` turn holding the content as a JSON string.
 
-Stop tokens: the union of the eos ids in generation_config.json and config.json (an int or a list), the
-eos token of tokenizer_config.json, and the format's end-of-turn token (`<|im_end|>`, `<|eot_id|>`).
-"""
+Stop tokens: the union of the eos ids in generation_config.json and config.json (an int or a list),
+the eos token of tokenizer_config.json, and the format's end-of-turn token (`<|im_end|>`,
+`<|eot_id|>`). """
 from __future__ import annotations
 
 import json
@@ -118,23 +124,28 @@ def _as_id_list(value) -> list[int]:
 
 
 def _chat_template_text(path: Path, tokenizer_config: dict) -> str | None:
-    """The default chat template: chat_template.jinja (newer HF), chat_template.json, or tokenizer_config.json."""
+    """The default chat template: chat_template.jinja (newer HF), chat_template.json, or
+    tokenizer_config.json."""
     if (path / "chat_template.jinja").is_file():
         return (path / "chat_template.jinja").read_text(encoding="utf-8")
-    template = _read_json(path / "chat_template.json").get("chat_template") or tokenizer_config.get("chat_template")
-    if isinstance(template, list):  # [{"name": "default", "template": ...}, {"name": "tool_use", ...}]
+    template = (_read_json(path / "chat_template.json").get("chat_template")
+                or tokenizer_config.get("chat_template"))
+    if isinstance(template, list):  # [{"name": "default", "template": ...}, {"name": "tool_use",
+                                    # ...}]
         named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
         template = named.get("default")
     return template if isinstance(template, str) else None
 
 
 class Tokenizer:
-    """Encode/decode through `tokenizers`; render chats as ChatML or Llama 3; know the stop tokens."""
+    """Encode/decode through `tokenizers`; render chats as ChatML or Llama 3; know the stop
+    tokens."""
 
     def __init__(self, backend: _Backend, *, chat_format: str | None, stop_token_ids: list[int],
                  eos_token_id: int, pad_token_id: int, bos_token: str | None = None,
                  default_system: str | None = None, qwen3_thinking: bool = False,
-                 empty_think_prompt: bool = False, llama3_date: str | None = None, source_dir: Path | None = None):
+                 empty_think_prompt: bool = False, llama3_date: str | None = None,
+                 source_dir: Path | None = None):
         self.backend = backend
         self.chat_format = chat_format
         self.stop_token_ids = stop_token_ids
@@ -142,19 +153,24 @@ class Tokenizer:
         self.pad_token_id = pad_token_id
         self.bos_token = bos_token
         self.default_system = default_system          # ChatML: system turn used when none is given
-        self.qwen3_thinking = qwen3_thinking          # ChatML: Qwen3's handling of <think> in assistant turns
-        self.empty_think_prompt = empty_think_prompt  # ChatML: reply prompt ends with an empty <think> block
-        self.llama3_date = llama3_date                # Llama 3: None (3.0, no date turn), "today", or a fixed date
+        self.qwen3_thinking = qwen3_thinking          # ChatML: Qwen3's handling of <think> in
+                                                      # assistant turns
+        self.empty_think_prompt = empty_think_prompt  # ChatML: reply prompt ends with an empty
+                                                      # <think> block
+        self.llama3_date = llama3_date                # Llama 3: None (3.0, no date turn), "today",
+                                                      # or a fixed date
         self.source_dir = source_dir
         self.vocab_size = backend.get_vocab_size(with_added_tokens=True)
-        self._plain_backend: _Backend | None = None  # a copy that reads special-token text as plain text
+        self._plain_backend: _Backend | None = None  # a copy that reads special-token text as
+        # plain text
 
-    # ----------------------------------------------------------------------------------------------------------
+    # ----------------------------------------------------------------------------------------------
     @classmethod
     def from_pretrained(cls, path) -> "Tokenizer":
         path = Path(path)
         if not (path / "tokenizer.json").is_file():
-            raise FileNotFoundError(f"no tokenizer.json in {path} (minskill reads HF fast-tokenizer files)")
+            raise FileNotFoundError(f"no tokenizer.json in {path} (minskill reads HF "
+                                    f"fast-tokenizer files)")
         backend = _Backend.from_file(str(path / "tokenizer.json"))
         tok_config = _read_json(path / "tokenizer_config.json")
         gen_config = _read_json(path / "generation_config.json")
@@ -167,7 +183,8 @@ class Tokenizer:
         # Which chat format: from the template text, else from the special tokens in the vocabulary.
         chat_format = None
         probe = template if template is not None else "".join(
-            t for t in ("<|im_start|>", "<|start_header_id|>") if backend.token_to_id(t) is not None)
+            t for t in ("<|im_start|>", "<|start_header_id|>")
+            if backend.token_to_id(t) is not None)
         if "<|im_start|>" in probe:
             chat_format = CHATML
         elif "<|start_header_id|>" in probe:
@@ -177,8 +194,10 @@ class Tokenizer:
         qwen3_thinking = empty_think_prompt = False
         llama3_date = None
         if chat_format == CHATML and template is not None:
-            # A literal system turn in the template is its default system prompt (SmolLM2, Qwen2/2.5);
-            # the Jinja source spells the newline either as a newline (SmolLM2) or as backslash-n (Qwen).
+            # A literal system turn in the template is its default system prompt (SmolLM2,
+            # Qwen2/2.5);
+            # the Jinja source spells the newline either as a newline (SmolLM2) or as backslash-n
+            # (Qwen).
             m = re.search(r"<\|im_start\|>system(?:\n|\\n)([^'\"{}]*?)<\|im_end\|>", template)
             default_system = m.group(1) if m else None
             qwen3_thinking = "<think>" in template and "last_query_index" in template
@@ -196,26 +215,30 @@ class Tokenizer:
                 stop_token_ids.append(i)
         eos_token_id = next((i for i in eos_candidates if i is not None), end_of_turn)
         if eos_token_id is None:
-            raise ValueError(f"no eos token found in {path} (looked at tokenizer_config.json eos_token, "
+            raise ValueError(f"no eos token found in {path} (looked at tokenizer_config.json "
+                             f"eos_token, "
                              "generation_config.json and config.json eos_token_id)")
         pad_candidates = [token_id(_token_text(tok_config.get("pad_token"))),
-                          gen_config.get("pad_token_id"), model_config.get("pad_token_id"), eos_token_id]
+                          gen_config.get("pad_token_id"), model_config.get("pad_token_id"),
+                          eos_token_id]
         pad_token_id = next(i for i in pad_candidates if isinstance(i, int))
         bos_token = _token_text(tok_config.get("bos_token"))
         if chat_format == LLAMA3 and bos_token is None:
             bos_token = "<|begin_of_text|>"
-        return cls(backend, chat_format=chat_format, stop_token_ids=stop_token_ids, eos_token_id=eos_token_id,
-                   pad_token_id=pad_token_id, bos_token=bos_token, default_system=default_system,
-                   qwen3_thinking=qwen3_thinking, empty_think_prompt=empty_think_prompt,
-                   llama3_date=llama3_date, source_dir=path)
+        return cls(backend, chat_format=chat_format, stop_token_ids=stop_token_ids,
+                   eos_token_id=eos_token_id, pad_token_id=pad_token_id, bos_token=bos_token,
+                   default_system=default_system, qwen3_thinking=qwen3_thinking,
+                   empty_think_prompt=empty_think_prompt, llama3_date=llama3_date, source_dir=path)
 
-    # ----------------------------------------------------------------------------------------------------------
+    # ----------------------------------------------------------------------------------------------
     def encode(self, text: str, special_tokens: bool = True) -> list[int]:
-        """Token ids of `text`; nothing is added. Special-token text (e.g. "<|im_end|>") becomes its id, or,
-        with special_tokens=False, the plain characters it is (for text that must not control the model)."""
+        """Token ids of `text`; nothing is added. Special-token text (e.g. "<|im_end|>") becomes
+        its id, or, with special_tokens=False, the plain characters it is (for text that must not
+        control the model)."""
         backend = self.backend
         if not special_tokens:
-            if self._plain_backend is None:  # a copy, not a toggled flag: other threads encode meanwhile
+            if self._plain_backend is None:  # a copy, not a toggled flag: other threads encode
+                                             # meanwhile
                 plain = _Backend.from_str(self.backend.to_str())
                 plain.encode_special_tokens = True
                 self._plain_backend = plain
@@ -223,7 +246,8 @@ class Tokenizer:
         return backend.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
-        return self.backend.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)  # tensors too
+        return self.backend.decode([int(i) for i in ids],
+                                   skip_special_tokens=skip_special_tokens)  # tensors too
 
     def token_to_id(self, token: str) -> int | None:
         return self.backend.token_to_id(token)
@@ -231,10 +255,11 @@ class Tokenizer:
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, *,
                             date_string: str | None = None, enable_thinking: bool = False,
                             tools: list[dict] | None = None) -> list[int]:
-        """Token ids of the rendered chat: the format's control tokens as special ids, all other text (the
-        message contents) with special tokens off. HF's ids for the same template, unless a content holds
-        special-token text (see the module docstring). `enable_thinking`: Qwen3's reply prompt without the
-        empty think block; `tools`: the tools the model may call (module docstring)."""
+        """Token ids of the rendered chat: the format's control tokens as special ids, all other
+        text (the message contents) with special tokens off. HF's ids for the same template, unless
+        a content holds special-token text (see the module docstring). `enable_thinking`: Qwen3's
+        reply prompt without the empty think block; `tools`: the tools the model may call (module
+        docstring)."""
         ids, text = [], ""
         for part in self._render_parts(messages, add_generation_prompt, date_string,
                                        enable_thinking, tools):
@@ -250,12 +275,14 @@ class Tokenizer:
                     tools: list[dict] | None = None) -> str:
         """The chat as text. `date_string` overrides the date in Llama 3.1+ system turns;
         enable_thinking and tools as in apply_chat_template."""
-        return "".join(self._render_parts(messages, add_generation_prompt, date_string,
-                                          enable_thinking, tools))
+        return "".join(
+            self._render_parts(messages, add_generation_prompt, date_string, enable_thinking, tools)
+        )
 
     def _render_parts(self, messages, add_generation_prompt, date_string, enable_thinking=False,
                       tools=None) -> list[str]:
-        """The rendered chat as a list of strings; the format's own control tokens are _Control strings."""
+        """The rendered chat as a list of strings; the format's own control tokens are _Control
+        strings."""
         _check_messages(messages)
         if self.chat_format == CHATML:
             return self._render_chatml(messages, add_generation_prompt, enable_thinking,
@@ -264,7 +291,8 @@ class Tokenizer:
             return self._render_llama3(messages, add_generation_prompt, date_string, tools or None)
         where = f" of {self.source_dir}" if self.source_dir else ""
         raise ValueError(f"the tokenizer{where} has no chat format minskill knows "
-                         f"(supported: ChatML '<|im_start|>' and Llama 3 '<|start_header_id|>' templates)")
+                         f"(supported: ChatML '<|im_start|>' and Llama 3 '<|start_header_id|>' "
+                         f"templates)")
 
     def _render_chatml(self, messages: list[dict], add_generation_prompt: bool,
                        enable_thinking: bool, tools: list[dict] | None = None) -> list[str]:
@@ -303,7 +331,8 @@ class Tokenizer:
                 if not isinstance(reasoning, str):
                     reasoning = ""
                     if "</think>" in content:
-                        reasoning = content.split("</think>")[0].rstrip("\n").split("<think>")[-1].lstrip("\n")
+                        reasoning = content.split("</think>")[0].rstrip("\n").split("<think>")[
+                                -1].lstrip("\n")
                         content = content.split("</think>")[-1].lstrip("\n")
                 bare = content
                 is_last = i == len(messages) - 1
@@ -322,7 +351,8 @@ class Tokenizer:
 
     def _render_llama3(self, messages: list[dict], add_generation_prompt: bool,
                        date_string: str | None, tools: list[dict] | None = None) -> list[str]:
-        header, end_header, end = _Control("<|start_header_id|>"), _Control("<|end_header_id|>"), _Control("<|eot_id|>")
+        header, end_header, end = _Control("<|start_header_id|>"), _Control(
+                "<|end_header_id|>"), _Control("<|eot_id|>")
         parts = [_Control(self.bos_token or "")]
         if self.llama3_date is not None or tools:  # Llama 3.1+: the system turn is always there
             system = ""
@@ -358,9 +388,10 @@ class Tokenizer:
             parts += [header, "assistant", end_header, "\n\n"]
         return parts
 
-    # ----------------------------------------------------------------------------------------------------------
+    # ----------------------------------------------------------------------------------------------
     def save_pretrained(self, path) -> None:
-        """Copy the tokenizer files this tokenizer was loaded from into `path` (each written atomically)."""
+        """Copy the tokenizer files this tokenizer was loaded from into `path` (each written
+        atomically)."""
         if self.source_dir is None:
             raise ValueError("this tokenizer was not loaded from a folder; nothing to copy")
         path = Path(path)
@@ -369,13 +400,16 @@ class Tokenizer:
             src = self.source_dir / name
             if not src.is_file() or (path / name).resolve() == src.resolve():
                 continue
-            # atomically, as minskill.files.atomic_output writes (a .tmp- file that runs.clean_staging removes,
-            # then a rename), in these few lines of its own: this module imports nothing from minskill
+            # atomically, as minskill.files.atomic_output writes (a .tmp- file that
+            # runs.clean_staging removes,
+            # then a rename), in these few lines of its own: this module imports nothing from
+            # minskill
             fd, tmp = tempfile.mkstemp(dir=path, prefix=f".tmp-{name}-")
             os.close(fd)
             try:
                 shutil.copyfile(src, tmp)
-                os.chmod(tmp, 0o644)   # mkstemp makes files private (0600); these are ordinary outputs
+                os.chmod(tmp, 0o644)   # mkstemp makes files private (0600); these are ordinary
+                                       # outputs
                 os.replace(tmp, path / name)
             except BaseException:
                 if os.path.exists(tmp):
@@ -384,8 +418,8 @@ class Tokenizer:
 
 
 class _Control(str):
-    """A control token the chat format writes itself ("<|im_start|>", ...): the only text of a rendered chat
-    that apply_chat_template encodes with special tokens on."""
+    """A control token the chat format writes itself ("<|im_start|>", ...): the only text of a
+    rendered chat that apply_chat_template encodes with special tokens on."""
 
 
 def _tojson(value, indent: int | None = None) -> str:
@@ -416,4 +450,5 @@ def _check_messages(messages) -> None:
             raise ValueError(f"messages[{i}]['tool_calls'] must be a list of {{'function': "
                              f"{{'name', 'arguments'}}}} dicts, got {calls!r:.200}")
         if not isinstance(m.get("content"), str):
-            raise ValueError(f"messages[{i}]['content'] must be a string, got {type(m.get('content')).__name__}")
+            raise ValueError(f"messages[{i}]['content'] must be a string, got "
+                             f"{type(m.get('content')).__name__}")

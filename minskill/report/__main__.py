@@ -36,7 +36,7 @@ def main(argv=None) -> int:
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("run_dir", help="a run folder of train_grpo.py (training or --eval), "
                    "evolve_masa.py, rewrite.py apply --compare, rewrite.py train or python -m "
-                   "minskill.masa.transfer")
+                   "minskill.measure.transfer")
     p.add_argument("-o", "--out", default=None,
                    help="the HTML file to write (default RUN_DIR/report.html; a "
                    "folder: FOLDER/report.html)")

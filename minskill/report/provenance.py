@@ -23,7 +23,7 @@ refused: the page shows the run's own files only.
     compare        rewrite.py apply --compare  compare.json (with `costs` per role),
                                                trajectories-*.jsonl, teacher_oneshot/
     rewriter       rewrite.py train            metrics.jsonl (loss per step), run_config.json
-    transfer       python -m minskill.masa.transfer
+    transfer       python -m minskill.measure.transfer
                                                transfer.json (drawn by minskill/report/transfer.py)
 
 The cost per role is what the runs record with minskill/serve/client.py's Usage (calls, prompt and
@@ -76,7 +76,7 @@ from pathlib import Path
 
 from minskill.files import ShapeError, check_shape, inside, read_json, read_jsonl
 from minskill.masa import ucb
-from minskill.masa.transfer_record import check_matrix
+from minskill.measure.transfer_record import check_matrix
 
 NOT_RECORDED = "not recorded by this run"
 EVAL_VERSION = 2   # of eval.json, as skill_r1.evaluate.eval_record writes it
@@ -189,7 +189,7 @@ def detect_kind(folder: Path) -> str:
     if not folder.is_dir():
         what = "a file, not a folder" if folder.exists() else "no such folder"
         raise NotARun(f"{folder}: {what} (expected a run folder of train_grpo.py, evolve_masa.py, "
-                       "rewrite.py or minskill.masa.transfer)")
+                       "rewrite.py or minskill.measure.transfer)")
     if (folder / "transfer.json").is_file():
         return "transfer"
     if (folder / "state.json").is_file():
@@ -205,7 +205,7 @@ def detect_kind(folder: Path) -> str:
     raise NotARun(f"{folder}: not a run folder: expected metrics.jsonl (train_grpo.py training, "
                   "rewrite.py train), eval.json (train_grpo.py --eval), state.json "
                   "(evolve_masa.py) or compare.json (rewrite.py apply --compare) or transfer.json "
-                  f"(python -m minskill.masa.transfer); it holds {shown}.")
+                  f"(python -m minskill.measure.transfer); it holds {shown}.")
 
 
 def read_rows(path: Path, required: tuple[str, ...], shape: dict | None = None) -> list[dict]:
@@ -349,8 +349,8 @@ def _load_rewriter(folder: Path) -> dict:
 
 def load_transfer(folder) -> dict:
     """{"kind": "transfer", "folder", "files", "transfer"}; NotARun for a missing or malformed
-    transfer.json (minskill.masa.transfer_record.check_matrix: the shapes the page uses, naming the
-    field)."""
+    transfer.json (minskill.measure.transfer_record.check_matrix: the shapes the page uses, naming
+    the field)."""
     folder = Path(folder)
     try:
         data = read_json(own_file(folder, folder / "transfer.json"))

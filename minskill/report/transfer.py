@@ -1,5 +1,5 @@
-"""The report page of a transfer matrix (minskill/masa/transfer.py's run folder): a heat map and the
-table.
+"""The report page of a transfer matrix (minskill/measure/transfer.py's run folder): a heat map and
+the table.
 
     render_transfer(run) -> str    one self-contained HTML page (minskill/report/html.py's page and
                                    helpers)

@@ -1,4 +1,5 @@
-"""python -m minskill.serve --model SPEC [--port 8000] ...: the OpenAI-compatible server (minskill/serve/server.py)."""
+"""python -m minskill.serve --model SPEC [--port 8000] ...: the OpenAI-compatible server
+(minskill/serve/server.py)."""
 import sys
 
 from minskill.serve.server import main

@@ -59,7 +59,8 @@ def padded(n: int) -> int:
 
 class AlignedCache(KVCache):
     """Keys/values (layers, B, n_kv, max_len, d) with row b's position p at slot p;
-    `next_position[b]` is the row's length. The model calls `attend` instead of `update`
+    `next_position[b]` is the row's length, and `positions` the same lengths on the host (so a
+    decoding step never asks the device for them). The model calls `attend` instead of `update`
     (nn.model.Attention): the cache writes the new keys at the rows' own positions and attends over
     them (module docstring)."""
 
@@ -69,6 +70,7 @@ class AlignedCache(KVCache):
         self.prefill = prefill    # one prompt's row: its queries as a prefill's, even a single one
         self.key_mask = torch.zeros(batch_size, 0, dtype=torch.bool, device=device)   # unused
         self.group = config.num_attention_heads // config.num_key_value_heads
+        self.positions = [0] * batch_size     # next_position on the host
         self._groups = None                   # this decoding step's runs of rows by width (layer 0)
         self._slots = None                    # and the (row, slot) its new keys go to
 
@@ -86,7 +88,8 @@ class AlignedCache(KVCache):
         after the layers. The query at position t reads slots [0, W(t)) (module docstring)."""
         B, n_h, T, d = q.shape
         if not self.prefill:   # decoding: one new key per row, at its own position
-            if layer == 0:
+            if layer == 0:   # (the model has advanced next_position by one: so do positions)
+                self.positions = [n + 1 for n in self.positions]
                 self._slots = (torch.arange(B, device=q.device), self.next_position - 1)
                 self._groups = self._runs_by_width()
             every_row, slots = self._slots
@@ -128,7 +131,7 @@ class AlignedCache(KVCache):
         """[(rows, width, mask)] of a decoding step: runs of consecutive rows whose new token reads
         the same width W = padded(n_b), each a slice (the keys a view, nothing copied), with their
         masks (0 where slot < n_b, −∞ after)."""
-        widths = [padded(n) for n in self.next_position.tolist()]
+        widths = [padded(n) for n in self.positions]
         out, start = [], 0
         for b in range(1, len(widths) + 1):
             if b == len(widths) or widths[b] != widths[start]:
@@ -144,9 +147,17 @@ class AlignedCache(KVCache):
         return out
 
     def select(self, rows) -> "AlignedCache":
-        new = KVCache.select(self, rows)
-        new.__class__, new.group, new._groups, new.prefill = AlignedCache, self.group, None, False
-        new.length = int(new.next_position.max()) if new.batch_size else 0
+        """Only these rows (in this order): every key real, the lengths known on the host, so
+        nothing is read from the device."""
+        rows = list(rows)
+        index = torch.as_tensor(rows, dtype=torch.long, device=self.k.device)
+        new = AlignedCache.__new__(AlignedCache)
+        new.k, new.v = self.k.index_select(1, index), self.v.index_select(1, index)
+        new.next_position = self.next_position.index_select(0, index)
+        new.positions = [self.positions[r] for r in rows]
+        new.key_mask = self.key_mask.index_select(0, index)
+        new.length, new.max_len, new.has_pads = max(new.positions, default=0), self.max_len, False
+        new.group, new._groups, new._slots, new.prefill = self.group, None, None, False
         return new
 
 
@@ -174,13 +185,13 @@ def prefill_aligned(model, prompts: list[list[int]], extra: int, prefix_cache=No
         if blocks:
             row.k[:, 0, :, :p] = torch.cat([b[0] for b in blocks], dim=2)
             row.v[:, 0, :, :p] = torch.cat([b[1] for b in blocks], dim=2)
-            row.length, row.next_position[0] = p, p
+            row.length, row.next_position[0], row.positions = p, p, [p]
         ids = torch.tensor([prompt[p:]], dtype=torch.long, device=model.device)
         logits.append(model.lm_head(model.hidden_states(ids, cache=row)[:, -1]).float())
         if prefix_cache is not None:
             prefix_cache.store(prompt, len(blocks), row.k[:, 0, :, p:], row.v[:, 0, :, p:])
         cache.k[:, i, :, :n], cache.v[:, i, :, :n] = row.k[:, 0, :, :n], row.v[:, 0, :, :n]
-        cache.next_position[i] = n
+        cache.next_position[i], cache.positions[i] = n, n
     cache.length = max(len(p) for p in unique)
     return one_row_per_prompt(prompts, unique, cache, torch.cat(logits))
 
@@ -196,9 +207,10 @@ def merge_aligned(a: AlignedCache, b: AlignedCache, room: int) -> AlignedCache:
         new.k[:, rows, :, :part.length] = part.k[:, :, :, :part.length]
         new.v[:, rows, :, :part.length] = part.v[:, :, :, :part.length]
     new.next_position = torch.cat([a.next_position, b.next_position])
+    new.positions = a.positions + b.positions
     new.key_mask = torch.zeros(shape[1], 0, dtype=torch.bool, device=k.device)
     new.length, new.max_len, new.has_pads = length, shape[3], False
-    new.group, new._groups, new.prefill = a.group, None, False
+    new.group, new._groups, new._slots, new.prefill = a.group, None, None, False
     return new
 
 

@@ -1,22 +1,26 @@
-"""The reply bodies of minskill.serve.server's completions endpoints, in OpenAI's shapes, log-probs included.
+"""The reply bodies of minskill.serve.server's completions endpoints, in OpenAI's shapes, log-probs
+included.
 
 Chat (`chat.completion`): choices[i] = {index, message: {role, content[, reasoning_content] [,
 tool_calls]}, logprobs, finish_reason}, where tool_calls (serve.tool_calls) come with content null
 when the reply holds nothing else, and logprobs is null or, with `logprobs: true`,
 
-    {"content": [{"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}, ...]}, ...]}
+    {"content": [{"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"},
+    ...]}, ...]}
 
-one entry per reply token (top_logprobs holds the request's top_logprobs most likely tokens of that step; the
-sampled one need not be among them). Legacy (`text_completion`): choices[i * n + j] = {index, text, logprobs,
-finish_reason} for sample j of prompt i, logprobs null or, with `logprobs: k`,
+one entry per reply token (top_logprobs holds the request's top_logprobs most likely tokens of that
+step; the sampled one need not be among them). Legacy (`text_completion`): choices[i * n + j] =
+{index, text, logprobs, finish_reason} for sample j of prompt i, logprobs null or, with `logprobs:
+k`,
 
-    {"tokens": [...], "token_logprobs": [...], "top_logprobs": [{token: logprob}, ...], "text_offset": [...]}
+    {"tokens": [...], "token_logprobs": [...], "top_logprobs": [{token: logprob}, ...],
+    "text_offset": [...]}
 
-(each top_logprobs dict holds the k most likely tokens and the sampled one, as OpenAI's legacy API does;
-text_offset: where each token's text starts in the reply). With `echo` (not with logprobs), a legacy
-choice's text starts with its prompt. A log-prob below LOGPROB_FLOOR (or -inf, which JSON
-cannot carry) is sent as LOGPROB_FLOOR, as vLLM sends it. usage counts each prompt once and every choice's tokens.
-"""
+(each top_logprobs dict holds the k most likely tokens and the sampled one, as OpenAI's legacy API
+does; text_offset: where each token's text starts in the reply). With `echo` (not with logprobs), a
+legacy choice's text starts with its prompt. A log-prob below LOGPROB_FLOOR (or -inf, which JSON
+cannot carry) is sent as LOGPROB_FLOOR, as vLLM sends it. usage counts each prompt once and every
+choice's tokens. """
 from __future__ import annotations
 
 import time
@@ -43,15 +47,17 @@ def chat_logprobs(tokens) -> dict | None:
 
 
 def completion_logprobs(tokens, text_start: int = 0) -> dict | None:
-    """A legacy choice's `logprobs` (module docstring), offsets counted from text_start; None when it has none."""
+    """A legacy choice's `logprobs` (module docstring), offsets counted from text_start; None when
+    it has none."""
     if tokens is None:
         return None
     offsets, at = [], text_start
     for t in tokens:
         offsets.append(at)
         at += len(t.token)
-    return {"tokens": [t.token for t in tokens], "token_logprobs": [_logprob(t.logprob) for t in tokens],
-            "top_logprobs": [{**{a.token: _logprob(a.logprob) for a in t.top}, t.token: _logprob(t.logprob)}
+    return {"tokens": [t.token for t in tokens],
+            "token_logprobs": [_logprob(t.logprob) for t in tokens], "top_logprobs": [
+                    {**{a.token: _logprob(a.logprob) for a in t.top}, t.token: _logprob(t.logprob)}
                              for t in tokens],
             "text_offset": offsets}
 
@@ -62,7 +68,8 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
 
 
 def _reasoning_field(choice) -> dict:
-    """{"reasoning_content": ...} for a choice with its reasoning apart (ScriptedBackend's (reasoning, text))."""
+    """{"reasoning_content": ...} for a choice with its reasoning apart (ScriptedBackend's
+    (reasoning, text))."""
     reasoning = getattr(choice, "reasoning", None)
     return {} if reasoning is None else {"reasoning_content": reasoning}
 
@@ -77,8 +84,8 @@ def chat_message(choice) -> dict:
 
 
 def chat_reply(request, choices, model: str) -> dict:
-    return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
-            "model": model,
+    return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion",
+            "created": int(time.time()), "model": model,
             "choices": [{"index": i, "message": chat_message(c),
                          "logprobs": chat_logprobs(c.logprobs), "finish_reason": c.finish_reason}
                         for i, c in enumerate(choices)],
@@ -86,10 +93,11 @@ def chat_reply(request, choices, model: str) -> dict:
 
 
 def completion_reply(requests, results, model: str) -> dict:
-    """The legacy reply to `requests` (one per prompt) whose choices are `results` (a list per request)."""
+    """The legacy reply to `requests` (one per prompt) whose choices are `results` (a list per
+    request)."""
     choices = [(echoed(r), c) for r, result in zip(requests, results) for c in result]
-    return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
-            "model": model,
+    return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion",
+            "created": int(time.time()), "model": model,
             "choices": [{"index": i, "text": head + c.text,
                          "logprobs": completion_logprobs(c.logprobs),
                          "finish_reason": c.finish_reason}

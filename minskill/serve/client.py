@@ -3,66 +3,27 @@
 This is how minskill reaches its frozen models (the task model, MASA's teacher): vLLM, SGLang,
 llama.cpp's server, Ollama, a hosted API, or minskill's own server (`python -m minskill.serve`).
 It imports nothing from the rest of minskill, so it can be copied alone into another project.
+Its contract in full: docs/http-api.md, "The client's contract". In short:
 
-Contract
---------
-* `ChatClient(base_url, model, api_key, extra_body=None)`; the first three may come from `OPENAI_BASE_URL`,
-  `OPENAI_MODEL`, `OPENAI_API_KEY`; `extra_body` (a dict) is merged into every chat request body, e.g.
-  `{"chat_template_kwargs": {"enable_thinking": false}}` turns a Qwen3's thinking off behind vLLM, SGLang or
-  llama.cpp (a key the client sets itself, e.g. "n", is a ValueError). `base_url` is the API root, e.g.
-  `http://127.0.0.1:8000/v1` (a trailing "/" is ignored; a bare `http://host:port` gets `/v1` appended). With no
-  model name the client asks `GET {base_url}/models` once and uses the first model listed.
-* `chat(messages, n, temperature, top_p, max_tokens, stop, seed, **more) -> ChatResult`: the `n`
-  reply texts in choice order, finish reasons, usage and tool_calls (`more`: tools, tool_choice...).
-* Reasoning is set apart (`split_reasoning`): `texts` hold only the answers, so no verifier, parser or skill
-  reads a model's thinking; `reasonings` hold it per choice, and `reasoning_tokens` counts it (the server's
-  `usage.completion_tokens_details.reasoning_tokens`, else completion_tokens split by characters).
-* `chat_many(requests)` runs many `chat` calls on a bounded thread pool; results come back in order.
-* `chat_as_completed(client, requests)` runs them the same way and yields each result as it arrives.
-* `embed(texts) -> list[list[float]]`: `POST {base_url}/embeddings`, one vector per text (retrieval).
-* `max_workers` bounds the client's requests in flight, client-wide: however many threads call `chat` (callers stack
-  thread pools), at most `max_workers` requests are out at once; the others wait for a slot, and their deadline starts
-  once they hold one. A retrying request keeps its slot through its backoff (no load while the server is overloaded).
-* `timeout` (seconds) bounds a whole `chat` call begun at t0: the model lookup, every attempt and every
-  backoff wait end by the deadline T = t0 + timeout. An attempt begun at t may take
+* `ChatClient(base_url, model, api_key, extra_body=None)` (else OPENAI_BASE_URL, OPENAI_MODEL,
+  OPENAI_API_KEY); `chat(messages, n, ...) -> ChatResult`; `chat_many` and `chat_as_completed`
+  run many calls on a bounded pool; `embed(texts)` calls `POST {base_url}/embeddings`.
+* A reply's reasoning is set apart from its texts (`split_reasoning`), and every string of a reply
+  is made Unicode text (lone surrogates and bytes that are not UTF-8 become U+FFFD).
+* `max_workers` bounds the requests in flight client-wide. `timeout` bounds a whole call begun at
+  t0 by T = t0 + timeout; an attempt begun at t may take (a watchdog closes it after that)
 
       limit = min(attempt_timeout, T - t)        (attempt_timeout None: T - t)
 
-  seconds: its connect and read timeouts are `limit`, and a watchdog shuts its connection down when `limit` is over (a
-  read timeout bounds each socket read only, so a server that sends a byte every half second would hold the call as long
-  as it likes). Not bounded: name resolution, and reads through a SOCKS proxy (bounded per read only).
-* Retried (up to `max_retries` times): connection errors (refused, reset), attempts that timed out,
-  HTTP 429 and 5xx. Attempt a = 0, 1, ... that fails waits, before attempt a+1,
+* Connection errors, timed-out attempts, 429 and 5xx are retried up to `max_retries` times;
+  attempt a that fails waits (full jitter, never less than the server's Retry-After, at most 60 s)
 
       delay_a = max(retry_after, U(0, min(backoff_max, backoff_base * 2**a)))
 
-  i.e. exponential backoff with "full jitter" (a uniform draw below the exponential cap, which spreads out clients that
-  failed together), but never less than the server's `Retry-After`: retry_after = min(Retry-After,
-  MAX_RETRY_AFTER = 60 s), in delta-seconds or an HTTP date; absent, unparseable, negative or non-finite ("inf", "nan")
-  values count as 0. A retry whose wait would reach T is not made. When the call gives up, `ChatError` says how many
-  attempts were made, why no more, and what the last failure was.
-* Not retried: any other 4xx raises `ChatError` carrying the server's message, the status and the
-  endpoint. A reply that is not the expected JSON (or has choices, finish reasons or usage counts of
-  the wrong type) raises `ChatError` quoting the start of the body.
-* Text from a model is made Unicode text here, once, for everything downstream: every string of a reply body
-  (content, reasoning fields, error messages, model ids) has its lone surrogates (JSON's "\\ud800" escape,
-  which no UTF-8 file, JSON writer with ensure_ascii=False or tokenizer accepts) and the bytes that are not
-  UTF-8 replaced by U+FFFD, so no reply's content can crash the writer of a state file or the next request.
-* Every failure of a call raises `ChatError` (`status`: the HTTP status, None without a reply): of the connection, the
-  server, the model list (`GET {base_url}/models`), or the reply. Only arguments that cannot be sent at all (messages
-  not a list of dicts, values JSON cannot encode) raise TypeError or ValueError instead, without a chat request.
-* `stats` (thread-safe): calls (successful chat calls), prompt_tokens, completion_tokens,
-  retries (re-sent requests), failures (chat calls that raised ChatError).
-* `usage` (thread-safe, a `Usage` snapshot; what a run writes as its cost per role): calls, failures, prompt_tokens,
-  completion_tokens (reasoning_tokens: the part of them that was reasoning) and two kinds of seconds of the chat calls:
+* Every other failure raises `ChatError` (`status`: the HTTP status, None without a reply).
+* `usage` (a `Usage` snapshot): calls, failures, tokens, and the seconds of the chat calls,
 
-      request_seconds = Σ_calls (end − start)          start: the call holds its slot; end: it returns
-      busy_seconds    = |∪_calls [start, end]|           wall seconds with at least one call in flight
-
-  Concurrent calls overlap, so request_seconds exceeds the wall time they took (16 calls of 2 s in flight
-  together: 32 request seconds, 2 busy seconds); busy_seconds never does, and a phase's wall time minus
-  it is the time the caller spent on something else (e.g. a local editor sampling between rollouts).
-  `ChatResult.seconds` is one call's end − start (0 for an answer that was not sent, e.g. from a cache).
+      request_seconds = Σ_calls (end − start)     busy_seconds = |∪_calls [start, end]|
 """
 
 import json
@@ -87,18 +48,20 @@ MAX_REPLY_BYTES = 64 << 20  # most bytes of a reply body read (16 replies of 32,
 MAX_RETRY_AFTER = 60.0  # seconds: a longer Retry-After (a server asking for a day) is cut to this
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # (the only str characters UTF-8 cannot encode)
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
-REASONING_FIELDS = ("reasoning_content", "reasoning")   # vLLM/SGLang --reasoning-parser, DeepSeek; OpenRouter
+REASONING_FIELDS = ("reasoning_content", "reasoning")   # vLLM/SGLang --reasoning-parser; OpenRouter
 _THINK_BLOCK = re.compile(f"{THINK_OPEN}(.*?){THINK_CLOSE}", re.DOTALL)
-_current = threading.local()  # .watchdog: the _Watchdog of the attempt this thread is making, if any
+_current = threading.local()  # .watchdog: the _Watchdog of this thread's attempt, if any
 
 
 class ChatError(RuntimeError):
     """A chat request failed for good. `status` is the HTTP status (None: no HTTP reply)."""
 
-    def __init__(self, message: str, status: int | None = None, endpoint: str = "", method: str = "POST"):
+    def __init__(self, message: str, status: int | None = None, endpoint: str = "",
+                 method: str = "POST"):
         self.message, self.status, self.endpoint = message, status, endpoint
         where = f"{method} {endpoint}" if endpoint else "chat request"
-        super().__init__(f"{where} failed" + (f" with HTTP {status}" if status else "") + f": {message}")
+        super().__init__(f"{where} failed" + (f" with HTTP {status}" if status else "")
+                         + f": {message}")
 
 
 @dataclass
@@ -107,9 +70,9 @@ class ChatResult:
     finish_reasons: list[str]   # "stop" | "length" | whatever the server says
     prompt_tokens: int
     completion_tokens: int
-    seconds: float = 0.0        # this call's request seconds (0: not sent, e.g. answered from a cache)
-    reasonings: list[str] | None = None   # each choice's reasoning, set apart from its text (None: none at all)
-    reasoning_tokens: int = 0   # of completion_tokens, those of the reasoning (the server's figure, or estimated)
+    seconds: float = 0.0        # this call's request seconds (0: not sent, e.g. cached)
+    reasonings: list[str] | None = None   # each choice's reasoning, apart from its text
+    reasoning_tokens: int = 0   # of completion_tokens, the reasoning's (or estimated)
     tool_calls: list[list[dict]] | None = None   # each choice's message.tool_calls (None: none)
 
     @property
@@ -157,15 +120,17 @@ def _parse_retry_after(value: str | None) -> float:
 
 
 def unicode_text(text: str) -> str:
-    """`text` with each lone surrogate (JSON's "\\ud800" escape decodes to one) replaced by U+FFFD: what a
-    model wrote becomes text that UTF-8, JSON files and tokenizers all accept (they refuse a lone surrogate)."""
+    """`text` with each lone surrogate (JSON's "\\ud800" escape decodes to one) replaced by U+FFFD:
+    what a model wrote becomes text that UTF-8, JSON files and tokenizers all accept (they refuse a
+    lone surrogate)."""
     return _LONE_SURROGATE.sub("\ufffd", text)
 
 
 def lone_surrogate_at(value) -> str | None:
-    """Where a decoded JSON value has a string (or key) with a lone surrogate, e.g. "messages[0].content"
-    ("the body": the value itself); None when all its strings are Unicode text. (minskill.serve.server refuses a
-    request with one; minskill.masa.rewriter_sft skips such a record.)"""
+    """Where a decoded JSON value has a string (or key) with a lone surrogate, e.g.
+    "messages[0].content" ("the body": the value itself); None when all its strings are Unicode
+    text. (minskill.serve.server refuses a request with one; minskill.masa.rewriter_sft skips such
+    a record.)"""
     stack = [("", value)]
     while stack:  # (a loop, not recursion: the value may be as deep as json.loads allows)
         where, value = stack.pop()
@@ -182,17 +147,18 @@ def lone_surrogate_at(value) -> str | None:
 
 
 def _unicode_json(value):
-    """A decoded JSON value with unicode_text applied to every string in it, keys included (in place)."""
+    """A decoded JSON value with unicode_text applied to every string in it, keys too (in place)."""
     if isinstance(value, str):
         return unicode_text(value)
     stack = [value]
     while stack:  # (a loop, not recursion: the body may be as deep as json.loads allows)
         node = stack.pop()
-        if isinstance(node, dict):   # its keys made text here (order kept), its values below as a list's items
+        if isinstance(node, dict):   # its keys made text here (order kept), its values below
             items = list(node.items())
             node.clear()
             node.update((unicode_text(key), item) for key, item in items)
-        entries = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+        entries = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node,
+                list) else ()
         for key, item in entries:
             if isinstance(item, str):
                 node[key] = unicode_text(item)
@@ -202,10 +168,12 @@ def _unicode_json(value):
 
 
 def _decode_json(content: bytes):
-    """The JSON value of a reply body, all its strings Unicode text (bytes that are not UTF-8 and lone
-    surrogates are U+FFFD: module docstring); ValueError if it is not JSON (also when nested too deeply)."""
+    """The JSON value of a reply body, all its strings Unicode text (bytes that are not UTF-8 and
+    lone surrogates are U+FFFD: module docstring); ValueError if it is not JSON (also when nested
+    too deeply)."""
     try:
-        return _unicode_json(json.loads(content.decode("utf-8-sig", "replace")))  # (-sig: a BOM is no text)
+        # (-sig: a BOM is no text)
+        return _unicode_json(json.loads(content.decode("utf-8-sig", "replace")))
     except RecursionError:
         raise ValueError("JSON nested too deeply") from None
 
@@ -237,10 +205,11 @@ def normalize_base_url(base_url: str) -> str:
 
 
 def split_reasoning(content: str) -> tuple[str, str]:
-    """(answer, reasoning) of a reply's content: `<think>…</think>` blocks are reasoning; so is all of it after a
-    leading `<think>` that never closes (cut by max_tokens: no answer), and what precedes a `</think>` with no
-    opening one (a template that opens the block in the prompt: DeepSeek-R1). A content without the tags is its
-    answer, unchanged. (A server's reasoning parser sends it apart instead: REASONING_FIELDS, read by _parse.)"""
+    """(answer, reasoning) of a reply's content: `<think>…</think>` blocks are reasoning; so is all
+    of it after a leading `<think>` that never closes (cut by max_tokens: no answer), and what
+    precedes a `</think>` with no opening one (a template that opens the block in the prompt:
+    DeepSeek-R1). A content without the tags is its answer, unchanged. (A server's reasoning parser
+    sends it apart instead: REASONING_FIELDS, read by _parse.)"""
     if THINK_OPEN not in content and THINK_CLOSE not in content:
         return content, ""
     reasoning = []
@@ -248,15 +217,17 @@ def split_reasoning(content: str) -> tuple[str, str]:
     if closed and THINK_OPEN not in head:
         reasoning.append(head)
         content = tail
-    answer = _THINK_BLOCK.sub(lambda block: reasoning.append(block.group(1)) or "", content).lstrip()
+    answer = _THINK_BLOCK.sub(lambda block: reasoning.append(block.group(1)) or "",
+                              content).lstrip()
     if answer.startswith(THINK_OPEN):
         reasoning.append(answer[len(THINK_OPEN):])
         answer = ""
     return answer, "\n".join(part.strip() for part in reasoning if part.strip())
 
 
-def _reasoning_tokens(usage: dict, completion_tokens: int, texts: list[str], reasonings: list[str]) -> int:
-    """The server's count of reasoning tokens, else completion_tokens split in proportion to the characters."""
+def _reasoning_tokens(usage: dict, completion_tokens: int, texts: list[str],
+                      reasonings: list[str]) -> int:
+    """The server's count of reasoning tokens, else completion_tokens split by characters."""
     details = usage.get("completion_tokens_details")
     reported = details.get("reasoning_tokens") if isinstance(details, dict) else None
     if type(reported) is int and reported >= 0:
@@ -265,17 +236,19 @@ def _reasoning_tokens(usage: dict, completion_tokens: int, texts: list[str], rea
     return round(completion_tokens * thought / (thought + sum(map(len, texts))))
 
 
-# ---- cost accounting -------------------------------------------------------------------------------
+# ---- cost accounting -----------------------------------------------------------------------------
 class Usage:
-    """Thread-safe counters of one role's model calls (module docstring: `usage`). `t0 = start()` when a call (or
-    a batch of calls) goes out, `seconds = stop(t0)` when it is back, then `add(result, seconds)` per call
-    (result None: it failed); `snapshot()` is a dict of FIELDS; `Usage(**saved)` continues saved counts."""
-    FIELDS = ("calls", "failures", "prompt_tokens", "completion_tokens", "reasoning_tokens", "request_seconds",
-              "busy_seconds")
+    """Thread-safe counters of one role's model calls (module docstring: `usage`). `t0 = start()`
+    when a call (or a batch of calls) goes out, `seconds = stop(t0)` when it is back, then
+    `add(result, seconds)` per call (result None: it failed); `snapshot()` is a dict of FIELDS;
+    `Usage(**saved)` continues saved counts."""
+    FIELDS = ("calls", "failures", "prompt_tokens", "completion_tokens", "reasoning_tokens",
+              "request_seconds", "busy_seconds")
 
     def __init__(self, **start):
         self._lock = threading.Lock()
-        self._counts = {k: (float if k.endswith("seconds") else int)(start.get(k) or 0) for k in self.FIELDS}
+        self._counts = {k: (float if k.endswith("seconds") else int)(start.get(k) or 0)
+                        for k in self.FIELDS}
         self._in_flight, self._busy_since = 0, 0.0
 
     def start(self) -> float:
@@ -288,7 +261,8 @@ class Usage:
         return now
 
     def stop(self, t0: float) -> float:
-        """What `start` began is over: busy_seconds grows when nothing is in flight any more; returns now − t0."""
+        """What `start` began is over: busy_seconds grows when nothing is in flight any more;
+        returns now − t0."""
         now = time.monotonic()
         with self._lock:
             self._in_flight -= 1
@@ -322,10 +296,11 @@ def usage_delta(after: dict, before: dict) -> dict:
     return {k: v - before.get(k, 0) for k, v in after.items()}
 
 
-# ---- the per-attempt deadline ----------------------------------------------------------------------
+# ---- the per-attempt deadline --------------------------------------------------------------------
 class _Watchdog:
-    """Shuts down the connection of one attempt once `seconds` have passed, which ends a blocked read
-    at once: timeouts on the socket bound each read alone, and a trickling server never trips them."""
+    """Shuts down the connection of one attempt once `seconds` have passed, which ends a blocked
+    read at once: timeouts on the socket bound each read alone, and a trickling server never trips
+    them."""
 
     def __init__(self, seconds: float):
         self.expired, self._connection, self._lock = False, None, threading.Lock()
@@ -347,7 +322,7 @@ class _Watchdog:
 
     def _cut(self) -> None:
         if (sock := getattr(self._connection, "sock", None)) is not None:
-            try:  # socket.socket's shutdown also for TLS: an SSLSocket's own would unwrap under the reader
+            try:  # socket.socket's shutdown even for TLS (SSLSocket's unwraps under the reader)
                 socket.socket.shutdown(sock, socket.SHUT_RDWR)
             except OSError:
                 pass
@@ -359,7 +334,8 @@ class _Watchdog:
 
 
 class _Watched:
-    """Mixed into urllib3's connection classes: shows the connection that waits for a reply to the watchdog."""
+    """Mixed into urllib3's connection classes: shows the connection that waits for a reply to the
+    watchdog."""
 
     def getresponse(self, *args, **kwargs):
         if (watchdog := getattr(_current, "watchdog", None)) is not None:
@@ -372,11 +348,13 @@ class _HTTPPool(urllib3.HTTPConnectionPool):
 
 
 class _HTTPSPool(urllib3.HTTPSConnectionPool):
-    ConnectionCls = type("WatchedHTTPSConnection", (_Watched, urllib3.connection.HTTPSConnection), {})
+    ConnectionCls = type("WatchedHTTPSConnection", (_Watched, urllib3.connection.HTTPSConnection),
+                         {})
 
 
 class _WatchedAdapter(HTTPAdapter):
-    """requests' adapter, with connections (direct, or through an HTTP proxy) that the watchdog can cut."""
+    """requests' adapter, with connections (direct, or through an HTTP proxy) that the watchdog can
+    cut."""
     pools = {"http": _HTTPPool, "https": _HTTPSPool}
 
     def init_poolmanager(self, *args, **kwargs):
@@ -385,44 +363,50 @@ class _WatchedAdapter(HTTPAdapter):
 
     def proxy_manager_for(self, proxy, **proxy_kwargs):
         manager = super().proxy_manager_for(proxy, **proxy_kwargs)
-        if not proxy.lower().startswith("socks"):  # SOCKS has pool classes of its own: left unwatched
+        if not proxy.lower().startswith("socks"):  # SOCKS has pool classes of its own: unwatched
             manager.pool_classes_by_scheme = self.pools
         return manager
 
 
-# ---- the client ------------------------------------------------------------------------------------
+# ---- the client ----------------------------------------------------------------------------------
 class ChatClient:
-    SETS = ("model", "messages", "n", "temperature", "top_p", "max_tokens", "stop", "seed")  # no extra_body key
+    # no extra_body key
+    SETS = ("model", "messages", "n", "temperature", "top_p", "max_tokens", "stop", "seed")
 
-    def __init__(self, base_url=None, model=None, api_key=None, timeout=120.0, max_retries=5, max_workers=8,
-                 backoff_base=0.5, backoff_max=30.0, attempt_timeout=None, extra_body=None,
-                 max_reply_bytes=MAX_REPLY_BYTES):
+    def __init__(self, base_url=None, model=None, api_key=None, timeout=120.0, max_retries=5,
+                 max_workers=8, backoff_base=0.5, backoff_max=30.0, attempt_timeout=None,
+                 extra_body=None, max_reply_bytes=MAX_REPLY_BYTES):
         base_url = base_url or os.environ.get("OPENAI_BASE_URL")
         if not base_url:
-            raise ValueError("no endpoint: pass base_url (e.g. http://127.0.0.1:8000/v1) or set OPENAI_BASE_URL")
-        if (max_retries < 0 or max_workers < 1 or not timeout > 0 or backoff_base < 0 or backoff_max < 0
+            raise ValueError("no endpoint: pass base_url (e.g. http://127.0.0.1:8000/v1) or set "
+                             "OPENAI_BASE_URL")
+        if (max_retries < 0 or max_workers < 1 or not timeout > 0 or backoff_base < 0
+            or backoff_max < 0
                 or (attempt_timeout is not None and not attempt_timeout > 0)
                 or type(max_reply_bytes) is not int or max_reply_bytes < 1):
-            raise ValueError(f"ChatClient: need max_retries >= 0, max_workers >= 1, timeout > 0, attempt_timeout > 0"
-                             f" (or None), backoff >= 0 and an integer max_reply_bytes >= 1, got max_retries="
-                             f"{max_retries}, max_workers={max_workers}, timeout={timeout}, attempt_timeout="
-                             f"{attempt_timeout}, backoff_base={backoff_base}, backoff_max={backoff_max}, "
-                             f"max_reply_bytes={max_reply_bytes!r}")
+            raise ValueError(f"ChatClient: need max_retries >= 0, max_workers >= 1, timeout > 0, "
+                             f"attempt_timeout > 0 (or None), backoff >= 0 and an integer "
+                             f"max_reply_bytes >= 1, got max_retries={max_retries}, "
+                             f"max_workers={max_workers}, timeout={timeout}, "
+                             f"attempt_timeout={attempt_timeout}, backoff_base={backoff_base}, "
+                             f"backoff_max={backoff_max}, max_reply_bytes={max_reply_bytes!r}")
         if extra_body is not None and not isinstance(extra_body, dict):
-            raise ValueError(f"extra_body must be a JSON object (a dict), got {type(extra_body).__name__}")
+            raise ValueError(f"extra_body must be a JSON object (a dict), got "
+                             f"{type(extra_body).__name__}")
         if clash := sorted(set(extra_body or ()) & set(self.SETS)):
-            raise ValueError(f"extra_body may not set {', '.join(clash)}: the client sets it (its own arguments)")
+            raise ValueError(f"extra_body may not set {', '.join(clash)}: the client sets it (its "
+                             f"own arguments)")
         self.extra_body = dict(extra_body or {})
         self.base_url = normalize_base_url(base_url)
         self.endpoint = self.base_url + "/chat/completions"
         self.model = model or os.environ.get("OPENAI_MODEL") or None
         self.api_key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
         self.timeout, self.max_retries, self.max_workers = timeout, max_retries, max_workers
-        self.attempt_timeout = attempt_timeout  # None: an attempt may use all the time the call has left
+        self.attempt_timeout = attempt_timeout  # None: an attempt may use all the call has left
         self.backoff_base, self.backoff_max = backoff_base, backoff_max
         self.max_reply_bytes = max_reply_bytes   # a longer reply body: ChatError, not read on
         self._lock = threading.Lock()
-        self._slots = threading.BoundedSemaphore(max_workers)   # client-wide (module docstring: max_workers)
+        self._slots = threading.BoundedSemaphore(max_workers)   # client-wide (module docstring)
         self._sessions = threading.local()  # requests.Session is not thread-safe: one per thread
         self._stats = dict(retries=0, failures=0)   # calls and tokens: counted once, by self._usage
         self._usage = Usage()
@@ -433,11 +417,13 @@ class ChatClient:
         """A snapshot of the counters (a copy: safe to read while other threads are calling)."""
         usage = self._usage.snapshot()
         with self._lock:
-            return {**{k: usage[k] for k in ("calls", "prompt_tokens", "completion_tokens")}, **self._stats}
+            return {**{k: usage[k] for k in ("calls", "prompt_tokens", "completion_tokens")},
+                    **self._stats}
 
     @property
     def usage(self) -> dict:
-        """Calls, tokens and seconds of this client's chat calls so far (module docstring; a snapshot)."""
+        """Calls, tokens and seconds of this client's chat calls so far (module docstring; a
+        snapshot)."""
         return self._usage.snapshot()
 
     def _count(self, **deltas) -> None:
@@ -458,7 +444,8 @@ class ChatClient:
         return {"Content-Type": "application/json", **authorization}
 
     def backoff_delay(self, attempt: int, retry_after: float = 0.0) -> float:
-        """Full-jitter exponential backoff after failed attempt `attempt` (0-based), >= Retry-After."""
+        """Full-jitter exponential backoff after failed attempt `attempt` (0-based), >=
+        Retry-After."""
         cap = min(self.backoff_max, self.backoff_base * 2 ** attempt)
         return max(retry_after, random.uniform(0.0, cap))
 
@@ -482,7 +469,8 @@ class ChatClient:
         except Exception as error:  # whatever the exchange raised, the caller gets a ChatError
             if watchdog.expired or isinstance(error, requests.Timeout):
                 raise _Retryable(f"{timed_out} ({type(error).__name__})") from None
-            if isinstance(error, (requests.ConnectionError, requests.exceptions.ChunkedEncodingError)):
+            if isinstance(error, (requests.ConnectionError,
+                                  requests.exceptions.ChunkedEncodingError)):
                 raise _Retryable(f"connection failed ({type(error).__name__}: {error})") from None
             # e.g. an invalid URL, an API key that no HTTP header can carry: retrying cannot help
             raise ChatError(f"{type(error).__name__}: {error}", None, url, method) from None
@@ -499,11 +487,13 @@ class ChatClient:
             return _decode_json(content)
         except ValueError as error:
             text = content.decode("utf-8", "replace")
-            raise ChatError(f"reply is not JSON ({error}); body starts {_quote(text)}", status, url, method) from None
+            raise ChatError(f"reply is not JSON ({error}); body starts {_quote(text)}", status,
+                            url, method) from None
 
     def _read_body(self, response: requests.Response, url: str, method: str) -> bytes:
-        """The reply's body, or ChatError naming its size once it is over max_reply_bytes (as its Content-Length
-        says, or as it arrives: a chunked, streamed or compressed body), so a 200 MB reply is never held in memory."""
+        """The reply's body, or ChatError naming its size once it is over max_reply_bytes (as its
+        Content-Length says, or as it arrives: a chunked, streamed or compressed body), so a 200 MB
+        reply is never held in memory."""
         cap, declared = self.max_reply_bytes, response.headers.get("Content-Length", "").strip()
         if declared.isdigit() and int(declared) > cap:
             said = f"its Content-Length is {int(declared)} bytes"
@@ -522,7 +512,8 @@ class ChatClient:
                         "--max-reply-mb); not read", response.status_code, url, method)
 
     def _request(self, method: str, url: str, payload: dict | None, deadline: float):
-        data = None if payload is None else json.dumps(payload)  # TypeError here: the caller's values
+        data = None if payload is None else json.dumps(payload)  # TypeError here: the caller's
+                                                                 # values
         for attempt in range(self.max_retries + 1):
             try:
                 return self._attempt(method, url, data, deadline)
@@ -531,17 +522,18 @@ class ChatClient:
                 if attempt == self.max_retries:
                     why = f"({self.max_retries} retries)"
                 elif time.monotonic() + delay >= deadline:
-                    why = (f"({attempt} retries): the next would start after the call's {self.timeout} s "
-                           f"deadline (wait {delay:.3g} s)")
+                    why = (f"({attempt} retries): the next would start after the call's "
+                           f"{self.timeout} s deadline (wait {delay:.3g} s)")
                 else:
                     self._count(retries=1)
                     sleep(delay)
                     continue
-                raise ChatError(f"gave up after {attempt + 1} attempts {why}; last failure: {failure.reason}",
+                raise ChatError(f"gave up after {attempt + 1} attempts {why}; last failure: "
+                                f"{failure.reason}",
                                 failure.status, url, method) from None
 
     def resolve_model(self) -> str:
-        """The model to ask for; with none configured, the first one the server lists (asked once)."""
+        """The model to ask for; with none configured, the first the server lists (asked once)."""
         return self._resolve_model(time.monotonic() + self.timeout)
 
     def _resolve_model(self, deadline: float) -> str:
@@ -553,8 +545,8 @@ class ChatClient:
             except (KeyError, IndexError, TypeError):
                 model = None
             if not isinstance(model, str) or not model:
-                raise ChatError(f"no model given and the model list has no 'data[0].id' string; body starts "
-                                f"{_quote(json.dumps(body))}", 200, url, "GET")
+                raise ChatError(f"no model given and the model list has no 'data[0].id' string; "
+                                f"body starts {_quote(json.dumps(body))}", 200, url, "GET")
             self.model = model
         return self.model
 
@@ -562,8 +554,9 @@ class ChatClient:
     def chat(self, messages, n=1, temperature=0.0, top_p=1.0, max_tokens=256, stop=None, seed=None,
              **more) -> ChatResult:
         if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
-            raise TypeError(f"messages must be a list of {{'role', 'content'}} dicts, got {messages!r:.200}")
-        with self._slots:  # waiting for a slot is not the server's time: the deadline starts once it is ours
+            raise TypeError(f"messages must be a list of {{'role', 'content'}} dicts, got "
+                            f"{messages!r:.200}")
+        with self._slots:  # waiting for a slot is not the server's time: the deadline starts after
             t0, result = self._usage.start(), None
             try:
                 result = self._chat(messages, n, temperature, top_p, max_tokens, stop, seed, more)
@@ -575,20 +568,22 @@ class ChatClient:
     def _chat(self, messages, n, temperature, top_p, max_tokens, stop, seed, more) -> ChatResult:
         deadline = time.monotonic() + self.timeout
         try:
-            payload = {**self.extra_body, "model": self._resolve_model(deadline), "messages": messages, "n": n,
-                       "temperature": temperature, "top_p": top_p, "max_tokens": max_tokens, **more}
+            payload = {**self.extra_body, "model": self._resolve_model(deadline),
+                       "messages": messages, "n": n, "temperature": temperature, "top_p": top_p,
+                       "max_tokens": max_tokens, **more}
             if stop is not None:
                 payload["stop"] = [stop] if isinstance(stop, str) else list(stop)
             if seed is not None:
                 payload["seed"] = seed
             return self._parse(self._request("POST", self.endpoint, payload, deadline), n)
         except ChatError:
-            self._count(failures=1)   # a ChatError; `usage` also counts a call that raised anything else
+            self._count(failures=1)   # a ChatError; `usage` counts any other exception too
             raise
 
     def _parse(self, body, n: int) -> ChatResult:
         def wrong_shape(problem: str) -> ChatError:
-            return ChatError(f"reply has {problem}; body starts {_quote(json.dumps(body))}", 200, self.endpoint)
+            return ChatError(f"reply has {problem}; body starts {_quote(json.dumps(body))}", 200,
+                             self.endpoint)
 
         choices = body.get("choices") if isinstance(body, dict) else None
         if not isinstance(choices, list) or not choices:
@@ -608,15 +603,18 @@ class ChatClient:
                     isinstance(calls[-1], list) or not all(isinstance(c, dict) for c in calls[-1]):
                 raise wrong_shape("a non-string content or finish_reason (or bad tool_calls)")
             answer, thought = split_reasoning(text or "")      # null content -> ""
-            field = next((message[k].strip() for k in REASONING_FIELDS if isinstance(message.get(k), str)), "")
+            field = next((message[k].strip() for k in REASONING_FIELDS
+                          if isinstance(message.get(k), str)), "")
             texts.append(answer)
             reasonings.append("\n".join(part for part in (field, thought) if part))
             reasons.append(reason or "stop")
         usage = body.get("usage") or {}
         if not isinstance(usage, dict):
             raise wrong_shape("a non-object 'usage'")
-        counts = [usage.get(key) or 0 for key in ("prompt_tokens", "completion_tokens")]  # absent/null: 0
-        if not all(type(count) is int and count >= 0 for count in counts):  # (type: not bool, float, NaN)
+        # absent/null: 0
+        counts = [usage.get(key) or 0 for key in ("prompt_tokens", "completion_tokens")]
+        # (type: not bool, float, NaN)
+        if not all(type(count) is int and count >= 0 for count in counts):
             raise wrong_shape(f"'usage' token counts that are not non-negative integers: {counts}")
         thought = any(reasonings)
         tokens = _reasoning_tokens(usage, counts[1], texts, reasonings) if thought else 0
@@ -624,31 +622,36 @@ class ChatClient:
                           reasoning_tokens=tokens, tool_calls=calls if any(calls) else None)
 
     def embed(self, texts: list[str]) -> list[list[float]]:
-        """`POST {base_url}/embeddings` with `input` = texts: one vector per text, in order. The same slots,
-        deadline, retries and ChatError as `chat`; a reply without one list of numbers per text (by `index`)
-        raises ChatError quoting it. Not counted in `stats` (those count chat calls)."""
-        if isinstance(texts, str) or not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+        """`POST {base_url}/embeddings` with `input` = texts: one vector per text, in order. The
+        same slots, deadline, retries and ChatError as `chat`; a reply without one list of numbers
+        per text (by `index`) raises ChatError quoting it. Not counted in `stats` (those count chat
+        calls)."""
+        if (isinstance(texts, str) or not isinstance(texts, list)
+                or not all(isinstance(t, str) for t in texts)):
             raise TypeError(f"texts must be a list of strings, got {texts!r:.200}")
         if not texts:
             return []
         url = self.base_url + "/embeddings"
         with self._slots:
             deadline = time.monotonic() + self.timeout
-            body = self._request("POST", url, {"model": self._resolve_model(deadline), "input": texts}, deadline)
+            body = self._request("POST", url,
+                                 {"model": self._resolve_model(deadline), "input": texts}, deadline)
         data = body.get("data") if isinstance(body, dict) else None
         items = sorted(data, key=lambda d: d.get("index", 0)) if isinstance(data, list) and all(
             isinstance(d, dict) and type(d.get("index", 0)) is int for d in data) else None
         vectors = [d.get("embedding") for d in items] if items is not None else None
         if vectors is None or len(vectors) != len(texts) or not all(
-                isinstance(v, list) and v and all(type(x) in (int, float) for x in v) for v in vectors):
-            raise ChatError(f"embeddings reply has no list of {len(texts)} numeric 'data[].embedding' vectors; "
-                            f"body starts {_quote(json.dumps(body))}", 200, url)
+                isinstance(v, list) and v and all(type(x) in (int, float) for x in v)
+                for v in vectors):
+            raise ChatError(f"embeddings reply has no list of {len(texts)} numeric "
+                            f"'data[].embedding' vectors; body starts {_quote(json.dumps(body))}",
+                            200, url)
         return [[float(x) for x in v] for v in vectors]
 
     def chat_many(self, requests: list[dict], return_exceptions=False) -> list:
-        """Run `chat(**request)` for each request concurrently (at most max_workers at once). Results are in
-        request order. With return_exceptions, a failed request's slot holds its exception; otherwise the first
-        failure (in request order) is raised once the pool stops."""
+        """Run `chat(**request)` for each request concurrently (at most max_workers at once).
+        Results are in request order. With return_exceptions, a failed request's slot holds its
+        exception; otherwise the first failure (in request order) is raised once the pool stops."""
         if not requests:
             return []
         with ThreadPoolExecutor(max_workers=min(self.max_workers, len(requests))) as pool:
@@ -677,9 +680,10 @@ class ChatClient:
 
 def chat_as_completed(client, requests: list[dict]):
     """Yield (index, ChatResult or exception) as each `client.chat(**request)` finishes, at most
-    `client.max_workers` in flight (the bound chat_many uses). If the consumer stops (an exception, Ctrl-C,
-    SIGTERM), pending requests are cancelled and in-flight ones are not waited for, so an embedded server can
-    be shut down at once. A client without `chat` is served by one `chat_many` call."""
+    `client.max_workers` in flight (the bound chat_many uses). If the consumer stops (an exception,
+    Ctrl-C, SIGTERM), pending requests are cancelled and in-flight ones are not waited for, so an
+    embedded server can be shut down at once. A client without `chat` is served by one `chat_many`
+    call."""
     if not requests:
         return
     if not hasattr(client, "chat"):

@@ -18,45 +18,48 @@ import requests
 
 from minskill.serve.client import ChatClient
 
-DEFAULT_PREFIX_CACHE_MB = 256     # the server's --prefix-cache-mb: a 1,000-token prefix of the default
-                                  # model is ~46 MB in float32
+# the server's --prefix-cache-mb: a 1,000-token prefix of the default model is ~46 MB in float32
+DEFAULT_PREFIX_CACHE_MB = 256
 DEFAULT_SCHEDULER = "continuous"  # its --scheduler; "static" with --prefix-cache-mb 0: no prefix
                                   # cache, static batches
-API_KEY_ENV = "MINSKILL_API_KEY"  # lets a parent pass the key without putting it on the command line
+API_KEY_ENV = "MINSKILL_API_KEY"  # a parent passes the key here, not on the command line
 PARENT_PID_ENV = "MINSKILL_PARENT_PID"  # the server exits when the process it names is gone
 URL_LINE = re.compile(r"(https?://\S+/v1)\s*$")
 
 
 @contextmanager
-def embedded_client(url=None, model=None, api_key=None, model_spec="smollm2-135m", startup_timeout=600.0,
-                    server_args=(), quantize: str = "none", device: str | None = None,
-                    prefix_cache_mb: float = DEFAULT_PREFIX_CACHE_MB, scheduler=DEFAULT_SCHEDULER, **client_kwargs):
+def embedded_client(url=None, model=None, api_key=None, model_spec="smollm2-135m",
+                    startup_timeout=600.0, server_args=(), quantize: str = "none",
+                    device: str | None = None, prefix_cache_mb: float = DEFAULT_PREFIX_CACHE_MB,
+                    scheduler=DEFAULT_SCHEDULER, **client_kwargs):
     """Yield a ChatClient: for `url` if given, else for a fresh local server on `model_spec`.
 
-    `model` is the name to ask `url` for; a local server is asked for the one model it serves (its name
-    from /v1/models), whatever `model` says, since it answers any other name with 404 model_not_found.
+    `model` is the name to ask `url` for; a local server is asked for the one model it serves (its
+    name from /v1/models), whatever `model` says, since it answers any other name with 404
+    model_not_found.
 
-    The local server is `python -m minskill.serve --model model_spec --port 0 --quantize quantize` on 127.0.0.1
-    (quantize="int8" or "auto": int8 weights, minskill.nn.quantize) with a random API key (passed through the
-    environment); it is terminated when the block exits, also on an exception. If it dies or is not healthy within
-    startup_timeout seconds, RuntimeError shows the tail of its stderr. The yielded client's `server_process` is the
-    subprocess.Popen. `device`: the server's --device (the script's own, resolved; None: the server's default,
-    auto). prefix_cache_mb, scheduler: the server's --prefix-cache-mb and --scheduler (the server's defaults; later
-    server_args override them).
-    """
+    The local server is `python -m minskill.serve --model model_spec --port 0 --quantize quantize`
+    on 127.0.0.1 (quantize="int8" or "auto": int8 weights, minskill.nn.quantize) with a random API
+    key (passed through the environment); it is terminated when the block exits, also on an
+    exception. If it dies or is not healthy within startup_timeout seconds, RuntimeError shows the
+    tail of its stderr. The yielded client's `server_process` is the subprocess.Popen. `device`:
+    the server's --device (the script's own, resolved; None: the server's default, auto).
+    prefix_cache_mb, scheduler: the server's --prefix-cache-mb and --scheduler (the server's
+    defaults; later server_args override them). """
     if url is not None:
         yield ChatClient(url, model=model, api_key=api_key, **client_kwargs)
         return
     api_key = api_key or secrets.token_hex(16)
-    package_root = str(Path(__file__).resolve().parents[2])   # the folder holding minskill/, for `-m minskill.serve`
+    # the folder holding minskill/, for `-m minskill.serve`
+    package_root = str(Path(__file__).resolve().parents[2])
     env = dict(os.environ, **{API_KEY_ENV: api_key, PARENT_PID_ENV: str(os.getpid())})
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
     command = [sys.executable, "-m", "minskill.serve", "--model", str(model_spec), "--port", "0",
                "--quantize", quantize, *(("--device", str(device)) if device else ()),
                "--prefix-cache-mb", str(prefix_cache_mb), "--scheduler", scheduler, *server_args]
     with tempfile.TemporaryFile("w+b") as stderr_file:
-        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr_file, env=env, text=True,
-                                   stdin=subprocess.DEVNULL)
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr_file, env=env,
+                                   text=True, stdin=subprocess.DEVNULL)
         lines: list[str] = []
 
         def drain_stdout():  # keeps reading so that the server never blocks on a full pipe
@@ -75,20 +78,22 @@ def embedded_client(url=None, model=None, api_key=None, model_spec="smollm2-135m
             deadline, server_url = time.monotonic() + startup_timeout, None
             while True:
                 if server_url is None:
-                    server_url = next((m.group(1) for line in list(lines) if (m := URL_LINE.search(line))), None)
+                    server_url = next((m.group(1) for line in list(lines)
+                                       if (m := URL_LINE.search(line))), None)
                 if process.poll() is not None:
                     raise failure(f"exited with code {process.returncode} before it was ready")
                 if time.monotonic() > deadline:
                     raise failure(f"was not ready within {startup_timeout:.0f} s")
                 if server_url is not None:
                     try:
-                        if requests.get(server_url[:-len("/v1")] + "/health", timeout=5).status_code == 200:
+                        if requests.get(server_url[:-len("/v1")] + "/health",
+                                        timeout=5).status_code == 200:
                             break
                     except requests.RequestException:
                         pass
                 time.sleep(0.1)
             client = ChatClient(server_url, api_key=api_key, **client_kwargs)
-            client.resolve_model()           # so that client.model names the served model from the start
+            client.resolve_model()           # client.model names the served model from the start
             client.server_process = process  # for callers that want its pid or exit code
             yield client
         finally:

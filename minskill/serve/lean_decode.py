@@ -75,6 +75,7 @@ class LeanDecoder:
         cos, sin = torch.cat([cos, cos], -1)[:, None], torch.cat([-sin, sin], -1)[:, None]
         every_row, slots = torch.arange(B, device=ids.device), cache.next_position.clone()
         cache.next_position += 1
+        cache.positions = [n + 1 for n in cache.positions]
         runs = cache._runs_by_width()   # [(rows, width, mask)]: one attention call each
         group = n_h // n_kv
         for i, (norm_in, qkv_proj, o_proj, norm_post, gate_up_proj, down_proj) in \

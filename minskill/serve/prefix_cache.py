@@ -2,29 +2,32 @@
 
 A prompt is cut into blocks of BLOCK_TOKENS tokens; block i is named by a chained digest
 
-    key_0 = H(b"" , tokens[0:B]),   key_i = H(key_{i-1}, tokens[iB:(i+1)B])     (H = blake2b, 16 bytes)
+    key_0 = H(b"" , tokens[0:B]),   key_i = H(key_{i-1}, tokens[iB:(i+1)B])     (H = blake2b, 16
+                                    bytes)
 
-so a key names the whole prefix tokens[0:(i+1)B], not the block alone. Under causal attention the keys/values
-of a token depend only on the tokens up to it, and positions start at 0 for every prompt, so the cached
-keys/values of a prefix are those any prompt starting with it would compute (to float rounding: the same
-matmuls on other shapes). `PrefixCache` maps key -> that block's keys/values, (layers, n_kv, B, d) each, in
-the engine's cache dtype (float32, bf16, and bf16 for the int8 model alike).
+so a key names the whole prefix tokens[0:(i+1)B], not the block alone. Under causal attention the
+keys/values of a token depend only on the tokens up to it, and positions start at 0 for every
+prompt, so the cached keys/values of a prefix are those any prompt starting with it would compute
+(to float rounding: the same matmuls on other shapes). `PrefixCache` maps key -> that block's
+keys/values, (layers, n_kv, B, d) each, in the engine's cache dtype (float32, bf16, and bf16 for
+the int8 model alike).
 
 Invariants.
-  * Bounded: the stored blocks' bytes never exceed `capacity_bytes` (a block that alone exceeds it is not kept).
-  * LRU with roots last: a lookup or a store touches a chain's blocks leaf first, root last, so a block is
-    never less recently used than its descendants; eviction (least recently used first) removes leaves before
-    their parents, and a cached chain stays reachable from its root.
+  * Bounded: the stored blocks' bytes never exceed `capacity_bytes` (a block that alone exceeds it
+    is not kept).
+  * LRU with roots last: a lookup or a store touches a chain's blocks leaf first, root last, so a
+    block is never less recently used than its descendants; eviction (least recently used first)
+    removes leaves before their parents, and a cached chain stays reachable from its root.
   * A prompt always leaves at least one token to compute (the logits of its last token are needed):
     lookups cover at most (len - 1) // B blocks.
 
-`prefill(model, prompts, extra, prefix_cache, pad_id, dtype)` prefills a batch into a KVCache in `dtype` (the
-engine's compute dtype; None: the model's): identical prompts run once; with a cache, a prefix shared by two
-prompts of the batch and not cached yet is prefilled first and stored (recursively), then each prompt runs from
-its longest cached prefix. Layout of the returned KVCache, for row i with a cached prefix of
-p_i tokens and a suffix of s_i: slots [Pmax - p_i, Pmax) hold the prefix, [Pmax + Smax - s_i, Pmax + Smax) the
-suffix, every other slot is a masked pad (positions count real tokens only, model.hidden_states).
-"""
+`prefill(model, prompts, extra, prefix_cache, pad_id, dtype)` prefills a batch into a KVCache in
+`dtype` (the engine's compute dtype; None: the model's): identical prompts run once; with a cache,
+a prefix shared by two prompts of the batch and not cached yet is prefilled first and stored
+(recursively), then each prompt runs from its longest cached prefix. Layout of the returned
+KVCache, for row i with a cached prefix of p_i tokens and a suffix of s_i: slots [Pmax - p_i, Pmax)
+hold the prefix, [Pmax + Smax - s_i, Pmax + Smax) the suffix, every other slot is a masked pad
+(positions count real tokens only, model.hidden_states). """
 from __future__ import annotations
 
 import collections
@@ -46,21 +49,27 @@ def block_keys(tokens: list[int], blocks: int, block: int = BLOCK_TOKENS) -> lis
 
 
 class PrefixCache:
-    """key -> (k, v) of one block, least recently used out, at most capacity_bytes in all (module docstring)."""
+    """key -> (k, v) of one block, least recently used out, at most capacity_bytes in all (module
+    docstring)."""
 
     def __init__(self, capacity_mb: float, block: int = BLOCK_TOKENS):
         if capacity_mb <= 0 or block < 1:
-            raise ValueError(f"PrefixCache: need capacity_mb > 0 and block >= 1, got {capacity_mb}, {block}")
+            raise ValueError(f"PrefixCache: need capacity_mb > 0 and block >= 1, got "
+                             f"{capacity_mb}, {block}")
         self.capacity_bytes, self.block = int(capacity_mb * 2**20), block
-        self.blocks: collections.OrderedDict[bytes, tuple[torch.Tensor, torch.Tensor]] = collections.OrderedDict()
+        self.blocks: collections.OrderedDict[bytes, tuple[torch.Tensor, torch.Tensor]] = (
+            collections.OrderedDict()
+        )
         self.bytes = 0
-        self.hits = self.misses = 0          # blocks found / not found by lookups (a figure for logs and tests)
+        self.hits = self.misses = 0          # blocks found / not found by lookups (a figure for
+        # logs and tests)
 
     def __len__(self):
         return len(self.blocks)
 
     def lookup(self, tokens: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """The cached blocks of the longest cached prefix of tokens[:-1] (whole blocks), root first."""
+        """The cached blocks of the longest cached prefix of tokens[:-1] (whole blocks), root
+        first."""
         found = []
         for key in block_keys(tokens, (len(tokens) - 1) // self.block, self.block):
             kv = self.blocks.get(key)
@@ -82,7 +91,8 @@ class PrefixCache:
             lo = (i - first) * self.block
             size = 2 * k[:, :, lo:lo + self.block].numel() * k.element_size()
             if keys[i] not in self.blocks and size <= self.capacity_bytes:
-                self.blocks[keys[i]] = (k[:, :, lo:lo + self.block].clone(), v[:, :, lo:lo + self.block].clone())
+                self.blocks[keys[i]] = (k[:, :, lo:lo + self.block].clone(),
+                                        v[:, :, lo:lo + self.block].clone())
                 self.bytes += size
         for key in reversed(keys):                 # leaf first, root last (module docstring)
             if key in self.blocks:
@@ -93,8 +103,8 @@ class PrefixCache:
 
 
 def _shared_uncached(prompts: list[list[int]], cache: PrefixCache) -> list[list[int]]:
-    """The longest prefixes (whole blocks) that two or more prompts share and the cache lacks: prefilled first,
-    so that a batch computes each shared prefix once."""
+    """The longest prefixes (whole blocks) that two or more prompts share and the cache lacks:
+    prefilled first, so that a batch computes each shared prefix once."""
     chains = [block_keys(p, (len(p) - 1) // cache.block, cache.block) for p in prompts]
     count = collections.Counter(key for chain in chains for key in set(chain))
     wanted = {}
@@ -105,12 +115,15 @@ def _shared_uncached(prompts: list[list[int]], cache: PrefixCache) -> list[list[
     return list(wanted.values())
 
 
-def prefill(model, prompts: list[list[int]], extra: int, cache: PrefixCache | None, pad_id: int, dtype=None):
-    """(KVCache with room for `extra` more tokens, logits (P, V) float32 of each prompt's last token)."""
+def prefill(model, prompts: list[list[int]], extra: int, cache: PrefixCache | None, pad_id: int,
+            dtype=None):
+    """(KVCache with room for `extra` more tokens, logits (P, V) float32 of each prompt's last
+    token)."""
     unique = list(dict.fromkeys(tuple(p) for p in prompts))
     if cache is not None:
         shared = _shared_uncached([list(p) for p in unique], cache)
-        if shared:   # recursively: a prefix two of these share is computed once too (each level is shorter)
+        if shared:   # recursively: a prefix two of these share is computed once too (each level is
+                     # shorter)
             prefill(model, shared, 0, cache, pad_id, dtype)
     kv, logits = _prefill_unique(model, [list(p) for p in unique], extra, cache, pad_id, dtype)
     return one_row_per_prompt(prompts, unique, kv, logits)
@@ -126,7 +139,8 @@ def one_row_per_prompt(prompts: list[list[int]], unique: list[tuple], kv, logits
     return kv.select(rows), logits[torch.tensor(rows, device=logits.device)]
 
 
-def _prefill_unique(model, prompts: list[list[int]], extra: int, cache: PrefixCache | None, pad_id: int, dtype):
+def _prefill_unique(model, prompts: list[list[int]], extra: int, cache: PrefixCache | None,
+                    pad_id: int, dtype):
     device = model.device
     found = [cache.lookup(p) if cache is not None else [] for p in prompts]
     prefix = [len(f) * (cache.block if cache is not None else 0) for f in found]
@@ -140,12 +154,15 @@ def _prefill_unique(model, prompts: list[list[int]], extra: int, cache: PrefixCa
             kv.key_mask[i, P - prefix[i]:P] = True
     kv.next_position = torch.tensor(prefix, dtype=torch.long, device=device)
     kv.length, kv.has_pads = P, P > 0 and min(prefix) < P
-    ids = torch.tensor([[pad_id] * (S - len(s)) + s for s in suffix], dtype=torch.long, device=device)
-    mask = torch.tensor([[0] * (S - len(s)) + [1] * len(s) for s in suffix], dtype=torch.long, device=device)
+    ids = torch.tensor([[pad_id] * (S - len(s)) + s for s in suffix], dtype=torch.long,
+                       device=device)
+    mask = torch.tensor([[0] * (S - len(s)) + [1] * len(s) for s in suffix], dtype=torch.long,
+                        device=device)
     hidden = model.hidden_states(ids, mask, kv)[:, -1]
     logits = model.lm_head(hidden).float()
     if cache is not None:
         for i, (p, s) in enumerate(zip(prompts, suffix)):
             lo = P + S - len(s)
-            cache.store(p, prefix[i] // cache.block, kv.k[:, i, :, lo:P + S], kv.v[:, i, :, lo:P + S])
+            cache.store(p, prefix[i] // cache.block, kv.k[:, i, :, lo:P + S],
+                        kv.v[:, i, :, lo:P + S])
     return kv, logits

@@ -1,37 +1,42 @@
-"""The server's decoding engine: sequences join a running batch at the next decoding step and leave it at once.
+"""The server's decoding engine: sequences join a running batch at the next decoding step and leave
+it at once.
 
-`Engine` holds one KVCache whose rows are the sequences being decoded (one per sample: a request with n = 4
-is 4 sequences), and the logits of each row's next token. Each `step()`:
+`Engine` holds one KVCache whose rows are the sequences being decoded (one per sample: a request
+with n = 4 is 4 sequences), and the logits of each row's next token. Each `step()`:
 
   1. drops the rows whose request was cancelled (finish_reason "cancelled": its client has gone);
   2. chooses one token per row (sampling._sample_step: the same rule as sampling.generate, after the
      row's logit_bias and penalties, serve.penalties, and its schema's mask, serve.constrained),
      streams it (on_token), and ends a row on a stop token, a stop string or its max_new_tokens;
-  3. finished rows leave the cache at once (KVCache.select), their request is answered as soon as its last
-     sample ends; the others are fed their token (one forward of the model, one new slot for every row;
-     with quantized weights and batch_invariant, serve.lean_decode's step: the same bits, fewer ops).
+  3. finished rows leave the cache at once (KVCache.select), their request is answered as soon as
+     its last sample ends; the others are fed their token (one forward of the model, one new slot
+     for every row; with quantized weights and batch_invariant, serve.lean_decode's step: the same
+     bits, fewer ops).
 
-`add(sequences)` prefills newcomers and merges them into the running cache: with a prefix cache, through
-serve.cascade.prefill_shared (a prefix that running or joining sequences share is computed once, from the
-prefix cache when it is there, and kept once in the batch: a CascadeCache, whose slots hold each row's own
-tokens only), else through serve.prefix_cache.prefill (identical prompts once, every row holding its prompt).
-All rows share one write offset (KVCache): the rows are aligned on their last slot, the shorter side is left
-padded with masked slots, and leading slots that no row uses any more are cut, so a long-gone prompt does not
-keep the cache wide. Positions are per row (next_position), so padding never shifts a row's RoPE positions.
+`add(sequences)` prefills newcomers and merges them into the running cache: with a prefix cache,
+through serve.cascade.prefill_shared (a prefix that running or joining sequences share is computed
+once, from the prefix cache when it is there, and kept once in the batch: a CascadeCache, whose
+slots hold each row's own tokens only), else through serve.prefix_cache.prefill (identical prompts
+once, every row holding its prompt). All rows share one write offset (KVCache): the rows are
+aligned on their last slot, the shorter side is left padded with masked slots, and leading slots
+that no row uses any more are cut, so a long-gone prompt does not keep the cache wide. Positions
+are per row (next_position), so padding never shifts a row's RoPE positions.
 
 Invariants.
-  * A row's tokens depend only on its own prompt, parameters and generator: padding is masked, positions are
-    its own, and a seeded sample draws one uniform per token from its own torch.Generator, seeded as
-    sampling.generate seeds it (seed s, sample j), so a seeded request gives the same tokens whatever shares
-    the batch, and the same as generate on the CPU. With batch_invariant (the server's default) a
-    row's logits have the same bits whatever shares the batch (int8, bf16; float32 to its GEMMs'
-    rounding): serve.aligned. Without it, a row's keys sit behind its companions' padding and its
-    softmax sums them in another order, so int8/bf16 greedy replies can change with the batch.
+  * A row's tokens depend only on its own prompt, parameters and generator: padding is masked,
+    positions are its own, and a seeded sample draws one uniform per token from its own
+    torch.Generator, seeded as sampling.generate seeds it (seed s, sample j), so a seeded request
+    gives the same tokens whatever shares the batch, and the same as generate on the CPU. With
+    batch_invariant (the server's default) a row's logits have the same bits whatever shares the
+    batch (int8, bf16; float32 to its GEMMs' rounding): serve.aligned. Without it, a row's keys sit
+    behind its companions' padding and its softmax sums them in another order, so int8/bf16 greedy
+    replies can change with the batch.
   * The cache has room for every row's remaining tokens (grown at each merge).
   * The engine runs on one thread (the server's scheduler thread); callbacks run on it.
 
-`run_continuous(scheduler)` is the server's loop for `--scheduler continuous` (minskill.serve.server): between two
-steps it takes the queued requests that fit in max_batch samples, so a request waits at most one decoding step.
+`run_continuous(scheduler)` is the server's loop for `--scheduler continuous`
+(minskill.serve.server): between two steps it takes the queued requests that fit in max_batch
+samples, so a request waits at most one decoding step.
 """
 from __future__ import annotations
 
@@ -65,10 +70,10 @@ class Sequence:
     stop_strings: tuple[str, ...] = ()
     top_logprobs: int = 0
     generator: torch.Generator | None = None
-    on_token: Callable[[int], None] | None = None        # on_token(token_id), as each token is chosen
+    on_token: Callable[[int], None] | None = None        # on_token(token_id), as it is chosen
     should_stop: Callable[[], bool] | None = None        # the client has gone
     on_done: Callable[["Sequence"], None] | None = None  # called once, when the sequence ends
-    constraint: JsonConstraint | None = None             # the tokens its JSON schema allows (serve.constrained)
+    constraint: JsonConstraint | None = None             # its JSON schema (serve.constrained)
     penalties: Penalties | None = None                   # logit_bias, penalties (serve.penalties)
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
@@ -76,7 +81,8 @@ class Sequence:
     finish: str = "length"
 
     def sample(self, stop_token_ids, tokenizer) -> Sample:
-        """As sampling.generate reports a sample: text without the stop token, cut at the first stop string."""
+        """As sampling.generate reports a sample: text without the stop token, cut at the first
+        stop string."""
         text = ""
         if tokenizer is not None:
             ended_by_token = bool(self.tokens) and self.tokens[-1] in stop_token_ids
@@ -102,22 +108,27 @@ class Engine:
         call). batch_invariant: every row's keys at the slots of their positions and prompts
         prefilled one by one (serve.aligned), so a row's bits do not depend on its companions; no
         prefix is kept once (cascade)."""
-        self.model, self.tokenizer, self.pad_id, self.prefix_cache = model, tokenizer, pad_id, prefix_cache
+        self.model, self.tokenizer, self.pad_id = model, tokenizer, pad_id
+        self.prefix_cache = prefix_cache
         self.batch_invariant = batch_invariant
         # the decoding step in fewer ops, with the same bits, where it covers the model (a quantized
         # one: the server's CPU default); lean=False keeps the plain step (bench profile compares)
         self.lean = LeanDecoder.of(model) if batch_invariant and lean else None
-        self._stop_token_ids = None if stop_token_ids is None else set(int(t) for t in stop_token_ids)
+        self._stop_token_ids = None if stop_token_ids is None else \
+            set(int(t) for t in stop_token_ids)
         self.rows: list[Sequence] = []
         self.cache: KVCache | None = None
-        self.logits: torch.Tensor | None = None             # (rows, V) float32: each row's next-token logits
+        self.logits: torch.Tensor | None = None   # (rows, V) float32: next-token logits
 
     @property
     def stop_token_ids(self) -> set[int]:
-        return set(self.tokenizer.stop_token_ids) if self._stop_token_ids is None else self._stop_token_ids
+        if self._stop_token_ids is None:
+            return set(self.tokenizer.stop_token_ids)
+        return self._stop_token_ids
 
     def add(self, sequences: list[Sequence]):
-        """Prefill `sequences` and let them join the batch (a sequence with max_new_tokens 0 ends at once)."""
+        """Prefill `sequences` and let them join the batch (a sequence with max_new_tokens 0 ends
+        at once)."""
         for s in [s for s in sequences if s.max_new_tokens <= 0]:
             self._finish(s)
         sequences = [s for s in sequences if s.max_new_tokens > 0]
@@ -129,9 +140,10 @@ class Engine:
             cache, logits = prefill_aligned(self.model, prompts, room, self.prefix_cache, dtype)
         elif self.prefix_cache is not None:
             # shared prefixes kept once in the batch (serve.cascade)
-            cache, logits = prefill_shared(self.model, prompts, room, self.prefix_cache, self.pad_id, dtype,
-                                           [s.prompt for s in self.rows],
-                                           groups_of(self.cache)[0] if self.cache is not None else None)
+            running = groups_of(self.cache)[0] if self.cache is not None else None
+            cache, logits = prefill_shared(self.model, prompts, room, self.prefix_cache,
+                                           self.pad_id, dtype, [s.prompt for s in self.rows],
+                                           running)
         else:
             cache, logits = prefill(self.model, prompts, room, None, self.pad_id, dtype)
         if self.cache is None:
@@ -168,7 +180,8 @@ class Engine:
                 still.append(i)
         self._leave(still)
         if self.rows:
-            ids = torch.tensor([[s.tokens[-1]] for s in self.rows], dtype=torch.long, device=self.model.device)
+            ids = torch.tensor([[s.tokens[-1]] for s in self.rows], dtype=torch.long,
+                               device=self.model.device)
             self.logits = self._decode(ids)
 
     def _decode(self, ids: torch.Tensor) -> torch.Tensor:
@@ -178,21 +191,25 @@ class Engine:
         return self.model(ids, cache=self.cache)[:, -1].float()
 
     def _choose(self):
-        """This step's token and log-prob of every row (and the most likely tokens, when a row asks)."""
+        """This step's token and log-prob of every row (and the most likely tokens, when a row
+        asks)."""
         device = self.model.device
-        params = [[getattr(s, name) for s in self.rows] for name in ("temperature", "top_k", "top_p")]
+        params = [[getattr(s, name) for s in self.rows]
+                  for name in ("temperature", "top_k", "top_p")]
         plan = _Plan.of(*params, device=device)
         temp, top_k, top_p = (torch.tensor(v, dtype=d, device=device)
                               for v, d in zip(params, (torch.float32, torch.long, torch.float32)))
-        u = torch.cat([torch.rand(1, generator=s.generator, device="cpu") for s in self.rows]).to(device) \
-            if plan.sampled else None
+        u = torch.cat([torch.rand(1, generator=s.generator, device="cpu")
+                       for s in self.rows]).to(device) if plan.sampled else None
         tokens, logprobs, full = _sample_step(self.logits, temp, top_k, top_p, plan, u)
         width = max(s.top_logprobs for s in self.rows)
         top = None
         if width:
             best = full.topk(min(width, full.shape[1]), dim=-1)
             top = (best.indices.tolist(), best.values.tolist())
-        return tokens.tolist(), logprobs.tolist(), top
+        # one read from the device for both (float64 holds every token id and float32 exactly)
+        chosen = torch.stack([tokens.double(), logprobs.double()]).tolist()
+        return [int(t) for t in chosen[0]], chosen[1], top
 
     def _leave(self, keep: list[int]):
         """Rows not in `keep` have ended: out of the cache now, their callbacks called."""
@@ -231,7 +248,8 @@ def _empty_like(cache: KVCache, rows: int, max_len: int) -> KVCache:
 
 
 def merge_caches(a: KVCache, b: KVCache, room: int) -> KVCache:
-    """Rows of a, then rows of b, aligned on their last written slot, with room for `room` more tokens."""
+    """Rows of a, then rows of b, aligned on their last written slot, with room for `room` more
+    tokens."""
     length = max(a.length, b.length)
     new = _empty_like(a, a.batch_size + b.batch_size, length + room)
     for part, rows in ((a, slice(0, a.batch_size)), (b, slice(a.batch_size, None))):
@@ -262,11 +280,12 @@ def trim_left(cache: KVCache) -> KVCache:
 
 
 def run_continuous(scheduler):
-    """The server's scheduler thread under --scheduler continuous (scheduler: server.BatchScheduler; its backend
-    has start(request, on_done), step(), in_flight()). Requests join between two decoding steps, up to
-    max_batch samples in flight (a bigger one runs once the batch is empty); an embedding request runs
-    between two steps. batches_served counts the times the running batch emptied; with log_requests, each time
-    it empties one line says what it served since it was last empty (as static batching logs a batch)."""
+    """The server's scheduler thread under --scheduler continuous (scheduler:
+    server.BatchScheduler; its backend has start(request, on_done), step(), in_flight()). Requests
+    join between two decoding steps, up to max_batch samples in flight (a bigger one runs once the
+    batch is empty); an embedding request runs between two steps. batches_served counts the times
+    the running batch emptied; with log_requests, each time it empties one line says what it served
+    since it was last empty (as static batching logs a batch)."""
     backend = scheduler.backend
     served = dict(requests=0, samples=0, tokens=0, started=time.perf_counter())
 
@@ -307,8 +326,10 @@ def run_continuous(scheduler):
             traceback.print_exc(file=sys.stderr)
             backend.fail_all(error)
         if busy and not backend.in_flight():
-            scheduler.batches_served += 1        # the running batch emptied: as a static batch ending
+            scheduler.batches_served += 1        # the running batch emptied: as a batch ends
             if scheduler.log_requests:
-                print(f"[minskill.serve] batch of {served['requests']} requests, {served['samples']} samples, "
-                      f"{served['tokens']} completion tokens, {time.perf_counter() - served['started']:.2f} s "
-                      "(continuous: from the batch's first request until it emptied)", file=sys.stderr, flush=True)
+                print(f"[minskill.serve] batch of {served['requests']} requests, "
+                      f"{served['samples']} samples, {served['tokens']} completion tokens, "
+                      f"{time.perf_counter() - served['started']:.2f} s "
+                      "(continuous: from the batch's first request until it emptied)",
+                      file=sys.stderr, flush=True)

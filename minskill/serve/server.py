@@ -3,34 +3,39 @@
     python -m minskill.serve --model SPEC [--host 127.0.0.1] [--port 8000] [--api-key KEY]
                               [--max-batch 16] [--dtype float32|bfloat16]
                               [--quantize int4|int8|none|auto] [--threads N]
-                              [--log-requests] [--prefix-cache-mb 256] [--scheduler continuous|static]
-                              [--request-timeout 30] [--max-connections 256]
+                              [--log-requests] [--prefix-cache-mb 256] [--scheduler
+                              continuous|static] [--request-timeout 30] [--max-connections 256]
 
-Endpoints: `GET /health`, `GET /v1/models`, `GET /v1/models/{id}`, `POST /v1/chat/completions` (messages,
-n, temperature, top_p, top_k, max_tokens, stop, seed, stream, stream_options, logprobs, top_logprobs,
-chat_template_kwargs: its enable_thinking, for Qwen3 templates, as vLLM honours it; minskill.serve.backends),
-legacy `POST /v1/completions` (prompt: a string or a list of strings, text in and out, batched alike),
-`POST /v1/embeddings` (input, encoding_format). Any other field that would change what is sampled or returned is
-a 400 naming it, never ignored (minskill.serve.fields lists them). A body may be chunked (minskill.serve.http_body).
-Replies have OpenAI's shape, so the official client, curl and minskill.serve.client.ChatClient all work against
-it. Standard library only for HTTP (http.server). A message's content may be a string or a list of text
-parts (joined with "\n"; minskill.serve.backends). `"stream": true` is answered with server-sent events, token by
-token as the model decodes them (minskill.serve.sse). /v1/embeddings gives mean-pooled, L2-normalised final
-hidden states of the model (minskill.serve.embeddings); it runs through the same queue as chat, alone in its batch.
+Endpoints: `GET /health`, `GET /v1/models`, `GET /v1/models/{id}`, `POST /v1/chat/completions`
+(messages, n, temperature, top_p, top_k, max_tokens, stop, seed, stream, stream_options, logprobs,
+top_logprobs, chat_template_kwargs: its enable_thinking, for Qwen3 templates, as vLLM honours it;
+minskill.serve.backends), legacy `POST /v1/completions` (prompt: a string or a list of strings,
+text in and out, batched alike), `POST /v1/embeddings` (input, encoding_format). Any other field
+that would change what is sampled or returned is a 400 naming it, never ignored
+(minskill.serve.fields lists them). A body may be chunked (minskill.serve.http_body). Replies have
+OpenAI's shape, so the official client, curl and minskill.serve.client.ChatClient all work against
+it. Standard library only for HTTP (http.server). A message's content may be a string or a list of
+text parts (joined with "\n"; minskill.serve.backends). `"stream": true` is answered with
+server-sent events, token by token as the model decodes them (minskill.serve.sse). /v1/embeddings
+gives mean-pooled, L2-normalised final hidden states of the model (minskill.serve.embeddings); it
+runs through the same queue as chat, alone in its batch.
 
-Bad input. Every request the server cannot serve gets a 4xx with OpenAI's error body {"error": {"message", "type",
-"param", "code"}}, never a 500: a body shorter than its Content-Length (the client half-closed: never served as if
-complete), that is not JSON, is nested too deeply to decode, or holds a lone surrogate ("\\ud800" is valid JSON but
-no Unicode text); a field of the wrong type or range (400, `param` names it); a `model` other than the one served
-(404, code "model_not_found"; leaving `model` out is fine); http.server's own refusals (a malformed request line or
-header). A 500 means a bug or a failing backend; its body names the exception, the traceback goes to stderr. Message
-contents are text: special-token text typed in them is encoded as plain characters, never as the chat format's
-control tokens (see minskill.nn.tokenizer), so a message cannot open a turn of its own.
+Bad input. Every request the server cannot serve gets a 4xx with OpenAI's error body {"error":
+{"message", "type", "param", "code"}}, never a 500: a body shorter than its Content-Length (the
+client half-closed: never served as if complete), that is not JSON, is nested too deeply to decode,
+or holds a lone surrogate ("\\ud800" is valid JSON but no Unicode text); a field of the wrong type
+or range (400, `param` names it); a `model` other than the one served (404, code "model_not_found";
+leaving `model` out is fine); http.server's own refusals (a malformed request line or header). A
+500 means a bug or a failing backend; its body names the exception, the traceback goes to stderr.
+Message contents are text: special-token text typed in them is encoded as plain characters, never
+as the chat format's control tokens (see minskill.nn.tokenizer), so a message cannot open a turn of
+its own.
 
-Stalled clients. A request's line, headers and body must all arrive within `request_timeout` seconds of
-the server starting to wait for it (on a new connection, or after the previous reply on a kept-alive
-one); else the connection is closed (a body cut short gets a 408 first). At most `max_connections`
-connections are open at once (each holds a thread); one beyond that is closed at once, and clients retry.
+Stalled clients. A request's line, headers and body must all arrive within `request_timeout`
+seconds of the server starting to wait for it (on a new connection, or after the previous reply on
+a kept-alive one); else the connection is closed (a body cut short gets a 408 first). At most
+`max_connections` connections are open at once (each holds a thread); one beyond that is closed at
+once, and clients retry.
 
 Batching. Each HTTP request is handled on its own thread, validated there, then queued. One
 scheduler thread (under `python -m minskill.serve`, the main thread: OpenMP's threads stay warm
@@ -46,26 +51,28 @@ at its own slots, so a request's tokens do not depend on what shares its batch o
 batch). Each seeded sample draws from its own generator, so where the logits are batch-invariant a
 seeded reply is too.
 
-Cancellation. A handler thread waiting for its batch checks every 0.5 s whether its client closed the
-connection (a client that timed out does); then the request leaves the queue, or, if its batch is running,
-generation stops for it at the next token. A timed-out client that retries thus never doubles the work.
-A streaming client is watched the same way, and a write to it that fails counts as gone too.
+Cancellation. A handler thread waiting for its batch checks every 0.5 s whether its client closed
+the connection (a client that timed out does); then the request leaves the queue, or, if its batch
+is running, generation stops for it at the next token. A timed-out client that retries thus never
+doubles the work. A streaming client is watched the same way, and a write to it that fails counts
+as gone too.
 
 Limits. With context length C and a prompt of P tokens: P < C is required; max_tokens must lie in
 1..C and is then clamped to C - P (the reply is cut with finish_reason "length"); without
 max_tokens the reply may use all C - P remaining positions.
 
 Backends (minskill.serve.backends). The HTTP layer talks to any object with `name`, `max_context`,
-`count_prompt_tokens(messages)`, `count_text_tokens(prompt)` (legacy completions) and `complete(requests)`:
-ModelBackend (a minskill model, optionally with int8 weights, `--quantize int8`) or ScriptedBackend, which puts
-a scripted model behind real HTTP in tests:
+`count_prompt_tokens(messages)`, `count_text_tokens(prompt)` (legacy completions) and
+`complete(requests)`:
+ModelBackend (a minskill model, optionally with int8 weights, `--quantize int8`) or
+ScriptedBackend, which puts a scripted model behind real HTTP in tests:
 
     with start_server(ScriptedBackend(lambda messages, request: "42")) as server:
         client = server.client()      # a ChatClient for server.url
         client.chat([{"role": "user", "content": "6*7?"}]).text   # -> "42"
 
-A scripted fn may raise BackendError(status, message, retry_after=...) to answer with that HTTP error
-(e.g. 503), which is how tests make a server flaky.
+A scripted fn may raise BackendError(status, message, retry_after=...) to answer with that HTTP
+error (e.g. 503), which is how tests make a server flaky.
 
 `embedded_client()` is what the top-level scripts use when given no endpoint URL: it starts this
 server as a subprocess on a free loopback port with the default model, waits for /health, yields a
@@ -95,8 +102,8 @@ import torch
 
 from minskill.device import add_device_args, is_cuda, set_up_device
 from minskill.nn.quantize import QUANTIZE_CHOICES, serving_default, weight_format
-from minskill.serve.backends import (Backend, Choice, ClientGone, CompletionRequest, ModelBackend,  # noqa: F401
-                                     SCHEDULERS, ScriptedBackend, parse_chat_request, parse_completion_request)
+from minskill.serve.backends import (Backend, Choice, ClientGone,  # noqa: F401
+                                     CompletionRequest, ModelBackend, SCHEDULERS, ScriptedBackend)
 from minskill.serve.bodies import chat_reply, completion_reply
 from minskill.serve.client import ChatClient
 from minskill.serve.embedded import (API_KEY_ENV, DEFAULT_PREFIX_CACHE_MB,  # noqa: F401
@@ -104,56 +111,59 @@ from minskill.serve.embedded import (API_KEY_ENV, DEFAULT_PREFIX_CACHE_MB,  # no
 from minskill.serve.embeddings import EmbeddingRequest, embeddings_reply, parse_embeddings_request
 from minskill.serve.errors import BackendError, bad_request
 from minskill.serve.http_body import decode_json, read_body
+from minskill.serve.request_parsing import parse_chat_request, parse_completion_request
 from minskill.serve.scheduler import run_continuous
 from minskill.serve.sse import stream_chat
 
 DEFAULT_MAX_BODY_BYTES = 8 << 20  # 8 MiB of JSON is far more than any prompt a model here can read
-DEFAULT_REQUEST_TIMEOUT = 30.0    # seconds for a request's line, headers and body to arrive (also: keep-alive idle)
+DEFAULT_REQUEST_TIMEOUT = 30.0    # seconds for a request's line, headers and body; keep-alive idle
 DEFAULT_MAX_CONNECTIONS = 256     # open connections at once; each holds a handler thread
 
 
-# ---- batching scheduler ---------------------------------------------------------------------------
+# ---- batching scheduler --------------------------------------------------------------------------
 class _Job:
     def __init__(self, request: CompletionRequest | EmbeddingRequest, events=None):
         self.request, self.done = request, threading.Event()
         self.result: list[Choice] | None = None       # (for an EmbeddingRequest: the vectors)
         self.error: BaseException | None = None
-        self.events = events   # a streaming request's queue of deltas: None is put there when the job is done
+        self.events = events   # a streaming request's queue of deltas; None once the job is done
 
 
 class BatchScheduler:
     """Queue of pending requests; one thread serves them in batches of up to max_batch samples.
 
-    A request whose client has gone (submit's client_gone() turns true, checked every `poll` seconds) is
-    cancelled: dropped from the queue if it has not started, else its `cancelled` event tells the backend
-    to stop generating for it. A client that times out and retries would otherwise double the work.
-    """
+    A request whose client has gone (submit's client_gone() turns true, checked every `poll`
+    seconds) is cancelled: dropped from the queue if it has not started, else its `cancelled` event
+    tells the backend to stop generating for it. A client that times out and retries would
+    otherwise double the work. """
 
     def __init__(self, backend: Backend, max_batch: int = 16, log_requests: bool = False,
                  batch_window: float = 0.02, thread: bool = True):
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.backend, self.max_batch, self.log_requests = backend, max_batch, log_requests
-        self.batch_window = batch_window  # seconds the first request of a batch waits for companions
+        self.batch_window = batch_window  # seconds a batch's first request waits for companions
         self.pending: collections.deque[_Job] = collections.deque()
         self.condition = threading.Condition()
         self.stopping, self.batches_served, self.cancelled_requests = False, 0, 0
-        # thread False: the caller serves on its own thread, calling run() (main() does: docs/http-api.md)
+        # thread False: the caller serves on its own thread, calling run() (main() does:
+        # docs/http-api.md)
         self.thread = threading.Thread(target=self.run, name="minskill-scheduler", daemon=True) \
             if thread else None
         if self.thread:
             self.thread.start()
 
-    def submit(self, request: CompletionRequest | EmbeddingRequest, client_gone: Callable[[], bool] | None = None,
-               poll: float = 0.5, wait: bool = True):
-        """Queue a request and block until its batch is done; raise ClientGone once client_gone() is true.
-        wait=False: only queue it, and return the job for wait()."""
+    def submit(self, request: CompletionRequest | EmbeddingRequest,
+               client_gone: Callable[[], bool] | None = None, poll: float = 0.5, wait: bool = True):
+        """Queue a request and block until its batch is done; raise ClientGone once client_gone()
+        is true. wait=False: only queue it, and return the job for wait()."""
         job = self.enqueue(request)
         return self.wait(job, client_gone, poll) if wait else job
 
-    def wait(self, job: _Job, client_gone: Callable[[], bool] | None = None, poll: float = 0.5, others=()):
-        """The job's result once its batch is done (its error raised); ClientGone, every job of `others`
-        cancelled with it, once client_gone() is true."""
+    def wait(self, job: _Job, client_gone: Callable[[], bool] | None = None, poll: float = 0.5,
+             others=()):
+        """The job's result once its batch is done (its error raised); ClientGone, every job of
+        `others` cancelled with it, once client_gone() is true."""
         while not job.done.wait(None if client_gone is None else poll):
             if client_gone():
                 for other in {job, *others}:
@@ -173,7 +183,8 @@ class BatchScheduler:
         return job
 
     def cancel(self, job: _Job) -> None:
-        """The job's client has gone: drop it from the queue, or tell the backend to stop working on it."""
+        """The job's client has gone: drop it from the queue, or tell the backend to stop working
+        on it."""
         if job.done.is_set():
             return
         job.request.cancelled.set()
@@ -190,17 +201,20 @@ class BatchScheduler:
                 self.condition.wait()
             if self.stopping:
                 return None
-            batch = [self.pending.popleft()]   # (cancelled jobs leave the queue themselves, under this lock)
+            batch = [self.pending.popleft()]   # (cancelled jobs leave the queue themselves, under
+                                               # this lock)
             if isinstance(batch[0].request, EmbeddingRequest):
                 return batch                   # an embedding request runs alone
             samples = batch[0].request.n
-            # Wait a short window for companions: concurrent clients rarely arrive in the same millisecond,
+            # Wait a short window for companions: concurrent clients rarely arrive in the same
+            # millisecond,
             # and a request that just misses a batch waits for the whole of it (static batching).
             deadline = time.monotonic() + self.batch_window
             while samples < self.max_batch and not self.stopping:
                 if self.pending:
                     following = self.pending[0].request
-                    if isinstance(following, EmbeddingRequest) or samples + following.n > self.max_batch:
+                    if isinstance(following,
+                                  EmbeddingRequest) or samples + following.n > self.max_batch:
                         break
                     batch.append(self.pending.popleft())
                     samples += batch[-1].request.n
@@ -225,7 +239,8 @@ class BatchScheduler:
         if isinstance(result, BaseException):
             job.error = result
         elif not isinstance(result, list) or len(result) != job.request.n:
-            job.error = RuntimeError(f"backend returned {result!r:.100} for a request with n={job.request.n}")
+            job.error = RuntimeError(f"backend returned {result!r:.100} for a request with "
+                                     f"n={job.request.n}")
         else:
             job.result = result
         job.done.set()
@@ -235,7 +250,7 @@ class BatchScheduler:
     def run(self):
         """Serve until stop(): on the scheduler's own thread, or on the caller's (thread=False)."""
         if getattr(self.backend, "scheduler", "static") == "continuous":
-            return run_continuous(self)   # requests join and leave at each decoding step (serve.scheduler)
+            return run_continuous(self)   # requests join and leave at each step (serve.scheduler)
         while (batch := self._next_batch()) is not None:
             if isinstance(batch[0].request, EmbeddingRequest):
                 self._embed(batch[0])
@@ -245,7 +260,8 @@ class BatchScheduler:
             try:
                 results = self.backend.complete(requests)
                 if len(results) != len(batch):
-                    raise RuntimeError(f"backend returned {len(results)} results for {len(batch)} requests")
+                    raise RuntimeError(f"backend returned {len(results)} results for {len(batch)} "
+                                       f"requests")
             except Exception as error:
                 traceback.print_exc(file=sys.stderr)
                 results = [error] * len(batch)
@@ -255,8 +271,9 @@ class BatchScheduler:
                 tokens += sum(choice.completion_tokens for choice in job.result or ())
             self.batches_served += 1
             if self.log_requests:
-                print(f"[minskill.serve] batch of {len(batch)} requests, {sum(r.n for r in requests)} samples, "
-                      f"{tokens} completion tokens, {time.perf_counter() - started:.2f} s", file=sys.stderr, flush=True)
+                print(f"[minskill.serve] batch of {len(batch)} requests, "
+                      f"{sum(r.n for r in requests)} samples, {tokens} completion tokens, "
+                      f"{time.perf_counter() - started:.2f} s", file=sys.stderr, flush=True)
 
     def stop(self, timeout: float = 30.0):
         """Refuse new work, fail what is still queued with 503, let the running batch finish."""
@@ -271,16 +288,18 @@ class BatchScheduler:
             self.thread.join(timeout)
 
 
-# ---- HTTP layer -----------------------------------------------------------------------------------
+# ---- HTTP layer ----------------------------------------------------------------------------------
 ROUTES = {"/health": ("GET",), "/v1/models": ("GET",), "/v1/chat/completions": ("POST",),
           "/v1/completions": ("POST",), "/v1/embeddings": ("POST",)}
-MODEL_PATH = "/v1/models/"   # GET /v1/models/{id}: the id may hold slashes ("Qwen/Qwen3-0.6B"), %-escaped or not
+MODEL_PATH = "/v1/models/"   # GET /v1/models/{id}: the id may hold slashes ("Qwen/Qwen3-0.6B"),
+                             # %-escaped or not
 
 
 class _DeadlineReader(io.RawIOBase):
-    """The connection's socket as the handler's input file, with one deadline (time.monotonic()) for all
-    reads together: a socket timeout bounds each read alone, so a client sending a byte every few seconds
-    could otherwise hold its thread forever. No deadline: reads wait as long as the socket's timeout."""
+    """The connection's socket as the handler's input file, with one deadline (time.monotonic())
+    for all reads together: a socket timeout bounds each read alone, so a client sending a byte
+    every few seconds could otherwise hold its thread forever. No deadline: reads wait as long as
+    the socket's timeout."""
 
     def __init__(self, sock: socket.socket):
         self.sock, self.deadline = sock, None
@@ -298,7 +317,7 @@ class _DeadlineReader(io.RawIOBase):
 
 
 class _Handler(BaseHTTPRequestHandler):
-    protocol_version, server_version = "HTTP/1.1", "minskill"  # HTTP/1.1: keep-alive, clients reuse connections
+    protocol_version, server_version = "HTTP/1.1", "minskill"  # HTTP/1.1: keep-alive connections
 
     def log_message(self, format, *args):  # quiet: the scheduler logs one line per batch on request
         pass
@@ -310,25 +329,28 @@ class _Handler(BaseHTTPRequestHandler):
         self.rfile = io.BufferedReader(self.reader)
 
     def handle_one_request(self):
-        # the request line, headers and body must arrive within request_timeout of starting to wait for them
+        # the request line, headers and body must arrive within request_timeout of starting to wait
+        # for them
         # (http.server closes the connection on the TimeoutError; _read_json answers 408 first)
         self.reader.deadline = time.monotonic() + self.server.state.request_timeout
         super().handle_one_request()
 
     def send_error(self, code, message=None, explain=None):
-        """http.server's own refusals (a malformed request line or header, an unknown method) in OpenAI's shape."""
-        self.request_version = self.protocol_version  # a status line even for what parsed as HTTP/0.9
+        """http.server's own refusals (a malformed request line or header, an unknown method) in
+        OpenAI's shape."""
+        self.request_version = self.protocol_version  # a status line even for an HTTP/0.9 request
         self._send_error(BackendError(code, message or self.responses.get(code, ("error",))[0],
                                       "invalid_request_error"))
 
-    def do_GET(self):   # every method is routed alike: _handle answers 405 for one a path does not accept
+    def do_GET(self):   # every method is routed alike: _handle answers 405 where a path refuses it
         self._handle(self.command)
 
     do_POST = do_PUT = do_DELETE = do_PATCH = do_GET
 
     def _send_json(self, status: int, body: dict, headers: dict | None = None):
         data = json.dumps(body).encode()
-        # reading is over: no deadline; a client that stops reading its reply fails each write after request_timeout s
+        # reading is over: no deadline; a client that stops reading its reply fails each write
+        # after request_timeout s
         self.reader.deadline = None
         self.connection.settimeout(self.server.state.request_timeout)
         try:
@@ -337,7 +359,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("Content-Length", str(len(data)))
             for key, value in (headers or {}).items():
                 self.send_header(key, value)
-            if status >= 400:  # the body may be unread: start the next request on a fresh connection
+            if status >= 400:  # the body may be unread: the next request needs a fresh connection
                 self.send_header("Connection", "close")
                 self.close_connection = True
             self.end_headers()
@@ -352,7 +374,8 @@ class _Handler(BaseHTTPRequestHandler):
         if error.status == 401:
             headers["WWW-Authenticate"] = "Bearer"
         self._send_json(error.status, {"error": {"message": error.message, "type": error.type,
-                                                 "param": error.param, "code": error.code}}, headers)
+                                                 "param": error.param, "code": error.code}},
+                                                 headers)
 
     def _handle(self, method: str):
         state: ServerState = self.server.state
@@ -360,24 +383,28 @@ class _Handler(BaseHTTPRequestHandler):
             try:
                 path = urlsplit(self.path).path.rstrip("/") or "/"
             except ValueError as error:  # e.g. "http://[::1/v1/models"
-                raise bad_request(f"cannot parse the request target {self.path!r:.200}: {error}") from None
+                raise bad_request(f"cannot parse the request target {self.path!r:.200}: "
+                                  f"{error}") from None
             allowed = ROUTES.get(path) or (("GET",) if path.startswith(MODEL_PATH) else None)
             if allowed is None:
+                routes = ", ".join(f"{m} {p}" for p, ms in ROUTES.items() for m in ms)
                 raise BackendError(404, f"no such endpoint: {method} {path}; this server has "
-                                        f"{', '.join(f'{m} {p}' for p, ms in ROUTES.items() for m in ms)}",
-                                   "invalid_request_error", "not_found")
+                                        f"{routes}", "invalid_request_error", "not_found")
             if method not in allowed:
                 raise BackendError(405, f"{path} accepts {', '.join(allowed)}, not {method}",
-                                   "invalid_request_error", "method_not_allowed", headers={"Allow": ", ".join(allowed)})
-            if path != "/health" and state.api_key is not None and not self._authorized(state.api_key):
-                raise BackendError(401, "missing or incorrect API key: send 'Authorization: Bearer <key>'",
+                                   "invalid_request_error", "method_not_allowed",
+                                   headers={"Allow": ", ".join(allowed)})
+            if path != "/health" and state.api_key is not None and not self._authorized(
+                    state.api_key):
+                raise BackendError(401, "missing or incorrect API key: send 'Authorization: Bearer "
+                                        "<key>'",
                                    "invalid_request_error", "invalid_api_key")
             if path == "/health":
                 return self._send_json(200, {"status": "ok", "model": state.backend.name})
             if path == "/v1/models":
                 return self._send_json(200, {"object": "list", "data": [{
-                    "id": state.backend.name, "object": "model", "created": state.created, "owned_by": "minskill",
-                    "max_model_len": state.backend.max_context}]})
+                    "id": state.backend.name, "object": "model", "created": state.created,
+                    "owned_by": "minskill", "max_model_len": state.backend.max_context}]})
             if path.startswith(MODEL_PATH):
                 return self._model(state, unquote(path[len(MODEL_PATH):]))
             if path == "/v1/completions":
@@ -397,14 +424,18 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _authorized(self, api_key: str) -> bool:
         scheme, _, token = self.headers.get("Authorization", "").partition(" ")
-        return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), api_key.encode())
+        return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(),
+                                                                  api_key.encode())
 
     def _read_json(self, state: "ServerState"):
-        """The request's JSON payload: its body by Content-Length or chunked (minskill.serve.http_body)."""
-        return decode_json(read_body(self.rfile, self.headers, state.max_body_bytes, state.request_timeout))
+        """The request's JSON payload: its body by Content-Length or chunked
+        (minskill.serve.http_body)."""
+        return decode_json(read_body(self.rfile, self.headers, state.max_body_bytes,
+                                     state.request_timeout))
 
     def _client_gone(self) -> bool:
-        """True once the client has closed the connection: it is readable and a peek reads end-of-file."""
+        """True once the client has closed the connection: it is readable and a peek reads
+        end-of-file."""
         try:
             readable, _, _ = select.select([self.connection], [], [], 0)
             return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
@@ -419,14 +450,20 @@ class _Handler(BaseHTTPRequestHandler):
         self._send_json(200, chat_reply(request, choices, state.backend.name))
 
     def _completions(self, state: "ServerState"):
-        """Legacy /v1/completions: its prompts queued together, so they share a batch as chat requests do."""
+        """Legacy /v1/completions: its prompts queued together, so they share a batch as chat
+        requests do."""
         requests = parse_completion_request(self._read_json(state), state.backend)
         if requests[0].stream:
             return stream_chat(self, state.scheduler, requests, state.backend.name, legacy=True)
-        jobs = [state.scheduler.submit(r, client_gone=self._client_gone, wait=False) for r in requests]
+        jobs = [
+            state.scheduler.submit(r, client_gone=self._client_gone, wait=False) for r in requests
+        ]
         try:
-            results = [state.scheduler.wait(job, client_gone=self._client_gone, others=jobs) for job in jobs]
-        except BackendError:     # one prompt failed: the reply is that error, so the others need not run
+            results = [
+                state.scheduler.wait(job, client_gone=self._client_gone, others=jobs)
+                for job in jobs
+            ]
+        except BackendError:     # a prompt failed: its error is the reply, the others need not run
             for job in jobs:
                 state.scheduler.cancel(job)
             raise
@@ -436,7 +473,8 @@ class _Handler(BaseHTTPRequestHandler):
         """GET /v1/models/{id}: the served model, or 404 naming the unknown id."""
         if model_id != state.backend.name:
             raise BackendError(404, f"the model {model_id!r} does not exist: this server serves "
-                                    f"{state.backend.name!r}", "invalid_request_error", "model_not_found", "model")
+                                    f"{state.backend.name!r}", "invalid_request_error",
+                                    "model_not_found", "model")
         self._send_json(200, {"id": state.backend.name, "object": "model", "created": state.created,
                               "owned_by": "minskill", "max_model_len": state.backend.max_context})
 
@@ -452,12 +490,13 @@ class ServerState:
 
 
 class _HTTPServer(ThreadingHTTPServer):
-    request_queue_size = 128  # the default backlog of 5 drops connections when many clients start at once
+    request_queue_size = 128  # the default backlog of 5 drops connections when many clients start
     daemon_threads = True
 
     def __init__(self, address, handler, max_connections: int):
         super().__init__(address, handler)
-        self.max_connections, self.open_connections, self._count_lock = max_connections, 0, threading.Lock()
+        self.max_connections, self.open_connections = max_connections, 0
+        self._count_lock = threading.Lock()
 
     def verify_request(self, request, client_address) -> bool:
         """False (http.server then closes the connection) when max_connections are open already."""
@@ -475,17 +514,21 @@ class _HTTPServer(ThreadingHTTPServer):
                 self.open_connections -= 1
 
     def handle_error(self, request, client_address):
-        if not isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):  # clients hanging up is normal
+        # clients hanging up is normal
+        if not isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
             super().handle_error(request, client_address)
 
 
 class RunningServer:
-    """A server running on background threads. `url` is the API root ("http://127.0.0.1:PORT/v1")."""
+    """A server running on background threads. `url` is the API root
+    ("http://127.0.0.1:PORT/v1")."""
 
     def __init__(self, httpd: _HTTPServer, state: ServerState):
-        self.httpd, self.state, self.backend, self.api_key = httpd, state, state.backend, state.api_key
+        self.httpd, self.state = httpd, state
+        self.backend, self.api_key = state.backend, state.api_key
         self.host, self.port = httpd.server_address[:2]
-        shown = "127.0.0.1" if self.host in ("0.0.0.0", "") else f"[{self.host}]" if ":" in self.host else self.host
+        shown = ("127.0.0.1" if self.host in ("0.0.0.0", "")
+                 else f"[{self.host}]" if ":" in self.host else self.host)
         self.url = f"http://{shown}:{self.port}/v1"
         self.thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.1},
                                        name="minskill-http", daemon=True)
@@ -512,13 +555,15 @@ class RunningServer:
         self.close()
 
 
-def start_server(backend: Backend, host: str = "127.0.0.1", port: int = 0, api_key: str | None = None,
-                 max_batch: int = 16, log_requests: bool = False, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+def start_server(backend: Backend, host: str = "127.0.0.1", port: int = 0,
+                 api_key: str | None = None, max_batch: int = 16, log_requests: bool = False,
+                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                  request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
                  max_connections: int = DEFAULT_MAX_CONNECTIONS,
                  scheduler_thread: bool = True) -> RunningServer:
-    """Serve `backend` on background threads; port 0 picks a free port (see .url). Use as a context manager.
-    scheduler_thread False: the caller runs the model, calling server.state.scheduler.run()."""
+    """Serve `backend` on background threads; port 0 picks a free port (see .url). Use as a context
+    manager. scheduler_thread False: the caller runs the model, calling
+    server.state.scheduler.run()."""
     if not request_timeout > 0 or max_connections < 1:
         raise ValueError(f"start_server: need request_timeout > 0 and max_connections >= 1, got "
                          f"request_timeout={request_timeout}, max_connections={max_connections}")
@@ -528,7 +573,7 @@ def start_server(backend: Backend, host: str = "127.0.0.1", port: int = 0, api_k
     return RunningServer(httpd, httpd.state)
 
 
-# ---- command line ---------------------------------------------------------------------------------
+# ---- command line --------------------------------------------------------------------------------
 def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -560,19 +605,23 @@ def main(argv=None):
     quantized = weight_format(backend.model)
     weights = f"{quantized} weights, bfloat16 activations" if quantized else \
         f"{str(dtype).removeprefix('torch.')} weights"
-    print(f"minskill.serve: {threads} torch thread{'s' if threads != 1 else ''}, device {args.device}, "
-          f"{weights}", file=sys.stderr, flush=True)
+    print(f"minskill.serve: {threads} torch thread{'s' if threads != 1 else ''}, device "
+          f"{args.device}, {weights}", file=sys.stderr, flush=True)
     try:
-        server = start_server(backend, args.host, args.port, args.api_key or os.environ.get(API_KEY_ENV),
-                              args.max_batch, args.log_requests, request_timeout=timeout,
+        server = start_server(backend, args.host, args.port,
+                              args.api_key or os.environ.get(API_KEY_ENV), args.max_batch,
+                              args.log_requests, request_timeout=timeout,
                               max_connections=args.max_connections, scheduler_thread=False)
     except OSError as error:   # the port is in use, the host is not an address of this machine, ...
         print(f"minskill.serve: cannot listen on --host {args.host} --port {args.port}: "
               f"{error.strerror or error} (another --port, or 0 for a free one)", file=sys.stderr)
         return 2
     scheduler = server.state.scheduler
-    for signum in (signal.SIGINT, signal.SIGTERM):   # (stop() takes the queue's lock: not in a handler)
-        signal.signal(signum, lambda *_: threading.Thread(target=scheduler.stop, daemon=True).start())
+    for signum in (signal.SIGINT, signal.SIGTERM):   # (stop() takes the queue's lock: not in a
+        # handler)
+        signal.signal(
+            signum, lambda *_: threading.Thread(target=scheduler.stop, daemon=True).start()
+        )
     threading.Thread(target=_stop_when_orphaned, args=(scheduler,), daemon=True).start()
     print(f"minskill.serve: serving {backend.name} at {server.url}", flush=True)
     # the model runs on this, the main thread: OpenMP keeps one team of threads warm here, where the
@@ -590,19 +639,26 @@ def _stop_when_orphaned(scheduler: BatchScheduler):
     while parent and os.getppid() == parent:
         time.sleep(0.5)
     if parent:
-        print("minskill.serve: the process that started it is gone; stopping", file=sys.stderr, flush=True)
+        print("minskill.serve: the process that started it is gone; stopping", file=sys.stderr,
+              flush=True)
         scheduler.stop()
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m minskill.serve", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="smollm2-135m", help="model spec: an HF folder or smollm2-135m")
-    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
+    parser = argparse.ArgumentParser(prog="python -m minskill.serve",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="smollm2-135m",
+                        help="model spec: an HF folder or smollm2-135m")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback "
+                                                            "only)")
     parser.add_argument("--port", type=int, default=8000, help="0 picks a free port")
-    parser.add_argument("--api-key", default=None, help=f"require this bearer key (or set {API_KEY_ENV})")
-    parser.add_argument("--max-batch", type=int, default=16, help="most samples served in one batch")
+    parser.add_argument("--api-key", default=None, help=f"require this bearer key (or set "
+                                                        f"{API_KEY_ENV})")
+    parser.add_argument("--max-batch", type=int, default=16,
+                        help="most samples served in one batch")
     parser.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto",
-                        help="the weights' dtype: auto (default) = bfloat16 on CUDA, float32 on the CPU")
+                        help="the weights' dtype: auto (default) = bfloat16 on CUDA, float32 on "
+                             "the CPU")
     parser.add_argument("--quantize", choices=QUANTIZE_CHOICES, default=None,
                         help="the weights (minskill.nn.quantize): int4 (groups of 32, an int8 "
                              "output head; bf16 activations), int8 (a scale per output channel), "
@@ -610,23 +666,31 @@ def build_parser() -> argparse.ArgumentParser:
                              "else none); default: int4 on a CPU, else none")
     add_device_args(parser, bf16=False, what="the served model runs")
     parser.add_argument("--prefix-cache-mb", type=float, default=DEFAULT_PREFIX_CACHE_MB,
-                        help=f"MB of shared prompt prefixes' keys/values kept (default {DEFAULT_PREFIX_CACHE_MB:g}; "
-                             "0: off, every prompt prefilled whole; minskill.serve.prefix_cache, cascade)")
+                        help=f"MB of shared prompt prefixes' keys/values kept (default "
+                             f"{DEFAULT_PREFIX_CACHE_MB:g}; "
+                             "0: off, every prompt prefilled whole; minskill.serve.prefix_cache, "
+                             "cascade)")
     parser.add_argument("--scheduler", choices=SCHEDULERS, default=DEFAULT_SCHEDULER,
-                        help="continuous (default): requests join and leave the running batch at each decoding "
-                             "step; static: a batch runs until its longest reply ends")
+                        help="continuous (default): requests join and leave the running batch at "
+                             "each decoding step; static: a batch runs until its longest reply "
+                             "ends")
     parser.add_argument("--batch-invariant", choices=("on", "off"), default="on",
-                        help="on (default): a request's tokens do not depend on which requests share its batch "
-                             "or when they came (bit for bit with bfloat16 or int8 weights; float32 to ~1e-5 in "
-                             "the logits: minskill.serve.aligned); off: shared prefixes kept once (cascade), "
-                             "faster with a long shared system prompt (docs/benchmarks.md)")
+                        help="on (default): a request's tokens do not depend on which requests "
+                             "share its batch or when they came (bit for bit with bfloat16 or int8 "
+                             "weights; float32 to ~1e-5 in the logits: minskill.serve.aligned); "
+                             "off: shared prefixes kept once (cascade), faster with a long shared "
+                             "system prompt (docs/benchmarks.md)")
     parser.add_argument("--served-model-name", default=None, help="model id reported to clients")
-    parser.add_argument("--log-requests", action="store_true", help="log one line per batch on stderr")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice; "
+    parser.add_argument("--log-requests", action="store_true",
+                        help="log one line per batch on stderr")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch CPU threads (default: torch's choice; "
                         "1 is much faster on a CPU that other busy processes share)")
     parser.add_argument("--request-timeout", type=float, default=DEFAULT_REQUEST_TIMEOUT,
-                        help="seconds for a request's line, headers and body to arrive; a stalled client's "
-                             f"connection is closed after that (default {DEFAULT_REQUEST_TIMEOUT:g})")
+                        help="seconds for a request's line, headers and body to arrive; a stalled "
+                             "client's "
+                             f"connection is closed after that (default "
+                             f"{DEFAULT_REQUEST_TIMEOUT:g})")
     parser.add_argument("--max-connections", type=int, default=DEFAULT_MAX_CONNECTIONS,
                         help=f"most connections open at once (default {DEFAULT_MAX_CONNECTIONS})")
     return parser

@@ -7,8 +7,10 @@ Advantages (one task instance, generation g, K candidate skills s_g^(1..K))
 ---------------------------------------------------------------------------
 r_g^(i) is the mean verifier score of the n task-model rollouts run with skill s_g^(i).
 
-    A_intra(g, i) = r_g^(i) - mean_i r_g^(i)                      (optionally / (std_i r_g^(i) + eps))
-    A_inter(g)    = mean_i r_g^(i) - mean_i r_{g-1}^(i)           (A_inter(1) uses the seed skill's score)
+    A_intra(g, i) = r_g^(i) - mean_i r_g^(i)                      (optionally / (std_i r_g^(i) +
+                                                                  eps))
+    A_inter(g)    = mean_i r_g^(i) - mean_i r_{g-1}^(i)           (A_inter(1) uses the seed skill's
+                                                                  score)
     A(g, i)       = A_intra(g, i) + λ · A_inter(g) / S            (S: the inter scale, below)
 
 λ = 0 is vanilla GRPO. A_intra ranks the K candidates against each other; A_inter rewards (or
@@ -41,28 +43,34 @@ default): without it A_intra stays on the reward scale, where the raw A_inter al
 
 Policy loss (per valid token t of sequence b; log-probs at the sampling temperature)
 ------------------------------------------------------------------------------------
-    ratio_{b,t} = exp(logp_θ − logp_old)                          (= 1 on the first pass; old is detached)
+    ratio_{b,t} = exp(logp_θ − logp_old)                          (= 1 on the first pass; old is
+                                                                  detached)
     surr_{b,t}  = min(ratio · A_b, clip(ratio, 1 − ε_low, 1 + ε_high) · A_b)
-    kl_{b,t}    = exp(logp_ref − logp_θ) − (logp_ref − logp_θ) − 1   (k3 estimate of KL(π_θ ‖ π_ref), >= 0)
-    ℓ_{b,t}     = −surr_{b,t} + β · kl_{b,t}                       (the KL term only when ref_logp is given)
+    kl_{b,t}    = exp(logp_ref − logp_θ) − (logp_ref − logp_θ) − 1   (k3 estimate of KL(π_θ ‖
+                                                                     π_ref), >= 0)
+    ℓ_{b,t}     = −surr_{b,t} + β · kl_{b,t}                       (the KL term only when ref_logp
+                                                                   is given)
 
 Aggregation over the (B, T) grid, m_{b,t} ∈ {0, 1} the mask of valid (completion) tokens:
 
-    token_mean : Σ_{b,t} m·ℓ / Σ_{b,t} m                          (every token of the batch weighs the same)
-    seq_mean   : (1/B) Σ_b [ Σ_t m·ℓ / Σ_t m ]                     (every sequence weighs the same; the
-                                                                    original GRPO; a row with no valid token
-                                                                    contributes 0 but still counts in B)
-    dr_grpo    : Σ_{b,t} m·ℓ / (B · max_new_tokens)                (Dr. GRPO: a constant normaliser, so no
-                                                                    length bias; max_new_tokens is required)
+    token_mean : Σ_{b,t} m·ℓ / Σ_{b,t} m                          (every token of the batch weighs
+                                                                  the same)
+    seq_mean   : (1/B) Σ_b [ Σ_t m·ℓ / Σ_t m ]                     (every sequence weighs the same;
+                                                                    the original GRPO; a row with
+                                                                    no valid token contributes 0
+                                                                    but still counts in B)
+    dr_grpo    : Σ_{b,t} m·ℓ / (B · max_new_tokens)                (Dr. GRPO: a constant
+                                                                    normaliser, so no length bias;
+                                                                    max_new_tokens is required)
 
-Clip fractions (reported in stats; the TRL convention) are fractions of *valid* tokens where the clip
-is active, i.e. where the clipped term wins the min and the token's gradient is zero:
+Clip fractions (reported in stats; the TRL convention) are fractions of *valid* tokens where the
+clip is active, i.e. where the clipped term wins the min and the token's gradient is zero:
 
     clip_frac_low  = mean over valid tokens of [ratio < 1 − ε_low  and A < 0]
     clip_frac_high = mean over valid tokens of [ratio > 1 + ε_high and A > 0]
 
-A token with ratio < 1 − ε_low but A > 0 is *not* clipped: the min picks the unclipped ratio·A, and the
-gradient pushes the ratio back up. Likewise ratio > 1 + ε_high with A < 0.
+A token with ratio < 1 − ε_low but A > 0 is *not* clipped: the min picks the unclipped ratio·A, and
+the gradient pushes the ratio back up. Likewise ratio > 1 + ε_high with A < 0.
 
 Note: the loss value is near zero by construction. On the first pass ratio = 1 and, within a group,
 the intra advantages sum to zero, so the surrogate averages to ≈ −λ·A_inter / S (plus β·KL). Its
@@ -83,7 +91,8 @@ def _as_reward_tensor(rewards, where: str) -> torch.Tensor:
     """Rewards (list or tensor) as a 1-D float32 tensor; raises ValueError naming `where`."""
     r = torch.as_tensor(rewards, dtype=torch.float32).detach()
     if r.dim() != 1 or r.numel() == 0 or not torch.isfinite(r).all():
-        raise ValueError(f"{where}: rewards must be a non-empty 1-D sequence of finite numbers, got {r.tolist()}")
+        raise ValueError(f"{where}: rewards must be a non-empty 1-D sequence of finite numbers, "
+                         f"got {r.tolist()}")
     return r
 
 
@@ -97,7 +106,8 @@ def intra_advantages(rewards, scale_by_std: bool = False, eps: float = 1e-4) -> 
 
 
 def inter_advantage(rewards, prev_mean: float | None) -> float:
-    """A_inter = mean(r) − prev_mean; 0.0 when prev_mean is None (no earlier generation to compare with)."""
+    """A_inter = mean(r) − prev_mean; 0.0 when prev_mean is None (no earlier generation to compare
+    with)."""
     r = _as_reward_tensor(rewards, "inter_advantage")
     if prev_mean is not None and not math.isfinite(float(prev_mean)):
         raise ValueError(f"inter_advantage: prev_mean must be finite, got {prev_mean}")
@@ -141,32 +151,41 @@ def inter_share(groups) -> float:
 
 
 def check_loss_config(lam: float, eps_low: float, eps_high: float, beta: float, agg: str) -> None:
-    """The update's knobs, checked once at set-up (train_grpo.py), not per micro-batch: ValueError naming the knob."""
+    """The update's knobs, checked once at set-up (train_grpo.py), not per micro-batch: ValueError
+    naming the knob."""
     if not math.isfinite(float(lam)):
         raise ValueError(f"lam must be finite, got {lam}")
     if not (0.0 <= eps_low < 1.0 and eps_high >= 0.0 and beta >= 0.0):
-        raise ValueError(f"policy loss: need 0 <= eps_low < 1, eps_high >= 0 and beta >= 0, got eps_low={eps_low}, "
-                         f"eps_high={eps_high}, beta={beta}")
+        raise ValueError(f"policy loss: need 0 <= eps_low < 1, eps_high >= 0 and beta >= 0, got "
+                         f"eps_low={eps_low}, eps_high={eps_high}, beta={beta}")
     if agg not in AGGREGATIONS:
-        raise ValueError(f"policy loss: unknown agg {agg!r}; choose one of {', '.join(AGGREGATIONS)}")
+        raise ValueError(f"policy loss: unknown agg {agg!r}; choose one of "
+                         f"{', '.join(AGGREGATIONS)}")
 
 
 def _check_loss_inputs(logp, old_logp, advantages, mask, ref_logp, beta):
-    """Raise ValueError when policy_loss's tensors do not fit (naming every one's shape) or beta > 0 lacks ref_logp."""
-    alike = [(name, t) for name, t in (("old_logp", old_logp), ("mask", mask), ("ref_logp", ref_logp)) if t is not None]
-    if logp.dim() != 2 or advantages.shape != logp.shape[:1] or any(t.shape != logp.shape for _, t in alike):
-        got = ", ".join(f"{name} {tuple(t.shape)}" for name, t in [("logp", logp), *alike, ("advantages", advantages)])
-        raise ValueError(f"policy_loss: logp, old_logp, mask (and ref_logp) must be (B, T) alike and advantages (B,); "
-                         f"got {got}")
+    """Raise ValueError when policy_loss's tensors do not fit (naming every one's shape) or beta >
+    0 lacks ref_logp."""
+    alike = [(name, t) for name, t in (("old_logp", old_logp), ("mask", mask),
+                                       ("ref_logp", ref_logp)) if t is not None]
+    if logp.dim() != 2 or advantages.shape != logp.shape[:1] or any(t.shape != logp.shape
+                                                                    for _, t in alike):
+        got = ", ".join(f"{name} {tuple(t.shape)}"
+                        for name, t in [("logp", logp), *alike, ("advantages", advantages)])
+        raise ValueError(f"policy_loss: logp, old_logp, mask (and ref_logp) must be (B, T) alike "
+                         f"and advantages (B,); got {got}")
     if beta > 0.0 and ref_logp is None:
-        raise ValueError("policy_loss: beta > 0 needs ref_logp (the frozen reference model's log-probs)")
+        raise ValueError("policy_loss: beta > 0 needs ref_logp (the frozen reference model's "
+                         "log-probs)")
 
 
-def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
-                ref_logp: torch.Tensor | None = None, eps_low: float = 0.2, eps_high: float = 0.2, beta: float = 0.0,
-                agg: str = "token_mean", max_new_tokens: int | None = None) -> tuple[torch.Tensor, dict]:
-    """The clipped GRPO surrogate with optional k3 KL, aggregated by `agg` (module docstring; knobs: check_loss_config).
-    logp, old_logp, mask (True at completion tokens) and ref_logp (or None) are (B, T); advantages (B,)."""
+def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
+                mask: torch.Tensor, ref_logp: torch.Tensor | None = None, eps_low: float = 0.2,
+                eps_high: float = 0.2, beta: float = 0.0, agg: str = "token_mean",
+                max_new_tokens: int | None = None) -> tuple[torch.Tensor, dict]:
+    """The clipped GRPO surrogate with optional k3 KL, aggregated by `agg` (module docstring;
+    knobs: check_loss_config). logp, old_logp, mask (True at completion tokens) and ref_logp (or
+    None) are (B, T); advantages (B,)."""
     # the advantages come from rewards computed on the CPU; the log-probs live where the model does
     advantages = torch.as_tensor(advantages, dtype=torch.float32, device=logp.device)
     mask = mask.to(logp.device)
@@ -194,25 +213,30 @@ def _k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor, valid: torch.Tensor) -> t
     return torch.exp(ref_minus_logp) - ref_minus_logp - 1.0
 
 
-def _sequence_aggregate(masked: torch.Tensor, weight: torch.Tensor, agg: str, max_new_tokens: int | None):
-    """The seq_mean and dr_grpo losses of policy_loss (module docstring) from the masked per-token losses."""
+def _sequence_aggregate(masked: torch.Tensor, weight: torch.Tensor, agg: str,
+                        max_new_tokens: int | None):
+    """The seq_mean and dr_grpo losses of policy_loss (module docstring) from the masked per-token
+    losses."""
     if agg == "seq_mean":
         return (masked.sum(-1) / weight.sum(-1).clamp(min=1.0)).mean()
     if agg != "dr_grpo":
-        raise ValueError(f"policy_loss: unknown agg {agg!r}; choose one of {', '.join(AGGREGATIONS)}")
+        raise ValueError(f"policy_loss: unknown agg {agg!r}; choose one of "
+                         f"{', '.join(AGGREGATIONS)}")
     longest = int(weight.sum(-1).max()) if weight.shape[0] else 0
     if max_new_tokens is None or int(max_new_tokens) <= 0 or longest > int(max_new_tokens):
-        raise ValueError(f"policy_loss: agg='dr_grpo' needs max_new_tokens (the sampling limit), positive and at "
-                         f"least the longest completion ({longest} valid tokens), got {max_new_tokens}")
+        raise ValueError(f"policy_loss: agg='dr_grpo' needs max_new_tokens (the sampling limit), "
+                         f"positive and at least the longest completion ({longest} valid tokens), "
+                         f"got {max_new_tokens}")
     return masked.sum() / (masked.shape[0] * int(max_new_tokens))   # the generation limit, not T
 
 
 @torch.no_grad()
 def _loss_stats(ratio, adv, kl, weight, eps_low: float, eps_high: float) -> dict:
-    """Means over the valid tokens of the ratio, the clip indicators (module docstring) and the KL; their number."""
+    """Means over the valid tokens of the ratio, the clip indicators (module docstring) and the KL;
+    their number."""
     def valid_mean(x: torch.Tensor) -> float:
         return float((x.to(weight.dtype) * weight).sum() / weight.sum().clamp(min=1.0))
     low, high = (ratio < 1.0 - eps_low) & (adv < 0), (ratio > 1.0 + eps_high) & (adv > 0)
-    return {"ratio_mean": valid_mean(ratio), "clip_frac_low": valid_mean(low), "clip_frac_high": valid_mean(high),
-            "clip_frac": valid_mean(low | high), "kl_mean": valid_mean(kl) if kl is not None else 0.0,
-            "num_tokens": float(weight.sum())}
+    return {"ratio_mean": valid_mean(ratio), "clip_frac_low": valid_mean(low),
+            "clip_frac_high": valid_mean(high), "clip_frac": valid_mean(low | high),
+            "kl_mean": valid_mean(kl) if kl is not None else 0.0, "num_tokens": float(weight.sum())}

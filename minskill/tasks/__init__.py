@@ -18,6 +18,8 @@
   categories.
 * `searchqa` — search-based QA over a generated corpus (search[query] by BM25, answer[...] by EM; F1
   kept).
+  `searchqa:PATH.jsonl` (or a .jsonl with golden_answers) — Search-R1's question files, searched
+  through a retriever (--retriever-url; tasks.search_r1).
 * `web:PATH.jsonl` (or a WebWalkerQA-format .jsonl) — a tool-using agent over HTTP: search[...],
   visit[...], read_file[...], answer[...] on GAIA's or WebWalkerQA's tasks (tasks.webagent; its
   tools: minskill.web).
@@ -49,7 +51,7 @@ from .qa import (GAIA_PROMPT, GAIA_SUBMISSION, GAIA_TYPES, gaia_submission, gene
 from .qa import TASK_TYPES as QA_TYPES
 from .searchqa import TASK_TYPES as SEARCHQA_TYPES
 from .searchqa import TYPE_NAMES as SEARCHQA_TYPE_NAMES
-from .searchqa import SearchQAEnv, generate_searchqa
+from .searchqa import SearchQAEnv, generate_searchqa, is_question_file, load_question_file
 from .searchqa import oracle_actions as searchqa_oracle
 from .verifiers import (exact_match, extract_final_number, final_answer_match, gaia_final_answer,
                         gaia_match,
@@ -110,6 +112,8 @@ def load_suite(name: str, split: str = "train", seed: int = 0, n: int | None = N
         raise ValueError(f"n must be >= 0, got {n}")
     if path is None and is_web_suite(name):   # a tool-using agent's tasks (tasks.webagent)
         return load_web_suite(name, split=split, seed=seed, n=n)
+    if path is None and is_question_file(name):   # Search-R1's questions (tasks.searchqa)
+        return load_question_file(name, split=split, seed=seed, n=n)
     if path is not None or is_task_file(name):
         file = Path(path if path is not None else name)
         if path is not None and name not in ("qa", str(path)):

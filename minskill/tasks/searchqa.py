@@ -33,13 +33,29 @@ counted. Split: by a stable hash of (type, question, answer); each world is rand
 share no task. Every task is checked when drawn: the search an oracle would make for each document
 the answer needs (the entity's name) finds it among the top TOP_K, so every task is solvable by
 reading; `oracle_actions(task)` is that plan.
+
+A real retriever: with --retriever-url URL ($MINSKILL_RETRIEVER_URL) search[query] asks that
+retriever in Search-R1's protocol (tasks/search_r1.py) instead; a failed search (no answer, a bad
+reply) shows the agent "Tool error (search): why" and is counted in `env.tool_errors`.
+`python -m minskill.tasks.retriever_server --corpus FILE` serves a corpus so (BM25, the same
+ranking as in-process). Question files in Search-R1's layout load as a suite (searchqa:PATH.jsonl,
+or a .jsonl whose first line has golden_answers): JSONL, one question a line, with `question` and
+`golden_answers` (a list; EM/F1 against the best of them); `type` (default direct_retrieval) and
+`split` (train/heldout; default by a hash of the question) are read; `id`, `data_source` and
+`metadata` are kept in the task's metadata["source"]; other fields are ignored. Their search needs
+the retriever (the suite does not load without one), and they have no oracle.
 """
 from __future__ import annotations
 
+import json
 import re
+from pathlib import Path
 
-from .base import NOTHING_HAPPENS, Environment, Task, draw_tasks, task_id
-from .bm25 import top_documents
+from .base import (NOTHING_HAPPENS, Environment, Task, check_split, check_task_type, draw_tasks,
+                   rng_for, split_of, task_id)
+from .bm25 import BM25Index, top_documents
+from .qa import _lines
+from .search_r1 import RETRIEVER_URL_ENV, RetrieverError, retrieve, retriever_url
 from .verifiers import exact_match, token_f1
 
 TASK_TYPES = ("direct_retrieval", "multi_hop_reasoning", "entity_attribute_lookup", "comparison")
@@ -50,6 +66,7 @@ DEFAULT_PER_TYPE = 10
 MAX_STEPS = 6          # a few searches and the answer (Search-R1 allows 4 turns of search)
 TOP_K = 3              # documents a search returns (Search-R1's top-k)
 ACTION_SYNTAX = ("search [query]", "answer [text]")
+QUESTION_PREFIX = "searchqa:"   # searchqa:PATH.jsonl: a Search-R1 question file (is_question_file)
 
 _SYLLABLES = ["bra", "dor", "vel", "ka", "mir", "tos", "len", "qua", "sil", "ro", "zan", "per",
               "ul", "fen", "gri",
@@ -234,22 +251,38 @@ class SearchQAEnv(Environment):
     def __init__(self, spec: dict, max_steps: int = MAX_STEPS):
         super().__init__(max_steps)
         self.spec = spec
-        self._texts = [f"{d['title']} {d['text']}" for d in spec["docs"]]
+        self.retriever = retriever_url()   # None: BM25 over the task's own documents
+        self._index = BM25Index([f"{d['title']} {d['text']}" for d in spec.get("docs") or ()])
 
     def _reset(self) -> str:
         self.answer: str | None = None
         self.em, self.f1, self.reward = False, 0.0, 0.0
+        self.tool_calls, self.tool_errors = {"search": 0}, 0
         return (f"Question: {self.spec['question']}\nYou can search[query] (the top {TOP_K} "
                 f"documents of the corpus come back) and answer[text] (ends the episode).")
 
     def search(self, query: str) -> str:
-        hits = top_documents(query, self._texts, TOP_K)
-        if not hits:
+        """The top TOP_K documents as Search-R1 shows them, or "Tool error (search): why"
+        (counted)."""
+        self.tool_calls["search"] += 1
+        try:
+            docs = self._hits(query)
+        except RetrieverError as error:
+            self.tool_errors += 1
+            return f"Tool error (search): {error}"
+        if not docs:
             return "<information>No documents found.</information>"
-        docs = self.spec["docs"]
-        return ("<information>" + "\n".join(f"Doc {k}(Title: {docs[i]['title']}) {docs[i]['text']}"
-                                            for k, i in enumerate(hits, start=1))
+        return ("<information>" + "\n".join(f"Doc {k}(Title: {d['title']}) {d['text']}"
+                                            for k, d in enumerate(docs, start=1))
                 + "</information>")
+
+    def _hits(self, query: str) -> list[dict]:
+        if self.retriever is not None:
+            return retrieve(self.retriever, [query], TOP_K)[0]
+        if self.spec.get("docs") is None:
+            raise RetrieverError(f"no retriever is set for a question file's task (--retriever-url "
+                                 f"URL, ${RETRIEVER_URL_ENV})")
+        return [self.spec["docs"][i] for i, _ in self._index.top(query, TOP_K)]
 
     def _step(self, action: str) -> str:
         m = _ACTION.fullmatch(action)
@@ -298,5 +331,90 @@ def generate_searchqa(split: str = "train", seed: int = 0, n: int | None = None,
 def oracle_actions(task: Task) -> list[str]:
     """A search for each document the answer needs (by its name), then answer[the golden answer]."""
     spec = task.env_spec
+    if "searches" not in spec:
+        raise ValueError(f"task {task.id} has no scripted solution (a question file's task: which "
+                         "documents answer it is the retriever's)")
     return [f"search[{name}]"
             for name in spec["searches"]] + [f"answer[{spec['golden_answers'][0]}]"]
+
+
+# --------------------------------------------------------------------------- question files
+
+def is_question_file(name) -> bool:
+    """Whether a suite name is a Search-R1 question file: searchqa:PATH.jsonl, or a .jsonl whose
+    first line has golden_answers."""
+    name = str(name)
+    if name.startswith(QUESTION_PREFIX):
+        return True
+    try:
+        if not name.endswith(".jsonl"):
+            return False
+        first = next((line for _, line in _lines(Path(name))), "")
+        return '"golden_answers"' in first and "golden_answers" in json.loads(first)
+    except (OSError, ValueError, TypeError):   # (not readable here: the loader that runs says why)
+        return False
+
+
+def load_question_file(name: str, split: str = "all", seed: int = 0,
+                       n: int | None = None) -> list[Task]:
+    """The tasks of a question file in Search-R1's layout (module docstring), searched through the
+    retriever that $MINSKILL_RETRIEVER_URL names (--retriever-url), which must be set."""
+    check_split(split)
+    path = Path(name[len(QUESTION_PREFIX):] if name.startswith(QUESTION_PREFIX) else name)
+    if not path.is_file():
+        raise FileNotFoundError(f"task file not found: {path}")
+    if retriever_url() is None:
+        raise ValueError(f"{path}: a Search-R1 question file's tasks are searched through a "
+                         f"retriever: set one with --retriever-url URL (${RETRIEVER_URL_ENV}); "
+                         "`python -m minskill.tasks.retriever_server` serves a corpus")
+    tasks, seen = [], set()
+    for line_number, line in _lines(path):
+        where = f"{path}:{line_number}"
+        try:
+            record = json.loads(line)
+        except (ValueError, RecursionError) as error:
+            raise ValueError(f"{where}: not readable JSON ({str(error)[:200]})") from None
+        task = _question_task(record, where)
+        if task.id in seen:
+            raise ValueError(f"{where}: duplicate question {task.question!r:.80}")
+        seen.add(task.id)
+        task_split = record.get("split", split_of(task.id))
+        if task_split not in ("train", "heldout"):
+            raise ValueError(f"{where}: field 'split' must be 'train' or 'heldout', not "
+                             f"{task_split!r:.80}")
+        task.metadata.update({"suite": str(path), "line": line_number, "split": task_split})
+        if split in ("all", task_split):
+            tasks.append(task)
+    if not seen:
+        raise ValueError(f"{path}: no tasks (the file is empty)")
+    if seed:
+        rng_for("searchqa-file", split, seed).shuffle(tasks)
+    return tasks if n is None else tasks[:n]
+
+
+def _question_task(record, where: str) -> Task:
+    """One line's task: question (a '?' added where it has none, as Search-R1's data scripts do),
+    golden_answers, type (default direct_retrieval); id, data_source, metadata kept."""
+    if not isinstance(record, dict):
+        raise ValueError(f"{where}: expected a JSON object, got {type(record).__name__}")
+    question = record.get("question")
+    if not isinstance(question, str) or not question.strip():
+        raise ValueError(f"{where}: field 'question' must be a non-empty string, got "
+                         f"{question!r:.80}")
+    question = question.strip() if question.strip().endswith("?") else question.strip() + "?"
+    golden = record.get("golden_answers")
+    golden = [golden] if isinstance(golden, str | int | float) and not isinstance(golden,
+                                                                                  bool) else golden
+    if (not isinstance(golden, list) or not golden
+            or not all(isinstance(a, str | int | float) and not isinstance(a, bool)
+                       and str(a).strip() for a in golden)):
+        raise ValueError(f"{where}: field 'golden_answers' must be a non-empty list of answers "
+                         f"(strings), got {record.get('golden_answers')!r:.80}")
+    golden = [str(a).strip() for a in golden]
+    task_type = check_task_type(record.get("type", TASK_TYPES[0]), where)
+    key = f"searchqa-file|{question}|{json.dumps(golden)}"
+    kept = {k: record[k] for k in ("id", "data_source", "metadata") if k in record}
+    spec = {"kind": "searchqa", "question": question, "golden_answers": golden, "docs": None}
+    return Task(id=task_id(f"searchqa-{task_type}", key), type=task_type, question=question,
+                answer=golden[0], verifier="exact", multi_turn=True, max_steps=MAX_STEPS,
+                env_spec=spec, metadata={"source": kept} if kept else {})

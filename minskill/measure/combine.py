@@ -1,7 +1,7 @@
 """Put the rows of several `train_grpo.py --eval` runs into one table, as if one run had measured
 them all.
 
-    python -m minskill.skill_r1.combine runs/eval-frozen runs/eval-skill-r1 --out runs/eval-all
+    python -m minskill.measure.combine runs/eval-frozen runs/eval-skill-r1 --out runs/eval-all
 
 An --eval row depends only on the flags, the held-out tasks and the seeds, never on the other rows,
 so an editor trained later can be evaluated in a run of its own (`--no-frozen-row`) and its row
@@ -47,7 +47,7 @@ RECORD_SHAPE = {"flags": {"suite": str, "seed": int, "generations": int, "candid
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m minskill.skill_r1.combine", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m minskill.measure.combine", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("runs", nargs="+",
                    help="--eval run folders (or their eval.json), the first one's rows first")

@@ -1,30 +1,16 @@
 """What K candidates and G generations buy, measured on training runs' lineage.jsonl (no new run).
 
-    python -m minskill.skill_r1.group_stats runs/skill-r1-cs runs/skill-r1-cs-seed1
+    python -m minskill.measure.group_stats runs/skill-r1-cs runs/skill-r1-cs-seed1
 
-A training step evolves each instance for G generations of K candidates; lineage.jsonl (skill_r1.records) keeps
-every candidate's reward r_{g,k} and the seed skill's r_0. Two questions a recipe must answer:
-
-K. The intra-generation advantage A_intra = (r_{g,k} − mean_k r_{g,k}) / std_k r_{g,k} is 0 for every candidate
-   of a group whose K rewards are equal, so such a group gives no gradient. For K' ≤ K the share of groups that
-   would have had zero variance, and the best-of-K' reward, are exact averages over all C(K, K') subsets of the
-   K recorded rewards of each group (sampling K' of the K candidates without replacement):
-
-       zero(K') = mean_groups mean_{S ⊆ group, |S| = K'} 1[all r in S equal]
-       best(K') = mean_groups mean_{S ⊆ group, |S| = K'} (max_{r ∈ S} r − r_0)
-
-G. Generation g + 1 is written from generation g's outcomes in the prompt, by the same weights (one step), so
-   D = mean_k r_{g+1,k} − mean_k r_{g,k} per group measures what the extra generation adds. Its mean over the
-   records is tested by paired.sign_flip (a record: one instance at one step). The carried reward after each
-   generation is also printed; it was selected on the same tasks it is scored on, so it is biased upward.
-
-λ. Each candidate's advantage A = A_intra + λ·A_inter / S (skill_r1.grpo) is in the record too. Per
-   run, and per step, the share of the inter-generation term in it (grpo.inter_share):
-
-       share = mean_{g,k} |λ·A_inter(g) / S| / mean_{g,k} |A(g, k)|
-
-   where λ·A_inter(g) / S = mean_k A(g, k) (A_intra sums to 0 within a group): it needs neither the
-   run's λ nor its --inter-scale.
+Decisions (the equations in full: docs/measure.md):
+1. K: for K' ≤ K, the share of groups whose K' rewards are all equal (A_intra = 0: no gradient)
+   and the best-of-K' reward over r_0, as exact averages over all C(K, K') subsets of each
+   group's recorded rewards (no resampling noise).
+2. G: D = mean_k r_{g+1,k} − mean_k r_{g,k} per group, what one more generation adds; its mean
+   over the records is tested by paired.sign_flip. The carried reward is printed too, biased
+   upward (selected on the tasks it is scored on).
+3. λ: the share of λ·A_inter / S in each candidate's advantage (grpo.inter_share), read from the
+   recorded advantages alone: it needs neither the run's λ nor its --inter-scale.
 """
 from __future__ import annotations
 
@@ -55,14 +41,16 @@ def read_groups(path) -> list[dict]:
             reward = {s["id"]: float(s["reward"]) for s in skills}
             seed = [reward[s["id"]] for s in skills if s["generation"] == 0][0]
             n_gen = max(s["generation"] for s in skills)
-            generations = [[reward[s["id"]] for s in skills if s["generation"] == g] for g in range(1, n_gen + 1)]
+            generations = [[reward[s["id"]] for s in skills if s["generation"] == g]
+                           for g in range(1, n_gen + 1)]
             carried = [reward[c] for c in record["carried"]]
             advantage = {s["id"]: s.get("advantage") for s in skills if s["generation"] > 0}
             advantages = None if None in advantage.values() else [
                 [float(advantage[s["id"]]) for s in skills if s["generation"] == g]
                 for g in range(1, n_gen + 1)]
         except (KeyError, IndexError, TypeError, ValueError) as e:
-            raise ValueError(f"{path}:{line}: not a lineage record with rewards ({type(e).__name__}: {e})") from None
+            raise ValueError(f"{path}:{line}: not a lineage record with rewards "
+                             f"({type(e).__name__}: {e})") from None
         groups.append({"seed": seed, "generations": generations, "carried": carried,
                        "step": record.get("step"), "advantages": advantages})
     if not groups:
@@ -85,24 +73,29 @@ def report(groups: list[dict]) -> list[str]:
     sizes = {len(r) for g in groups for r in g["generations"]}
     n_gen = min(len(g["generations"]) for g in groups)
     if len(sizes) != 1 or min(sizes) < 2:
-        raise ValueError(f"the groups hold {sorted(sizes)} candidates: K must be one value ≥ 2 across the runs")
+        raise ValueError(f"the groups hold {sorted(sizes)} candidates: K must be one value ≥ 2 "
+                         f"across the runs")
     k = sizes.pop()
     lines = [f"{len(groups)} instances × G = {n_gen} generations × K = {k} candidates",
-             "| K' | groups with zero reward variance (no gradient) | best of K' − seed skill |", "|---|---|---|"]
+             "| K' | groups with zero reward variance (no gradient) | best of K' − seed skill |",
+             "|---|---|---|"]
     for k_sub in range(2, k + 1):
         zero, best = subset_stats(groups, k_sub)
         lines.append(f"| {k_sub} | {zero:.3f} | {best:+.3f} |")
     for g in range(n_gen):
         means = [statistics.mean(grp["generations"][g]) - grp["seed"] for grp in groups]
         bests = [max(grp["generations"][g]) - grp["seed"] for grp in groups]
-        carried = statistics.mean(grp["carried"][g + 1] for grp in groups if len(grp["carried"]) > g + 1)
-        lines.append(f"generation {g + 1}: mean candidate − seed {statistics.mean(means):+.3f}, best − seed "
-                     f"{statistics.mean(bests):+.3f}, carried reward {carried:.3f}")
+        carried = statistics.mean(grp["carried"][g + 1] for grp in groups
+                                  if len(grp["carried"]) > g + 1)
+        lines.append(f"generation {g + 1}: mean candidate − seed {statistics.mean(means):+.3f}, "
+                     f"best − seed {statistics.mean(bests):+.3f}, carried reward {carried:.3f}")
     for g in range(1, n_gen):
-        d = [statistics.mean(grp["generations"][g]) - statistics.mean(grp["generations"][g - 1]) for grp in groups]
+        d = [statistics.mean(grp["generations"][g]) - statistics.mean(grp["generations"][g - 1])
+             for grp in groups]
         p, (low, high), how = sign_flip(d)
-        lines.append(f"generation {g + 1} − generation {g} (mean candidate, paired by record: one instance at one "
-                     f"step): {statistics.mean(d):+.3f} ({low:+.3f} to {high:+.3f}), p {p:.4f} ({how} sign flip)")
+        lines.append(f"generation {g + 1} − generation {g} (mean candidate, paired by record: one "
+                     f"instance at one step): {statistics.mean(d):+.3f} ({low:+.3f} to "
+                     f"{high:+.3f}), p {p:.4f} ({how} sign flip)")
     return lines
 
 
@@ -122,9 +115,11 @@ def inter_share_line(run: str, groups: list[dict]) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m minskill.skill_r1.group_stats", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m minskill.measure.group_stats",
+                                     description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("runs", nargs="+", help="train_grpo.py training folders (or their lineage.jsonl)")
+    parser.add_argument("runs", nargs="+", help="train_grpo.py training folders (or their "
+                                                "lineage.jsonl)")
     args = parser.parse_args(argv)
     try:
         runs = [(run, read_groups(run)) for run in args.runs]

@@ -1,18 +1,27 @@
-"""`python -m minskill.bench server`: minskill's server under one workload, engine configuration after engine
-configuration, in one run, printed as one table.
+"""`python -m minskill.measure.bench server`: minskill's server under one workload, engine
+configuration after engine configuration, in one run, printed as one table.
 
-    python -m minskill.bench server --workload shared-prefix   # a ~1,000-token system prompt all requests share
-    python -m minskill.bench server --workload mixed-lengths   # replies of very different lengths: p50 latency
-    python -m minskill.bench server --workload rollouts        # python -m minskill.rollout's requests: held-out
-                                                                # qa tasks under skills none / base / a long library
-    python -m minskill.bench server --workload clients         # the former sweep: 1, 4, 16 closed-loop clients
-    python -m minskill.bench server --workload stop-string     # one request, with and without stop
-    python -m minskill.bench server --workload schema          # a JSON schema's mask per token (bench_schema)
+    python -m minskill.measure.bench server --workload shared-prefix   # a ~1,000-token system
+    prompt all requests share
+    python -m minskill.measure.bench server --workload mixed-lengths   # replies of very different
+    lengths: p50 latency
+    python -m minskill.measure.bench server --workload rollouts        # python -m
+    minskill.rollout's requests: held-out
+                                                                # qa tasks under skills none / base
+                                                                  / a long library
+    python -m minskill.measure.bench server --workload clients         # the former sweep: 1, 4, 16
+    closed-loop clients
+    python -m minskill.measure.bench server --workload stop-string     # one request, with and
+    without stop
+    python -m minskill.measure.bench server --workload schema          # a JSON schema's mask per
+    token (bench_schema)
 
-Each configuration is a `python -m minskill.serve` subprocess (serve.embedded.embedded_client: --model, --quantize,
---dtype, --max-batch, --threads as given here, then the configuration's own flags), started once, warmed up with
-one short request, sent the same requests as every other configuration by --clients closed-loop clients
-(a client sends its next request when its reply arrives), then stopped. CONFIGURATIONS:
+Each configuration is a `python -m minskill.serve` subprocess (serve.embedded.embedded_client:
+--model, --quantize,
+--dtype, --max-batch, --threads as given here, then the configuration's own flags), started once,
+warmed up with one short request, sent the same requests as every other configuration by --clients
+closed-loop clients (a client sends its next request when its reply arrives), then stopped.
+CONFIGURATIONS:
 
     today          --prefix-cache-mb 0  --scheduler static      static batching, no prefix cache,
                    --batch-invariant off                        not batch-invariant (asked for
@@ -30,19 +39,19 @@ one short request, sent the same requests as every other configuration by --clie
                                                                 invariance costs
                                                                 MB = --prefix-cache-mb (default 256)
 
-The server's flags are read from `python -m minskill.serve --help` first (`plan`). A flag the server lacks is
-left out when the configuration asks for today's value of it (TODAY: a server without the flag behaves so);
-a configuration that needs another value of a missing flag, or a choice the server does not list, is skipped,
-and the run says which and why. So the bench measures what the server can do now, and the new engine as soon
-as its flags exist.
+The server's flags are read from `python -m minskill.serve --help` first (`plan`). A flag the
+server lacks is left out when the configuration asks for today's value of it (TODAY: a server
+without the flag behaves so); a configuration that needs another value of a missing flag, or a
+choice the server does not list, is skipped, and the run says which and why. So the bench measures
+what the server can do now, and the new engine as soon as its flags exist.
 
 Workloads (the requests are fixed before any server starts; greedy, seed 0):
 
-    shared-prefix  --requests (32) held-out qa tasks, each after the same system prompt: --library rendered for
-                   the task (default: every qa base skill, repeated and cut to --prefix-tokens, 1,000), replies of
-                   at most --max-tokens (16)
-    mixed-lengths  --requests (32) "write a long story" prompts, the reply budgets --lengths cycled in request
-                   order (8,8,8,128: a quarter of the replies 16x longer than the others)
+    shared-prefix  --requests (32) held-out qa tasks, each after the same system prompt: --library
+                   rendered for the task (default: every qa base skill, repeated and cut to
+                   --prefix-tokens, 1,000), replies of at most --max-tokens (16)
+    mixed-lengths  --requests (32) "write a long story" prompts, the reply budgets --lengths cycled
+                   in request order (8,8,8,128: a quarter of the replies 16x longer than the others)
     rollouts       rollout.run_rollouts on --requests (16) held-out qa tasks, --max-tokens (64)
                    per reply, once per skill set of --skill-sets (none,base,library): skills
                    none, the suite's base skills, the long library (as shared-prefix's)
@@ -58,12 +67,13 @@ Columns, per configuration and workload (rollouts: per skill set):
     wall s                   first request sent -> last reply received
     requests/s, tokens/s     requests / wall, completion tokens / wall
     p50 / p90 latency s      a request's seconds from sent to replied (nearest rank)
-    replies = first          requests whose reply texts equal the first configuration's, for the same request
+    replies = first          requests whose reply texts equal the first configuration's, for the
+                             same request
                              (greedy float32 replies must not change with the engine)
 
-Then, per configuration after the first, its ratios to the first: throughput (requests/s) and p50 latency,
-for rollouts the wall of each skill set over the wall with no skill, and for stop-string the wall
-with the stop string over the wall without.
+Then, per configuration after the first, its ratios to the first: throughput (requests/s) and p50
+latency, for rollouts the wall of each skill set over the wall with no skill, and for stop-string
+the wall with the stop string over the wall without.
 
 Other servers, after the configurations (rollouts only): --against, comma-separated, of
     llama-cpp       llama.cpp's server in a subprocess (python -c LLAMA_CPP_LAUNCHER; xllamacpp,
@@ -92,23 +102,20 @@ import re
 import subprocess
 import sys
 import threading
-import importlib.util
-import socket
-import tempfile
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import requests
-import torch
 
-from minskill.bench_schema import bench_schema
+from minskill.measure.bench_schema import bench_schema
+from minskill.measure.other_servers import (Against, against_client, llama_cpp_gguf, parse_against,
+                                            process_cpu_seconds)
 from minskill.nn.tokenizer import Tokenizer
-from minskill.nn.weights import DEFAULT_MODEL, default_gguf_path, resolve_model
+from minskill.nn.weights import resolve_model
 from minskill.rollout import base_skills, load_skills, run_rollouts, skill_prompts
-from minskill.serve.client import ChatClient, chat_as_completed
-from minskill.serve.embedded import embedded_client, stop_process
+from minskill.serve.client import chat_as_completed
+from minskill.serve.embedded import embedded_client
 from minskill.skillsets import SkillSet
 from minskill.tasks import load_suite
 
@@ -130,29 +137,38 @@ CONFIGURATIONS = {
 TODAY = {"--prefix-cache-mb": "0", "--scheduler": "static", "--batch-invariant": "off"}
 SKILL_SETS = {"none": "rollouts, skills none", "base": "rollouts, skills base",
               "library": "rollouts, long library"}   # --skill-sets: the rollouts' labels
-LLAMA_CPP = "llama-cpp"
-STORY_TOPICS = ("a lighthouse keeper", "a lost dog", "a city under the sea", "a clockmaker", "a mountain village",
-                "a robot gardener", "two rival chefs", "a winter storm")
+STORY_TOPICS = ("a lighthouse keeper", "a lost dog", "a city under the sea", "a clockmaker",
+                "a mountain village", "a robot gardener", "two rival chefs", "a winter storm")
 
 
 def add_server_args(p) -> None:
     """The flags of `bench server` (module docstring) on bench.py's parser."""
-    p.add_argument("--workload", choices=WORKLOADS, default="shared-prefix", help="server: the requests sent")
-    p.add_argument("--configs", default="today,new", help="server: engine configurations, comma-separated, of "
+    p.add_argument("--workload", choices=WORKLOADS, default="shared-prefix",
+                   help="server: the requests sent")
+    p.add_argument("--configs", default="today,new", help="server: engine configurations, "
+                                                          "comma-separated, of "
                    f"{', '.join(CONFIGURATIONS)} (default today,new)")
-    p.add_argument("--clients", type=int, default=16, help="server: closed-loop clients (default 16)")
-    p.add_argument("--requests", type=int, default=None, help="server: requests, or rollout tasks (default "
+    p.add_argument("--clients", type=int, default=16, help="server: closed-loop clients (default "
+                                                           "16)")
+    p.add_argument("--requests", type=int, default=None,
+                   help="server: requests, or rollout tasks (default "
                    "shared-prefix 32, mixed-lengths 32, rollouts 16)")
-    p.add_argument("--max-tokens", type=int, default=None, help="server: reply budget (default shared-prefix 16, "
+    p.add_argument("--max-tokens", type=int, default=None,
+                   help="server: reply budget (default shared-prefix 16, "
                    "rollouts 64, stop-string 512)")
     p.add_argument("--n", type=int, default=16,
                    help="server, stop-string: samples of the request (default 16)")
-    p.add_argument("--lengths", default="8,8,8,128", help="server, mixed-lengths: reply budgets, cycled")
-    p.add_argument("--prefix-tokens", type=int, default=1000, help="server: tokens of the default long library")
-    p.add_argument("--library", default=None, help="server: the long library (a MASA .json, a skill-set folder "
-                   "or a text file, as rollout's --skills); default: the qa base skills repeated to --prefix-tokens")
-    p.add_argument("--prefix-cache-mb", default="256", help="server: the prefix cache of prefix-cache and new")
-    p.add_argument("--max-batch", type=int, default=16, help="server: the server's --max-batch (default 16)")
+    p.add_argument("--lengths", default="8,8,8,128", help="server, mixed-lengths: reply budgets, "
+                                                          "cycled")
+    p.add_argument("--prefix-tokens", type=int, default=1000,
+                   help="server: tokens of the default long library")
+    p.add_argument("--library", default=None, help="server: the long library (a MASA .json, a "
+                   "skill-set folder or a text file, as rollout's --skills); default: the qa base "
+                   "skills repeated to --prefix-tokens")
+    p.add_argument("--prefix-cache-mb", default="256", help="server: the prefix cache of "
+                                                            "prefix-cache and new")
+    p.add_argument("--max-batch", type=int, default=16,
+                   help="server: the server's --max-batch (default 16)")
     p.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="float32",
                    help="server: the server's weights (default float32)")
     p.add_argument("--skill-sets", default="none,base,library",
@@ -163,27 +179,33 @@ def add_server_args(p) -> None:
     p.add_argument("--llama-ctx", type=int, default=4096, help="server: llama.cpp's context a slot")
 
 
-# ------------------------------------------------------------------------------------------- configurations
+# -------------------------------------------------------------------------------------------
+# configurations
 
 
 def serve_help() -> str:
     """The text of `python -m minskill.serve --help`, run as embedded_client runs the server."""
     package_root = str(Path(__file__).resolve().parent.parent)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p))
-    done = subprocess.run([sys.executable, "-m", "minskill.serve", "--help"], capture_output=True, text=True,
-                          env=env, timeout=300)
+    paths = (package_root, os.environ.get("PYTHONPATH"))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in paths if p))
+    done = subprocess.run([sys.executable, "-m", "minskill.serve", "--help"], capture_output=True,
+                          text=True, env=env, timeout=300)
     if done.returncode != 0:
-        raise RuntimeError(f"python -m minskill.serve --help failed ({done.returncode}): {done.stderr[-2000:]}")
+        raise RuntimeError(f"python -m minskill.serve --help failed ({done.returncode}): "
+                           f"{done.stderr[-2000:]}")
     return done.stdout
 
 
-def plan(names: list[str], help_text: str, cache_mb: str) -> tuple[dict[str, list[str]], dict[str, str]]:
-    """({configuration: its server flags}, {skipped configuration: why}) for a server whose --help is help_text
-    (module docstring: a missing flag is dropped at today's value, else the configuration is skipped)."""
+def plan(names: list[str], help_text: str,
+         cache_mb: str) -> tuple[dict[str, list[str]], dict[str, str]]:
+    """({configuration: its server flags}, {skipped configuration: why}) for a server whose --help
+    is help_text (module docstring: a missing flag is dropped at today's value, else the
+    configuration is skipped)."""
     runnable, skipped = {}, {}
     for name in names:
         if name not in CONFIGURATIONS:
-            raise ValueError(f"--configs: unknown configuration {name!r}; choose from {', '.join(CONFIGURATIONS)}")
+            raise ValueError(f"--configs: unknown configuration {name!r}; choose from "
+                             f"{', '.join(CONFIGURATIONS)}")
         flags, why = [], None
         for flag, value in CONFIGURATIONS[name].items():
             value = cache_mb if value == MB else value
@@ -204,15 +226,18 @@ def plan(names: list[str], help_text: str, cache_mb: str) -> tuple[dict[str, lis
     return runnable, skipped
 
 
-# ------------------------------------------------------------------------------------------------ workloads
+# ------------------------------------------------------------------------------------------------
+# workloads
 
 
 def long_library(tokenizer, target_tokens: int, suite: str = "qa") -> str:
-    """Every base skill of `suite` rendered as one system prompt, repeated and cut to target_tokens tokens:
-    a stand-in of the length of MASA's released libraries, shared by every task whatever its type."""
+    """Every base skill of `suite` rendered as one system prompt, repeated and cut to target_tokens
+    tokens:
+    a stand-in of the length of MASA's released libraries, shared by every task whatever its
+    type."""
     base = base_skills(suite)
-    every = SkillSet(general=base.general + [s for group in base.task_specific.values() for s in group],
-                     common_mistakes=base.common_mistakes)
+    task_specific = [s for group in base.task_specific.values() for s in group]
+    every = SkillSet(general=base.general + task_specific, common_mistakes=base.common_mistakes)
     one = tokenizer.encode(every.render(max_tokens=10**9), special_tokens=False)
     ids = one
     while len(ids) < target_tokens:
@@ -222,7 +247,8 @@ def long_library(tokenizer, target_tokens: int, suite: str = "qa") -> str:
 
 def library(args, tokenizer):
     """--library as rollout's --skills reads it, else long_library."""
-    return load_skills(args.library, "qa") if args.library else long_library(tokenizer, args.prefix_tokens)
+    return load_skills(args.library, "qa") if args.library else long_library(tokenizer,
+            args.prefix_tokens)
 
 
 def _qa_requests(tasks, system: list[str], max_tokens: int) -> list[dict]:
@@ -243,9 +269,12 @@ def workload_requests(args, tokenizer) -> dict[str, list[dict] | tuple]:
         return dict(zip(STOP_LABELS, ([request], [dict(request, stop=[NEVER_STOP])])))
     if args.workload == "mixed-lengths":
         lengths = [int(x) for x in args.lengths.split(",")]
-        return {"mixed-lengths": [dict(messages=[{"role": "user", "content": f"Write a long, detailed story about "
-                                                  f"{STORY_TOPICS[i % len(STORY_TOPICS)]} (story {i})."}],
-                                       temperature=0.0, max_tokens=lengths[i % len(lengths)], seed=0)
+        return {"mixed-lengths": [dict(messages=[{"role": "user",
+                                                  "content": f"Write a long, detailed story about "
+                                                  f"{STORY_TOPICS[i % len(STORY_TOPICS)]} (story "
+                                                  f"{i})."}],
+                                       temperature=0.0, max_tokens=lengths[i % len(lengths)],
+                                       seed=0)
                                   for i in range(n)]}
     tasks = load_suite("qa", split="heldout", seed=0, n=n)
     wants_library = args.workload == "shared-prefix" or "library" in skill_sets(args)
@@ -257,7 +286,8 @@ def workload_requests(args, tokenizer) -> dict[str, list[dict] | tuple]:
             if name in skill_sets(args)}
 
 
-# ---------------------------------------------------------------------------------------------- measuring
+# ----------------------------------------------------------------------------------------------
+# measuring
 
 
 @dataclass
@@ -290,10 +320,12 @@ def request_key(request: dict) -> str:
 
 
 class Recorder:
-    """A ChatClient whose chat calls are recorded (request, reply texts, usage, seconds) as they return."""
+    """A ChatClient whose chat calls are recorded (request, reply texts, usage, seconds) as they
+    return."""
 
     def __init__(self, client):
-        self.client, self.max_workers, self.calls, self._lock = client, client.max_workers, [], threading.Lock()
+        self.client, self.max_workers, self.calls, self._lock = client, client.max_workers, [
+                ], threading.Lock()
 
     def chat(self, **request):
         t0 = time.perf_counter()
@@ -306,7 +338,8 @@ class Recorder:
 
 
 def run_workload(client, config: str, label: str, work, max_tokens: int) -> Row:
-    """Send `work` (requests, or (tasks, skills) for rollouts) through `client`; the Row of what came back."""
+    """Send `work` (requests, or (tasks, skills) for rollouts) through `client`; the Row of what
+    came back."""
     recorder = Recorder(client)
     row = Row(config, label)
     t0 = time.perf_counter()
@@ -315,7 +348,8 @@ def run_workload(client, config: str, label: str, work, max_tokens: int) -> Row:
         trajs = run_rollouts(recorder, tasks, skills, max_tokens=max_tokens, seed=0)
         failed = [t.error for t in trajs if t.error]
         if failed:
-            raise RuntimeError(f"{config}, {label}: {len(failed)} rollouts failed; the first: {failed[0]}")
+            raise RuntimeError(f"{config}, {label}: {len(failed)} rollouts failed; the first: "
+                               f"{failed[0]}")
         row.reward, row.tasks = sum(t.reward for t in trajs) / len(trajs), len(tasks)
     else:
         for _, answer in chat_as_completed(recorder, work):
@@ -334,11 +368,14 @@ def measure(args, runnable: dict[str, list[str]], work: dict,
                   *(["--threads", str(args.threads)] if args.threads else [])]
     for config, flags in runnable.items():
         print(f"{config}: python -m minskill.serve {' '.join(base_flags + flags)}", flush=True)
-        engine = dict(zip(flags[::2], flags[1::2]))   # each configuration names its engine, never the default
+        engine = dict(zip(flags[::2], flags[1::2]))   # each configuration names its engine, never
+                                                      # the default
         with embedded_client(model_spec=args.model, quantize=args.quantize, device=args.device,
-                             prefix_cache_mb=engine.get("--prefix-cache-mb", TODAY["--prefix-cache-mb"]),
+                             prefix_cache_mb=engine.get("--prefix-cache-mb",
+                                                       TODAY["--prefix-cache-mb"]),
                              scheduler=engine.get("--scheduler", TODAY["--scheduler"]),
-                             server_args=base_flags + flags, max_workers=args.clients, timeout=3600) as client:
+                             server_args=base_flags + flags, max_workers=args.clients,
+                             timeout=3600) as client:
             rows += measure_server(client, config, work, max_tokens, client.server_process.pid)
     for server in against:
         with against_client(args, server) as (client, pid):
@@ -365,160 +402,15 @@ def measure_server(client, name: str, work: dict, max_tokens: int, pid: int | No
     return rows
 
 
-def process_cpu_seconds(pid: int | None) -> float | None:
-    """The CPU seconds process `pid` has used so far, its waited-for children's included: utime +
-    stime + cutime + cstime of /proc/PID/stat; None without a pid, off Linux (no /proc) or once
-    it is gone."""
-    if pid is None:
-        return None
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # the fields after the command name (which may hold spaces), from field 3 (state) on
-    fields = stat[stat.rindex(")") + 2:].split()
-    return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
-
-
-# ------------------------------------------------------------------------------- other servers
-
-
-@dataclass
-class Against:
-    """A server of --against: llama.cpp started here on `gguf` (url None), or one running at url."""
-    name: str
-    url: str | None = None
-    pid: int | None = None
-    gguf: str | None = None
-
-
-def parse_against(text: str) -> list[Against]:
-    """--against's entries (module docstring); SystemExit naming the flag and the entry when one is
-    bad."""
-    servers = []
-    for entry in (e.strip() for e in text.split(",") if e.strip()):
-        name, has_url, target = entry.partition("=")
-        url, has_pid, pid = target.rpartition("@")
-        if not pid.isdigit():   # no @PID: the @ (if any) belongs to the URL
-            url, has_pid, pid = target, "", ""
-        why = None
-        if not has_url and name != LLAMA_CPP:
-            why = f"unknown server; give {LLAMA_CPP} or NAME=URL[@PID]"
-        elif has_url and not re.fullmatch(r"[\w.-]+", name):
-            why = "NAME must be letters, digits, '_', '.' or '-'"
-        elif has_url and not re.fullmatch(r"https?://[^\s/]+(/\S*)?/v1/?", url):
-            why = "the URL must be an http(s) base URL ending in /v1, e.g. http://127.0.0.1:8080/v1"
-        elif has_pid and int(pid) < 1:
-            why = "the PID must be >= 1"
-        elif name in (s.name for s in servers):
-            why = "named twice"
-        if why:
-            raise SystemExit(f"bench server: --against: {entry!r}: {why}")
-        servers.append(Against(name, url.rstrip("/") if has_url else None,
-                               int(pid) if has_pid else None))
-    return servers
-
-
-def llama_cpp_gguf(args) -> str:
-    """The GGUF llama.cpp serves: --gguf, else the offline default's; SystemExit saying what is
-    missing."""
-    if importlib.util.find_spec("xllamacpp") is None:
-        raise SystemExit(f"bench server: --against {LLAMA_CPP} needs xllamacpp: "
-                         "pip install -r tests/requirements.txt")
-    if args.gguf is None and args.model != DEFAULT_MODEL:
-        raise SystemExit(f"bench server: --against {LLAMA_CPP}: pass --gguf (of {args.model})")
-    try:
-        gguf = Path(args.gguf) if args.gguf else default_gguf_path()
-    except FileNotFoundError as error:
-        raise SystemExit(f"bench server: --against {LLAMA_CPP}: {error}")
-    if not gguf.is_file():
-        raise SystemExit(f"bench server: --gguf: no such file: {gguf}")
-    return str(gguf)
-
-
-@contextmanager
-def against_client(args, server: Against):
-    """(a ChatClient, the server's pid or None) for an --against server; llama.cpp is started here
-    and stopped when the block exits."""
-    if server.url is not None:
-        print(f"{server.name}: {server.url}, pid {server.pid or '– (no CPU seconds)'}", flush=True)
-        yield ChatClient(server.url, max_workers=args.clients, timeout=3600), server.pid
-        return
-    threads = args.threads or torch.get_num_threads()
-    params = {"model.path": server.gguf, "port": free_port(), "use_jinja": True,
-              "n_parallel": args.llama_slots, "n_ctx": args.llama_slots * args.llama_ctx,
-              "cpuparams.n_threads": threads, "cpuparams_batch.n_threads": threads}
-    shown = ", ".join(f"{key}={value}" for key, value in params.items())
-    print(f"{server.name}: xllamacpp.Server(CommonParams {shown}) in a subprocess "
-          f"(LLAMA_CPP_LAUNCHER); as llama-server: -m {server.gguf} --port {params['port']} "
-          f"--jinja -np {args.llama_slots} -c {params['n_ctx']} -t {threads} -tb {threads}",
-          flush=True)
-    with llama_cpp_server(params) as (url, process):
-        yield ChatClient(url, api_key="", max_workers=args.clients, timeout=3600), process.pid
-
-
-# Run as `python -c LLAMA_CPP_LAUNCHER PARAMS_JSON`: llama.cpp's server in a process of its own, so
-# that its CPU seconds are its own. A key "a.b" sets params.a.b. It serves until killed, or until
-# its parent (the bench) is gone.
-LLAMA_CPP_LAUNCHER = """
-import functools, json, os, sys, time, xllamacpp
-params = xllamacpp.CommonParams()
-for key, value in json.loads(sys.argv[1]).items():
-    *path, last = key.split(".")
-    setattr(functools.reduce(getattr, path, params), last, value)
-server = xllamacpp.Server(params)
-parent = os.getppid()
-while os.getppid() == parent:
-    time.sleep(1)
-"""
-
-
-@contextmanager
-def llama_cpp_server(params: dict, startup_timeout: float = 600.0):
-    """(base URL ending in /v1, subprocess.Popen) of llama.cpp's server started with `params`
-    (CommonParams keys), once /health answers 200; terminated when the block exits, also on an error
-    or Ctrl-C."""
-    command = [sys.executable, "-c", LLAMA_CPP_LAUNCHER, json.dumps(params)]
-    base = f"http://127.0.0.1:{params['port']}"
-    with tempfile.TemporaryFile("w+b") as log:
-        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
-        try:
-            deadline = time.monotonic() + startup_timeout
-            while not healthy(base):
-                if (code := process.poll()) is not None or time.monotonic() > deadline:
-                    log.seek(0)
-                    problem = f"exited with code {code}" if code is not None else "was not healthy"
-                    tail = log.read().decode("utf-8", "replace")[-3000:]
-                    raise RuntimeError(f"llama.cpp's server ({json.dumps(params)}) {problem}; its "
-                                       f"output ends:\n{tail}")
-                time.sleep(0.2)
-            yield base + "/v1", process
-        finally:
-            stop_process(process)
-
-
-def healthy(base: str) -> bool:
-    try:
-        return requests.get(base + "/health", timeout=2).status_code == 200
-    except requests.RequestException:
-        return False
-
-
-def free_port() -> int:
-    """A loopback port free now (llama.cpp takes a port number, not 0)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def percentile(values: list[float], q: float) -> float:
     """The nearest-rank q-quantile (0 < q <= 1) of values."""
     ordered = sorted(values)
     return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
 
 
-COLUMNS = ("configuration", "workload", "requests", "prompt tokens (mean)", "completion tokens (mean)", "wall s",
-           "requests/s", "completion tokens/s", "p50 latency s", "p90 latency s", "replies = first")
+COLUMNS = ("configuration", "workload", "requests", "prompt tokens (mean)",
+           "completion tokens (mean)", "wall s", "requests/s", "completion tokens/s",
+           "p50 latency s", "p90 latency s", "replies = first")
 
 
 def table(rows: list[Row]) -> str:
@@ -529,8 +421,10 @@ def table(rows: list[Row]) -> str:
         n, latencies = len(row.calls), [c.seconds for c in row.calls]
         same = sum(first[row.label].get(key) == texts for key, texts in row.replies().items())
         same = f"{same}/{n}" if row.minskill else "–"   # another engine: its greedy replies differ
-        lines.append(f"| {row.config} | {row.label} | {n} | {sum(c.prompt_tokens for c in row.calls) / n:.0f} | "
-                     f"{sum(c.completion_tokens for c in row.calls) / n:.1f} | {row.wall:.1f} | {n / row.wall:.2f} | "
+        lines.append(f"| {row.config} | {row.label} | {n} | "
+                     f"{sum(c.prompt_tokens for c in row.calls) / n:.0f} | "
+                     f"{sum(c.completion_tokens for c in row.calls) / n:.1f} | {row.wall:.1f} | "
+                     f"{n / row.wall:.2f} | "
                      f"{sum(c.completion_tokens for c in row.calls) / row.wall:.1f} | "
                      f"{percentile(latencies, 0.5):.2f} | {percentile(latencies, 0.9):.2f} | "
                      f"{same} |")
@@ -559,14 +453,17 @@ def server_table(rows: list[Row], reference: str) -> str:
 
 
 def ratios(rows: list[Row]) -> list[str]:
-    """Each later configuration against the first; for rollouts, each skill set's wall against no skill."""
+    """Each later configuration against the first; for rollouts, each skill set's wall against no
+    skill."""
     lines, first = [], {row.label: row for row in rows if row.config == rows[0].config}
     for row in rows:
         ref = first[row.label]
         if row.config != ref.config:
             speed = (len(row.calls) / row.wall) / (len(ref.calls) / ref.wall)
-            p50 = percentile([c.seconds for c in row.calls], 0.5) / percentile([c.seconds for c in ref.calls], 0.5)
-            lines.append(f"{row.config} / {ref.config}, {row.label}: throughput {speed:.2f}×, p50 latency {p50:.2f}×")
+            p50 = percentile([c.seconds for c in row.calls],
+                             0.5) / percentile([c.seconds for c in ref.calls], 0.5)
+            lines.append(f"{row.config} / {ref.config}, {row.label}: throughput {speed:.2f}×, p50 "
+                         f"latency {p50:.2f}×")
     for config in dict.fromkeys(row.config for row in rows):
         by_label = {row.label: row for row in rows if row.config == config}
         if all(label in by_label for label in STOP_LABELS):
@@ -578,9 +475,11 @@ def ratios(rows: list[Row]) -> list[str]:
         none = by_label.get("rollouts, skills none")
         if none is not None:
             lines.append(f"{config}: wall vs no skill: " + ", ".join(
-                f"{label.removeprefix('rollouts, ')} {row.wall / none.wall:.2f}× (reward {row.reward:.3f})"
+                f"{label.removeprefix('rollouts, ')} {row.wall / none.wall:.2f}× (reward "
+                f"{row.reward:.3f})"
                 for label, row in by_label.items()))
-            # a skill set also changes how long the replies are: the wall per completion token sets that apart
+            # a skill set also changes how long the replies are: the wall per completion token sets
+            # that apart
             lines.append(f"{config}: wall per completion token vs no skill: " + ", ".join(
                 f"{label.removeprefix('rollouts, ')} {_per_token(row) / _per_token(none):.2f}×"
                 for label, row in by_label.items()))
@@ -597,9 +496,10 @@ def check_args(args) -> list[Against]:
     try:
         lengths = [int(x) for x in args.lengths.split(",")]
     except ValueError:
-        raise SystemExit(f"bench server: --lengths must be comma-separated integers, got {args.lengths!r}")
-    for flag, value in (("--clients", args.clients), ("--requests", args.requests), ("--max-tokens", args.max_tokens),
-                        ("--n", args.n),
+        raise SystemExit(f"bench server: --lengths must be comma-separated integers, got "
+                         f"{args.lengths!r}")
+    for flag, value in (("--clients", args.clients), ("--requests", args.requests),
+                        ("--max-tokens", args.max_tokens), ("--n", args.n),
                         ("--prefix-tokens", args.prefix_tokens), ("--max-batch", args.max_batch),
                         ("--llama-slots", args.llama_slots), ("--llama-ctx", args.llama_ctx),
                         *(("--lengths", x) for x in lengths)):
@@ -639,8 +539,8 @@ def bench_server(args) -> list[Row]:
         raise RuntimeError("bench server: the server accepts none of --configs " + args.configs)
     tokenizer = Tokenizer.from_pretrained(str(resolve_model(args.model)))
     rows = measure(args, runnable, workload_requests(args, tokenizer), against)
-    print(f"\n{args.workload}: {args.clients} clients, model {args.model}, {args.dtype}, quantize {args.quantize}, "
-          f"max batch {args.max_batch}\n{table(rows)}")
+    print(f"\n{args.workload}: {args.clients} clients, model {args.model}, {args.dtype}, quantize "
+          f"{args.quantize}, max batch {args.max_batch}\n{table(rows)}")
     if against:
         print("(replies = first: – for " + ", ".join(s.name for s in against) +
               ", another engine, whose greedy replies differ)")
@@ -654,18 +554,21 @@ def bench_server(args) -> list[Row]:
     return rows
 
 
-# ------------------------------------------------------------------------------ the former sweep (clients)
+# ------------------------------------------------------------------------------ the former sweep
+# (clients)
 
 
 def client_sweep(args) -> None:
-    """Completions/s and tokens/s of the default server (its default engine) at 1, 4 and 16 closed-loop clients
-    (--decode-tokens replies)."""
+    """Completions/s and tokens/s of the default server (its default engine) at 1, 4 and 16
+    closed-loop clients (--decode-tokens replies)."""
     questions = [f"Write one sentence about the number {i}." for i in range(64)]
     rows = []
-    with embedded_client(None, None, model_spec=args.model, max_workers=32, quantize=args.quantize) as client:
+    with embedded_client(None, None, model_spec=args.model, max_workers=32,
+                         quantize=args.quantize) as client:
         client.chat([{"role": "user", "content": "hi"}], max_tokens=4)  # warm-up
         for clients in (1, 4, 16):
-            requests = [{"messages": [{"role": "user", "content": q}], "max_tokens": args.decode_tokens,
+            requests = [{"messages": [{"role": "user", "content": q}],
+                         "max_tokens": args.decode_tokens,
                          "temperature": 0.0} for q in questions[: max(clients * 2, 8)]]
             before = client.stats["completion_tokens"]
             lock = threading.Lock()
@@ -689,7 +592,8 @@ def client_sweep(args) -> None:
             rows.append((clients, len(requests) / sec, tokens / sec))
             print(f"{clients:>2} clients: {len(requests)} completions in {sec:.1f}s", flush=True)
     base = rows[0][2]
-    print("\n| concurrent clients | completions/s | tokens/s | tokens/s vs 1 client (sequential serving) |")
+    print("\n| concurrent clients | completions/s | tokens/s | tokens/s vs 1 client (sequential "
+          "serving) |")
     print("|---|---|---|---|")
     for clients, cps, tps in rows:
         print(f"| {clients} | {cps:.2f} | {tps:.1f} | {tps / base:.2f}× |")

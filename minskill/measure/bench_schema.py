@@ -1,5 +1,5 @@
-"""`python -m minskill.bench server --workload schema`: what constrained decoding costs per token
-under a large schema, against free decoding, with the schema's compile time reported apart.
+"""`python -m minskill.measure.bench server --workload schema`: what constrained decoding costs per
+token under a large schema, against free decoding, with the schema's compile time reported apart.
 
 ORDER_SCHEMA is the JSON schema pydantic v2 writes for a 30-field nested model (an order: its
 customer and addresses, line items, a discriminated payment, a dict of tags, optional notes;
@@ -25,7 +25,8 @@ import time
 
 import torch
 
-from minskill.serve.backends import ModelBackend, parse_chat_request
+from minskill.serve.backends import ModelBackend
+from minskill.serve.request_parsing import parse_chat_request
 from minskill.serve.constrained import vocabulary_for
 from minskill.serve.json_schema import compile_schema
 
@@ -106,8 +107,9 @@ def bench_schema(args) -> dict:
 def per_token(backend, messages: list, fields: dict, max_tokens: int) -> tuple[int, float, str]:
     """(tokens, ms per token after the first, finish reason) of one greedy request."""
     def run(limit):
-        request = parse_chat_request({"messages": messages, "max_tokens": limit, "temperature": 0,
-                                      **fields}, backend)
+        request = parse_chat_request(
+            {"messages": messages, "max_tokens": limit, "temperature": 0, **fields}, backend
+        )
         began = time.perf_counter()
         [[choice]] = backend.complete([request])
         return time.perf_counter() - began, choice

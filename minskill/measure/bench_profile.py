@@ -1,7 +1,8 @@
-"""`python -m minskill.bench profile`: where a rollout's time goes inside the server's engine.
+"""`python -m minskill.measure.bench profile`: where a rollout's time goes inside the server's
+engine.
 
-    python -m minskill.bench profile --clients 1 --requests 4 --quantize int8 --threads 2
-    python -m minskill.bench profile --clients 8 --requests 16 --quantize int8 --threads 2
+    python -m minskill.measure.bench profile --clients 1 --requests 4 --quantize int8 --threads 2
+    python -m minskill.measure.bench profile --clients 8 --requests 16 --quantize int8 --threads 2
 
 The engine the server runs (serve.backends.ModelBackend with the server's defaults: prefix cache,
 continuous batching, batch-invariant), driven in this process without HTTP: --requests held-out
@@ -30,7 +31,8 @@ import time
 import torch
 
 from minskill.rollout import base_skills, skill_prompts
-from minskill.serve.backends import ModelBackend, parse_chat_request
+from minskill.serve.backends import ModelBackend
+from minskill.serve.request_parsing import parse_chat_request
 from minskill.serve.embedded import DEFAULT_PREFIX_CACHE_MB
 from minskill.serve.errors import BackendError
 from minskill.serve.prefix_cache import PrefixCache
@@ -115,8 +117,7 @@ class Run:
         for the run only; after_step() is called after each decoding step."""
         engine, seconds = self.engine, collections.Counter()
         engine.prefix_cache = PrefixCache(DEFAULT_PREFIX_CACHE_MB)    # every run starts cold
-        timed = {name: _timer(getattr(engine, name),
-                              seconds, PHASES[name]) for name in PHASES}
+        timed = {name: _timer(getattr(engine, name), seconds, PHASES[name]) for name in PHASES}
         for name, fn in timed.items():
             setattr(engine, name, fn)
         sequences = [sequences_for(p, 1, 0, max_new_tokens=self.max_tokens)[0]
