@@ -224,7 +224,7 @@ def test_the_judge_decides_where_set_and_its_failure_fails_the_episode(suite, we
      "'oracle' must be a list"),
     ('{"question": "Q", "answer": "A", "root_url": "http://x/", "split": "test"}',
      "'split' must be 'train'"),
-    ('{"question": "Q", "answer": "A", "root_url": "http://x/"', "not readable JSON")])
+    ('{"question": "Q", "answer": "A", "root_url": "http://x/"', "not valid JSON")])
 def test_a_bad_line_is_an_error_naming_file_and_line(tmp_path, line, message):
     path = tmp_path / "t.jsonl"
     path.write_text('{"question": "Q0", "answer": "A", "root_url": "http://x/"}\n' + line + "\n")

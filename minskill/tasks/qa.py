@@ -243,18 +243,8 @@ def load_jsonl(path: str | Path, split: str = "all", seed: int = 0, n: int | Non
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"task file not found: {path}")
-    tasks: list[Task] = []
-    seen_ids: set[str] = set()
-    for line_number, line in _lines(path):
-        where = f"{path}:{line_number}"
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise ValueError(
-                f"{where}: not valid JSON ({error.msg} at column {error.colno})") from None
-        except RecursionError:   # (a RuntimeError: callers that stop on bad input catch ValueError)
-            raise ValueError(f"{where}: not readable JSON: nested too deeply (Python's parser "
-                             f"gives up at about 1,000 levels)") from None
+
+    def gaia_or_plain_task(record, where: str) -> Task:
         task = _task_from_record(record, where)
         if task.verifier == "gaia" and is_hidden_answer(task.answer):
             if not hidden_answers:
@@ -267,18 +257,42 @@ def load_jsonl(path: str | Path, split: str = "all", seed: int = 0, n: int | Non
         check_task_type(task.type, where)  # now, not after a whole search when its skills are saved
         prompt = task_prompt(task, path.parent, where, file_chars)
         task.prompt = prompt if prompt != task.question else ""
+        return task
+    return tasks_from_jsonl(path, split, seed, n, "jsonl", gaia_or_plain_task)
+
+
+def tasks_from_jsonl(path: Path, split: str, seed: int, n: int | None, stream: str,
+                     make_task) -> list[Task]:
+    """The tasks of a JSONL task file, one a non-blank line, made by `make_task(record, where)`
+    (where: FILE:LINE, for its errors). Ids are unique; a task's split is its metadata's "split"
+    (from the record) or split_of(id); the tasks of `split` are kept, shuffled by `seed` on the
+    random stream `stream` (0: file order), the first n."""
+    tasks, seen_ids = [], set()
+    for line_number, line in _lines(path):
+        where = f"{path}:{line_number}"
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise ValueError(
+                f"{where}: not valid JSON ({error.msg} at column {error.colno})") from None
+        except RecursionError:   # (a RuntimeError: callers that stop on bad input catch ValueError)
+            raise ValueError(f"{where}: not readable JSON: nested too deeply (Python's parser "
+                             f"gives up at about 1,000 levels)") from None
+        task = make_task(record, where)
         if task.id in seen_ids:
             raise ValueError(f"{where}: duplicate task id {task.id!r}")
         seen_ids.add(task.id)
-        task.metadata.update({"suite": str(path), "line": line_number})
-        task_split = task.metadata.get("split") or split_of(task.id)
-        task.metadata["split"] = task_split
+        task_split = task.metadata["split"] if "split" in task.metadata else split_of(task.id)
+        if task_split not in ("train", "heldout"):
+            raise ValueError(f"{where}: field 'split' must be 'train' or 'heldout', got "
+                             f"{task_split!r:.80}")
+        task.metadata.update({"suite": str(path), "line": line_number, "split": task_split})
         if split == "all" or task_split == split:
             tasks.append(task)
     if not seen_ids:
         raise ValueError(f"{path}: no tasks (the file is empty)")
     if seed:
-        rng_for("jsonl", split, seed).shuffle(tasks)
+        rng_for(stream, split, seed).shuffle(tasks)
     return tasks if n is None else tasks[:n]
 
 

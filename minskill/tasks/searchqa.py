@@ -52,9 +52,9 @@ import re
 from pathlib import Path
 
 from .base import (NOTHING_HAPPENS, Environment, Task, check_split, check_task_type, draw_tasks,
-                   rng_for, split_of, task_id)
+                   task_id)
 from .bm25 import BM25Index, top_documents
-from .qa import _lines
+from .qa import _lines, tasks_from_jsonl
 from .search_r1 import RETRIEVER_URL_ENV, RetrieverError, retrieve, retriever_url
 from .verifiers import exact_match, token_f1
 
@@ -367,29 +367,13 @@ def load_question_file(name: str, split: str = "all", seed: int = 0,
         raise ValueError(f"{path}: a Search-R1 question file's tasks are searched through a "
                          f"retriever: set one with --retriever-url URL (${RETRIEVER_URL_ENV}); "
                          "`python -m minskill.tasks.retriever_server` serves a corpus")
-    tasks, seen = [], set()
-    for line_number, line in _lines(path):
-        where = f"{path}:{line_number}"
-        try:
-            record = json.loads(line)
-        except (ValueError, RecursionError) as error:
-            raise ValueError(f"{where}: not readable JSON ({str(error)[:200]})") from None
+
+    def question_task(record, where: str) -> Task:
         task = _question_task(record, where)
-        if task.id in seen:
-            raise ValueError(f"{where}: duplicate question {task.question!r:.80}")
-        seen.add(task.id)
-        task_split = record.get("split", split_of(task.id))
-        if task_split not in ("train", "heldout"):
-            raise ValueError(f"{where}: field 'split' must be 'train' or 'heldout', not "
-                             f"{task_split!r:.80}")
-        task.metadata.update({"suite": str(path), "line": line_number, "split": task_split})
-        if split in ("all", task_split):
-            tasks.append(task)
-    if not seen:
-        raise ValueError(f"{path}: no tasks (the file is empty)")
-    if seed:
-        rng_for("searchqa-file", split, seed).shuffle(tasks)
-    return tasks if n is None else tasks[:n]
+        if isinstance(record, dict) and "split" in record:
+            task.metadata["split"] = record["split"]
+        return task
+    return tasks_from_jsonl(path, split, seed, n, "searchqa-file", question_task)
 
 
 def _question_task(record, where: str) -> Task:

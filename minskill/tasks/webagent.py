@@ -56,8 +56,9 @@ import warnings
 from pathlib import Path
 
 from .base import (NOTHING_HAPPENS, Environment, Task, TaskWarning, check_split, check_task_type,
-                   rng_for, split_of, stable_hash)
-from .qa import GAIA_PROMPT, _file_beside, _lines, _task_from_record, is_hidden_answer
+                   stable_hash)
+from .qa import (GAIA_PROMPT, _file_beside, _lines, _task_from_record, is_hidden_answer,
+                 tasks_from_jsonl)
 from .verifiers import exact_match, gaia_score, token_f1
 
 WEB_PREFIX = "web:"
@@ -267,33 +268,17 @@ def load_web_suite(name: str, split: str = "all", seed: int = 0,
     path = Path(name[len(WEB_PREFIX):] if name.startswith(WEB_PREFIX) else name)
     if not path.is_file():
         raise FileNotFoundError(f"task file not found: {path}")
-    tasks, seen = [], set()
-    for line_number, line in _lines(path):
-        where = f"{path}:{line_number}"
-        try:
-            record = json.loads(line)
-        except (ValueError, RecursionError) as error:
-            raise ValueError(f"{where}: not readable JSON ({str(error)[:200]})") from None
+
+    def web_task(record, where: str) -> Task:
         if not isinstance(record, dict):
             raise ValueError(f"{where}: expected a JSON object, got {type(record).__name__}")
         task = (_webwalker_task(record, where) if "root_url" in record
                 else _tool_task(record, where, path.parent))
         task.env_spec["oracle"] = _oracle_field(record, where)
-        if task.id in seen:
-            raise ValueError(f"{where}: duplicate task id {task.id!r}")
-        seen.add(task.id)
-        task_split = record.get("split", split_of(task.id))
-        if task_split not in ("train", "heldout"):
-            raise ValueError(f"{where}: field 'split' must be 'train' or 'heldout', not "
-                             f"{task_split!r}")
-        task.metadata.update({"suite": str(path), "line": line_number, "split": task_split})
-        if split in ("all", task_split):
-            tasks.append(task)
-    if not seen:
-        raise ValueError(f"{path}: no tasks (the file is empty)")
-    if seed:
-        rng_for("web", split, seed).shuffle(tasks)
-    return tasks if n is None else tasks[:n]
+        if "split" in record:
+            task.metadata["split"] = record["split"]
+        return task
+    return tasks_from_jsonl(path, split, seed, n, "web", web_task)
 
 
 def _text(record: dict, key: str, where: str) -> str:
