@@ -360,5 +360,7 @@ def test_bench_schema_reports_compile_time_and_the_cost_per_token(tmp_path, caps
     numbers = bench_schema(argparse.Namespace(model=str(folder), dtype="float32", quantize=None,
                                               max_tokens=12))
     assert numbers["compile ms"] >= 0 and numbers["compile again ms"] >= 0
-    assert [numbers[k][0] for k in ("schema, first", "schema, again")] == [12, 12]
+    assert [numbers[k][0] for k in ("schema, first", "schema, again", "schema, 8 rows")] == \
+        [12, 12, 12]
+    assert numbers["free, 8 rows"][0] == numbers["free"][0]
     assert "over free" in capsys.readouterr().out

@@ -14,7 +14,8 @@ model (--model, --dtype, --quantize) is loaded in this process and driven throug
     ms per token      greedy, one request, its wall less that of the same request cut to one
                       token, over the tokens after the first: free text (a long story: as many
                       tokens); the schema with its masks not yet cached (first); the same request
-                      again (masks cached per state)
+                      again (masks cached per state); then the same with 8 requests decoded
+                      together (ms per decoding step of the 8 rows)
 
 and the schema's over free per token (the issue aims at 1.2 or less after the first token).
 """
@@ -91,7 +92,9 @@ def bench_schema(args) -> dict:
         "name": "order", "schema": ORDER_SCHEMA, "strict": True}}}
     rows = {"free": per_token(backend, STORY, {}, max_tokens),
             "schema, first": per_token(backend, PROMPT, fields, max_tokens),
-            "schema, again": per_token(backend, PROMPT, fields, max_tokens)}
+            "schema, again": per_token(backend, PROMPT, fields, max_tokens),
+            "free, 8 rows": per_token(backend, STORY, {}, max_tokens, rows=8),
+            "schema, 8 rows": per_token(backend, PROMPT, fields, max_tokens, rows=8)}
     numbers = {"compile ms": 1000 * (compiled - started), "vocabulary ms": 1000 * vocabulary,
                "compile again ms": 1000 * (again - compiled), **rows}
     print(f"\nschema: a 30-field nested pydantic model, model {args.model}, {args.dtype}, "
@@ -100,18 +103,22 @@ def bench_schema(args) -> dict:
           f"vocabulary {numbers['vocabulary ms']:.0f} ms (once per tokenizer)")
     print(f"{'decoding':16s} {'tokens':>7s} {'ms per token':>13s} {'over free':>10s}  finish")
     for name, (tokens, ms, finish) in rows.items():
-        print(f"{name:16s} {tokens:7d} {ms:13.2f} {ms / rows['free'][1]:10.2f}  {finish}")
+        free = rows["free, 8 rows" if "8 rows" in name else "free"][1]
+        print(f"{name:16s} {tokens:7d} {ms:13.2f} {ms / free:10.2f}  {finish}")
     return numbers
 
 
-def per_token(backend, messages: list, fields: dict, max_tokens: int) -> tuple[int, float, str]:
-    """(tokens, ms per token after the first, finish reason) of one greedy request."""
+def per_token(backend, messages: list, fields: dict, max_tokens: int,
+              rows: int = 1) -> tuple[int, float, str]:
+    """(tokens, ms per decoding step after the first, finish reason) of `rows` identical greedy
+    requests decoded together (the same reply each: a greedy row's tokens do not depend on its
+    batch)."""
     def run(limit):
-        request = parse_chat_request(
+        requests = [parse_chat_request(
             {"messages": messages, "max_tokens": limit, "temperature": 0, **fields}, backend
-        )
+        ) for _ in range(rows)]
         began = time.perf_counter()
-        [[choice]] = backend.complete([request])
+        [[choice], *_] = backend.complete(requests)
         return time.perf_counter() - began, choice
     first, _ = run(1)
     wall, choice = run(max_tokens)
