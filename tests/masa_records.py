@@ -2,7 +2,7 @@
 minskill/masa/data.py, where nothing but the tests called it: issue 41)."""
 from minskill.masa.data import SFT_SOURCES
 from minskill.masa.model_card import ModelCard
-from minskill.masa.rewriter_sft import check_record
+from minskill.masa.rewriter_sft import sft_record_problem
 from minskill.skillsets import SkillSet
 
 # What MASA adds to a record of sft's schema (sft.RECORD_FIELDS: what the rewriter trains on): where the
@@ -12,8 +12,8 @@ PROVENANCE_FIELDS = {"source": str, "target_model": str, "reward_out": (int, flo
 
 def check_sft_record(record: dict, where: str = "record") -> None:
     """Raise ValueError naming the problem if `record` is not a well-formed MASA SFT record: a record of
-    sft's schema (sft.check_record) with MASA's provenance fields, whose card and skill sets parse."""
-    problem = check_record(record)
+    sft's schema (sft.sft_record_problem) with MASA's provenance fields, whose card and skill sets parse."""
+    problem = sft_record_problem(record)
     for key, kind in PROVENANCE_FIELDS.items():
         if problem is None and key not in record:
             problem = f"lacks field {key!r}"

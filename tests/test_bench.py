@@ -115,10 +115,10 @@ def test_bench_server_names_a_bad_size_before_starting_anything(flags, named):
 
 def test_rollout_ratios_set_reply_length_apart_from_the_prefix():
     """A skill set that doubles the replies' length and the wall costs 2x the wall but 1x per completion token."""
-    from minskill.measure.bench_server import Call, Row, ratios
+    from minskill.measure.bench_server import Call, WorkloadRow, ratios
 
     def row(label, wall, tokens):
-        return Row("new", f"rollouts, {label}", [Call({"i": i}, ["x"], 10, tokens, 1.0) for i in range(4)], wall, 0.5)
+        return WorkloadRow("new", f"rollouts, {label}", [Call({"i": i}, ["x"], 10, tokens, 1.0) for i in range(4)], wall, 0.5)
     lines = ratios([row("skills none", 10.0, 50), row("long library", 20.0, 100)])
     assert "new: wall vs no skill: skills none 1.00× (reward 0.500), long library 2.00× (reward 0.500)" in lines
     assert "new: wall per completion token vs no skill: skills none 1.00×, long library 1.00×" in lines

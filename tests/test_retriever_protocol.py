@@ -33,7 +33,7 @@ def serving(tmp_path, docs, corpus_hook=None):
     corpus = retriever_server.load_corpus(write_corpus(tmp_path / "corpus.jsonl", docs))
     if corpus_hook:
         corpus_hook(corpus)
-    server = retriever_server.start(corpus)
+    server = retriever_server.start_server(corpus)
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}/retrieve"
     finally:

@@ -275,10 +275,10 @@ def test_max_completion_tokens_beside_max_tokens_is_never_ignored(value, problem
 
 
 def test_bench_server_prints_the_stop_string_ratio():
-    from minskill.measure.bench_server import STOP_LABELS, Call, Row, ratios
+    from minskill.measure.bench_server import STOP_LABELS, Call, WorkloadRow, ratios
 
     def row(label, wall, text):
-        return Row("new", label, [Call({"n": 16}, [text] * 16, 10, 1000, wall)], wall)
+        return WorkloadRow("new", label, [Call({"n": 16}, [text] * 16, 10, 1000, wall)], wall)
     lines = ratios([row(STOP_LABELS[0], 10.0, "a story"), row(STOP_LABELS[1], 10.5, "a story")])
     assert "new: decoding with a stop string that never matches / without: wall 1.05× " \
            "(the same replies)" in lines

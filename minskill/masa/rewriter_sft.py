@@ -75,7 +75,7 @@ def record_messages(record: dict) -> tuple[list[dict], str]:
     return prompt, skills_to_text(record["skills_out"])
 
 
-def check_record(record) -> str | None:
+def sft_record_problem(record) -> str | None:
     """None if `record` is a usable SFT record, else a short reason."""
     if not isinstance(record, dict):
         return f"expected a JSON object, got {type(record).__name__}"
@@ -121,7 +121,7 @@ def read_records(paths: Iterable[str | os.PathLike], warn: Callable[[str], None]
             except RecursionError:
                 reason = TOO_DEEP
             else:
-                reason = check_record(record)
+                reason = sft_record_problem(record)
             if reason is not None:
                 problems.append(f"{path}:{line_number}: skipped: {reason}")
                 warn(problems[-1])

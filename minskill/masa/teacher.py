@@ -110,6 +110,71 @@ def attribution_messages(card: ModelCard, skills: SkillSet, failures: list[dict]
     return [{"role": "system", "content": TEACHER_SYSTEM}, {"role": "user", "content": user}]
 
 
+def _failure_text(failures: list[dict], limit: int = 600) -> str:
+    blocks = []
+    for f in failures:
+        expected = f.get("expected")
+        block = [f"- task {f['task_id']} (type {f['task_type']}):",
+                 f"  task: {clip_text(f['question'], limit)}",
+                 "" if expected is None else f"  expected answer: {clip_text(str(expected), 200)}",
+                 f"  episode: {clip_text(f['transcript'], limit)}" if f.get("transcript") else "",
+                 f"  target's reply: {clip_text(f['reply'], limit)}",
+                 f"  error: {clip_text(f['error'], 200)}" if f.get("error") else ""]
+        blocks.append("\n".join(line for line in block if line))   # optional lines left out
+    return "\n".join(blocks) or "(no failed episodes)"
+
+
+def clip_text(text: str, limit: int) -> str:
+    """`text` stripped, cut at `limit` characters (then marked " [...]")."""
+    text = (text or "").strip()
+    return text if len(text) <= limit else text[:limit] + " [...]"
+
+
+def _skills_text(skills: SkillSet, limit: int = 6000) -> str:
+    text = clip_text(skills.to_markdown(), limit) or "(no skills)"
+    return text + skills.resource_note()   # (resource files: their names only)
+
+
+def _only_general(skills: SkillSet) -> SkillSet:
+    return SkillSet(general=list(skills.general), task_specific={},
+                    common_mistakes=list(skills.common_mistakes))
+
+
+def _format_help(json_reply: bool = False, task_type: str | None = None) -> str:
+    if json_reply:   # the server writes the reply in reply_schema.skillset_schema (asks_json)
+        return _json_format_help([task_type] if task_type else [], general=task_type is None)
+    example = SkillSet(general=[_EXAMPLE_SKILL], task_specific={}, common_mistakes=[])
+    return ("Reply with the skills only, in exactly this format (one block per skill; names are "
+            "lower-case letters, digits and single hyphens):\n\n" + example.to_markdown())
+
+
+def _json_format_help(task_types=("<task type>",), general: bool = True) -> str:
+    """The MASA JSON library a reply is asked for (reply_schema.skillset_schema's parts), its skill
+    written by SkillSet.to_json: the keys SkillSet.from_json reads (skill_id -> name, principle ->
+    body, ...)."""
+    entry = SkillSet(general=[_EXAMPLE_SKILL]).to_json()["general_skills"][0]
+    form = {"general_skills": [entry]} if general else {}
+    form.update({"task_specific_skills": {t: [entry] for t in task_types}} if task_types else {})
+    form.update({"common_mistakes": ["..."]} if general else {})
+    return ('Reply with JSON only, a skill library in this form (each skill: "skill_id", its name, '
+            'lower-case letters, digits and single hyphens; "title"; "principle", the text the '
+            'target reads; "when_to_apply", when to use it):\n'
+            + json.dumps(form, ensure_ascii=False))
+
+
+# The skill a prompt shows as its example of the reply format (Markdown, or MASA JSON for the
+# one-shot rewrite)
+_EXAMPLE_SKILL = Skill(name="answer-format",
+                       description="How to write the final answer; use for every task.",
+                       body="State the final answer on the last line as 'Answer: <answer>'.",
+                       metadata={})
+
+
+def _only_type(skills: SkillSet, task_type: str) -> SkillSet:
+    return SkillSet(general=[], common_mistakes=[],
+                    task_specific={task_type: list(skills.task_specific.get(task_type, []))})
+
+
 def general_rewrite_messages(card: ModelCard, skills: SkillSet, reward: float,
                              attribution: dict | None, top_sets: list[tuple[SkillSet, float]],
                              trim: int = 0, json_reply: bool = False) -> list[dict]:
@@ -181,91 +246,6 @@ def oneshot_messages(card: ModelCard, skills: SkillSet, task_description: str,
     return [{"role": "system", "content": TEACHER_SYSTEM}, {"role": "user", "content": user}]
 
 
-def _failure_text(failures: list[dict], limit: int = 600) -> str:
-    blocks = []
-    for f in failures:
-        expected = f.get("expected")
-        block = [f"- task {f['task_id']} (type {f['task_type']}):",
-                 f"  task: {clip_text(f['question'], limit)}",
-                 "" if expected is None else f"  expected answer: {clip_text(str(expected), 200)}",
-                 f"  episode: {clip_text(f['transcript'], limit)}" if f.get("transcript") else "",
-                 f"  target's reply: {clip_text(f['reply'], limit)}",
-                 f"  error: {clip_text(f['error'], 200)}" if f.get("error") else ""]
-        blocks.append("\n".join(line for line in block if line))   # optional lines left out
-    return "\n".join(blocks) or "(no failed episodes)"
-
-
-def _skills_text(skills: SkillSet, limit: int = 6000) -> str:
-    text = clip_text(skills.to_markdown(), limit) or "(no skills)"
-    return text + skills.resource_note()   # (resource files: their names only)
-
-
-def _only_general(skills: SkillSet) -> SkillSet:
-    return SkillSet(general=list(skills.general), task_specific={},
-                    common_mistakes=list(skills.common_mistakes))
-
-
-def _only_type(skills: SkillSet, task_type: str) -> SkillSet:
-    return SkillSet(general=[], common_mistakes=[],
-                    task_specific={task_type: list(skills.task_specific.get(task_type, []))})
-
-
-def _format_help(json_reply: bool = False, task_type: str | None = None) -> str:
-    if json_reply:   # the server writes the reply in reply_schema.skillset_schema (asks_json)
-        return _json_format_help([task_type] if task_type else [], general=task_type is None)
-    example = SkillSet(general=[_EXAMPLE_SKILL], task_specific={}, common_mistakes=[])
-    return ("Reply with the skills only, in exactly this format (one block per skill; names are "
-            "lower-case letters, digits and single hyphens):\n\n" + example.to_markdown())
-
-
-def _json_format_help(task_types=("<task type>",), general: bool = True) -> str:
-    """The MASA JSON library a reply is asked for (reply_schema.skillset_schema's parts), its skill
-    written by SkillSet.to_json: the keys SkillSet.from_json reads (skill_id -> name, principle ->
-    body, ...)."""
-    entry = SkillSet(general=[_EXAMPLE_SKILL]).to_json()["general_skills"][0]
-    form = {"general_skills": [entry]} if general else {}
-    form.update({"task_specific_skills": {t: [entry] for t in task_types}} if task_types else {})
-    form.update({"common_mistakes": ["..."]} if general else {})
-    return ('Reply with JSON only, a skill library in this form (each skill: "skill_id", its name, '
-            'lower-case letters, digits and single hyphens; "title"; "principle", the text the '
-            'target reads; "when_to_apply", when to use it):\n'
-            + json.dumps(form, ensure_ascii=False))
-
-
-# The skill a prompt shows as its example of the reply format (Markdown, or MASA JSON for the
-# one-shot rewrite)
-_EXAMPLE_SKILL = Skill(name="answer-format",
-                       description="How to write the final answer; use for every task.",
-                       body="State the final answer on the last line as 'Answer: <answer>'.",
-                       metadata={})
-
-
-def clip_text(text: str, limit: int) -> str:
-    """`text` stripped, cut at `limit` characters (then marked " [...]")."""
-    text = (text or "").strip()
-    return text if len(text) <= limit else text[:limit] + " [...]"
-
-
-def trimmed(items: list, trim: int, *more: list) -> list:
-    """The first of `items` a prompt shows at trim level `trim`: all at 0, half as many (rounded
-    down) at each level, none after `trim_levels(items)`. Past that come the levels of the lists in
-    `more` (trimmed after it, by the caller); past theirs too, NothingToTrim: nothing is left to
-    drop."""
-    if trim > trim_levels(items) + sum(map(trim_levels, more)):
-        raise NothingToTrim(f"trim level {trim}: nothing left to drop")
-    return items[:len(items) >> trim]
-
-
-def trim_levels(items: list) -> int:
-    """How many trim levels `items` has before none of it is left (`trimmed` halves it at each)."""
-    return len(items).bit_length()
-
-
-class NothingToTrim(Exception):
-    """A prompt builder was asked for a trim level past its last: the prompt cannot be made
-    shorter."""
-
-
 # --------------------------------------------------------------------------------------------------
 # Asking: one step, retried while its reply does not parse, sent shorter while its prompt is
 # refused as too long
@@ -322,6 +302,26 @@ def ask_fitting(ask_teacher: Callable[..., Any], teacher, prompt: Callable[..., 
         on_skip({"what": what, "attempts": len(refusals), "errors": refusals, "last_reply": "",
                  "reason": "prompt too long"})
     return None
+
+
+def trim_levels(items: list) -> int:
+    """How many trim levels `items` has before none of it is left (`trimmed` halves it at each)."""
+    return len(items).bit_length()
+
+
+def trimmed(items: list, trim: int, *more: list) -> list:
+    """The first of `items` a prompt shows at trim level `trim`: all at 0, half as many (rounded
+    down) at each level, none after `trim_levels(items)`. Past that come the levels of the lists in
+    `more` (trimmed after it, by the caller); past theirs too, NothingToTrim: nothing is left to
+    drop."""
+    if trim > trim_levels(items) + sum(map(trim_levels, more)):
+        raise NothingToTrim(f"trim level {trim}: nothing left to drop")
+    return items[:len(items) >> trim]
+
+
+class NothingToTrim(Exception):
+    """A prompt builder was asked for a trim level past its last: the prompt cannot be made
+    shorter."""
 
 
 def ask_teacher(teacher, messages: list[dict], parse: Callable[[str], Any], *, what: str,
@@ -417,6 +417,26 @@ def parse_strengths(reply: str) -> dict:
     return result
 
 
+def _json_in(reply: str):
+    """The JSON value in a reply (replies.extract_json), or TeacherReplyError quoting the reply."""
+    try:
+        return extract_json(reply)
+    except ValueError as e:   # its reason ("no JSON object in the reply", and why: nested too
+        raise TeacherReplyError(f"{e} {_quote(reply)}") from None   # deeply) + the reply
+
+
+def _strings(value, limit: int = 20) -> list[str]:
+    value = [] if value is None else [value] if isinstance(value, str) else value
+    if not isinstance(value, list):
+        raise TeacherReplyError(f"expected a list of strings, got {value!r:.200}")
+    return [str(v).strip()[:500] for v in value if str(v).strip()][:limit]
+
+
+def _quote(text: str, limit: int = 300) -> str:
+    text = (text or "").strip()
+    return repr(text[:limit] + ("..." if len(text) > limit else ""))
+
+
 def parse_skillset_reply(reply: str) -> SkillSet:
     """A skill set from a teacher reply: MASA JSON (general_skills / task_specific_skills) anywhere
     in it, else the Markdown skill format of skillsets.py (`SkillSet.to_markdown`;
@@ -449,26 +469,6 @@ def parse_skillset_reply(reply: str) -> SkillSet:
     if long:
         raise TeacherReplyError(f"skill(s) {long} longer than {MAX_SKILL_CHARS} characters")
     return skills
-
-
-def _json_in(reply: str):
-    """The JSON value in a reply (replies.extract_json), or TeacherReplyError quoting the reply."""
-    try:
-        return extract_json(reply)
-    except ValueError as e:   # its reason ("no JSON object in the reply", and why: nested too
-        raise TeacherReplyError(f"{e} {_quote(reply)}") from None   # deeply) + the reply
-
-
-def _strings(value, limit: int = 20) -> list[str]:
-    value = [] if value is None else [value] if isinstance(value, str) else value
-    if not isinstance(value, list):
-        raise TeacherReplyError(f"expected a list of strings, got {value!r:.200}")
-    return [str(v).strip()[:500] for v in value if str(v).strip()][:limit]
-
-
-def _quote(text: str, limit: int = 300) -> str:
-    text = (text or "").strip()
-    return repr(text[:limit] + ("..." if len(text) > limit else ""))
 
 
 class TeacherReplyError(ValueError):

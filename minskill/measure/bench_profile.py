@@ -8,7 +8,7 @@ The engine the server runs (serve.backends.ModelBackend with the server's defaul
 continuous batching, batch-invariant), driven in this process without HTTP: --requests held-out
 qa prompts under the suite's base skills (what `python -m minskill.rollout --skills base` sends;
 greedy, replies up to --max-tokens), at most --clients in flight, a new one joining as soon as one
-ends. Run three times on the same prompts (the prefix cache emptied before each):
+ends. ProfiledRun three times on the same prompts (the prefix cache emptied before each):
 
   1. timed phases, on the main thread: prefill + join (Engine.add: each newcomer's prompt prefilled
      alone, its row merged into the batch), decoding (the forward of each step), sampling
@@ -65,7 +65,7 @@ def bench_profile(args) -> None:
     print(f"profile: {n} held-out qa prompts (base skills), {in_flight} in flight, replies up to "
           f"{args.max_tokens or 256} tokens, {backend.name}, {torch.get_num_threads()} threads; "
           f"tokenising them: {tokenising * 1e3:.0f} ms", flush=True)
-    run = Run(backend.engine, prompts, in_flight, args.max_tokens or 256)
+    run = ProfiledRun(backend.engine, prompts, in_flight, args.max_tokens or 256)
     main = run.timed()
     print(phase_table("main thread", main))
     box = []
@@ -105,7 +105,7 @@ def rollout_prompts(backend, n: int, max_tokens: int) -> list[list[int]]:
     return prompts
 
 
-class Run:
+class ProfiledRun:
     """The engine serving `prompts`, at most `in_flight` at once, its phases timed."""
 
     def __init__(self, engine: Engine, prompts, in_flight: int, max_tokens: int):

@@ -300,7 +300,7 @@ class Call:
 
 
 @dataclass
-class Row:
+class WorkloadRow:
     """One workload (or rollout skill set) under one configuration."""
     config: str
     label: str
@@ -312,10 +312,10 @@ class Row:
     minskill: bool = True              # False: an --against server (another engine)
 
     def replies(self) -> dict[str, list[str]]:
-        return {request_key(c.request): c.texts for c in self.calls}
+        return {request_text(c.request): c.texts for c in self.calls}
 
 
-def request_key(request: dict) -> str:
+def request_text(request: dict) -> str:
     return json.dumps(request, sort_keys=True)
 
 
@@ -337,11 +337,11 @@ class Recorder:
         return result
 
 
-def run_workload(client, config: str, label: str, work, max_tokens: int) -> Row:
-    """Send `work` (requests, or (tasks, skills) for rollouts) through `client`; the Row of what
-    came back."""
+def run_workload(client, config: str, label: str, work, max_tokens: int) -> WorkloadRow:
+    """Send `work` (requests, or (tasks, skills) for rollouts) through `client`; the WorkloadRow of
+    what came back."""
     recorder = Recorder(client)
-    row = Row(config, label)
+    row = WorkloadRow(config, label)
     t0 = time.perf_counter()
     if isinstance(work, tuple):
         tasks, skills = work
@@ -360,7 +360,7 @@ def run_workload(client, config: str, label: str, work, max_tokens: int) -> Row:
 
 
 def measure(args, runnable: dict[str, list[str]], work: dict,
-            against: list[Against] = ()) -> list[Row]:
+            against: list[Against] = ()) -> list[WorkloadRow]:
     """Every workload of `work` under every configuration, a fresh server each, then on every
     --against server (module docstring)."""
     rows, max_tokens = [], args.max_tokens or DEFAULT_MAX_TOKENS.get(args.workload, 16)
@@ -384,7 +384,7 @@ def measure(args, runnable: dict[str, list[str]], work: dict,
 
 
 def measure_server(client, name: str, work: dict, max_tokens: int, pid: int | None,
-                   minskill: bool = True) -> list[Row]:
+                   minskill: bool = True) -> list[WorkloadRow]:
     """Every workload of `work` through `client` after a warm-up, each with the CPU seconds that
     process `pid` used meanwhile."""
     # warm-up (allocation, first kernels) on a prompt no workload shares, so no prefix is cached yet
@@ -413,7 +413,7 @@ COLUMNS = ("configuration", "workload", "requests", "prompt tokens (mean)",
            "p50 latency s", "p90 latency s", "replies = first")
 
 
-def table(rows: list[Row]) -> str:
+def workload_table(rows: list[WorkloadRow]) -> str:
     """The markdown table of COLUMNS (module docstring), a row per configuration and workload."""
     first = {row.label: row.replies() for row in rows if row.config == rows[0].config}
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
@@ -435,7 +435,7 @@ SERVER_COLUMNS = ("server", "skill set", "tasks", "wall s", "tasks/s", "completi
                   "server CPU s", "success")
 
 
-def server_table(rows: list[Row], reference: str) -> str:
+def server_table(rows: list[WorkloadRow], reference: str) -> str:
     """The markdown table of SERVER_COLUMNS and the wall against `reference`'s, a row per server and
     skill set (module docstring)."""
     columns = SERVER_COLUMNS + (f"wall vs {reference}",)
@@ -452,7 +452,7 @@ def server_table(rows: list[Row], reference: str) -> str:
     return "\n".join(lines)
 
 
-def ratios(rows: list[Row]) -> list[str]:
+def ratios(rows: list[WorkloadRow]) -> list[str]:
     """Each later configuration against the first; for rollouts, each skill set's wall against no
     skill."""
     lines, first = [], {row.label: row for row in rows if row.config == rows[0].config}
@@ -525,7 +525,7 @@ def configurations(args) -> list[str]:
     return [c.strip() for c in args.configs.split(",") if c.strip()]
 
 
-def bench_server(args) -> list[Row]:
+def bench_server(args) -> list[WorkloadRow]:
     """`bench server`: plan the configurations, build the workload, measure, print the tables
     (module docstring)."""
     if args.workload in ("clients", "schema"):
@@ -540,7 +540,7 @@ def bench_server(args) -> list[Row]:
     tokenizer = Tokenizer.from_pretrained(str(resolve_model(args.model)))
     rows = measure(args, runnable, workload_requests(args, tokenizer), against)
     print(f"\n{args.workload}: {args.clients} clients, model {args.model}, {args.dtype}, quantize "
-          f"{args.quantize}, max batch {args.max_batch}\n{table(rows)}")
+          f"{args.quantize}, max batch {args.max_batch}\n{workload_table(rows)}")
     if against:
         print("(replies = first: – for " + ", ".join(s.name for s in against) +
               ", another engine, whose greedy replies differ)")

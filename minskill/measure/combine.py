@@ -12,7 +12,8 @@ Decisions:
 1. What shapes a row must agree (COMPARED_FLAGS, the task model, the instances and their tasks,
    the no-skill and seed-skill rows' per-task scores), else it is refused naming the difference.
 2. Rows come in the order of the runs given; a row name given twice is refused.
-3. Every field read is checked first (check_record): another shape is refused naming FILE and field.
+3. Every field read is checked first (check_eval_record): another shape is refused, naming FILE
+   and field.
 4. Writes OUT/eval.json (with "combined_from"), each row's "ci95" recomputed from its scores, and
    prints the tables as --eval does."""
 from __future__ import annotations
@@ -108,11 +109,11 @@ def read_eval(path: str) -> tuple[Path, dict]:
     if not record.get("finished"):
         raise ValueError(f"{file}: the evaluation did not finish (its paired table is missing): "
                          "run it again")
-    check_record(file, record)
+    check_eval_record(file, record)
     return file, record
 
 
-def check_record(file: Path, record: dict) -> None:
+def check_eval_record(file: Path, record: dict) -> None:
     """Refuse (ValueError naming FILE and the field) a record whose fields that combine reads
     are not as --eval writes them: RECORD_SHAPE, the two fixed-skill rows at least, per row one
     score group per instance holding one score in [0, 1] per evaluation task and a success in

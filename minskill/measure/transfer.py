@@ -84,7 +84,7 @@ class Target:
 
 
 @dataclass
-class Row:
+class MatrixRow:
     """A row of the matrix: a library as given, or (rewritten_from set) its rewrite for each
     target."""
     label: str
@@ -246,7 +246,7 @@ def load_heldout_tasks(args) -> list:
     return tasks
 
 
-def task_description(args) -> str:
+def target_task_description(args) -> str:
     """--task (a suite's name stands for its description), else the description evolve_masa.py's
     SFT records hold for --suite with its defaults, else (no train tasks) its held-out tasks
     described (minskill.masa.data)."""
@@ -261,7 +261,8 @@ def task_description(args) -> str:
 # --------------------------------------------------------------------------------------------------
 # The rewriter (minskill/masa/rewriter.py, shared with rewrite.py apply)
 
-def rewritten_rows(args, libraries: list[Library], targets: list[Target], out: Path) -> list[Row]:
+def rewritten_rows(args, libraries: list[Library], targets: list[Target],
+                   out: Path) -> list[MatrixRow]:
     """One "L+rw" row per library with skills: the rewriter's greedy rewrite of L for each target's
     card, validated and saved in OUT/rewritten/F/L/ (what does not parse:
     OUT/rewritten/F/L.raw.txt)."""
@@ -271,9 +272,9 @@ def rewritten_rows(args, libraries: list[Library], targets: list[Target], out: P
     model, tokenizer = load_model(rewriter.resolve_rewriter(args.rewriter), dtype=torch.float32,
                                   device=args.device)
     model.eval()
-    task, rows = task_description(args), []
+    task, rows = target_task_description(args), []
     for library in (lib for lib in libraries if lib.skills is not None):
-        row = Row(library.label + REWRITTEN, rewritten_from=library.label)
+        row = MatrixRow(library.label + REWRITTEN, rewritten_from=library.label)
         for target in targets:
             started = time.time()
             text, finish = rewriter.rewrite_with_model(model, tokenizer, target.card,
@@ -340,7 +341,7 @@ def connect(targets: list[Target], args):
         yield clients
 
 
-def reference_of(row: Row, rows: list[Row], target: Target) -> str:
+def reference_of(row: MatrixRow, rows: list[MatrixRow], target: Target) -> str:
     """The row a cell is paired against (module docstring)."""
     if row.rewritten_from is not None:
         return row.rewritten_from
@@ -366,7 +367,7 @@ def paired_to(rewards: list[float], reference: list[float]) -> dict:
             "p": result["p"], "ci95": list(result["ci95"])}
 
 
-def cell_record(row: Row, target: Target, reference: str, summary: dict | None, rewards,
+def cell_record(row: MatrixRow, target: Target, reference: str, summary: dict | None, rewards,
                 ref_rewards) -> dict:
     record = {"library": row.label, "target": target.label, "reference": reference,
               "trajectories": f"trajectories/{target.label}/{row.label}.jsonl" if summary else None,
@@ -383,14 +384,14 @@ def cell_record(row: Row, target: Target, reference: str, summary: dict | None, 
             "paired": None if reference == row.label else paired_to(rewards, ref_rewards)}
 
 
-def column_order(rows: list[Row], target: Target) -> list[Row]:
+def column_order(rows: list[MatrixRow], target: Target) -> list[MatrixRow]:
     """A column's rows with its reference first, so every later cell can show its Δ at once."""
     first = reference_of(rows[0], rows, target)
     return sorted(rows, key=lambda r: (r.label != first, r.rewritten_from is not None))
 
 
-def score_matrix(run: dict, rows: list[Row], targets: list[Target], tasks: list, args, out: Path,
-                 clients) -> None:
+def score_matrix(run: dict, rows: list[MatrixRow], targets: list[Target], tasks: list, args,
+                 out: Path, clients) -> None:
     """Every cell that run["cells"] lacks, column by column; transfer.json saved after each. A cell
     it holds (--resume) is kept, unless its trajectories file is gone; at the end the cells are in
     the scoring order."""
@@ -506,12 +507,13 @@ def check_resumable(run: dict, tasks: list, libraries: list[Library]) -> None:
                             f"the run)")
 
 
-def saved_rows(run: dict, libraries: list[Library], targets: list[Target], out: Path) -> list[Row]:
+def saved_rows(run: dict, libraries: list[Library], targets: list[Target],
+               out: Path) -> list[MatrixRow]:
     """--resume: the saved run's rows; a rewritten row's skills read back from
     OUT/rewritten/F/L/."""
     rows, skills = [], {lib.label: lib.skills for lib in libraries}
     for r in run["libraries"]:
-        row = Row(r["label"], rewritten_from=r["rewritten_from"],
+        row = MatrixRow(r["label"], rewritten_from=r["rewritten_from"],
                   unparsed=dict(r.get("unparsed") or {}))
         for target in (t for t in targets if t.label not in row.unparsed):
             where = in_out(out, "rewritten", target.label, str(row.rewritten_from))
@@ -569,8 +571,8 @@ def command_line(argv: list[str]) -> str:
                                  for i, w in enumerate(words))
 
 
-def run_record(args, rows: list[Row], libraries: list[Library], targets: list[Target], tasks: list,
-               argv) -> dict:
+def run_record(args, rows: list[MatrixRow], libraries: list[Library], targets: list[Target],
+               tasks: list, argv) -> dict:
     by_label = {lib.label: lib for lib in libraries}
     return {"version": 1, "kind": "transfer", "complete": False, "suite": args.suite,
             "suite_name": suite_name(args.suite), "split": "heldout", "task_seed": args.task_seed,
@@ -621,7 +623,7 @@ def main(argv=None) -> int:
         STARTED = time.time() - float((saved or {}).get("seconds") or 0.0)
         # --resume: rewrites read back
         rows = saved_rows(saved, libraries, targets, out) if saved else [
-            Row(lib.label, {t.label: lib.skills for t in targets}) for lib in libraries]
+            MatrixRow(lib.label, {t.label: lib.skills for t in targets}) for lib in libraries]
         rows += rewritten_rows(args, libraries, targets, out) if args.rewriter and not saved else []
         log(f"transfer matrix -> {out}: {len(rows)} libraries × {len(targets)} targets on "
             f"{len(tasks)} held-out {suite_name(args.suite)} tasks")

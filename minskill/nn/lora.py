@@ -78,7 +78,7 @@ class LoraConfig:
         return self.alpha / self.rank
 
 
-def check_config(cfg: LoraConfig) -> None:
+def check_lora_config(cfg: LoraConfig) -> None:
     """ValueError naming the bad setting."""
     if not isinstance(cfg.rank, int) or cfg.rank < 1:
         raise ValueError(f"LoRA rank must be a positive integer, got {cfg.rank!r}")
@@ -167,7 +167,7 @@ def apply_lora(model: Transformer, rank: int, alpha: float | None = None, dropou
     seeded with `seed`."""
     cfg = LoraConfig(rank, float(2 * rank if alpha is None else alpha), float(dropout),
                      tuple(target_modules), base_model_name_or_path)
-    check_config(cfg)
+    check_lora_config(cfg)
     if has_lora(model):
         raise ValueError("the model already has LoRA adapters")
     model.requires_grad_(False)
@@ -403,7 +403,7 @@ def lora_settings(args: argparse.Namespace) -> LoraConfig | None:
     args.lora_alpha = float(2 * args.lora_rank if args.lora_alpha is None else args.lora_alpha)
     cfg = LoraConfig(args.lora_rank, args.lora_alpha, args.lora_dropout, tuple(targets))
     try:
-        check_config(cfg)
+        check_lora_config(cfg)
     except ValueError as e:
         raise ValueError(f"--lora-*: {e}") from None
     return cfg

@@ -46,7 +46,7 @@ def chat_logprobs(tokens) -> dict | None:
     return {"content": [{**_token(t), "top_logprobs": [_token(a) for a in t.top]} for t in tokens]}
 
 
-def completion_logprobs(tokens, text_start: int = 0) -> dict | None:
+def legacy_logprobs(tokens, text_start: int = 0) -> dict | None:
     """A legacy choice's `logprobs` (module docstring), offsets counted from text_start; None when
     it has none."""
     if tokens is None:
@@ -99,7 +99,7 @@ def completion_reply(requests, results, model: str) -> dict:
     return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion",
             "created": int(time.time()), "model": model,
             "choices": [{"index": i, "text": head + c.text,
-                         "logprobs": completion_logprobs(c.logprobs),
+                         "logprobs": legacy_logprobs(c.logprobs),
                          "finish_reason": c.finish_reason}
                         for i, (head, c) in enumerate(choices)],
             "usage": usage(sum(r.prompt_tokens for r in requests),

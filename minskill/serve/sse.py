@@ -47,7 +47,7 @@ import traceback
 import uuid
 
 from minskill.serve.backends import ClientGone, CompletionRequest
-from minskill.serve.bodies import chat_logprobs, completion_logprobs, echoed, usage
+from minskill.serve.bodies import chat_logprobs, legacy_logprobs, echoed, usage
 from minskill.serve.errors import BackendError
 
 
@@ -108,7 +108,7 @@ class _EventStream:
         asked for, then [DONE]."""
         for j, choice in enumerate(choices):
             rest = choice.text[len(sent[j]):] if choice.text.startswith(sent[j]) else ""
-            logprobs = (completion_logprobs if self.legacy else chat_logprobs)(choice.logprobs)
+            logprobs = (legacy_logprobs if self.legacy else chat_logprobs)(choice.logprobs)
             if rest or logprobs is not None:
                 self.chunk(j, {"content": rest}, logprobs=logprobs)
             if getattr(choice, "tool_calls", None):

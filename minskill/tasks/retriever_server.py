@@ -34,7 +34,7 @@ from .bm25 import BM25Index
 from .qa import _lines
 from .search_r1 import contents_of, title_and_text
 
-__all__ = ["Corpus", "load_corpus", "start", "main", "MAX_REQUEST_BYTES", "MAX_QUERIES",
+__all__ = ["Corpus", "load_corpus", "start_server", "main", "MAX_REQUEST_BYTES", "MAX_QUERIES",
            "MAX_TOPK"]
 
 MAX_REQUEST_BYTES = 2**20
@@ -62,7 +62,7 @@ def main(argv=None) -> int:
         parser.error(f"--topk must be 1 to {MAX_TOPK}, got {args.topk}")
     try:
         corpus = load_corpus(args.corpus)
-        server = start(corpus, args.host, args.port, args.topk, thread=False)
+        server = start_server(corpus, args.host, args.port, args.topk, thread=False)
     except (OSError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -130,7 +130,7 @@ def _corpus_document(record, line_number: int, where: str) -> dict:
 
 # --------------------------------------------------------------------------- the server
 
-def start(corpus: Corpus, host: str = "127.0.0.1", port: int = 0, topk: int = DEFAULT_TOPK,
+def start_server(corpus: Corpus, host: str = "127.0.0.1", port: int = 0, topk: int = DEFAULT_TOPK,
           thread: bool = True) -> ThreadingHTTPServer:
     """A server of `corpus` bound to host:port (0: a free port: server.server_address says which),
     serving in a daemon thread (thread=False: the caller runs serve_forever). Close it with
