@@ -41,12 +41,15 @@ MASA_PROMPT_PARTS = _entries("minskill/masa/teacher.py", "attribution_messages",
                              "clip_text", "_skills_text", "_only_general", "_format_help",
                              "_json_format_help")
 MASA_ASK_TEACHER = (_entries("minskill/masa/search.py", "MasaSearch.ask") +
-                    _entries("minskill/masa/teacher.py", "teacher_seed", "ask_fitting", "trim_levels",
-                             "trimmed", "ask_teacher", "RecordingTeacher", "parse_attribution", "_json_in", "_strings", "_quote",
+                    _entries("minskill/masa/teacher.py", "teacher_seed", "ask_fitting",
+                             "trim_levels", "trimmed", "ask_teacher", "RecordingTeacher",
+                             "parse_attribution", "_json_in", "_strings", "_quote",
                              "parse_skillset_reply"))
-MASA_EVALUATE = (_entries("minskill/masa/search.py", "MasaSearch.add_candidate", "SkillSetCandidate",
-                          "_unique", "MasaSearch.evaluate_candidate", "MasaSearch.evaluate",
-                          "rollouts") +
+# a proposal becomes a candidate (at the end of propose_general / propose_task_skills), then scored
+MASA_ADD = _entries("minskill/masa/search.py", "MasaSearch.add_candidate", "SkillSetCandidate",
+                    "_unique")
+MASA_EVALUATE = (_entries("minskill/masa/search.py", "MasaSearch.evaluate_candidate",
+                          "MasaSearch.evaluate", "rollouts") +
                  SINGLE_TURN_ROLLOUTS + _entries("minskill/rollout.py", "summarize", "_stats") +
                  _entries("minskill/paired.py", "wilson_interval") +
                  _entries("minskill/masa/search.py", "_metrics", "failure_records", "episode_record"))
@@ -81,14 +84,15 @@ PATHS = {
         _entries("minskill/masa/search.py", "HillClimbState", "MasaSearch.climb_iteration",
                  "MasaSearch.propose_general") +
         MASA_PROMPT_PARTS + ["minskill/masa/teacher.py:general_rewrite_messages"] +
-        MASA_ASK_TEACHER + MASA_EVALUATE + MASA_GATE + ["minskill/masa/search.py:MasaSearch.calls"]),
+        MASA_ASK_TEACHER + MASA_ADD + MASA_EVALUATE + MASA_GATE +
+        ["minskill/masa/search.py:MasaSearch.calls"]),
     "MASA: one UCB1 iteration": (
         MASA_START +
         _entries("minskill/masa/search.py", "Tree", "MasaSearch.tree_iteration") +
         _entries("minskill/masa/ucb.py", "Node", "select", "ucb_score", "ucb1") +
         ["minskill/masa/search.py:MasaSearch.propose_task_skills"] + MASA_PROMPT_PARTS +
         _entries("minskill/masa/teacher.py", "_only_type", "task_rewrite_messages") +
-        MASA_ASK_TEACHER +
+        MASA_ASK_TEACHER + MASA_ADD +
         ["minskill/masa/ucb.py:expand", "minskill/masa/search.py:MasaSearch.evaluate_node"] +
         MASA_EVALUATE +
         _entries("minskill/masa/ucb.py", "set_reward", "backpropagate", "best_node", "iter_nodes") +
