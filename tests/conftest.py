@@ -7,7 +7,8 @@ import torch
 
 from helpers import SKILLS_IN, TARGET, TASK, run_rewrite, skill, target_fn, teacher_fn, write_suite
 from minskill.masa.model_card import ModelCard
-from minskill.serve.server import ScriptedBackend, start_server
+from minskill.serve.backends import ScriptedBackend
+from minskill.serve.server import start_server
 from minskill.skillsets import SkillSet
 from tiny import make_tiny_model_dir
 

@@ -19,7 +19,8 @@ from minskill import rollout
 from minskill.masa import search as masa, teacher as masa_teacher
 from minskill.masa.model_card import ModelCard
 from minskill.serve.client import ChatResult
-from minskill.serve.server import ScriptedBackend, start_server
+from minskill.serve.backends import ScriptedBackend
+from minskill.serve.server import start_server
 from minskill.skill_r1.loop import EvolveConfig, Instance, assign_advantages, evolve_batch
 from minskill.skills import Skill
 from minskill.skillsets import SkillSet

@@ -176,7 +176,8 @@ def test_bench_server_runs_the_rollouts_on_other_servers_beside_minskill(tmp_pat
     NAME=URL (one right on every task, one wrong): a row each per skill set, their own success, CPU
     seconds where a pid is given, and each server's wall over the first --against server's."""
     from minskill.measure.bench_server import SERVER_COLUMNS
-    from minskill.serve.server import ScriptedBackend, start_server
+    from minskill.serve.backends import ScriptedBackend
+    from minskill.serve.server import start_server
     from minskill.tasks import load_suite
     tasks = load_suite("qa", split="heldout", seed=0, n=2)
     seen = {"right": [], "wrong": []}

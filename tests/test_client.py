@@ -15,7 +15,8 @@ import pytest
 
 from minskill.serve import client as client_module
 from minskill.serve.client import ChatClient, ChatError, ChatResult, Usage
-from minskill.serve.server import ScriptedBackend, start_server
+from minskill.serve.backends import ScriptedBackend
+from minskill.serve.server import start_server
 
 MESSAGES = [{"role": "user", "content": "what is six times seven"}]
 

@@ -12,7 +12,8 @@ from safetensors.torch import load_file
 import train_grpo
 from minskill.nn.tokenizer import Tokenizer
 from minskill.rollout import base_skills
-from minskill.serve.server import ScriptedBackend, start_server
+from minskill.serve.backends import ScriptedBackend
+from minskill.serve.server import start_server
 from minskill.skill_r1 import cold_start, loop, run_setup
 from minskill.skill_r1.loop import EvolveConfig, HistoryEntry, Instance, Outcome, parse_candidate
 from minskill.tasks import Task, load_suite

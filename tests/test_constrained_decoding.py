@@ -16,7 +16,8 @@ import pytest
 import requests
 
 from minskill.serve.request_parsing import parse_chat_request
-from minskill.serve.json_schema import close_cost, compile_schema, start
+from minskill.serve.json_machine import close_cost, start_state
+from minskill.serve.json_schema import compile_schema
 from minskill.serve.server import ModelBackend, start_server
 from test_json_schema import SCHEMAS, validate
 
@@ -64,7 +65,7 @@ def tiny_server(tiny_backend):
 @pytest.mark.parametrize("name", list(SCHEMAS))
 def test_every_reply_greedy_and_sampled_validates(tiny_server, name):
     schema = SCHEMAS[name][0]
-    max_tokens = max(120, min(2 * close_cost(start(compile_schema(schema))), 180))   # to close
+    max_tokens = max(120, min(2 * close_cost(start_state(compile_schema(schema))), 180))   # to close
     for fields in ({"temperature": 0}, {"temperature": 1.5, "n": 3, "seed": 7}):
         reply = post(tiny_server, {"messages": USER, "max_tokens": max_tokens,
                                    "response_format": json_format(schema), **fields}).json()
@@ -100,7 +101,7 @@ def test_vllm_spellings_are_served(tiny_server):
 
 def test_a_reply_closes_within_max_tokens_or_says_it_was_cut(tiny_server, tiny_backend):
     schema = SCHEMAS["nested"][0]
-    shortest = close_cost(start(compile_schema(schema)))     # bytes; a token holds one at least
+    shortest = close_cost(start_state(compile_schema(schema)))     # bytes; a token holds one at least
     for max_tokens in (shortest + 1, shortest + 6):
         reply = post(tiny_server, {"messages": USER, "max_tokens": max_tokens, "temperature": 1.5,
                                    "n": 4, "seed": 5,

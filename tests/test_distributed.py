@@ -23,7 +23,8 @@ import train_grpo
 from helpers import (ROW_FIELDS, TIMING_FIELDS, common_flags, crash_after_checkpoint, keyword_task_model, read_rows,
                      run_rewrite, write_keyword_suite)
 from minskill import distributed
-from minskill.serve.server import ScriptedBackend, start_server
+from minskill.serve.backends import ScriptedBackend
+from minskill.serve.server import start_server
 from tiny import make_tiny_model_dir
 
 RANKS = 2

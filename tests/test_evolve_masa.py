@@ -1,5 +1,5 @@
 """End-to-end tests of evolve_masa.py: a scripted target and a scripted teacher behind real HTTP servers
-(minskill.serve.server.ScriptedBackend) on a synthetic suite where certain skill content helps.
+(minskill.serve.backends.ScriptedBackend) on a synthetic suite where certain skill content helps.
 
 The suite has two task types. The scripted target answers a `sum` task right only when its system prompt
 holds KEY-GENERAL, and a `secret` task only when it holds KEY-SECRET. The base skills hold neither (R = 0).
@@ -19,7 +19,8 @@ from minskill.masa import data as masa_data
 from minskill.masa import search as masa, teacher as masa_teacher
 from minskill.masa.model_card import ModelCard
 from minskill.serve.errors import BackendError
-from minskill.serve.server import ScriptedBackend, start_server
+from minskill.serve.backends import ScriptedBackend
+from minskill.serve.server import start_server
 from minskill.skillsets import SkillSet
 
 

@@ -10,7 +10,8 @@ import pytest
 
 from minskill import rollout
 from minskill.rollout import SkillsNotFound, load_skills, load_trajectories
-from minskill.serve.server import ScriptedBackend, start_server
+from minskill.serve.backends import ScriptedBackend
+from minskill.serve.server import start_server
 from minskill.tasks import GAIA_PROMPT, TaskWarning, load_suite
 
 # Five tasks as GAIA's metadata.jsonl holds them (the validation split's fields; Level a number; file_name ""

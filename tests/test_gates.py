@@ -467,7 +467,8 @@ def overfit_target(messages, request):
 
 @pytest.fixture(scope="module")
 def fresh_env(env):
-    from minskill.serve.server import ScriptedBackend, start_server
+    from minskill.serve.backends import ScriptedBackend
+    from minskill.serve.server import start_server
     server = start_server(ScriptedBackend(overfit_target, name="overfit"))
     suite = write_fresh_suite(env["tmp"] / "fresh-suite.jsonl")
 

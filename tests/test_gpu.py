@@ -32,7 +32,8 @@ from minskill.nn.sampling import completion_logprobs, generate
 from minskill.nn.shared_prefix import shared_prefix_logprobs
 from minskill.nn.weights import load_model
 from minskill.serve.embedded import embedded_client
-from minskill.serve.server import ModelBackend, ScriptedBackend, start_server
+from minskill.serve.backends import ScriptedBackend
+from minskill.serve.server import ModelBackend, start_server
 from minskill.skillsets import SkillSet
 from tiny import make_tiny_model_dir
 

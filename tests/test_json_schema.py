@@ -13,8 +13,8 @@ import random
 import jsonschema
 import pytest
 
-from minskill.serve.json_schema import (JSON_OBJECT, SchemaError, advance, close_cost,
-                                        compile_schema, is_complete, start)
+from minskill.serve.json_machine import JSON_OBJECT, advance, close_cost, is_complete, start_state
+from minskill.serve.json_schema import SchemaError, compile_schema
 
 def closed(properties: dict, required=None) -> dict:
     """An object schema whose properties are all required (unless `required` says) and no others."""
@@ -142,7 +142,7 @@ END = -1
 
 def read(node, text: str):
     """The state after `text` (empty: it died on the way)."""
-    state = start(node)
+    state = start_state(node)
     for byte in text.encode():
         state = advance(state, byte)
         if not state:
@@ -153,7 +153,7 @@ def read(node, text: str):
 def random_reply(node, rng: random.Random, budget: int) -> bytes:
     """A random text the machine lets through, never leaving fewer bytes than close_cost to close
     it."""
-    state, out = start(node), bytearray()
+    state, out = start_state(node), bytearray()
     while True:
         options = [(b, s) for b in ALPHABET for s in [advance(state, b)]
                    if s and len(out) + 1 + close_cost(s) <= budget]
@@ -172,7 +172,7 @@ def test_every_text_the_machine_lets_through_validates(name):
     schema, _ = SCHEMAS[name]
     node, rng = compile_schema(schema), random.Random(name)
     for i in range(6):
-        budget = close_cost(start(node)) + rng.choice([0, 5, 40])
+        budget = close_cost(start_state(node)) + rng.choice([0, 5, 40])
         text = random_reply(node, rng, budget)
         assert len(text) <= budget
         validate(json.loads(text.decode("utf-8")), schema)
@@ -243,7 +243,7 @@ def test_what_a_schema_forbids_dies_or_stays_incomplete(schema, text):
 def test_a_string_is_valid_utf8():
     node = compile_schema({"type": "string"})
     for data in (b'"\xff', b'"\xa9', b'"\xc3"', b'"\xed\xa0\x80', b'"\xe0\x80\x80', b'"\xf4\x90'):
-        state = start(node)
+        state = start_state(node)
         for byte in data:
             state = advance(state, byte)
         assert not state, data
@@ -261,7 +261,7 @@ def test_close_cost_is_enough_and_exact_at_the_start(name):
     """A walk given exactly close_cost bytes completes (the cost is never too low), and the shortest
     document the reference validator accepts among those walks is that long (it is not too high)."""
     node = compile_schema(SCHEMAS[name][0])
-    cost, rng = close_cost(start(node)), random.Random(name)
+    cost, rng = close_cost(start_state(node)), random.Random(name)
     texts = [random_reply(node, rng, cost) for _ in range(3)]
     assert all(len(t) == cost for t in texts)
     for text in texts:

@@ -23,7 +23,8 @@ from minskill.nn.lora import (ADAPTER_DIR, AdaptersOff, adapters_disabled, apply
                               save_peft_adapter, trainable_parameters)
 from minskill.nn.weights import load_model, load_pretrained
 from minskill.skill_r1 import run_setup
-from minskill.serve.server import ScriptedBackend, start_server
+from minskill.serve.backends import ScriptedBackend
+from minskill.serve.server import start_server
 from tiny import make_tiny_model_dir
 
 IDS = torch.tensor([[1, 5, 7, 9, 11, 40, 3, 77], [2, 8, 30, 31, 32, 6, 90, 4]])

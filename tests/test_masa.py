@@ -24,7 +24,8 @@ from minskill.replies import extract_json
 from minskill.rollout import Trajectory, summarize
 from minskill.serve.caching import BudgetExhausted, CachingClient, CallBudget
 from minskill.serve.client import ChatError, ChatResult
-from minskill.serve.server import ScriptedBackend, start_server
+from minskill.serve.backends import ScriptedBackend
+from minskill.serve.server import start_server
 from minskill.skills import Skill
 from minskill.skillsets import SkillSet
 from minskill.tasks.base import is_context_refusal

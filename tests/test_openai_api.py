@@ -20,7 +20,8 @@ import torch
 
 from minskill.serve.backends import _TextStream
 from minskill.serve.errors import BackendError
-from minskill.serve.server import ModelBackend, ScriptedBackend, start_server
+from minskill.serve.backends import ScriptedBackend
+from minskill.serve.server import ModelBackend, start_server
 
 USER = [{"role": "user", "content": "what is six times seven"}]
 

@@ -21,7 +21,8 @@ import evolve_masa
 import train_grpo
 from helpers import argv, common_flags, keyword_task_model, write_keyword_suite
 from minskill.masa.search import MasaSearch
-from minskill.serve.server import ScriptedBackend, start_server
+from minskill.serve.backends import ScriptedBackend
+from minskill.serve.server import start_server
 from reading_path import PATHS, ROOT, format_path, path_report, upward_jumps
 from tiny import make_tiny_model_dir
 

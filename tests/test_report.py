@@ -21,7 +21,8 @@ from helpers import (CHROMIUM, KEYWORDS, XSS, assert_self_contained_and_escaped,
                      scripted_search, skill, target_fn, teacher_fn, write_keyword_suite, write_suite)
 from minskill.masa import search as masa, teacher as masa_teacher, ucb
 from minskill.report import __main__ as report, html as report_html, provenance
-from minskill.serve.server import ScriptedBackend, start_server
+from minskill.serve.backends import ScriptedBackend
+from minskill.serve.server import start_server
 from minskill.skillsets import SkillSet
 from tiny import make_tiny_model_dir
 

@@ -10,7 +10,8 @@ from minskill import rollout
 from minskill.retrieval import RetrievalError, RetrievedSkills, Retriever, retriever_from_args, with_retrieval
 from minskill.tasks.bm25 import bm25_scores, tokens
 from minskill.serve.client import ChatClient
-from minskill.serve.server import ScriptedBackend, start_server
+from minskill.serve.backends import ScriptedBackend
+from minskill.serve.server import start_server
 from minskill.skills import Skill
 from minskill.skillsets import SkillSet
 from minskill.tasks import Task

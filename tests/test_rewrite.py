@@ -12,7 +12,8 @@ import evolve_masa
 import rewrite
 from helpers import TARGET, TASK, run_rewrite, run_rewrite_compare
 from minskill.masa import rewriter
-from minskill.serve.server import ScriptedBackend, start_server
+from minskill.serve.backends import ScriptedBackend
+from minskill.serve.server import start_server
 from minskill.skillsets import SkillSet
 
 

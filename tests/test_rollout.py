@@ -15,7 +15,8 @@ from minskill.rollout import run_rollouts, skill_text, summarize
 from minskill.tasks.base import parse_action
 from minskill.trajectories import Trajectory, load_trajectories
 from minskill.serve.errors import BackendError
-from minskill.serve.server import ScriptedBackend, start_server
+from minskill.serve.backends import ScriptedBackend
+from minskill.serve.server import start_server
 from minskill.skills import Skill
 from minskill.skillsets import SkillSet
 from minskill.tasks import HouseholdEnv, TaskWarning, WebWalkEnv, load_suite, oracle_actions

@@ -22,7 +22,8 @@ from minskill.report.transfer import render_transfer
 from minskill.rollout import Trajectory, all_failed, load_trajectories, run_rollouts, summarize
 from minskill.serve.client import ChatClient, ChatError
 from minskill.serve.errors import BackendError
-from minskill.serve.server import ScriptedBackend, start_server
+from minskill.serve.backends import ScriptedBackend
+from minskill.serve.server import start_server
 from minskill.skillsets import SkillSet
 from minskill.tasks import load_suite, oracle_actions
 

@@ -24,7 +24,8 @@ from minskill.runs import (RUN_MARKER, RunFolderError, check_run_folder, open_ru
                            started_flags)
 from minskill.serve.caching import CachingClient
 from minskill.serve.client import ChatResult
-from minskill.serve.server import ScriptedBackend, start_server
+from minskill.serve.backends import ScriptedBackend
+from minskill.serve.server import start_server
 from minskill.skill_r1 import cold_start
 from tiny import make_tiny_model_dir
 

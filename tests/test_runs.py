@@ -434,7 +434,8 @@ def test_train_grpo_takes_keep_checkpoints():
 def test_train_grpo_keeps_the_newest_checkpoints_and_resumes_from_checkpoint(tmp_path, capsys):
     from helpers import common_flags, keyword_task_model, write_keyword_suite
     from minskill.runs import load_trainer_state
-    from minskill.serve.server import ScriptedBackend, start_server
+    from minskill.serve.backends import ScriptedBackend
+    from minskill.serve.server import start_server
     from tiny import make_tiny_model_dir
     editor = make_tiny_model_dir(tmp_path / "editor", family="llama", chat_format="chatml",
                                  max_position_embeddings=1024)

@@ -18,7 +18,8 @@ from typing import Annotated, Literal, Optional, Union
 import pytest
 import requests
 
-from minskill.serve.json_schema import close_cost, compile_schema, start
+from minskill.serve.json_machine import close_cost, start_state
+from minskill.serve.json_schema import compile_schema
 from test_constrained_decoding import USER, json_format, load_tiny
 from test_json_schema import random_reply, validate
 
@@ -149,7 +150,7 @@ def test_every_text_the_machine_lets_through_fits_the_pydantic_model(name):
     assert keyword in json.dumps(schema)
     node, rng = compile_schema(schema), random.Random(name)
     for _ in range(40 if "formats" in name else 8):      # (formats: pydantic parses them too)
-        text = random_reply(node, rng, close_cost(start(node)) + rng.choice([0, 10, 60]))
+        text = random_reply(node, rng, close_cost(start_state(node)) + rng.choice([0, 10, 60]))
         validate(json.loads(text), schema)
         model.model_validate_json(text)
 
@@ -176,7 +177,7 @@ def replies(server, schema, max_tokens: int, **fields) -> list[dict]:
 def test_every_reply_of_a_tiny_model_fits_the_pydantic_model(tiny_server, name):
     model = MODELS[name][0]
     schema = model_schema(name)
-    room = close_cost(start(compile_schema(schema))) + 60
+    room = close_cost(start_state(compile_schema(schema))) + 60
     for fields in ({"temperature": 0}, {"temperature": 1.2, "n": 3, "seed": 5}):
         for choice in replies(tiny_server, schema, min(room, 180), **fields):
             text = choice["message"]["content"]
@@ -272,7 +273,7 @@ def test_random_schemas_machine_walks_validate():
     for i in range(150):
         schema = random_schema(rng)
         node = compile_schema(schema)
-        text = random_reply(node, rng, close_cost(start(node)) + rng.choice([0, 4, 30]))
+        text = random_reply(node, rng, close_cost(start_state(node)) + rng.choice([0, 4, 30]))
         validate(json.loads(text), schema)
 
 
@@ -281,7 +282,7 @@ def test_random_schemas_tiny_model_replies_validate_within_max_tokens(tiny_serve
     checked = 0
     while checked < 40:
         schema = random_schema(rng)
-        shortest = close_cost(start(compile_schema(schema)))
+        shortest = close_cost(start_state(compile_schema(schema)))
         if shortest > 120:
             continue
         max_tokens = shortest + 2 + rng.choice([0, 5, 40])   # room for the shortest, and a stop
@@ -349,7 +350,7 @@ def test_the_bench_schema_is_what_pydantic_writes_for_a_30_field_model():
     node, rng = compile_schema(ORDER_SCHEMA), random.Random(30)
     assert compile_schema(json.loads(json.dumps(ORDER_SCHEMA))) is node    # cached per schema
     for _ in range(3):
-        Order.model_validate_json(random_reply(node, rng, close_cost(start(node)) + 40))
+        Order.model_validate_json(random_reply(node, rng, close_cost(start_state(node)) + 40))
 
 
 def test_bench_schema_reports_compile_time_and_the_cost_per_token(tmp_path, capsys):

@@ -19,7 +19,8 @@ from minskill.nn.quantize import has_int4_kernel
 from minskill.serve.client import ChatClient, ChatError
 from minskill.serve.errors import BackendError
 from minskill.serve.embedded import embedded_client
-from minskill.serve.server import ScriptedBackend, start_server
+from minskill.serve.backends import ScriptedBackend
+from minskill.serve.server import start_server
 
 REPO = Path(__file__).resolve().parent.parent
 USER = [{"role": "user", "content": "what is six times seven"}]

@@ -19,7 +19,8 @@ from minskill.nn.weights import load_model
 from minskill.serve.constrained import BYTE_OF_CHAR
 from minskill.serve.client import ChatClient, ChatError
 from minskill.serve.scheduler import Engine, sequences_for
-from minskill.serve.server import ScriptedBackend, main, start_server
+from minskill.serve.backends import ScriptedBackend
+from minskill.serve.server import main, start_server
 from tiny import make_tiny_model_dir, make_tiny_tokenizer_dir
 
 torch.set_num_threads(1)

@@ -10,7 +10,8 @@ import pytest
 from helpers import make_skill, render_set
 from minskill import rollout
 from minskill.rollout import load_trajectories
-from minskill.serve.server import ScriptedBackend, start_server
+from minskill.serve.backends import ScriptedBackend
+from minskill.serve.server import start_server
 from minskill.skillsets import SkillSet
 from minskill.tasks import suite_types
 

@@ -15,7 +15,8 @@ from helpers import assert_learning_raises_the_reward, keyword_task_model, keywo
 from minskill.nn.sampling import Sample
 from minskill.nn.tokenizer import Tokenizer
 from minskill.nn.weights import load_model
-from minskill.serve.server import ScriptedBackend, start_server
+from minskill.serve.backends import ScriptedBackend
+from minskill.serve.server import start_server
 from minskill.skill_r1 import loop as skill_r1
 from minskill.skill_r1.loop import (EvolveConfig, HistoryEntry, Instance, Outcome, assign_advantages,
                                     SuiteError, editor_messages, evolve_batch, load_split, make_instances,

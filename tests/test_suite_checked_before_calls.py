@@ -8,7 +8,8 @@ import pytest
 
 
 import evolve_masa
-from minskill.serve.server import ScriptedBackend, start_server
+from minskill.serve.backends import ScriptedBackend
+from minskill.serve.server import start_server
 from minskill.skillsets import SkillSet
 
 

@@ -26,7 +26,8 @@ from minskill.masa.teacher import (ATTRIBUTION_TASK, GENERAL_REWRITE_TASK, TASK_
 from minskill.replies import extract_json
 from minskill.serve.client import ChatError
 from minskill.serve.json_schema import compile_schema
-from minskill.serve.server import ScriptedBackend, start_server
+from minskill.serve.backends import ScriptedBackend
+from minskill.serve.server import start_server
 from minskill.skillsets import SkillSet
 
 READERS = {"attribution": (parse_attribution, attribution_schema),

@@ -16,7 +16,8 @@ import transformers
 
 from minskill.nn.tokenizer import HERMES_TOOLS_HEAD, HERMES_TOOLS_TAIL, Tokenizer
 from minskill.serve.client import ChatClient
-from minskill.serve.server import ModelBackend, ScriptedBackend, start_server
+from minskill.serve.backends import ModelBackend, ScriptedBackend
+from minskill.serve.server import start_server
 from minskill.serve.tool_calls import ToolUse, parsed_calls
 from tiny import TEMPLATES, make_tiny_tokenizer_dir
 

@@ -22,7 +22,8 @@ from helpers import (KEYWORDS, ROW_FIELDS, TIMING_FIELDS, common_flags, crash_af
 from minskill.nn.sampling import completion_logprobs
 from minskill.nn.weights import load_model
 from minskill.serve.client import ChatClient
-from minskill.serve.server import ScriptedBackend, start_server
+from minskill.serve.backends import ScriptedBackend
+from minskill.serve.server import start_server
 from minskill.skill_r1.eval_table import success_interval
 from minskill.skill_r1.evaluate import heldout_instances, kl_reference, kl_to_frozen, probe_instances, success
 from minskill.skill_r1.grpo import policy_loss

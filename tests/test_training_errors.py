@@ -18,7 +18,8 @@ from helpers import (argv as masa_argv, common_flags, keyword_task_model, read_r
 from minskill.masa import search as masa
 from minskill.masa.model_card import ModelCard
 from minskill.serve.errors import BackendError
-from minskill.serve.server import ScriptedBackend, start_server
+from minskill.serve.backends import ScriptedBackend
+from minskill.serve.server import start_server
 from minskill.skillsets import SkillSet
 from minskill.tasks import Task
 from tiny import make_tiny_model_dir

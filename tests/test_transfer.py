@@ -1,5 +1,5 @@
 """The transfer matrix (minskill/measure/transfer.py) and its report page (minskill/report/transfer.py), with scripted
-targets behind the real HTTP server (minskill.serve.server.ScriptedBackend on loopback).
+targets behind the real HTTP server (minskill.serve.backends.ScriptedBackend on loopback).
 
 The scripted targets prefer different skills, the model-dependence effect of the MASA paper: target `alpha`
 solves held-out task i (of 10) under library alpha for i < 8, under library beta for i < 2, with no skill for
@@ -23,7 +23,8 @@ from minskill.measure import transfer
 from minskill.report.provenance import load_transfer
 from minskill.report.transfer import render_transfer
 from minskill.runs import mark_run_folder
-from minskill.serve.server import ScriptedBackend, start_server
+from minskill.serve.backends import ScriptedBackend
+from minskill.serve.server import start_server
 from minskill.skillsets import SkillSet
 from tiny import make_tiny_model_dir
 

@@ -9,7 +9,8 @@ import json
 import pytest
 
 from minskill import rollout
-from minskill.serve.server import ScriptedBackend, start_server
+from minskill.serve.backends import ScriptedBackend
+from minskill.serve.server import start_server
 from minskill.tasks import load_suite, make_env, oracle_actions
 from minskill.tasks.webagent import tool_call_counts
 from website import Website

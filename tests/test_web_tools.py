@@ -11,7 +11,8 @@ import zipfile
 
 import pytest
 
-from minskill.serve.server import ScriptedBackend, start_server
+from minskill.serve.backends import ScriptedBackend
+from minskill.serve.server import start_server
 from minskill.tasks.webagent import ToolError
 from minskill.web import page_text, tools
 from minskill.web.tools import (WebSettings, WebTools, check_url, fetch, grade_of, judge_answer,

@@ -10,7 +10,8 @@ import socket
 import pytest
 
 from minskill import rollout
-from minskill.serve.server import ScriptedBackend, start_server
+from minskill.serve.backends import ScriptedBackend
+from minskill.serve.server import start_server
 from minskill.tasks import (NOTHING_HAPPENS, TaskWarning, load_suite, make_env, oracle_actions,
                             suite_types)
 from minskill.tasks.webagent import MAX_STEPS, tool_call_counts

@@ -39,8 +39,8 @@ import torch
 from tokenizers.decoders import ByteLevel as ByteLevelDecoder
 
 from minskill.serve.errors import bad_request
-from minskill.serve.json_machine import (JSON_OBJECT, InKey, InString, Node, advance,
-                                         close_cost, is_complete, start)
+from minskill.serve.json_machine import (JSON_OBJECT, InKey, InString, SchemaNode, advance,
+                                         close_cost, is_complete, start_state)
 from minskill.serve.json_schema import SchemaError, compile_schema
 
 FORMAT_FIELDS = ("response_format", "guided_json", "structured_outputs")
@@ -54,7 +54,7 @@ class JsonFormat:
     """The JSON a request asks for: `field` names where it asked (for messages), `node` is its
     schema."""
     field: str
-    node: Node
+    node: SchemaNode
 
 
 # ---- the request fields --------------------------------------------------------------------------
@@ -137,8 +137,8 @@ def _compiled(schema, where: str, field: str | None = None) -> JsonFormat:
 class JsonConstraint:
     """One sample's constraint: the machine's state after the sample's tokens so far."""
 
-    def __init__(self, node: Node, vocabulary: "Vocabulary"):
-        self.vocabulary, self.state, self.read = vocabulary, start(node), 0
+    def __init__(self, node: SchemaNode, vocabulary: "Vocabulary"):
+        self.vocabulary, self.state, self.read = vocabulary, start_state(node), 0
 
     def allowed(self, tokens: list[int], tokens_left: int) -> torch.Tensor:
         """(V,) bool: the tokens that may come after `tokens` with `tokens_left` tokens to go
@@ -205,7 +205,7 @@ class Vocabulary:
         self._steps: dict = {}
 
     def advance(self, state: frozenset, byte: int) -> frozenset:
-        """json_schema.advance, remembered (a walk meets the same state and byte again and
+        """json_machine.advance, remembered (a walk meets the same state and byte again and
         again)."""
         key = (state, byte)
         after = self._steps.get(key)

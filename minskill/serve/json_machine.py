@@ -31,12 +31,12 @@ MAX_DIGITS = 15        # digits before the point, and after it
 # A node says how its value begins (begin(): the stack fragments that replace an Expect of it) and
 # how few bytes it takes (min_bytes, worked out once; infinity: no finite value). Nodes compare by
 # identity: a state hashes fast however big its schema.
-class Node:
+class SchemaNode:
     min_bytes: int
 
 
 @dataclass(eq=False)
-class Literal(Node):
+class Literal(SchemaNode):
     """One fixed text: a JSON value of enum or const, true, false, null."""
     text: bytes
 
@@ -48,7 +48,7 @@ class Literal(Node):
         return [(Lit(self.text),)]
 
 
-class Nothing(Node):
+class Nothing(SchemaNode):
     """No value (the schema false; a recursive $ref past RECURSION_DEPTH)."""
     min_bytes = math.inf
 
@@ -60,7 +60,7 @@ NOTHING = Nothing()
 
 
 @dataclass(eq=False)
-class AnyOf(Node):
+class AnyOf(SchemaNode):
     options: tuple
 
     @cached_property
@@ -73,7 +73,7 @@ class AnyOf(Node):
 
 
 @dataclass(eq=False)
-class String(Node):
+class String(SchemaNode):
     """`rule` (json_strings.TextRule) where a pattern or format says which characters; else any,
     min_chars to max_chars of them."""
     min_chars: int
@@ -94,7 +94,7 @@ class String(Node):
 
 
 @dataclass(eq=False)
-class Number(Node):
+class Number(SchemaNode):
     integer: bool
     minimum: Fraction | int | None
     maximum: Fraction | int | None
@@ -111,14 +111,14 @@ class Number(Node):
 
 
 @dataclass(eq=False)
-class Array(Node):
+class Array(SchemaNode):
     """`prefix`: the first items' nodes (prefixItems); `items`: the later ones' (None: none)."""
-    items: Node | None
+    items: SchemaNode | None
     min_items: int
     max_items: int | None
     prefix: tuple = ()
 
-    def item(self, index: int) -> Node | None:
+    def item(self, index: int) -> SchemaNode | None:
         return self.prefix[index] if index < len(self.prefix) else self.items
 
     @cached_property
@@ -132,7 +132,7 @@ class Array(Node):
 @dataclass(eq=False)
 class Property:
     key: bytes            # the name, written as JSON ("name" with its quotes)
-    value: Node
+    value: SchemaNode
     required: bool
 
     @cached_property
@@ -141,11 +141,11 @@ class Property:
 
 
 @dataclass(eq=False)
-class Object(Node):
+class Object(SchemaNode):
     """`properties` in their order; `extra`: the value of any other key (None: no other key);
     `listed`: the names of `properties` (UTF-8), which another key may not be."""
     properties: tuple
-    extra: Node | None
+    extra: SchemaNode | None
     min_properties: int = 0
     max_properties: int | None = None
     listed: frozenset = frozenset()
@@ -169,7 +169,7 @@ class Object(Node):
         return [then(Lit(b"{"), SPACE, ObjectNext(self, 0, 0))]
 
 
-class AnyValue(Node):
+class AnyValue(SchemaNode):
     """Any JSON value (the schema `{}` or true; the values of response_format json_object)."""
     min_bytes = 1                                     # the number 0
 
@@ -197,7 +197,7 @@ def then(*frames) -> tuple:
 @dataclass(frozen=True, slots=True)
 class Expect:
     """A value of `node`, not begun."""
-    node: Node
+    node: SchemaNode
     reads = False
 
     def moves(self):
@@ -649,7 +649,7 @@ def _meets(node: Number, negative: bool, low_u: int, high_u: int, unit: int) -> 
 
 
 # ---- 2. the machine: states, and a byte at a time ------------------------------------------------
-def start(node: Node) -> frozenset:
+def start_state(node: SchemaNode) -> frozenset:
     """The state before the reply's first byte."""
     return _closed([(Expect(node),)])
 

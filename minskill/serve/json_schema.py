@@ -9,7 +9,7 @@ do:
      (Literal, String, Number, Array, Object, AnyOf). Every keyword of the served subset is read
      here, and anything else is refused by name: SchemaError says which keyword, at which JSON
      pointer (#/properties/a/pattern).
-  2. start(node) -> a State; advance(state, byte) -> the next State (empty: the byte is not
+  2. start_state(node) -> a State; advance(state, byte) -> the next State (empty: the byte is not
      allowed); close_cost(state): the fewest bytes that still complete a valid value (0: it is
      complete). The nodes, the frames that read them and these functions are in
      minskill.serve.json_machine.
@@ -31,6 +31,11 @@ reply's own shape:
   * numbers are written without an exponent, at most MAX_DIGITS digits before and after the point;
   * strings are valid UTF-8 (escapes included), lengths counted in characters (an escape is one).
 
+Limits: a request's schema is refused (a SchemaError naming the limit) past MAX_SCHEMA_VALUES
+JSON values, MAX_SCHEMA_DEPTH levels of nesting or MAX_SUBSCHEMAS compiled subschemas, and a pattern
+whose DFA passes json_strings.MAX_DFA_STATES states, so the time and memory one request spends
+compiling are bounded, and decoding never grows an automaton (each DFA is built whole here).
+
 Adding a keyword: read it in the builder of its type (_string, _number, _array, _object, or
 _Compiler.node for one that applies to any type), add it to SERVED, and if it needs a new shape of
 value, a node class with begin() and min_bytes, and a frame class that reads it.
@@ -43,14 +48,20 @@ from fractions import Fraction
 from functools import lru_cache
 
 from minskill.serve.json_compose import ComposeError, cyclic_refs, merged, overlap, target
-# (JSON_OBJECT and close_cost: for the callers of this module, which need not know the machine's)
-from minskill.serve.json_machine import (ANY_VALUE, JSON_OBJECT, MAX_DIGITS, NOTHING,  # noqa: F401
-                                         AnyOf, Array, Literal, Node, Number, Object, Property,
-                                         String, advance, close_cost, is_complete, number_cost,
-                                         start)
-from minskill.serve.json_strings import FORMATS, PatternError, TextRule, compile_pattern
+from minskill.serve.json_machine import (ANY_VALUE, MAX_DIGITS, NOTHING, AnyOf, Array, Literal,
+                                         SchemaNode, Number, Object, Property, String, advance,
+                                         is_complete, number_cost, start_state)
+from minskill.serve.json_strings import (FORMATS, MAX_DFA_WORK, PatternError, TextRule,
+                                         compile_pattern)
 
 RECURSION_DEPTH = 6    # a recursive $ref is followed this many times deep, then left out
+# what one request may make the server compile (a 400 past these; module doc): a pydantic model of
+# 30 nested fields sends ~300 JSON values, 4 levels deep, and compiles ~100 subschemas
+MAX_SCHEMA_VALUES = 100_000     # JSON values in the schema (keys, lists, strings, numbers, ...)
+MAX_SCHEMA_DEPTH = 64           # arrays and objects nested in the schema
+MAX_SUBSCHEMAS = 20_000         # subschemas compiled ($refs unrolled and allOf merged included)
+MAX_PATTERNS_WORK = 2 * MAX_DFA_WORK    # steps building the DFAs of its distinct patterns
+MAX_TEXT_STATES = 500_000       # a string's states: its DFAs' states times its counted length
 ANNOTATIONS = {"title", "description", "default", "examples", "$schema", "$id", "$comment",
                "$defs", "definitions", "discriminator", "deprecated", "readOnly", "writeOnly"}
 SERVED = {"type", "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "properties", "required",
@@ -78,8 +89,28 @@ class SchemaError(ValueError):
 
 # ---- 1. the schema, compiled into nodes ----------------------------------------------------------
 def compile_schema(schema) -> "Node":
-    """The node of the values `schema` allows (SchemaError where it leaves the served subset)."""
+    """The node of the values `schema` allows (SchemaError where it leaves the served subset or
+    passes a limit)."""
+    _check_size(schema)
     return _compiled(json.dumps(schema))
+
+
+def _check_size(schema):
+    """SchemaError where `schema` holds over MAX_SCHEMA_VALUES values or nests deeper than
+    MAX_SCHEMA_DEPTH (walked without recursion, so no depth overflows Python's stack)."""
+    todo, count = [(schema, "#", 0)], 0
+    while todo:
+        value, where, depth = todo.pop()
+        count += 1
+        if count > MAX_SCHEMA_VALUES:
+            raise SchemaError("#", f"the schema is too large: over {MAX_SCHEMA_VALUES} JSON "
+                              "values (MAX_SCHEMA_VALUES)")
+        if isinstance(value, (dict, list)) and depth >= MAX_SCHEMA_DEPTH:
+            raise SchemaError(where, f"the schema nests deeper than {MAX_SCHEMA_DEPTH} levels "
+                              "(MAX_SCHEMA_DEPTH)")
+        items = value.items() if isinstance(value, dict) else \
+            enumerate(value) if isinstance(value, list) else ()
+        todo += [(v, f"{where}/{_escape(k)}", depth + 1) for k, v in items]
 
 
 @lru_cache(maxsize=64)
@@ -97,11 +128,18 @@ def _compiled(schema_text: str) -> "Node":
 class _Compiler:
     def __init__(self, root):
         self.root = root
-        self.refs: dict[tuple, Node] = {}     # compiled $ref targets, by (pointer, depth left)
+        self.refs: dict[tuple, SchemaNode] = {}   # compiled $ref targets, by (pointer, depth left)
         self.cyclic = cyclic_refs(root)       # the $refs that recurse
         self.depth_left = RECURSION_DEPTH
+        self.subschemas = 0
+        self.patterns: dict[str, object] = {}    # this schema's distinct patterns, compiled
+        self.patterns_work = 0
 
     def node(self, schema, where: str) -> "Node":
+        self.subschemas += 1
+        if self.subschemas > MAX_SUBSCHEMAS:
+            raise SchemaError(where, f"the schema is too large: over {MAX_SUBSCHEMAS} subschemas "
+                              "to compile, $refs unrolled (MAX_SUBSCHEMAS)")
         if schema is True or schema == {}:
             return ANY_VALUE
         if schema is False:
@@ -207,6 +245,20 @@ class _Compiler:
         nodes = tuple(_value_node(v) for v in kept)
         return nodes[0] if len(nodes) == 1 else AnyOf(nodes)
 
+    def pattern(self, pattern: str, where: str):
+        """compile_pattern(pattern), its DFA's work counted against MAX_PATTERNS_WORK (once per
+        distinct pattern)."""
+        if pattern not in self.patterns:
+            if self.patterns_work > MAX_PATTERNS_WORK:
+                raise SchemaError(where, f"the schema's patterns are too complex together: over "
+                                  f"{MAX_PATTERNS_WORK} steps to build (MAX_PATTERNS_WORK)")
+            try:
+                self.patterns[pattern] = compile_pattern(pattern)
+            except PatternError as error:
+                raise SchemaError(where, str(error))
+            self.patterns_work += self.patterns[pattern].work
+        return self.patterns[pattern]
+
     def ref(self, pointer, where: str) -> "Node":
         if not isinstance(pointer, str) or not pointer.startswith("#"):
             raise SchemaError(where, f"$ref {pointer!r} is not served: only a local reference "
@@ -240,7 +292,7 @@ def _value_node(value) -> "Node":
 
 
 def _reads_whole(node: "Node", text: bytes) -> bool:
-    state = start(node)
+    state = start_state(node)
     for byte in text:
         state = advance(state, byte)
     return is_complete(state)
@@ -253,14 +305,17 @@ def _string(compiler: _Compiler, schema: dict, where: str) -> "Node":
         if schema["format"] not in FORMATS:
             raise SchemaError(f"{where}/format", f"format {schema['format']!r} is not served "
                               f"(served: {', '.join(FORMATS)})")
-        regexes.append(compile_pattern(f"^({FORMATS[schema['format']]})$"))
+        regexes.append(compiler.pattern(f"^({FORMATS[schema['format']]})$", f"{where}/format"))
     if "pattern" in schema:
-        try:
-            if not isinstance(schema["pattern"], str):
-                raise PatternError("pattern must be a string")
-            regexes.append(compile_pattern(schema["pattern"]))
-        except PatternError as error:
-            raise SchemaError(f"{where}/pattern", str(error))
+        if not isinstance(schema["pattern"], str):
+            raise SchemaError(f"{where}/pattern", "pattern must be a string")
+        regexes.append(compiler.pattern(schema["pattern"], f"{where}/pattern"))
+    counted = (high if high is not None else low) + 1
+    if regexes and math.prod(len(r.sets) for r in regexes) * counted > MAX_TEXT_STATES:
+        key = next(k for k in ("maxLength", "minLength", "pattern") if k in schema)
+        raise SchemaError(f"{where}/{key}", f"the string is too complex: its pattern and format "
+                          f"with its length bounds pass {MAX_TEXT_STATES} states "
+                          "(MAX_TEXT_STATES)")
     node = String(low, high, TextRule(tuple(regexes), low, high) if regexes else None)
     if (high is not None and high < low) or node.min_bytes == math.inf:
         key = next(k for k in ("pattern", "format", "minLength", "maxLength") if k in schema)

@@ -6,77 +6,14 @@
                               [--log-requests] [--prefix-cache-mb 256] [--scheduler
                               continuous|static] [--request-timeout 30] [--max-connections 256]
 
-Endpoints: `GET /health`, `GET /v1/models`, `GET /v1/models/{id}`, `POST /v1/chat/completions`
-(messages, n, temperature, top_p, top_k, max_tokens, stop, seed, stream, stream_options, logprobs,
-top_logprobs, chat_template_kwargs: its enable_thinking, for Qwen3 templates, as vLLM honours it;
-minskill.serve.backends), legacy `POST /v1/completions` (prompt: a string or a list of strings,
-text in and out, batched alike), `POST /v1/embeddings` (input, encoding_format). Any other field
-that would change what is sampled or returned is a 400 naming it, never ignored
-(minskill.serve.fields lists them). A body may be chunked (minskill.serve.http_body). Replies have
-OpenAI's shape, so the official client, curl and minskill.serve.client.ChatClient all work against
-it. Standard library only for HTTP (http.server). A message's content may be a string or a list of
-text parts (joined with "\n"; minskill.serve.backends). `"stream": true` is answered with
-server-sent events, token by token as the model decodes them (minskill.serve.sse). /v1/embeddings
-gives mean-pooled, L2-normalised final hidden states of the model (minskill.serve.embeddings); it
-runs through the same queue as chat, alone in its batch.
-
-Bad input. Every request the server cannot serve gets a 4xx with OpenAI's error body {"error":
-{"message", "type", "param", "code"}}, never a 500: a body shorter than its Content-Length (the
-client half-closed: never served as if complete), that is not JSON, is nested too deeply to decode,
-or holds a lone surrogate ("\\ud800" is valid JSON but no Unicode text); a field of the wrong type
-or range (400, `param` names it); a `model` other than the one served (404, code "model_not_found";
-leaving `model` out is fine); http.server's own refusals (a malformed request line or header). A
-500 means a bug or a failing backend; its body names the exception, the traceback goes to stderr.
-Message contents are text: special-token text typed in them is encoded as plain characters, never
-as the chat format's control tokens (see minskill.nn.tokenizer), so a message cannot open a turn of
-its own.
-
-Stalled clients. A request's line, headers and body must all arrive within `request_timeout`
-seconds of the server starting to wait for it (on a new connection, or after the previous reply on
-a kept-alive one); else the connection is closed (a body cut short gets a 408 first). At most
-`max_connections` connections are open at once (each holds a thread); one beyond that is closed at
-once, and clients retry.
-
-Batching. Each HTTP request is handled on its own thread, validated there, then queued. One
-scheduler thread (under `python -m minskill.serve`, the main thread: OpenMP's threads stay warm
-there) repeatedly takes the oldest pending requests, up to `max_batch` *samples* (a request with n=4
-counts 4; a request bigger than max_batch runs alone). The default engine (minskill.serve.scheduler)
-lets a request join the running batch at the next decoding step and a finished one leave at once
-(`--scheduler continuous`), keeps prompt prefixes' keys/values (`--prefix-cache-mb 256`,
-serve.prefix_cache) and is batch-invariant (`--batch-invariant on`, serve.aligned): each row's keys
-at its own slots, so a request's tokens do not depend on what shares its batch or when it came
-(docs/http-api.md). `--batch-invariant off` keeps a shared prefix once in the batch (serve.cascade);
-`--scheduler static --prefix-cache-mb 0 --batch-invariant off` serves a batch with one
-`sampling.generate` call per distinct n (left padded: bf16 and int8 replies then move with the
-batch). Each seeded sample draws from its own generator, so where the logits are batch-invariant a
-seeded reply is too.
-
-Cancellation. A handler thread waiting for its batch checks every 0.5 s whether its client closed
-the connection (a client that timed out does); then the request leaves the queue, or, if its batch
-is running, generation stops for it at the next token. A timed-out client that retries thus never
-doubles the work. A streaming client is watched the same way, and a write to it that fails counts
-as gone too.
-
-Limits. With context length C and a prompt of P tokens: P < C is required; max_tokens must lie in
-1..C and is then clamped to C - P (the reply is cut with finish_reason "length"); without
-max_tokens the reply may use all C - P remaining positions.
-
-Backends (minskill.serve.backends). The HTTP layer talks to any object with `name`, `max_context`,
-`count_prompt_tokens(messages)`, `count_text_tokens(prompt)` (legacy completions) and
-`complete(requests)`:
-ModelBackend (a minskill model, optionally with int8 weights, `--quantize int8`) or
-ScriptedBackend, which puts a scripted model behind real HTTP in tests:
-
-    with start_server(ScriptedBackend(lambda messages, request: "42")) as server:
-        client = server.client()      # a ChatClient for server.url
-        client.chat([{"role": "user", "content": "6*7?"}]).text   # -> "42"
-
-A scripted fn may raise BackendError(status, message, retry_after=...) to answer with that HTTP
-error (e.g. 503), which is how tests make a server flaky.
-
-`embedded_client()` is what the top-level scripts use when given no endpoint URL: it starts this
-server as a subprocess on a free loopback port with the default model, waits for /health, yields a
-ChatClient, and stops the server when the block exits.
+Decisions (in full: docs/http-api.md, "The server's decisions"):
+  1. OpenAI's endpoints and reply shapes (chat, legacy completions, embeddings, models, health);
+     a field that would change what is sampled and is not implemented is a 400 naming it.
+  2. Bad input is a 4xx with OpenAI's error body, never a 500; stalled clients time out.
+  3. One scheduler thread (the main one) runs the engine: continuous batching, a prefix cache,
+     batch-invariant replies (serve.scheduler, serve.aligned); handler threads only do HTTP.
+  4. A client that leaves cancels its request; limits follow the model's context.
+  5. Backends: ModelBackend (a minskill model) or ScriptedBackend (a scripted model, for tests).
 """
 
 import argparse
@@ -102,11 +39,11 @@ import torch
 
 from minskill.device import add_device_args, is_cuda, set_up_device
 from minskill.nn.quantize import QUANTIZE_CHOICES, serving_default, weight_format
-from minskill.serve.backends import (Backend, Choice, ClientGone,  # noqa: F401
-                                     CompletionRequest, ModelBackend, SCHEDULERS, ScriptedBackend)
+from minskill.serve.backends import (SCHEDULERS, Backend, Choice, ClientGone, CompletionRequest,
+                                     ModelBackend)
 from minskill.serve.bodies import chat_reply, completion_reply
 from minskill.serve.client import ChatClient
-from minskill.serve.embedded import (API_KEY_ENV, DEFAULT_PREFIX_CACHE_MB,  # noqa: F401
+from minskill.serve.embedded import (API_KEY_ENV, DEFAULT_PREFIX_CACHE_MB,
                                      DEFAULT_SCHEDULER, PARENT_PID_ENV)
 from minskill.serve.embeddings import EmbeddingRequest, embeddings_reply, parse_embeddings_request
 from minskill.serve.errors import BackendError, bad_request

@@ -1,6 +1,5 @@
-"""A retriever in Search-R1's protocol (tasks/search_r1.py) over a corpus, by BM25 (tasks/bm25.py):
-what `searchqa --retriever-url` asks, so that the offline tests and a small corpus use a real HTTP
-retriever. Standard library only (http.server).
+"""A retriever in Search-R1's protocol (tasks/search_r1.py) over a corpus, by BM25 (tasks/bm25.py),
+for `searchqa --retriever-url` (the offline tests, a small corpus); http.server only.
 
     python -m minskill.tasks.retriever_server --corpus corpus.jsonl --port 8000
     curl -s 127.0.0.1:8000/retrieve -d '{"queries": ["who founded X?"], "topk": 3,
@@ -10,8 +9,7 @@ The corpus is JSONL, one document a line, as Search-R1's corpora are (wiki-18.js
 "contents": "\\"Title\\"\\ntext"}, or {"title", "text"} (an id is then the line's number). A
 document is scored on "Title text", as the searchqa env scores its own documents, so a task's
 documents served here rank exactly as in-process (the same top-k, the same order). The index is
-built in memory at start (pure Python: meant for corpora of up to some 10^5 short passages; for
-wiki-18 run Search-R1's own server).
+built in memory at start (up to some 10^5 short passages; for wiki-18, Search-R1's own server).
 
 POST /retrieve takes {"queries": [str], "topk": int >= 1 (default --topk), "return_scores": bool
 (default false)} and answers {"result": [...]}, one list a query: [{"document": {"id",
