@@ -190,9 +190,14 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x):
-        y = x.float()
-        normed = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * normed.to(x.dtype)
+        return rms_norm(x, self.weight, self.eps)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """w * x / sqrt(mean(x^2) + eps), computed in float32, returned in x's dtype."""
+    y = x.float()
+    normed = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * normed.to(x.dtype)
 
 
 class Attention(nn.Module):

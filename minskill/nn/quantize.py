@@ -104,10 +104,14 @@ class WeightOnlyLinear(nn.Module):
         if not self.use_kernel:
             bias = None if self.bias is None else self.bias.float()
             return F.linear(x.float(), self.dequantized(), bias).to(torch.bfloat16)
-        y = self.product(x.reshape(-1, self.in_features).contiguous())
-        if self.bias is not None:
-            y = y + self.bias
+        y = self.rows(x.reshape(-1, self.in_features).contiguous())
         return y.view(*x.shape[:-1], self.out_features)
+
+    def rows(self, flat: torch.Tensor) -> torch.Tensor:
+        """x Wᵀ + b on (M, in) contiguous bfloat16 rows, with the kernel (what forward does once
+        its input is in that shape; serve.lean_decode calls it directly)."""
+        y = self.product(flat)
+        return y if self.bias is None else y + self.bias
 
     def product(self, flat: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError

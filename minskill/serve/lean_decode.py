@@ -27,8 +27,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from minskill.nn.model import rms_norm
 from minskill.nn.quantize import WeightOnlyLinear, stacked
-from minskill.serve.aligned import AlignedCache, _four_rows
+from minskill.serve.aligned import AlignedCache
 
 
 class LeanDecoder:
@@ -73,35 +74,17 @@ class LeanDecoder:
         angles = cache.next_position[:, None].float() * self.model.rope_inv_freq      # (B, d/2)
         cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
         cos, sin = torch.cat([cos, cos], -1)[:, None], torch.cat([-sin, sin], -1)[:, None]
-        every_row, slots = torch.arange(B, device=ids.device), cache.next_position.clone()
-        cache.next_position += 1
-        cache.positions = [n + 1 for n in cache.positions]
-        runs = cache._runs_by_width()   # [(rows, width, mask)]: one attention call each
-        group = n_h // n_kv
+        cache.next_position += 1   # as the plain step does before its layers (cache.attend)
         for i, (norm_in, qkv_proj, o_proj, norm_post, gate_up_proj, down_proj) in \
                 enumerate(self.layers):
-            qkv = _product(qkv_proj, self._rms_norm(x, norm_in))
+            qkv = qkv_proj.rows(rms_norm(x, norm_in, self.eps))
             qk = qkv[:, :(n_h + n_kv) * d].view(B, n_h + n_kv, d)
             qk = qk * cos + qk.roll(d // 2, -1) * sin
-            cache.k[i, every_row, :, slots] = qk[:, n_h:]
-            cache.v[i, every_row, :, slots] = qkv[:, (n_h + n_kv) * d:].view(B, n_kv, d)
-            q = _four_rows(qk[:, :n_h].reshape(B, n_kv, group, d))
-            o = torch.cat([F.scaled_dot_product_attention(
-                q[rows], cache.k[i, rows, :, :width], cache.v[i, rows, :, :width],
-                attn_mask=mask) for rows, width, mask in runs])
-            x = x + _product(o_proj, o[:, :, :group].reshape(B, n_h * d))
-            gate, up = _product(gate_up_proj, self._rms_norm(x, norm_post)).split(
+            v = qkv[:, (n_h + n_kv) * d:].view(B, n_kv, 1, d)
+            o = cache.attend(i, qk[:, :n_h, None], qk[:, n_h:, None], v)        # (B, n_h, 1, d)
+            x = x + o_proj.rows(o.reshape(B, n_h * d))
+            gate, up = gate_up_proj.rows(rms_norm(x, norm_post, self.eps)).split(
                 self.intermediate, dim=-1)
-            x = x + _product(down_proj, F.silu(gate) * up)
+            x = x + down_proj.rows(F.silu(gate) * up)
         cache.length += 1
-        return self.model.lm_head(self._rms_norm(x, self.model.model.norm.weight)).float()
-
-    def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        y = x.float()   # nn.model.RMSNorm's formula, op for op
-        return weight * (y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
-
-
-def _product(layer, x: torch.Tensor) -> torch.Tensor:
-    """A weight-only layer's y = x Wᵀ + b on (B, in) bfloat16 rows, without its forward's checks."""
-    y = layer.product(x)
-    return y if layer.bias is None else y + layer.bias
+        return self.model.lm_head(rms_norm(x, self.model.model.norm.weight, self.eps)).float()
