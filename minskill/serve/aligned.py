@@ -72,7 +72,7 @@ class AlignedCache(KVCache):
         self.group = config.num_attention_heads // config.num_key_value_heads
         self.positions = [0] * batch_size     # next_position on the host
         self._groups = None                   # this decoding step's runs of rows by width (layer 0)
-        self._slots = None                    # and the (row, slot) its new keys go to
+        self._slots = None                    # and the rows its new keys go to (_new_key_slots)
 
     def mark_keys(self, T: int, attention_mask) -> bool:
         """The model's hook before a forward: inputs are never padded here (one prompt a prefill,
@@ -90,17 +90,18 @@ class AlignedCache(KVCache):
         if not self.prefill:   # decoding: one new key per row, at its own position
             if layer == 0:   # (the model has advanced next_position by one: so do positions)
                 self.positions = [n + 1 for n in self.positions]
-                self._slots = (torch.arange(B, device=q.device), self.next_position - 1)
+                self._slots = self._new_key_slots()
                 self._groups = self._runs_by_width()
-            every_row, slots = self._slots
-            self.k[layer, every_row, :, slots] = k[:, :, 0]
-            self.v[layer, every_row, :, slots] = v[:, :, 0]
+            # row b's new key of kv head h to slot next_position[b] − 1 (a row of the flat cache)
+            self.k[layer].view(-1, d).index_copy_(0, self._slots, k.reshape(-1, d))
+            self.v[layer].view(-1, d).index_copy_(0, self._slots, v.reshape(-1, d))
             # the `group` query heads of a kv head are `group` query rows of it (as nn.model does),
             # made a multiple of 4 rows (_four_rows: with 1-3, a row's bits moved with its batch)
             q = _four_rows(q.reshape(B, -1, self.group, d))
-            o = torch.cat([F.scaled_dot_product_attention(
+            runs = [F.scaled_dot_product_attention(
                 q[rows], self.k[layer, rows, :, :width], self.v[layer, rows, :, :width],
-                attn_mask=mask) for rows, width, mask in self._groups])
+                attn_mask=mask) for rows, width, mask in self._groups]
+            o = runs[0] if len(runs) == 1 else torch.cat(runs)
             return o[:, :, :self.group].reshape(B, n_h, 1, d)
         if B != 1:   # (a prompt whose every block but its last token was cached has T = 1 here)
             raise ValueError(f"AlignedCache prefills one prompt at a time, got {B} rows")
@@ -126,6 +127,14 @@ class AlignedCache(KVCache):
                                            self.v[layer, :, :, :width], attn_mask=causal,
                                            enable_gqa=self.group > 1)
         return o[:, :, :T]
+
+    def _new_key_slots(self) -> torch.Tensor:
+        """(B·n_kv,) the rows of the flattened (B·n_kv·max_len, d) layer cache that this decoding
+        step's new keys go to: row b, kv head h, slot next_position[b] − 1."""
+        B, n_kv, max_len = self.k.shape[1:4]
+        device = self.next_position.device
+        heads = torch.arange(B, device=device)[:, None] * n_kv + torch.arange(n_kv, device=device)
+        return (heads * max_len + (self.next_position - 1)[:, None]).reshape(-1)
 
     def _runs_by_width(self) -> list:
         """[(rows, width, mask)] of a decoding step: runs of consecutive rows whose new token reads
