@@ -62,6 +62,8 @@ class ApplyConfig:
     temperature: float = 0.0         # greedy
     seed: int = 0
     dtype: str | None = None         # the rewriter's weights: None = bfloat16 on CUDA, else float32
+    compile_decode: bool = False     # decode with nn/compiled_decode.py (opt-in)
+    json_schema: str = "on"          # the reply under the skill-set schema (masa/rewriter.py)
     split: str = "heldout"
     task_seed: int = 0
     task_concurrency: int = 8
@@ -221,6 +223,10 @@ def cmd_apply(args) -> int:
         check_run_folder(compare_folder(args), False, args.overwrite,
                          "rewrite.py apply --compare", resumable=False)
     out = Path(args.out)
+    if args.compile_decode and args.json_schema == "on":
+        print("rewrite.py apply: --compile-decode decodes free text: add --json-schema off",
+              file=sys.stderr)
+        return 1
     if out.exists() and any(out.iterdir()) and not args.overwrite:
         print(f"rewrite.py apply: --out {out} exists and is not empty (pass --overwrite)",
               file=sys.stderr)
@@ -244,7 +250,8 @@ def cmd_apply(args) -> int:
     model.eval()
     started = time.perf_counter()
     text, finish_reason = rewrite_with_model(model, tokenizer, card, skills, args.task,
-                                             args.max_new_tokens, args.temperature, args.seed)
+                                             args.max_new_tokens, args.temperature, args.seed,
+                                             args.compile_decode, args.json_schema == "on")
     rewriter_cost = {"calls": 1, "completion_tokens": len(tokenizer.encode(text)),
                      "wall_seconds": time.perf_counter() - started, "finish_reason": finish_reason}
     print(f"rewriter {rewriter_path} ({args.device}, {args.dtype}): "
@@ -488,6 +495,13 @@ def build_parser() -> argparse.ArgumentParser:
     ao.add_argument("--seed", type=int, default=c.seed)
     ao.add_argument("--dtype", choices=("float32", "bfloat16"), default=c.dtype,
                     help="the rewriter's weights (default: bfloat16 on CUDA, float32 on the CPU)")
+    ao.add_argument("--json-schema", choices=("on", "off"), default=c.json_schema,
+                    help="on (default): the rewriter's reply is decoded under the skill-set JSON "
+                         "schema its parser reads (the server's constrained decoding, in this "
+                         "process), so it parses or says it was cut; off: free decoding")
+    ao.add_argument("--compile-decode", action="store_true", default=c.compile_decode,
+                    help="decode with a static KV cache and a torch.compile'd step (CUDA graphs "
+                         "on a GPU; with --json-schema off): fewer launches a token")
     add_device_args(ao, bf16=False,
                     what="the rewriter runs (and the embedded task model with --compare)")
     g = a.add_argument_group("--compare: evaluate input vs rewritten vs teacher one-shot skills")

@@ -35,6 +35,7 @@ from minskill import distributed
 from minskill.cli import add_task_model_args, client_args
 from minskill.device import add_device_args, check_resumed_device, resolve_bf16
 from minskill.gates import GATES
+from minskill.nn.compiled_decode import CompiledDecodeError
 from minskill.nn.lora import ADAPTER_DIR, add_lora_arguments, lora_settings
 from minskill.nn.optim import release_freed_memory
 from minskill.nn.sampling import completion_logprobs
@@ -448,6 +449,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     # --device, --bf16/--no-bf16 (docs/gpu.md)
     add_device_args(t, what="the editor and the embedded task model run")
     add_lora_arguments(t)
+    t.add_argument("--compile-decode", action="store_true",
+                   help="the editor decodes with a static KV cache and a torch.compile'd step "
+                        "(CUDA graphs on a GPU): fewer kernel launches a token, a compile first; "
+                        "not with --lora-rank (docs/gpu.md, 'Compiled decoding')")
     t.add_argument("--grad-checkpointing", action="store_true",
                    help="recompute each layer in the backward "
                    "pass (less memory, more time)")
@@ -547,6 +552,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error("need --beta >= 0, --lr > 0 and 0 <= --warmup-ratio < 1")
     if not 0 < args.carry_gate_alpha <= 1:
         p.error("--carry-gate-alpha must be in (0, 1]")
+    if args.compile_decode and args.lora_rank:
+        p.error("--compile-decode does not cover LoRA adapters (--lora-rank): run without it")
     if args.eval and args.resume:
         p.error("--eval writes a new folder and has no --resume (--overwrite replaces one)")
     try:
@@ -597,4 +604,6 @@ if __name__ == "__main__":
                                                 # usage errors
         sys.exit(f"train_grpo.py: {e}")
     except TaskModelFailed as e:   # every rollout of a step, a probe or an --eval row failed
+        sys.exit(f"train_grpo.py: {e}")
+    except CompiledDecodeError as e:   # --compile-decode: torch.compile failed here (no compiler)
         sys.exit(f"train_grpo.py: {e}")

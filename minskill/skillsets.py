@@ -295,7 +295,8 @@ class SkillSet:
         mistakes = []
         for i, m in enumerate(mistakes_raw):
             if isinstance(m, str):
-                mistakes.append(m)
+                if m.strip():   # a blank one says nothing, and a Markdown list cannot hold it
+                    mistakes.append(m)
             elif isinstance(m, dict):
                 mistakes.append(Mistake(m))
             else:

@@ -306,6 +306,7 @@ def run_rewrite_compare(rewriter, files, suite, out, task_url):
     return run_rewrite(["apply", "--compare", "--rewriter", str(rewriter),
                         "--model-card", str(files["card"]), "--skills", str(files["skills"]),
                         "--task", TASK, "--out", str(out), "--max-new-tokens", "40",
+                        "--json-schema", "off",   # the trained tiny rewriter's own reply
                         "--device", "cpu", "--suite", str(suite), "--split", "all",
                         "--task-url", task_url])
 

@@ -126,7 +126,7 @@ def test_apply_writes_the_rewritten_skills_as_a_validated_folder(trained, files)
     out = files["root"] / "adapted"
     code, stdout, stderr = run_rewrite(["apply", "--rewriter", str(trained[0]), "--model-card", str(files["card"]),
                                 "--skills", str(files["skills"]), "--task", TASK, "--out", str(out),
-                                "--max-new-tokens", "40", "--device", "cpu"])
+                                "--max-new-tokens", "40", "--json-schema", "off", "--device", "cpu"])
     assert code == 0, stderr
     assert "wrote 0 general + 0 task-specific skills and 1 common mistakes" in stdout
     assert SkillSet.load(out).to_json() == TARGET
@@ -157,11 +157,34 @@ def test_apply_saves_an_unparseable_output_raw_and_writes_no_skill(files):
     out = files["root"] / "garbled"
     code, stdout, stderr = run_rewrite(["apply", "--rewriter", str(files["base"]), "--model-card", str(files["card"]),
                                 "--skills", str(files["skills"]), "--task", TASK, "--out", str(out),
-                                "--max-new-tokens", "24", "--device", "cpu"])   # untrained: random tokens
+                                "--max-new-tokens", "24", "--json-schema", "off", "--device", "cpu"])   # random
     assert code == 2
     raw = files["root"] / "garbled.raw.txt"
     assert "does not parse as a skill set" in stderr and str(raw) in stderr
     assert raw.is_file() and raw.read_text() != "" and not out.exists()
+
+
+def test_apply_constrains_the_reply_to_the_skill_set_schema_so_even_a_random_rewriter_parses(files):
+    """--json-schema on (the default): the reply is decoded under the schema parse_rewriter_output reads, so the
+    untrained rewriter whose free reply does not parse (the test above) writes a skill set; with too small a
+    budget the reply is cut and says so; --compile-decode (free text) is refused beside it."""
+    out = files["root"] / "constrained"
+    code, stdout, stderr = run_rewrite(["apply", "--rewriter", str(files["base"]), "--model-card", str(files["card"]),
+                                        "--skills", str(files["skills"]), "--task", TASK, "--out", str(out),
+                                        "--max-new-tokens", "160", "--device", "cpu"])
+    assert code == 0, stderr
+    written = SkillSet.load(out)
+    assert written.general and all(s.description for s in written.general)
+    assert "finish: stop" in stderr
+    cut = files["root"] / "constrained-cut"
+    code, _, stderr = run_rewrite(["apply", "--rewriter", str(files["base"]), "--model-card", str(files["card"]),
+                                   "--skills", str(files["skills"]), "--task", TASK, "--out", str(cut),
+                                   "--max-new-tokens", "6", "--device", "cpu"])
+    assert code == 2 and "hit the token limit" in stderr and not cut.exists()
+    code, _, stderr = run_rewrite(["apply", "--rewriter", str(files["base"]), "--model-card", str(files["card"]),
+                                   "--skills", str(files["skills"]), "--task", TASK, "--out", str(cut),
+                                   "--compile-decode", "--device", "cpu"])
+    assert code == 1 and "--compile-decode decodes free text: add --json-schema off" in stderr
 
 
 def test_parse_rewriter_output():
@@ -320,8 +343,8 @@ def test_apply_compare_scores_the_multi_turn_suites(trained, files, suite):
         out = files["root"] / f"compared-{suite}"
         code, stdout, stderr = run_rewrite(["apply", "--compare", "--rewriter", str(trained[0]), "--model-card",
                                     str(files["card"]), "--skills", str(files["skills"]), "--task", TASK,
-                                    "--out", str(out), "--max-new-tokens", "40", "--device", "cpu",
-                                    "--suite", suite, "--n-tasks", "2", "--task-url", server.url])
+                                    "--out", str(out), "--max-new-tokens", "40", "--json-schema", "off",
+                                    "--device", "cpu", "--suite", suite, "--n-tasks", "2", "--task-url", server.url])
     assert code == 0, stderr
     rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
             for line in stdout.splitlines() if line.startswith("| ") and "---" not in line}

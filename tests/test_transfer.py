@@ -278,7 +278,8 @@ def test_rewriter_rows_are_paired_against_their_input(env, trained, files, tmp_p
         code, stdout, stderr = run_main([
             "--suite", env["suite"], "--n-heldout", 4, "--libraries", f"empty={files['skills']}",
             "--targets", f"t={server.url}", "--rewriter", trained[0], "--model-card", f"t={files['card']}",
-            "--task", TASK, "--rewriter-max-tokens", 40, "--device", "cpu", "--out", out])
+            "--task", TASK, "--rewriter-max-tokens", 40, "--rewriter-json-schema", "off", "--device", "cpu",
+            "--out", out])
     assert code == 0, stderr
     cells = cells_of(out)
     assert cells[("empty", "t")]["success"] == 0.0 and cells[("empty+rw", "t")]["success"] == 1.0
@@ -294,7 +295,8 @@ def test_a_rewrite_that_does_not_parse_leaves_its_cell_unscored(env, files, tmp_
         code, stdout, stderr = run_main([
             "--suite", env["suite"], "--n-heldout", 2, "--libraries", f"empty={files['skills']}",
             "--targets", f"t={server.url}", "--rewriter", files["base"], "--model-card", f"t={files['card']}",
-            "--task", TASK, "--rewriter-max-tokens", 8, "--device", "cpu", "--out", out])
+            "--task", TASK, "--rewriter-max-tokens", 8, "--rewriter-json-schema", "off", "--device", "cpu",
+            "--out", out])
     assert code == 0, stderr
     cell = cells_of(out)[("empty+rw", "t")]
     assert cell["status"] == "not parsed" and cell["success"] is None and cell["note"]
@@ -492,7 +494,8 @@ def test_a_resumed_rewriter_matrix_reads_its_rewrites_back(env, trained, files, 
     with start_server(ScriptedBackend(rewriter_target, name="rw-target")) as server:
         argv = ["--suite", env["suite"], "--n-heldout", 4, "--libraries", f"empty={files['skills']}",
                 "--targets", f"t={server.url}", "--rewriter", trained[0], "--model-card", f"t={files['card']}",
-                "--task", TASK, "--rewriter-max-tokens", 40, "--device", "cpu", "--out", out]
+                "--task", TASK, "--rewriter-max-tokens", 40, "--rewriter-json-schema", "off", "--device",
+                "cpu", "--out", out]
         interrupt_after_cells(monkeypatch, 1)
         assert run_main(argv)[0] == 130
         monkeypatch.undo()

@@ -8,6 +8,10 @@ minskill/masa/rewriter_sft.py's records):
 
     S*_F = parse(argmax-decode p_θ(· | chat(card, S_in, d)))
 
+each token's argmax taken over the tokens the skill-set JSON schema allows next (the server's
+constrained decoding, minskill/serve/constrained.py, run in process), so that the reply parses;
+`--json-schema off` decodes freely, as the rewriter was trained.
+
 Its reply is untrusted text: `parse_rewriter_output` accepts only the MASA JSON it was trained to
 write (never free text re-read as Markdown), and `save_skills_validated` writes a skill folder only
 after a trial copy reads back identically. `load_model_card` reads --model-card (a card file, an
@@ -22,9 +26,13 @@ import tempfile
 from pathlib import Path
 
 from minskill.masa.model_card import as_model_card, read_card_file, target_model_card
+from minskill.masa.reply_schema import skillset_schema
 from minskill.masa.rewriter_sft import prompt_messages
 from minskill.nn.sampling import generate
 from minskill.replies import extract_json
+from minskill.serve.backends import ModelBackend
+from minskill.serve.errors import BackendError
+from minskill.serve.request_parsing import parse_chat_request
 from minskill.sft import latest_checkpoint
 from minskill.skillsets import SkillSet
 
@@ -116,11 +124,40 @@ def save_skills_validated(skills, out: Path):
 
 
 def rewrite_with_model(model, tokenizer, card: dict, skills, task: str, max_new_tokens: int = 1536,
-                       temperature: float = 0.0, seed: int = 0) -> tuple[str, str]:
-    """One rewriter pass: (raw reply text, finish reason). Greedy by default."""
-    prompt = tokenizer.apply_chat_template(prompt_messages(card, skills.to_json(), task),
-                                           add_generation_prompt=True)
+                       temperature: float = 0.0, seed: int = 0, compiled: bool = False,
+                       json_schema: bool = True) -> tuple[str, str]:
+    """One rewriter pass: (raw reply text, finish reason). Greedy by default. json_schema: the
+    reply is decoded under the skill-set schema its parser reads (reply_schema.skillset_schema, the
+    input's task types), by the server's JSON-constrained decoding run in this process, so that it
+    parses (or says it was cut); off: free decoding (generate; compiled: its opt-in compiled step,
+    nn/compiled_decode.py)."""
+    messages = prompt_messages(card, skills.to_json(), task)
+    if json_schema:
+        if compiled:
+            raise ValueError("the compiled decoding step decodes free text: turn the JSON schema "
+                             "off to use it")
+        schema = skillset_schema(max_new_tokens, task_types=sorted(skills.task_specific))
+        return constrained_reply(model, tokenizer, messages, schema, max_new_tokens, temperature,
+                                 seed)
+    prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
     sample = generate(model, [prompt], max_new_tokens=max_new_tokens, temperature=temperature,
                       seed=seed, stop_token_ids=tokenizer.stop_token_ids, tokenizer=tokenizer,
-                      pad_id=tokenizer.pad_token_id)[0]
+                      pad_id=tokenizer.pad_token_id, compiled=compiled)[0]
     return sample.text, sample.finish_reason
+
+
+def constrained_reply(model, tokenizer, messages: list[dict], schema: dict, max_tokens: int,
+                      temperature: float, seed: int) -> tuple[str, str]:
+    """(text, finish reason) of `model`'s reply to `messages` under the JSON `schema`: the request
+    a server would get with response_format json_schema, served in process by its backend (the same
+    prompt, the same logits mask: minskill/serve/constrained.py)."""
+    backend = ModelBackend(model, tokenizer, name="rewriter")
+    try:
+        request = parse_chat_request({
+            "messages": messages, "max_tokens": max_tokens, "temperature": temperature,
+            "seed": seed, "response_format": {"type": "json_schema", "json_schema": {
+                "name": "skill_set", "schema": schema, "strict": True}}}, backend)
+    except BackendError as error:   # a prompt longer than the model's context, say
+        raise ValueError(f"the rewriter's request: {error}") from None
+    choice = backend.complete([request])[0][0]
+    return choice.text, choice.finish_reason

@@ -113,8 +113,7 @@ def weight_bytes_per_token(model) -> int:
     per_param = torch.finfo(model.dtype).bits // 8
     total = sum(p.numel() for p in model.parameters())
     embed = cfg.vocab_size * cfg.hidden_size
-    # an untied embedding is only gathered (one row per token); a tied one is read in full as
-    # lm_head
+    # untied embeddings are only gathered (a row a token); tied ones are read in full as lm_head
     return (total - (0 if cfg.tie_word_embeddings else embed - cfg.hidden_size)) * per_param
 
 
@@ -135,8 +134,7 @@ def matmul_only_tokens_per_s(model, repeats: int) -> float:
 
 
 class BenchUnavailable(RuntimeError):
-    """What a benchmark needs is missing here (a reference package, a CUDA GPU); main reports it,
-    exit status 2."""
+    """What a benchmark needs is missing here (a reference package, a CUDA GPU): exit status 2."""
 
 
 def _hf_model(folder: str, dtype):
@@ -490,17 +488,18 @@ def _sync(device) -> None:
 
 def gpu_decode(args, device) -> dict:
     """Decode tok/s (rows · N / seconds, median of --repeats) of the bf16 model at batch 1 and 8
-    (greedy) and of n = K samples of one prompt (as the editor samples), the last also as the
-    editor runs: bf16 autocast over float32 weights."""
+    (greedy; on CUDA also compiled, nn/compiled_decode.py) and of n = K samples of one prompt (as
+    the editor samples), the last also as the editor runs: bf16 autocast over float32 weights."""
     V, N, K = random_model(args.config,
                            "meta").config.vocab_size, args.decode_tokens, args.candidates
     g = torch.Generator().manual_seed(0)
-    rows = {}
-    for dtype, label, batch, n in (
-        (torch.bfloat16, "batch 1", 1, 1),
-        (torch.bfloat16, "batch 8", 8, 1),
-        (torch.bfloat16, f"n = K = {K} from one prompt", 1, K),
-        (torch.float32, f"n = K = {K}, bf16 autocast, float32 weights", 1, K),
+    rows, cuda = {}, torch.device(device).type == "cuda"   # a CPU compile would take minutes
+    for dtype, label, batch, n, compiled in (
+        (torch.bfloat16, "batch 1", 1, 1, False),
+        (torch.bfloat16, "batch 8", 8, 1, False),
+        *[(torch.bfloat16, f"batch {b}, compiled", b, 1, True) for b in (1, 8) if cuda],
+        (torch.bfloat16, f"n = K = {K} from one prompt", 1, K, False),
+        (torch.float32, f"n = K = {K}, bf16 autocast, float32 weights", 1, K, False),
     ):
         model = random_model(args.config, device, dtype).eval()
         prompts = torch.randint(10, V, (batch, 16), generator=g).tolist()
@@ -509,7 +508,7 @@ def gpu_decode(args, device) -> dict:
             with torch.autocast(torch.device(device).type, dtype=torch.bfloat16,
                                 enabled=dtype != torch.bfloat16):
                 generate(model, prompts, n=n, max_new_tokens=N, temperature=1.0 if n > 1 else 0.0,
-                         seed=0)
+                         seed=0, compiled=compiled)
             _sync(device)
         rows[f"decode tok/s, {label}" + (" (bf16 weights)" if dtype == torch.bfloat16 else "")] = \
             batch * n * N / _timed(run, args.repeats)
@@ -627,13 +626,13 @@ def bench_gpu(args) -> None:
 
 
 def bench_memory(args) -> None:
-    """The predicted peak of one Skill-R1 update (minskill.nn.memory) and the largest micro-batch
-    that fits."""
+    """The predicted peak of one Skill-R1 update (minskill.nn.memory); the micro-batch that fits."""
     print(memory_report(args.config, UpdateShape(
         candidates=args.candidates, prompt_tokens=args.context_tokens,
         skill_tokens=args.skill_tokens, micro_batch=args.micro_batch, lora_rank=args.lora_rank,
         lora_base_bytes=2 if args.lora_base_dtype == "bfloat16"
-        else 4, bf16=args.bf16, grad_checkpointing=args.grad_checkpointing), args.gpu_gib))
+        else 4, bf16=args.bf16, grad_checkpointing=args.grad_checkpointing,
+        device=torch.device(args.device).type if args.device else "cuda"), args.gpu_gib))
 
 
 def main(argv=None) -> None:
@@ -662,7 +661,7 @@ def main(argv=None) -> None:
     p.add_argument("--device", type=resolve_device, default=None,
                    help="gpu: the device (default cuda; cpu only to "
                    "smoke-test the code); server: the server's --device (default: the server's "
-                   "auto)")
+                   "auto); memory: whose attention layout to predict (default cuda)")
     p.add_argument("--grad-checkpointing", action="store_true",
                    help="gpu, memory: also recompute layers in the "
                    "Skill-R1 update (SFT always does)")

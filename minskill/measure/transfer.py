@@ -277,9 +277,9 @@ def rewritten_rows(args, libraries: list[Library], targets: list[Target],
         row = MatrixRow(library.label + REWRITTEN, rewritten_from=library.label)
         for target in targets:
             started = time.time()
-            text, finish = rewriter.rewrite_with_model(model, tokenizer, target.card,
-                                                       library.skills, task,
-                                                  args.rewriter_max_tokens, 0.0, args.seed)
+            text, finish = rewriter.rewrite_with_model(
+                model, tokenizer, target.card, library.skills, task, args.rewriter_max_tokens,
+                0.0, args.seed, json_schema=args.rewriter_json_schema == "on")
             where = in_out(out, "rewritten", target.label, library.label)
             try:
                 skills = rewriter.parse_rewriter_output(text,

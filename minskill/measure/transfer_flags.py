@@ -65,6 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default: --suite's)")
     g.add_argument("--rewriter-max-tokens", type=int, default=1536,
                    help="reply budget of the rewriter")
+    g.add_argument("--rewriter-json-schema", choices=("on", "off"), default="on",
+                   help="on (default): the rewriter's reply decoded under the skill-set JSON "
+                        "schema its parser reads, as rewrite.py apply does; off: free decoding")
     device.add_device_args(g, bf16=False, what="the rewriter and the embedded targets run")
     g = p.add_argument_group("run")
     g.add_argument("--task-concurrency", type=int, default=16, help="requests in flight per target")

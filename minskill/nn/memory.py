@@ -3,17 +3,20 @@
 `python -m minskill.measure.bench memory --config qwen3-1.7b -K 8 --prompt-tokens 512
 --skill-tokens 64` prints `predict_update_memory`: what train_grpo.policy_update holds at its peak,
 in bytes, for the published Qwen3 configs (QWEN3_CONFIGS, from each model's config.json) or any
-ModelConfig:
+ModelConfig, in CUDA's attention layout (UpdateShape.device: "cpu" for the CPU's):
 
     weights     N · 4 (full fine-tune: float32 master weights) or N_base · (2 | 4) + N_lora · 4
                 (LoRA)
     grads       N_train · 4                    (float32, like the weights they update)
     optimizer   N_train · 8                    (AdamW's two moments, float32)
-    activations what one micro-batch of m candidates keeps for the backward (below); under bf16
-    autocast also
-                the bf16 copies of float32 weights (2 · N) that the matmuls keep
-    transient   the largest short-lived tensors on top: a chunk of logits and its gradient, a
-                layer's recomputation and gradients under checkpointing, AdamW's foreach temporaries
+    activations what one micro-batch of m candidates keeps for the backward (below), and the bf16
+                copies bf16 autocast makes of the float32 layer matrices W (the matmuls keep them):
+                2·W once (trained: autocast caches them), 2·2·W for a frozen LoRA base (each of
+                the two passes casts again), none for a LoRA base under checkpointing
+    transient   the largest short-lived tensors on top: a chunk of logits and its gradient (and
+                lm_head's bf16 copy); one layer's recomputation and gradients under checkpointing
+                (and its weights' bf16 copies); the rows pass's gradient of every trained tensor,
+                which autograd holds until the prompt pass's backward adds its own
     update peak weights + grads + max(activations + transient, optimizer + AdamW temporaries)
     KV cache    sampling's cache before the update: K rows of P + S slots per layer
     sampling peak  weights + grads + optimizer (all alive between updates) + KV cache + a row of
@@ -21,18 +24,27 @@ ModelConfig:
     peak        the larger of the two
 
 Activations of the shared-prefix update (nn.shared_prefix: the prompt once, then m rows of S
-completion tokens attending to its P keys), per layer, with H hidden, I intermediate, q = n_h·d, kv
-= n_kv·d, counted from the tensors model.py's operations save (a = bytes of an activation: 4, or 2
-under bf16 autocast; norms compute in float32):
+completion tokens attending to its P keys), per layer, with H hidden, I intermediate, q = n_h·d,
+kv = n_kv·d, r the LoRA rank, counted from the tensors model.py's operations save. In bytes: a of
+a matmul's output (2 under autocast or over a bf16 base, else 4), b of a trained matmul's input
+(2 under autocast, else 4), s of the residual stream (2 over a bf16 base, else 4); norms compute
+in float32:
 
-    per token      a·(4I + 6q + 3kv) + 4·(6H) (+ 2kv for the prompt's own keys, which the cache
-                   keeps)
-                   + LoRA: a·r per adapted projection (+ 4·in per projection when its input is cast
-                   up)
-    per row        a·2kv·(P + S): the completion rows' keys/values (the prompt's, expanded), +
-                   4·S·(P + S): mask
-    checkpointed   per token 4·H (each layer's input) and the prompt's keys/values only; one layer's
-                   activations come back for its backward (transient)
+    per token   norms 2·(4H + 4) (+ 2·s·H when their weights train); trained matmuls' inputs
+                b·(5H + q + I) when each projection casts its own copy (autocast, or float32
+                adapters over a bf16 base), else b·(2H + q + I); LoRA's B inputs 7·b·r;
+                q/k-norm 4·(q + kv + n_h + n_kv) (+ a·(q + kv) when trained); SwiGLU 3·a·I;
+                fused attention 2·a·q + 4·n_h (q, output, log-sum-exp)
+    prompt      + 2·a·kv per token (its keys/values, which the cache keeps); float32 GQA on CUDA
+                runs the math kernel instead of a fused one: 3·a·q + 4·n_h·P (scaled q, k and v
+                repeated to the query heads, probabilities)
+    per row     a·2·kv·(P + S): its keys/values (the prompt's, expanded, and its own); 2·q for
+                2·kv on CUDA, where model.attend repeats them to the query heads for a masked
+                attention; a·S·(P + S): the additive mask
+    final       (P + m·S)·(4H + 4) (+ s·H when trained): the last norm; m·S·s·H: the hidden
+                states the logits are read from
+    checkpointed per token s·H (each layer's input) and the prompt's keys/values only; one layer's
+                activations come back for its backward (transient)
 
 `largest_micro_batch` is the largest m whose peak fits a GPU of a given size. The figures count
 tensor bytes, as torch.cuda.max_memory_allocated does (not the allocator's reserved segments: leave
@@ -42,7 +54,7 @@ tensor bytes, as torch.cuda.max_memory_allocated does (not the allocator's reser
 storage an operation returns and subtracts it when the storage is freed (a weak reference), so its
 peak is what a device allocator would have had allocated at once (the CPU has no allocator
 statistics to read). tests/test_memory.py checks the prediction against it within 20% on small
-configs. """
+configs, in the CPU's layout and in CUDA's (k/v repeated, made to happen on the CPU). """
 from __future__ import annotations
 
 import weakref
@@ -52,7 +64,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from minskill.nn.model import ModelConfig
+from minskill.nn.model import EXPAND_KV_FOR_MASK, ModelConfig
 from minskill.nn.weights import config_from_hf
 
 # The published config.json of Qwen/Qwen3-0.6B, -1.7B, -4B and -8B (head_dim 128, vocab 151936,
@@ -97,6 +109,7 @@ class UpdateShape:
     chunk_tokens: int = 2048          # sampling.token_logprobs' rows of logits at a time
     foreach: bool = True              # AdamW's multi-tensor path (the default on CUDA; CPU loops
                                       # per tensor)
+    device: str = "cuda"              # whose attention layout: CUDA repeats k/v for masked SDPA
 
 
 def _projections(c: ModelConfig) -> dict[str, tuple[int, int]]:
@@ -119,72 +132,115 @@ def parameter_counts(c: ModelConfig, lora_rank: int = 0) -> tuple[int, int]:
     return (n + lora, lora) if lora_rank else (n, n)
 
 
-def _layer_bytes(c: ModelConfig, s: UpdateShape, tokens: int, rows: int, keys: int,
-                 own_keys: bool) -> int:
-    """Bytes one layer saves for the backward over `tokens` query tokens in `rows` rows of `keys`
-    keys each."""
-    H, I = c.hidden_size, c.intermediate_size
-    q, kv = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
-    bf16_base = s.lora_rank and s.lora_base_bytes == 2
-    a = 2 if s.bf16 or bf16_base else 4
-    # SwiGLU's four I-wide tensors; q, q-norm's input/output, RoPE'd q, attention's output and
-    # o_proj's input;
-    # k and its norm; two RMSNorms' input/normalised/output (float32 over a float32 residual stream)
-    per_token = a * (4 * I + (6 * q + 3 * kv if c.qk_norm else 4 * q + kv)) + (16 if bf16_base
-            else 24) * H
-    if own_keys:                        # the prompt's keys/values are its own (saved by attention,
-                                        # kept by the cache)
-        per_token += a * 2 * kv
-    if s.lora_rank:                     # A's r outputs; a frozen W keeps no second copy of its
-                                        # input
-        ins = [i for i, _ in _projections(c).values()]
-        per_token += 4 * s.lora_rank * len(ins) - a * (2 * H + I + q) + (4 * sum(ins) if bf16_base
-                else 0)
-    per_row = 0 if own_keys else a * 2 * kv * keys + 4 * (tokens // rows) * keys
-    return tokens * per_token + rows * per_row
-
-
 def predict_update_memory(c: ModelConfig, s: UpdateShape) -> dict[str, int]:
     """The components of one update's peak in bytes (module docstring); "peak" is their
     combination."""
     n, n_train = parameter_counts(c, s.lora_rank)
     n_lora = n_train if s.lora_rank else 0
     weights = (n - n_lora) * (s.lora_base_bytes if s.lora_rank else 4) + 4 * n_lora
-    # autocast's bf16 copies of float32 weights: the matmuls keep them for the backward, so they
-    # count as activations
-    casts = 2 * (n - n_lora) if s.bf16 and not (s.lora_rank and s.lora_base_bytes == 2) else 0
     m, P, S = min(s.micro_batch, s.candidates), s.prompt_tokens, s.skill_tokens
-    L, H = c.num_hidden_layers, c.hidden_size
-    a, kv = 2 if s.bf16 else 4, c.num_key_value_heads * c.head_dim
+    L, H, V = c.num_hidden_layers, c.hidden_size, c.vocab_size
+    a, _, stream = _activation_bytes(s)
+    kv = c.num_key_value_heads * c.head_dim
+    matmul_weights = L * sum(i * o for i, o in _projections(c).values())
+    casts = _kept_casts(s, matmul_weights)
     prefix = _layer_bytes(c, s, P, 1, P, own_keys=True)
     rows = _layer_bytes(c, s, m * S, m, P + S, own_keys=False)
-    if s.grad_checkpointing:
-        activations = L * (4 * H * (P + m * S) + a * 2 * kv * P)
-        layer_again = 3 * max(prefix, rows) // 2       # one layer recomputed, and the gradients of
-                                                       # its tensors
+    grads, optimizer = 4 * n_train, 8 * n_train
+    if s.grad_checkpointing:        # each layer's input, and the prompt's keys/values (the cache)
+        activations = L * (stream * H * (P + m * S) + a * 2 * kv * P)
+        # one layer recomputed, the gradients of its tensors, and its weights' bf16 copies
+        layer_again = 3 * max(prefix, rows) // 2 + (
+            2 * matmul_weights // L if s.bf16 and not _bf16_base(s) else 0)
+        rows_freed = 0
     else:
         activations, layer_again = L * (prefix + rows), max(prefix, rows) // 2
-    activations += 4 * H * 4 * (P + m * S) + casts     # final norm, the hidden states the logits
-                                                       # are read from
-    logits = 4 * 3 * min(s.chunk_tokens, m * S) * c.vocab_size   # a chunk's logits, log-softmax,
-                                                                 # their gradient
-    grads, optimizer = 4 * n_train, 8 * n_train
+        rows_freed = L * rows
+    # every trained tensor serves both passes: autograd holds the rows pass's gradient of each
+    # until the prompt pass's arrives, while the prompt pass's backward runs
+    waiting = grads + layer_again - rows_freed
+    # the final norm's float32 input and 1/rms (and its output when its weight trains), and the
+    # hidden states the logits are read from
+    activations += (P + m * S) * (4 * H + 4 + (0 if s.lora_rank else stream * H)) + \
+        m * S * stream * H + casts
+    # a chunk's logits, log-softmax and their gradient; under autocast lm_head's bf16 copy
+    logits = 4 * 3 * min(s.chunk_tokens, m * S) * V + (
+        2 * V * H if s.bf16 and not _bf16_base(s) else 0)
     # AdamW's step makes temporaries: of every trained tensor at once (foreach), or of one at a
     # time (a loop)
     proj = _projections(c).values()
     largest = max(s.lora_rank * max(i, o) for i, o in proj) if s.lora_rank else \
-        max(c.vocab_size * H, *(i * o for i, o in proj))
+        max(V * H, *(i * o for i, o in proj))
     adam_temps = 4 * n_train if s.foreach else 8 * largest
-    transient = max(logits, layer_again)
+    transient = max(logits, layer_again, waiting)
     # sampling the K candidates before the update: a KV cache of K rows of P + S slots in the
     # compute dtype
-    kv_cache = L * 2 * kv * s.candidates * (P + S) * (2 if s.bf16 or s.lora_rank
-                                                      and s.lora_base_bytes == 2 else 4)
+    kv_cache = L * 2 * kv * s.candidates * (P + S) * a
     update = weights + grads + max(activations + transient, optimizer + adam_temps)
-    sampling = weights + grads + optimizer + kv_cache + 4 * 2 * s.candidates * c.vocab_size
+    sampling = weights + grads + optimizer + kv_cache + 4 * 2 * s.candidates * V
     return {"weights": weights, "grads": grads, "optimizer": optimizer, "activations": activations,
             "transient": transient, "update peak": update, "sampling KV cache": kv_cache,
             "sampling peak": sampling, "peak": max(update, sampling)}
+
+
+def _kept_casts(s: UpdateShape, matmul_weights: int) -> int:
+    """Bytes of the bf16 copies autocast makes of float32 layer weights that outlive their matmul:
+    a trained weight's copy is cached for the whole forward; a frozen (LoRA base) weight is cast
+    again by every pass (the prompt's, the rows'), and each pass's backward keeps its copy, unless
+    checkpointing recomputes it."""
+    if not s.bf16 or _bf16_base(s):
+        return 0
+    if not s.lora_rank:
+        return 2 * matmul_weights
+    return 0 if s.grad_checkpointing else 2 * 2 * matmul_weights
+
+
+def _layer_bytes(c: ModelConfig, s: UpdateShape, tokens: int, rows: int, keys: int,
+                 own_keys: bool) -> int:
+    """Bytes one layer keeps for the backward over `tokens` query tokens in `rows` rows of `keys`
+    keys each (module docstring: the tensors model.py's operations save, one term each)."""
+    H, I, r = c.hidden_size, c.intermediate_size, s.lora_rank
+    q, kv = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
+    a, b, stream = _activation_bytes(s)
+    # two RMSNorms: their float32 input (the stream itself, or its float32 copy) and 1/rms; the
+    # normalised x too when the norm's weight trains (a full fine-tune)
+    per_token = 2 * (4 * H + 4 + (0 if r else stream * H))
+    # the trained matmuls' inputs (b bytes): one copy per projection when each casts its own
+    # (autocast, or LoRA's A reading a bf16 input in float32), else one per distinct tensor
+    # (q/k/v share the first norm's output, gate/up the second's)
+    per_token += b * ((5 * H if s.bf16 or _bf16_base(s) else 2 * H) + q + I)
+    per_token += b * r * len(LORA_TARGETS)          # LoRA: each B's input, its A's r outputs
+    if c.qk_norm:                                   # q/k-norm: float32 input, 1/rms per head
+        per_token += 4 * (q + kv) + 4 * (c.num_attention_heads + c.num_key_value_heads) + (
+            0 if r else a * (q + kv))
+    per_token += 3 * a * I                          # SwiGLU's gate, silu(gate) and up
+    if own_keys:                    # the prompt's own keys/values (kept by the cache as well)
+        per_token += 2 * a * kv
+        if s.device in EXPAND_KV_FOR_MASK and a == 4 and q != kv:
+            # float32 GQA on CUDA: no fused kernel takes it, the math one keeps the scaled q, k
+            # and v repeated to the query heads, and the float32 probabilities
+            return tokens * (per_token + 3 * a * q + 4 * c.num_attention_heads * keys)
+    # a fused attention's q, output and float32 log-sum-exp
+    per_token += 2 * a * q + 4 * c.num_attention_heads
+    if own_keys:
+        return tokens * per_token
+    # each row's keys/values: the prompt's, expanded, and its own; on CUDA repeated to the query
+    # heads (model.attend: a mask rules out GQA in the fused kernels); the additive mask (a row's
+    # own when completions are padded)
+    repeated = q if s.device in EXPAND_KV_FOR_MASK and q != kv else kv
+    per_row = 2 * a * repeated * keys + a * (tokens // rows) * keys
+    return tokens * per_token + rows * per_row
+
+
+def _bf16_base(s: UpdateShape) -> bool:
+    return bool(s.lora_rank) and s.lora_base_bytes == 2
+
+
+def _activation_bytes(s: UpdateShape) -> tuple[int, int, int]:
+    """(a: a matmul's output, b: what a trained matmul keeps of its input, the residual stream's)
+    in bytes: bf16 under autocast or over a bf16 base; a bf16 base makes a bf16 stream."""
+    bf16_base = _bf16_base(s)
+    return (2 if s.bf16 or bf16_base else 4), (2 if s.bf16 else 4), (2 if bf16_base else 4)
 
 
 def largest_micro_batch(c: ModelConfig, s: UpdateShape, gpu_bytes: int) -> int:
@@ -207,7 +263,8 @@ def memory_report(name: str, s: UpdateShape, gpu_gib: float) -> str:
     lines = [f"bench memory: {name} ({n:,} parameters, {trained:,} trained), predicted for one "
              f"update: K={s.candidates} x {s.skill_tokens} tokens after a {s.prompt_tokens}-token "
              f"prompt, micro-batch {s.micro_batch}, {'bf16 autocast' if s.bf16 else 'float32'}"
-             f"{', gradient checkpointing' if s.grad_checkpointing else ''}", "| part | GiB |",
+             f"{', gradient checkpointing' if s.grad_checkpointing else ''}, attention laid out "
+             f"as on {s.device}", "| part | GiB |",
              "|---|---|"]
     lines += [
         f"| {part} | {value / GIB:.2f} |"

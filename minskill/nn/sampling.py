@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from minskill.nn.compiled_decode import StaticDecoder
 from minskill.nn.weights import load_model
 
 SYNC_EVERY = 8              # decoding steps between two looks at the host on a GPU (a finished
@@ -346,6 +347,8 @@ def _feed(model, cache, n_cached: int, slots, tokens, pad_id: int):
     (rows that finished; their outputs are ignored). Returns the logits of the fed rows, float32."""
     step_ids = torch.full((n_cached, 1), pad_id, dtype=torch.long, device=model.device)
     step_ids[slots, 0] = tokens
+    if isinstance(cache, StaticDecoder):   # generate(compiled=True): nn/compiled_decode.py
+        return cache.step(step_ids)[slots]
     return model(step_ids, cache=cache)[:, -1].float()[slots]                       # (fed rows, V)
 
 
@@ -400,8 +403,9 @@ def _decode_step(model, cache, cache_rows: list[int], active: list[int], last, s
     """Feed each row of `active` that is still cached its last token `last` (device, aligned with
     `active`):
     (cache, rows held in the cache, logits of `still`)."""
-    if len(still) <= len(cache_rows) // 2:
+    if len(still) <= len(cache_rows) // 2 and not isinstance(cache, StaticDecoder):
         # half the cached rows are finished: drop them (one copy of the cache) so steps get cheaper
+        # (a static cache keeps its rows: its compiled step has one shape)
         slot = {r: i for i, r in enumerate(cache_rows)}
         cache = cache.select([slot[r] for r in still])
         cache_rows = still
@@ -417,13 +421,16 @@ def _decode_step(model, cache, cache_rows: list[int], active: list[int], last, s
 @torch.no_grad()
 def generate(model, prompts: list[list[int]], *, n=1, max_new_tokens=128, temperature=1.0, top_k=0,
              top_p=1.0, stop_token_ids=(), stop_strings=(), seed=None, tokenizer=None, pad_id=0,
-             should_stop=None, on_token=None, sync_every=None, top_logprobs=0) -> list[Sample]:
+             should_stop=None, on_token=None, sync_every=None, top_logprobs=0,
+             compiled=None) -> list[Sample]:
     """len(prompts) * n samples, prompt-major (module docstring); parameters may be per-prompt
     lists. A server's:
     should_stop(prompt_index), asked before each block of decoding steps, ends that prompt's
     samples early (finish_reason "cancelled": its client has gone); on_token(row, token_id)
     streams. sync_every: tokens per look at the host (1 on the CPU, else SYNC_EVERY; the samples do
-    not depend on it); top_logprobs: k (module doc)"""
+    not depend on it); top_logprobs: k (module doc); compiled: decode with a static cache and a
+    torch.compile'd step (opt-in: nn/compiled_decode.py; None: the model's `compile_decode`, which
+    train_grpo.py --compile-decode sets on the editor)"""
     if len(prompts) == 0:
         return []
     opts = _options(prompts, n, max_new_tokens, temperature, top_k, top_p, seed, stop_token_ids,
@@ -431,6 +438,8 @@ def generate(model, prompts: list[list[int]], *, n=1, max_new_tokens=128, temper
     rows = _Rows.start(len(prompts), n)
     generators = _generators(opts.seed, n)
     cache, logits = _prefill(model, prompts, n, pad_id, max(max(opts.max_new_tokens), 1))
+    if getattr(model, "compile_decode", False) if compiled is None else compiled:
+        cache = StaticDecoder(model, cache)
     every = sync_every or (1 if model.device.type == "cpu" else SYNC_EVERY)
     # rows still decoding
     active = [r for r, p in enumerate(rows.prompt) if opts.max_new_tokens[p] > 0]

@@ -168,6 +168,7 @@ def build_editor(args, ckpt: Path | None, editor_spec: str):
                 else copy.deepcopy(editor)
             ref_model.eval().requires_grad_(False)
     editor.gradient_checkpointing = args.grad_checkpointing
+    editor.compile_decode = args.compile_decode   # generate()'s default (nn/compiled_decode.py)
     return editor, tokenizer, ref_model
 
 
