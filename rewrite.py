@@ -47,7 +47,7 @@ from minskill.retrieval import (add_retrieval_args, check_retrieval_args, retrie
 from minskill.rollout import all_failed, load_skills, run_rollouts, summarize
 from minskill.runs import (RUN_MARKER, check_run_folder, given_flags, open_run_folder, restart_note,
                            resume_flags, started_flags)
-from minskill.serve.client import ChatClient, usage_delta
+from minskill.serve.client import ChatClient, ChatError, usage_delta
 from minskill.serve.embedded import embedded_client
 from minskill.skillsets import SkillSet, check_replaceable
 from minskill.tasks import load_suite
@@ -69,6 +69,7 @@ class ApplyConfig:
     task_concurrency: int = 8
     task_max_tokens: int = 256
     teacher_retries: int = 2
+    timeout: float = 600.0           # seconds a task-model or teacher reply may take (--compare)
     model_spec: str = "smollm2-135m"
     lam_nh: float = MasaConfig.lam_nh
 
@@ -223,6 +224,10 @@ def cmd_apply(args) -> int:
         check_run_folder(compare_folder(args), False, args.overwrite,
                          "rewrite.py apply --compare", resumable=False)
     out = Path(args.out)
+    if not args.timeout > 0:   # (refused before the rewriter's pass, not after it)
+        print(f"rewrite.py apply: --timeout must be > 0 seconds, got {args.timeout}",
+              file=sys.stderr)
+        return 1
     if args.compile_decode and args.json_schema == "on":
         print("rewrite.py apply: --compile-decode decodes free text: add --json-schema off",
               file=sys.stderr)
@@ -295,25 +300,32 @@ def compare(args, card: dict, skills, rewritten, rewriter_cost: dict | None = No
     def log(message):
         print(message, file=sys.stderr, flush=True)
     with embedded_client(**client_args(args, "task"), model_spec=args.model_spec,
-                         quantize=args.task_quantize,
+                         quantize=args.task_quantize, timeout=args.timeout,
                          max_workers=args.task_concurrency) as task_client:
         if args.teacher_url:
             teacher_client = ChatClient(args.teacher_url, model=args.teacher_model,
-                                        api_key=args.teacher_api_key,
+                                        api_key=args.teacher_api_key, timeout=args.timeout,
                                         extra_body=args.teacher_extra_body)
         else:   # one embedded server (or the --task-url one) serves both
             teacher_client = with_extra_body(task_client, args.teacher_extra_body)
         costs, (u0, t0) = {"rewriter": rewriter_cost}, (teacher_client.usage, time.perf_counter())
-        teacher, teacher_raw = teacher_oneshot_rewrite(teacher_client, card, skills, args.task,
-                                                       retries=args.teacher_retries,
-                                                       max_tokens=args.max_new_tokens,
-                                                       seed=args.seed,
-                                                       json_schema=args.teacher_json_schema)
+        notes = {"rewritten": "did not parse (raw text saved)",
+                 "teacher one-shot": "did not parse (raw text saved)"}
+        try:
+            teacher, teacher_raw = teacher_oneshot_rewrite(teacher_client, card, skills, args.task,
+                                                           retries=args.teacher_retries,
+                                                           max_tokens=args.max_new_tokens,
+                                                           seed=args.seed,
+                                                           json_schema=args.teacher_json_schema)
+        except ChatError as error:   # the baseline's row says so; the other rows are still scored
+            teacher, teacher_raw = None, None
+            notes["teacher one-shot"] = "no reply from the teacher (stderr says why)"
+            log(f"teacher one-shot rewrite: no reply: {error} (a slow teacher: raise --timeout)")
         costs["teacher (one-shot)"] = {**usage_delta(teacher_client.usage, u0),
                                        "wall_seconds": time.perf_counter() - t0}
         if teacher is not None:
             save_skills_validated(teacher, report_dir / "teacher_oneshot")
-        else:
+        elif teacher_raw is not None:
             write_text_atomic(report_dir / "teacher_oneshot.raw.txt", teacher_raw)
             log(f"teacher one-shot rewrite: no parseable reply in {args.teacher_retries + 1} "
                 f"attempts (last reply saved to {report_dir / 'teacher_oneshot.raw.txt'})")
@@ -323,7 +335,7 @@ def compare(args, card: dict, skills, rewritten, rewriter_cost: dict | None = No
         for name, variant in (("input", skills), ("rewritten", rewritten),
                               ("teacher one-shot", teacher)):
             if variant is None:
-                rows.append((name, None, "did not parse (raw text saved)"))
+                rows.append((name, None, notes[name]))
                 continue
             log(f"evaluating '{name}' skills on {len(tasks)} {args.suite}/{args.split} tasks")
             out_path = report_dir / f"trajectories-{name.replace(' ', '_')}.jsonl"
@@ -518,6 +530,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--teacher-retries", type=int, default=c.teacher_retries,
                    help="teacher replies tried after the first until one parses (default "
                         f"{c.teacher_retries})")
+    g.add_argument("--timeout", type=float, default=c.timeout,
+                   help="seconds to wait for one reply of the task model or the teacher (default "
+                        f"{c.timeout:g}: a 135M teacher on a busy CPU writes slowly)")
     g.add_argument("--model-spec", default=c.model_spec, help="model of the embedded server")
     g.add_argument("--lam-nh", type=float, default=c.lam_nh,
                    help="λ of the adjusted reward SR − λ·NHR (default "

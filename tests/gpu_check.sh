@@ -30,7 +30,7 @@ summary=()
     else
         echo "nvidia-smi: not on PATH"
     fi
-    timeout -k 5 60 "$PY" - <<'EOF'
+    timeout -k 5 90 "$PY" - <<'EOF'
 import importlib, sys
 print("python", sys.version.split()[0], sys.executable)
 try:
@@ -70,7 +70,7 @@ case "$preflight" in
 esac
 
 # 2. the GPU tests (each skips without CUDA; run anyway, so a CPU machine shows they import)
-timeout -k 10 280 "$PY" -m pytest tests/test_gpu.py -q -rs -p no:cacheprovider --durations=10 \
+timeout -k 10 250 "$PY" -m pytest tests/test_gpu.py -q -rs -p no:cacheprovider --durations=10 \
     --junitxml "$OUT/test_gpu.xml" 2>&1 | tee "$OUT/test_gpu.txt"
 tests=${PIPESTATUS[0]}
 summary+=("test_gpu exit $tests (124: timed out): $(tail -n 1 "$OUT/test_gpu.txt")")

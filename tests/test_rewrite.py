@@ -328,6 +328,39 @@ def test_apply_gives_the_rewriter_the_card_and_task_its_sft_records_hold(trained
     assert target.card == record_card
 
 
+def test_apply_compare_scores_the_other_rows_when_the_teacher_gives_no_reply_in_time(trained, files):
+    """A teacher slower than --timeout: the one-shot row says it had no reply (stderr says why and the fix), the
+    input and rewritten rows are still scored, exit 0 (it was a traceback); --timeout 0 is refused up front."""
+    import time
+    tasks = files["root"] / "tasks-slow.jsonl"
+    tasks.write_text("".join(json.dumps({"id": f"t{i}", "question": f"What is {i} + {i}?", "answer": str(2 * i),
+                                         "type": "sum"}) + "\n" for i in range(2)))
+
+    def slow_teacher(messages, request):
+        time.sleep(4)                                                # slower than --timeout
+        return "{}"
+
+    def task_model(messages, request):
+        return f"The answer is {2 * int(messages[-1]['content'].split()[2])}."
+
+    base = ["apply", "--compare", "--rewriter", str(trained[0]), "--model-card", str(files["card"]), "--skills",
+            str(files["skills"]), "--task", TASK, "--max-new-tokens", "40", "--json-schema", "off",
+            "--device", "cpu", "--suite", str(tasks), "--split", "all"]
+    with start_server(ScriptedBackend(task_model)) as server, \
+            start_server(ScriptedBackend(slow_teacher, name="teacher")) as teacher:
+        code, stdout, stderr = run_rewrite(base + ["--out", str(files["root"] / "slow"), "--task-url", server.url,
+                                                   "--teacher-url", teacher.url, "--timeout", "1"])
+    assert code == 0, stderr
+    assert "teacher one-shot rewrite: no reply" in stderr and "raise --timeout" in stderr
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+            for line in stdout.splitlines() if line.startswith("| ") and "---" not in line}
+    assert rows["input"][:2] == ["2", "1.00"] and rows["rewritten"][:2] == ["2", "1.00"]
+    assert rows["teacher one-shot"][:2] == ["–", "no reply from the teacher (stderr says why)"]
+    code, _, stderr = run_rewrite(base + ["--out", str(files["root"] / "never"), "--task-url",
+                                          "http://127.0.0.1:9/v1", "--timeout", "0"])
+    assert code == 1 and "--timeout must be > 0 seconds" in stderr
+
+
 @pytest.mark.parametrize("suite", ["webshop", "searchqa"])
 def test_apply_compare_scores_the_multi_turn_suites(trained, files, suite):
     """--compare runs the agent loop on the WebShop-like and search-QA suites (a task model that answers at once)."""
