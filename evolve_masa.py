@@ -37,7 +37,7 @@ from minskill.masa.search import MasaConfig, MasaSearch
 from minskill.plot import write_svg_plot
 from minskill.retrieval import (RetrievalError, check_retrieval_args, retriever_from_args,
                                 with_retrieval)
-from minskill.rollout import all_failed, fit_to_suite, load_skills, summarize
+from minskill.rollout import all_failed, fit_to_suite, load_skills, reasoning_cut_note, summarize
 from minskill.runs import (check_run_folder, given_flags, open_run_folder, restart_flags,
                            resume_flags, started_flags)
 from minskill.serve.caching import BudgetExhausted, CachingClient, CallBudget
@@ -97,9 +97,10 @@ def run_search(run: Run, target, teacher) -> tuple[MasaSearch | None, str | None
                             run.base_skills, run.config, run.state["search"], run.budget,
                             run.gate_tasks)   # 1. the card, then 2-3
         checkpoint(run, search.to_json())
-        shown = len(search.events)   # an earlier session printed those
+        shown, said = len(search.events), False   # an earlier session printed those events
         for line in search.run():   # after every iteration: its progress printed, the state saved
             shown = log_progress(search, shown, line)
+            said = said or say_reasoning_cut([c.metrics for c in search.candidates])
             checkpoint(run, search.checkpoint())
     except BudgetExhausted as e:
         if search is not None:
@@ -180,6 +181,22 @@ def log_progress(search: MasaSearch, shown: int, line: str | None = None) -> int
     if line is not None:
         log(line)
     return len(search.events)
+
+
+def say_reasoning_cut(metrics: list[dict | None]) -> bool:
+    """Once, when the target's first replies cut inside their reasoning appear: their count over
+    the evaluated skill sets and the fix (rollout.reasoning_cut_note). True: said."""
+    if note := reasoning_cut_note(cut_totals(metrics)):
+        log(note)
+    return note is not None
+
+
+def cut_totals(metrics: list[dict | None]) -> dict:
+    """The replies cut inside their reasoning over evaluations' metrics (None: not evaluated), and
+    of how many (rollout.summarize's keys)."""
+    done = [m for m in metrics if m is not None]
+    return {"reasoning_cut": sum(m.get("reasoning_cut", 0) for m in done),
+            "n": sum(m["n"] for m in done)}
 
 
 def teacher_skipped(run: Run, event: dict) -> None:
@@ -382,6 +399,8 @@ def print_summary(run: Run, search: MasaSearch, target, teacher, written: dict) 
         print(f"\nheld-out ({len(run.heldout)} tasks), base vs evolved skills:\n{table}")
     notes = list(results["notes"])
     evaluated = [x for x in s["candidates"] if x["metrics"] is not None]
+    if cut := reasoning_cut_note(cut_totals([x["metrics"] for x in evaluated])):
+        notes.append(cut.removeprefix("note: "))   # the reply budget scored them 0
     if evaluated and max(x["metrics"]["success_rate"] for x in evaluated) == 0.0:
         rewards = {round(x["reward"], 6) for x in evaluated}
         notes.append("the target solved none of the search tasks under any skill set (success 0 "

@@ -47,9 +47,9 @@ from minskill.serve.embedded import embedded_client
 from minskill.skill_r1.evaluate import (TaskModelFailed, check_heldout, evaluate, probe,
                                         probe_instances, with_heldout_seed)
 from minskill.skill_r1.grpo import INTER_SCALES, check_loss_config, policy_loss
-from minskill.skill_r1.loop import (EvolveConfig, SuiteError, all_zero_note, assign_advantages,
-                                    autocast, evolve_batch, step_seed)
-from minskill.skill_r1.records import (errors_note, log_step, metrics_row, no_reward_yet,
+from minskill.skill_r1.loop import (EvolveConfig, SuiteError, assign_advantages, autocast,
+                                    evolve_batch, step_seed)
+from minskill.skill_r1.records import (end_note, errors_note, log_step, metrics_row,
                                        step_over_ranks)
 from minskill.skill_r1.run_setup import Run, resume_state, setup
 
@@ -290,8 +290,8 @@ def print_summary(run: Run, args, calls: int) -> None:
               f"skill): first step {[round(r, 2) for r in first['reward_per_generation']]}, last "
               f"step {[round(r, 2) for r in last['reward_per_generation']]}; task-model calls this "
               f"session: {calls}.")
-        if no_reward_yet(rows):
-            print("note: " + all_zero_note(run.tasks))
+        if note := end_note(run.tasks, rows):   # all rewards 0, or replies cut while thinking
+            print(note)
         best = max(rows, key=lambda r: (r["best_skill_gain"], r["best_skill_reward"]))
         if best["best_skill_gain"] > 0:
             print(f"best edited skill: reward {best['best_skill_reward']:.2f} on "

@@ -476,7 +476,7 @@ def rollouts(target, tasks: list, skills: SkillSet | None, config: MasaConfig,
 
 def _metrics(summary: dict, trajectories=()) -> dict:
     keep = ("n", "success_rate", "nhr", "adjusted_reward", "mean_steps", "errors")
-    return {**{k: summary[k] for k in keep},
+    return {**{k: summary[k] for k in keep + ("reasoning_cut",)},   # (not per type)
             "task_rewards": {t.task_id: t.reward for t in trajectories},
             "per_type": {t: {k: s[k] for k in keep} for t, s in summary["per_type"].items()}}
 

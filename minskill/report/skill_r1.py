@@ -62,7 +62,8 @@ def skill_r1_costs(rows: list[dict]) -> Safe:
         "calls": total("task_calls"), "prompt_tokens": total("task_prompt_tokens"),
         "completion_tokens": total("task_completion_tokens"),
         "request_seconds": total("task_request_seconds"),
-        "busy_seconds": total("task_seconds")}, SECONDS_NOTE)
+        "busy_seconds": total("task_seconds")},
+        reasoning_note(SECONDS_NOTE, total("task_reasoning_tokens"), rows))
     sampling = ["editor: sampling", "n/a (local)", total("editor_sampled_tokens"),
                 total("seconds_editor_sampling"),
                 "tokens = sampled skill tokens; seconds = the sampling phase's wall time minus the "
@@ -79,6 +80,20 @@ def skill_r1_costs(rows: list[dict]) -> Safe:
          sum(p.get("seconds", 0) for p in probes) if probes else None,
          f"{len(probes)} probes; wall seconds"],
         ["teacher", "n/a", "n/a", "n/a", "Skill-R1 has no teacher"]]))
+
+
+def reasoning_note(note: str, reasoning_tokens: int | None, records: list[dict]) -> str:
+    """A task-model cost row's note, plus its reasoning tokens and the replies of `records` cut
+    inside their reasoning (scored 0), where the run recorded them."""
+    parts = [note]
+    if reasoning_tokens is not None:
+        parts.append(f"{reasoning_tokens} of the completion tokens were reasoning")
+    counted = [r for r in records if "reasoning_cut" in r]
+    if counted:
+        parts.append(f"{sum(r['reasoning_cut'] for r in counted)} of "
+                     f"{sum(r.get('rollouts', 0) for r in counted)} replies ended inside their "
+                     "reasoning (no answer: scored 0)")
+    return "; ".join(parts)
 
 
 def lineage_card(skill: dict, by_id: dict, task_ids: list[str], questions: dict,
@@ -232,7 +247,9 @@ def eval_tables(record: dict) -> Safe:
 
 def eval_costs(record: dict) -> Safe:
     rows = record["rows"]
-    cost_rows = [usage_row("task model (whole evaluation)", record.get("usage"), SECONDS_NOTE)]
+    usage = record.get("usage") or {}
+    cost_rows = [usage_row("task model (whole evaluation)", record.get("usage"),
+                           reasoning_note(SECONDS_NOTE, usage.get("reasoning_tokens"), rows))]
     for r in rows:
         editor = (r.get("costs") or {}).get("editor")
         if editor:

@@ -34,9 +34,10 @@ FROZEN_ROW = "Skill-R1 inference-only (editor frozen)"   # the editor rows' name
 GRPO_ROW = "vanilla GRPO"
 
 
-def print_table(rows: list[dict], evo: list, test: list[list], args, zero_note: str = "") -> None:
+def print_table(rows: list[dict], evo: list, test: list[list], args, zero_note: str = "",
+                cut_note: str | None = None) -> None:
     """The rows' table, then the paired one (print_paired); `zero_note` is said when every reward
-    was 0."""
+    was 0, else `cut_note` (replies cut inside their reasoning: rollout.reasoning_cut_note)."""
     n_eval, n_distinct = sum(len(t) for t in test), len({x.id for ts in test for x in ts})
     shared = (f"(instance × task: {n_distinct} distinct tasks, a type's shared by its instances, "
               f"--eval-scoring shared) " if n_distinct < n_eval else "")
@@ -65,6 +66,8 @@ def print_table(rows: list[dict], evo: list, test: list[list], args, zero_note: 
     if zero_note and all(r["success"] == 0 for r in rows) and all(x == 0 for r in rows
                                                                   for x in r["per_generation"]):
         print("note: " + zero_note)
+    elif cut_note:
+        print(cut_note)
     print_paired(rows, args, test)
 
 

@@ -64,15 +64,16 @@ from minskill.cli import client_args
 from minskill.files import write_json_atomic
 from minskill.nn.shared_prefix import grouped_logprobs
 from minskill.nn.weights import is_model_spec, load_model
-from minskill.rollout import all_failed, load_skills, run_rollouts, skill_text
+from minskill.rollout import (all_failed, load_skills, reasoning_cut_note, run_rollouts,
+                              skill_text, summarize)
 from minskill.runs import TRAINER_STATE, check_run_folder, load_trainer_state, open_run_folder
 from minskill.serve.client import usage_delta
 from minskill.serve.embedded import embedded_client
 from minskill.skill_r1.eval_table import (EVAL_FILE, FROZEN_ROW, GRPO_ROW, paired_rows, print_table,
                                           success_interval)
-from minskill.skill_r1.loop import (EvolveConfig, Instance, TaskModelFailed, all_zero_note,
-                                    autocast, check_config, evolve_batch, load_split,
-                                    rollout_errors, step_seed)
+from minskill.skill_r1.loop import (EvolveConfig, Instance, TaskModelFailed, autocast,
+                                    check_config, cut_totals, evolve_batch, load_split,
+                                    reasoning_cuts, rollout_errors, step_seed, zero_reward_note)
 from minskill.tasks import load_suite
 
 
@@ -324,7 +325,7 @@ def probe(editor, tokenizer, client, instances: list[Instance], seed_skills: lis
                                          for k in range(len(instances))],
                                   seed_skills=seed_skills)
     n, errors = len(evolutions), rollout_errors(evolutions, "the held-out probe")
-    return {"errors": errors,
+    return {"errors": errors, **reasoning_cuts(evolutions),
             "reward_per_generation": [sum(ev.seed_reward for ev in evolutions) / n,
                                       sum(ev.generations[0].mean_reward for ev in evolutions) / n],
             "carried_reward": sum(ev.final_reward for ev in evolutions) / n,
@@ -340,12 +341,13 @@ def probe(editor, tokenizer, client, instances: list[Instance], seed_skills: lis
                                                            # seconds
 
 
-def success(client, skills: list[str], test: list[list], args) -> tuple[float, int,
-                                                                        list[list[float]]]:
+def success(client, skills: list[str], test: list[list], args,
+            cuts: dict | None = None) -> tuple[float, int, list[list[float]]]:
     """(success rate, task-model requests, per-instance task scores) of skills[j] on the evaluation
     tasks test[j]. A task's score is the mean over its n rollouts, so n identical greedy replies
     count once. A rollout that ended with an error scores 0 and is reported apart; TaskModelFailed
-    when every one did."""
+    when every one did. `cuts` (loop.reasoning_cuts' keys) adds the rollouts and those that
+    ended inside their reasoning."""
     c0, scores, ended = client.stats["calls"], [], []
     for skill, tasks in zip(skills, test):
         trajectories = run_rollouts(client, tasks, skill or None, n=args.rollouts,
@@ -356,6 +358,9 @@ def success(client, skills: list[str], test: list[list], args) -> tuple[float, i
         for tr in trajectories:
             per_task.setdefault(tr.task_id, []).append(tr.reward)
         scores.append([sum(per_task[t.id]) / len(per_task[t.id]) for t in tasks])
+    if cuts is not None:
+        cuts["rollouts"] += len(ended)
+        cuts["reasoning_cut"] += summarize(ended)["reasoning_cut"]
     failed, errors = all_failed(ended), [t.error for t in ended if t.error is not None]
     if failed:
         raise TaskModelFailed(failed)
@@ -370,9 +375,10 @@ def skill_row(client, name: str, skills: list[str], evo: list[Instance], test: l
               args) -> dict:
     """A row without an editor (no skill, the seed skill): skills[j] scored on instance j's
     evaluation tasks."""
-    u0, t0 = client.usage, time.time()
-    final, calls, scores = success(client, skills, test, args)
+    u0, t0, cuts = client.usage, time.time(), {"rollouts": 0, "reasoning_cut": 0}
+    final, calls, scores = success(client, skills, test, args, cuts)
     return {"name": name, "spec": None, "success": final, "eval_calls": calls, "scores": scores,
+            **cuts,
             "per_generation": [], "evolve_calls": 0, "kl": None, "kl_reference": None,
             "skills": [{"instance": x.id, "seed_skill": s, "carried": s, "generations": []}
                        for x, s in zip(evo, skills)],
@@ -402,15 +408,15 @@ def editor_row(client, name: str, spec: str, evo: list[Instance], seed_skills: l
               flush=True)
     kl_seconds = time.time() - t_kl
     del editor
-    u1, t1 = client.usage, time.time()
-    per_gen = [success(client, [ev.generations[g].current_skill for ev in evolutions], test, args)
-               for g in range(args.generations)]
+    u1, t1, cuts = client.usage, time.time(), reasoning_cuts(evolutions)   # evolve + evaluate
+    per_gen = [success(client, [ev.generations[g].current_skill for ev in evolutions], test, args,
+                       cuts) for g in range(args.generations)]
     final, _, scores = per_gen[-1]
     sampled = sum(len(c.token_ids) for ev in evolutions for c in ev.candidates())
     return {"name": f"{name}: {spec}", "spec": spec, "success": final,
             "eval_calls": sum(c for _, c, _ in per_gen), "scores": scores,
             "per_generation": [x for x, _, _ in per_gen],
-            "evolve_calls": evolve_calls, "kl": kl, "kl_reference": reference,
+            "evolve_calls": evolve_calls, "kl": kl, "kl_reference": reference, **cuts,
             "skills": [written_skills(ev) for ev in evolutions],
             "costs": {"task_model_evolve": {**evolve_usage, "wall_seconds": evolve_wall},
                       "task_model_evaluate": {**usage_delta(client.usage, u1),
@@ -490,6 +496,8 @@ def evaluate(args) -> int:
             record.update(rows=rows, usage=client.usage, wall_seconds=time.time() - started)
             write_json_atomic(out / EVAL_FILE, record)
             print(f"evaluated: {label}", flush=True)
+            if row["reasoning_cut"] and not any(r["reasoning_cut"] for r in rows[:-1]):
+                print(reasoning_cut_note(cut_totals([row])), flush=True)   # once, when first seen
 
         done("no skill", skill_row(client, "no skill", [""] * len(evo), evo, test, args))
         seed = "seed skill" + ("" if seed_skillset is not None
@@ -510,7 +518,8 @@ def evaluate(args) -> int:
                 name = f"{name.split(' (')[0]} (λ = {trained_lam:g})"
             done(name, editor_row(client, name, spec, evo, seed_skills, test, args), trained_lam)
     print_table(rows, evo, test, args,
-                all_zero_note([t for ts in test for t in ts], training=False))
+                zero_reward_note([t for ts in test for t in ts], rows, training=False),
+                reasoning_cut_note(cut_totals(rows)))
     record.update(paired=paired_rows(rows, args.seed), finished=True, wall_seconds=time.time()
                   - started)
     write_json_atomic(out / EVAL_FILE, record)

@@ -54,7 +54,8 @@ import torch
 from minskill import gates
 from minskill.nn.sampling import generate
 from minskill.replies import parse_skill
-from minskill.rollout import all_failed, run_rollouts, skill_text
+from minskill.rollout import (Trajectory, all_failed, reasoning_cut_note, run_rollouts, skill_text,
+                              summarize)
 from minskill.skill_r1.grpo import bilevel_advantages, inter_divisor
 from minskill.skills import SkillParseError
 from minskill.tasks import load_suite
@@ -110,6 +111,7 @@ class Outcome:
     reply: str           # the task model's (last) reply, or the error
     steps: int = 1
     error: str | None = None   # why it ended unscored (Trajectory.error), counted apart
+    reasoning: str = ""  # the task model's thinking before (or instead of) its reply
 
 
 @dataclass
@@ -258,8 +260,7 @@ def score_skills(client, jobs: list[tuple[Instance, str | None, int]],
         # run_rollouts keeps task order, a task's samples together
         outcomes = [Outcome(task[tr.task_id].question, float(tr.reward),
                             tr.reply or (f"error: {tr.error}" if tr.error else ""),
-                            max(tr.steps, 1), tr.error)
-                    for tr in trajectories]
+                            max(tr.steps, 1), tr.error, tr.reasoning) for tr in trajectories]
         return sum(o.reward for o in outcomes) / max(len(outcomes), 1), outcomes
 
     # concurrent (up to the client's cap on requests in flight), so that the server batches all
@@ -430,11 +431,16 @@ class TaskModelFailed(RuntimeError):
 def rollout_errors(evolutions: list[Evolution], what: str) -> int:
     """How many rollouts behind `evolutions` (seed skills and candidates) ended with an error, each
     scored 0 and counted apart; TaskModelFailed naming `what` and the first error when all did."""
-    outcomes = [o for ev in evolutions
-                for o in ev.seed_outcomes + [o for c in ev.candidates() for o in c.outcomes]]
+    outcomes = all_outcomes(evolutions)
     if failed := all_failed(outcomes):
         raise TaskModelFailed(f"{what}: {failed}")
     return sum(o.error is not None for o in outcomes)
+
+
+def all_outcomes(evolutions: list[Evolution]) -> list[Outcome]:
+    """Every rollout behind `evolutions`: the seed skills' and the candidates'."""
+    return [o for ev in evolutions
+            for o in ev.seed_outcomes + [o for c in ev.candidates() for o in c.outcomes]]
 
 
 class SuiteError(ValueError):
@@ -464,3 +470,28 @@ def all_zero_note(tasks, training: bool = True) -> str:
             ("The offline 135M task model mostly echoes the observation in multi-turn play; "
              if multi else "") +
             "use a stronger task model (--task-url) or an easier suite.")
+
+
+def reasoning_cuts(evolutions: list[Evolution]) -> dict:
+    """{"rollouts": n, "reasoning_cut": how many of them ended inside the task model's reasoning}
+    over the seed skills' and the candidates' rollouts, by rollout.summarize's rule."""
+    outcomes = all_outcomes(evolutions)
+    replies = [Trajectory(task_id="", task_type="", messages=[], reply=o.reply,
+                          reasoning=o.reasoning, error=o.error) for o in outcomes]
+    return {"rollouts": len(outcomes), "reasoning_cut": summarize(replies)["reasoning_cut"]}
+
+
+def cut_totals(records: list[dict]) -> dict:
+    """The replies cut inside their reasoning over `records` (metrics rows, probes, --eval rows),
+    and of how many: rollout.summarize's keys (records written before the count existed: 0)."""
+    return {"reasoning_cut": sum(r.get("reasoning_cut", 0) for r in records),
+            "n": sum(r.get("rollouts", 0) for r in records)}
+
+
+def zero_reward_note(tasks, records: list[dict], training: bool = True) -> str:
+    """What to say when every reward was 0: when replies of `records` ended inside their reasoning,
+    that (the reply budget scored them 0, not the task model's skill) with the fixes; otherwise
+    all_zero_note."""
+    cut = reasoning_cut_note(cut_totals(records))
+    return f"every reward was 0, and {cut.removeprefix('note: ')}" if cut \
+        else all_zero_note(tasks, training)

@@ -16,7 +16,9 @@ from minskill.files import append_jsonl
 from minskill.plot import write_svg_plot
 from minskill.serve.client import usage_delta
 from minskill.skill_r1.grpo import inter_share
-from minskill.skill_r1.loop import OUTCOMES_SHOWN, all_zero_note, rollout_errors
+from minskill.rollout import reasoning_cut_note
+from minskill.skill_r1.loop import (OUTCOMES_SHOWN, cut_totals, reasoning_cuts, rollout_errors,
+                                    zero_reward_note)
 
 
 # policy_update's stats that are means over its trained tokens; the others are sums but for
@@ -50,7 +52,8 @@ def metrics_row(step, evolutions, cands, st, usage, t0, t_sampled, lr) -> dict:
     update's stats, the task model's usage (client.Usage) and the speeds. The editor samples while
     no task-model request is out, so its seconds are the sampling phase's wall time minus the task
     model's busy seconds in it. `errors`: the step's rollouts that ended with an error (scored 0);
-    when every one did, TaskModelFailed stops the run before the step is recorded or saved."""
+    when every one did, TaskModelFailed stops the run before the step is recorded or saved.
+    `reasoning_cut`: of its `rollouts`, the replies all reasoning (loop.reasoning_cuts)."""
     errors = rollout_errors(evolutions, f"training step {step + 1}")
     t_trained, n_inst, G = time.time(), len(evolutions), len(evolutions[0].generations)
 
@@ -88,6 +91,7 @@ def metrics_row(step, evolutions, cands, st, usage, t0, t_sampled, lr) -> dict:
         "task_tokens": usage["prompt_tokens"] + usage["completion_tokens"],
         "task_prompt_tokens": usage["prompt_tokens"],
         "task_completion_tokens": usage["completion_tokens"],
+        "task_reasoning_tokens": usage.get("reasoning_tokens", 0), **reasoning_cuts(evolutions),
         "task_seconds": usage["busy_seconds"], "task_request_seconds": usage["request_seconds"],
         "seconds_editor_sampling": max(0.0, t_sampled - t0 - usage["busy_seconds"]),
         "editor_sampled_tokens": sampled_tokens,
@@ -120,9 +124,20 @@ def log_step(run, args, row: dict, t0: float, t_run: float, evolutions) -> None:
           f"{row['zero_variance_groups']:.2f} | unparsed {row['unparsed_share']:.2f} | "
           f"{row['task_calls']} task calls{errors_note(row)} | {time.time() - t0:.0f} s/step | ETA "
           f"{eta / 60:.1f} min", flush=True)
-    # said once, on this session's first step: a run that never saw a reward cannot learn
+    # said once, on this session's first step: a run that never saw a reward cannot learn (it
+    # names the replies cut inside their reasoning, if any; else they are said when first seen)
     if step == run.start_step and step + 1 < args.steps and no_reward_yet(run.rows):
-        print(f"warning: so far {all_zero_note(run.tasks)}", flush=True)
+        print(f"warning: so far {zero_reward_note(run.tasks, run.rows)}", flush=True)
+    elif row["reasoning_cut"] and not any(r.get("reasoning_cut") for r in run.rows[:-1]):
+        print(reasoning_cut_note(cut_totals([row])), flush=True)
+
+
+def end_note(tasks, rows: list[dict]) -> str | None:
+    """The end of a training run: the all-zero note (zero_reward_note) when no reward was ever
+    above 0, else the replies cut inside their reasoning over the whole run (None: neither)."""
+    if no_reward_yet(rows):
+        return "note: " + zero_reward_note(tasks, rows)
+    return reasoning_cut_note(cut_totals(rows))
 
 
 def errors_note(record: dict) -> str:
