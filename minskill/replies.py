@@ -277,6 +277,9 @@ def extract_json(reply: str, accept=None, strict: bool = False):
             try:
                 value, end = decoder.raw_decode(text, match.start())
             except json.JSONDecodeError:
+                if brackets_deeper_than(text, match.start(), MAX_JSON_DEPTH):
+                    too_deep = True   # as below, whatever the stack allowed the decoder
+                    break
                 continue
             except RecursionError:   # brackets nested past Python's stack: nothing after this start
                                      # decodes
@@ -305,6 +308,9 @@ def _json_objects(reply: str):
             objects.append(value)
             pos = len(body) - len(body[pos:].lstrip())
     except json.JSONDecodeError as e:
+        if brackets_deeper_than(body, 0, MAX_JSON_DEPTH):   # (how far the decoder got before it
+            raise ValueError(                                # failed depends on the stack's limit)
+                f"not valid JSON (nested more than {MAX_JSON_DEPTH} levels deep)") from None
         raise ValueError(f"not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
     except RecursionError:
         raise ValueError(
@@ -312,6 +318,28 @@ def _json_objects(reply: str):
     if any(nested_deeper_than(value, MAX_JSON_DEPTH) for value in objects):
         raise ValueError(f"the JSON is nested more than {MAX_JSON_DEPTH} levels deep")
     return objects[0] if len(objects) == 1 else objects
+
+
+def brackets_deeper_than(text: str, start: int, limit: int) -> bool:
+    """Whether the brackets ([ and {, outside JSON strings) of `text` from `start` nest more than
+    `limit` levels deep: what a failed decode says of its input, whatever sys.getrecursionlimit()
+    let the decoder reach (torch.compile raises that limit in the process)."""
+    depth, in_string, escaped = 0, False, False
+    for char in text[start:]:
+        if in_string:
+            escaped, in_string = (not escaped and char == "\\"), in_string and (
+                escaped or char != '"')
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            if depth > limit:
+                return True
+        elif char in "]}":
+            depth -= 1
+            if depth <= 0:
+                return False
+    return False
 
 
 def nested_deeper_than(value, limit: int) -> bool:

@@ -135,6 +135,22 @@ def test_deeply_nested_json_is_no_json_never_a_recursion_error(reply):
     assert not any(s.metadata for s in skills.skills()) and skills.extra == {}   # nothing deep was kept
 
 
+@pytest.mark.parametrize("reply", list(DEEP.values()), ids=list(DEEP))
+def test_deep_json_is_refused_alike_under_a_raised_recursion_limit(reply):
+    """torch.compile raises the process's recursion limit; an unclosed '{"a": ' * 1000 then failed to decode at
+    its end ("Expecting value at column 6001") instead of being refused as too deep: the answer must not depend
+    on what the stack allowed the decoder."""
+    import sys
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(20_000)
+    try:
+        for strict in (False, True):
+            with pytest.raises(ValueError, match="no JSON object|nested more than 64 levels"):
+                extract_json(reply, strict=strict)
+    finally:
+        sys.setrecursionlimit(limit)
+
+
 def test_json_after_deep_prose_is_still_found():
     assert extract_json("[" * 200 + "]" * 200 + ' then {"a": 1}') == {"a": 1}       # deep, closed: skipped
     assert extract_json("[" * 2000 + '\n```json\n{"a": 1}\n```') == {"a": 1}       # a fenced block is read first
