@@ -90,28 +90,45 @@ def report(groups: list[dict]) -> list[str]:
         lines.append(f"generation {g + 1}: mean candidate − seed {statistics.mean(means):+.3f}, "
                      f"best − seed {statistics.mean(bests):+.3f}, carried reward {carried:.3f}")
     for g in range(1, n_gen):
-        d = [statistics.mean(grp["generations"][g]) - statistics.mean(grp["generations"][g - 1])
-             for grp in groups]
-        p, (low, high), how = sign_flip(d)
+        mean, low, high, p, how = generation_gain(groups, g)
         lines.append(f"generation {g + 1} − generation {g} (mean candidate, paired by record: one "
-                     f"instance at one step): {statistics.mean(d):+.3f} ({low:+.3f} to "
-                     f"{high:+.3f}), p {p:.4f} ({how} sign flip)")
+                     f"instance at one step): {mean:+.3f} ({low:+.3f} to {high:+.3f}), p {p:.4f} "
+                     f"({how} sign flip)")
     return lines
+
+
+def generation_gain(groups: list[dict], g: int) -> tuple[float, float, float, float, str]:
+    """(mean D, 95% interval low, high, p, how) of D = mean_k r_{g+1,k} − mean_k r_{g,k} over the
+    records (module docstring, G; paired.sign_flip)."""
+    d = [statistics.mean(grp["generations"][g]) - statistics.mean(grp["generations"][g - 1])
+         for grp in groups]
+    p, (low, high), how = sign_flip(d)
+    return statistics.mean(d), low, high, p, how
 
 
 def inter_share_line(run: str, groups: list[dict]) -> str:
     """The share of λ·A_inter in a run's advantages (module docstring, λ), and per step."""
+    shares = inter_shares(groups)
+    if shares is None:
+        return f"{run}: its records hold no advantages: the share of λ·A_inter cannot be computed"
+    share, candidates, steps = shares
+    return (f"{run}: share of λ·A_inter in the advantage {share:.3f} over {candidates} "
+            f"candidates; per step: median {statistics.median(steps):.3f}, "
+            f"{min(steps):.3f} to {max(steps):.3f} ({len(steps)} steps)")
+
+
+def inter_shares(groups: list[dict]) -> tuple[float, int, list[float]] | None:
+    """(the run's share of λ·A_inter, its candidates, the share of each step) over the records
+    that hold advantages (module docstring, λ); None when none does."""
     recorded = [g for g in groups if g["advantages"] is not None]
     if not recorded:
-        return f"{run}: its records hold no advantages: the share of λ·A_inter cannot be computed"
+        return None
     by_step: dict = {}
     for group in recorded:
         by_step.setdefault(group["step"], []).extend(group["advantages"])
-    steps = [inter_share(advantages) for advantages in by_step.values()]
     every = [advantages for group in recorded for advantages in group["advantages"]]
-    return (f"{run}: share of λ·A_inter in the advantage {inter_share(every):.3f} over "
-            f"{sum(map(len, every))} candidates; per step: median {statistics.median(steps):.3f}, "
-            f"{min(steps):.3f} to {max(steps):.3f} ({len(steps)} steps)")
+    return (inter_share(every), sum(map(len, every)),
+            [inter_share(advantages) for advantages in by_step.values()])
 
 
 def main(argv=None) -> int:
