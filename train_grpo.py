@@ -520,8 +520,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="own (default): each instance is scored on --eval-tasks tasks of its own; "
                    "shared: the instances of a type evolve on tasks of their own and are all "
                    "scored on the same --eval-tasks tasks of that type, for a split too small for "
-                   "many disjoint instances (qa holds 81 held-out arithmetic problems: own fits 12 "
-                   "instances of 4 + 20, shared 24 of 8 + 20; docs/skill-r1.md)")
+                   "many disjoint instances (docs/skill-r1.md)")
     e.add_argument("--eval-tasks", type=int, default=d.eval_tasks,
                    help="held-out tasks that score an instance's carried "
                    "skill (default %(default)s: 240 scoring tasks per row)")

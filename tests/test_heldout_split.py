@@ -52,12 +52,13 @@ def test_qa_with_200_tasks_and_8_instances_keeps_the_probe_apart_or_refuses():
     assert len(evo) == 7 and len(probe) == 4 and not task_ids(evo, test) & task_ids(probe)
 
 
-@pytest.mark.parametrize("argv, fit, tasks", [(["--eval-instances", "16"], 12, 20),
-                                              (["--eval-tasks", "30"], 8, 30)])
+@pytest.mark.parametrize("argv, fit, tasks", [(["--eval-instances", "24", "--eval-tasks", "100"], 16, 100),
+                                              (["--eval-instances", "40", "--eval-tasks", "60"], 24, 60)])
 def test_more_instances_than_the_split_holds_is_refused_not_shrunk(argv, fit, tasks):
-    """qa draws at most about 81 held-out tasks per type: 12 instances of 4 + 20 fit (not 16), 8 of 4 + 30
-    (not the default 12); before, --eval evaluated 8 and 4 instances without a word. Asking for what fits
-    gives exactly that (and the probe beside it), and train_grpo.py refuses the rest as a usage error."""
+    """qa draws at most 440 held-out tasks per type (conversion: the split's 125 and the extension's 315):
+    16 instances of 4 + 100 fit (not 24), 24 of 4 + 60 (not 40); before, --eval evaluated fewer without a
+    word. Asking for what fits gives exactly that (and the probe beside it), and train_grpo.py refuses the
+    rest as a usage error."""
     with pytest.raises(HeldoutSplitError, match=rf"room for {fit} instance\(s\) .* ask for at most {fit}"):
         heldout_split(flags(*argv))
     evo, test, probe = heldout_split(flags(*argv, "--eval-instances", str(fit)), probe=True)
@@ -69,12 +70,12 @@ def test_more_instances_than_the_split_holds_is_refused_not_shrunk(argv, fit, ta
 
 
 def test_shared_scoring_fits_24_qa_instances_each_type_scored_on_one_set():
-    """qa holds 81 held-out arithmetic problems: 24 instances of 8 + 20 tasks of their own do not fit (the refusal
-    names --eval-scoring shared); shared, each instance evolves on 8 tasks of its own and the instances of a type
-    are scored on the same 20, never one of any instance's evolve tasks nor the probe's."""
+    """qa holds 440 held-out conversion problems: 72 instances of 8 + 20 tasks of their own do not fit (the
+    refusal names --eval-scoring shared); shared, each instance evolves on 8 tasks of its own and the instances
+    of a type are scored on the same 20, never one of any instance's evolve tasks nor the probe's."""
     argv = ["--tasks-per-instance", "8", "--eval-instances", "24", "--probe-instances", "4"]
-    with pytest.raises(HeldoutSplitError, match=r"room for 8 instance.*--eval-scoring shared"):
-        heldout_split(flags(*argv), probe=True)
+    with pytest.raises(HeldoutSplitError, match=r"room for 60 instance.*--eval-scoring shared"):
+        heldout_split(flags(*argv, "--eval-instances", "72"), probe=True)
     evo, test, probe = heldout_split(flags(*argv, "--eval-scoring", "shared"), probe=True)
     assert len(evo) == 24 and all(len(x.tasks) == 8 for x in evo) and len(probe) == 4
     scoring_sets = {}

@@ -10,7 +10,7 @@ from minskill.skills import SkillFormatError, validate_task_type
 from minskill.tasks import NOTHING_HAPPENS, Task, load_suite, make_env, oracle_actions, task_types
 from minskill.tasks.base import check_task_type
 from minskill.tasks.household import TASK_TYPES as HOUSEHOLD_TYPES
-from minskill.tasks.qa import TASK_TYPES as QA_TYPES, _CONVERSIONS
+from minskill.tasks.qa import TASK_TYPES as QA_TYPES, _CONVERSIONS, generate_qa
 from minskill.tasks.webwalk import LEVELS
 
 
@@ -96,8 +96,9 @@ def test_qa_tasks_score_their_own_answer():
         make_env(tasks[0])
 
 
-def test_qa_generated_answers_are_right():
-    for task in load_suite("qa", "train", n=200):
+@pytest.mark.parametrize("split, n", [("train", 200), ("heldout", 4 * 400)])
+def test_qa_generated_answers_are_right(split, n):
+    for task in load_suite("qa", split, n=n):   # (held-out: its extension too)
         q = task.question
         if task.type == "arithmetic":
             a, op, b = _arithmetic_key(q)
@@ -115,6 +116,33 @@ def test_qa_generated_answers_are_right():
         elif task.type == "lookup":
             name = re.search(r"does (\w+) have", q).group(1)
             assert re.search(rf"{name} has {task.answer} ", q)
+
+
+def test_qa_heldout_extension_holds_more_and_changes_no_draw_that_fit():
+    """Past the split's own 81 arithmetic / 125 conversion problems, held-out draws go on with
+    problems outside the train / held-out space: a smaller draw is the larger one's front, no
+    training task is among them, and the end of the extension is still refused."""
+    small, large = load_suite("qa", "heldout", n=4 * 80), load_suite("qa", "heldout", n=4 * 400)
+    for task_type in ("arithmetic", "conversion", "counting", "lookup"):
+        front = [t for t in large if t.type == task_type][:80]
+        assert front == [t for t in small if t.type == task_type], task_type
+    def problem(task):   # what a task asks, whatever its wording
+        if task.type == "arithmetic":
+            return _arithmetic_key(task.question)
+        value = int(re.search(r"\d+", task.question).group())
+        return value, next((big, small) for big, one, small, _ in _CONVERSIONS if small in
+                           task.question and (f" {big}" in task.question or f" {one}" in
+                                              task.question))
+
+    train = {problem(t) for t in generate_qa("train", n=74, types=("arithmetic",))}
+    train |= {problem(t) for t in generate_qa("train", n=100, types=("conversion",))}
+    heldout = [problem(t) for t in large if t.type in ("arithmetic", "conversion")]
+    assert len(set(heldout)) == len(heldout) == 2 * 400 and not train & set(heldout)
+    operands = [_arithmetic_key(t.question) for t in large if t.type == "arithmetic"]
+    assert max(max(a, b) for a, _, b in operands) == 19
+    with pytest.raises(ValueError, match="qa/arithmetic: asked for 537 heldout tasks, the split "
+                                         "holds only 536"):
+        generate_qa("heldout", n=537, types=("arithmetic",))
 
 
 # --------------------------------------------------------------------------- JSONL

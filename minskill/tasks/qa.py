@@ -8,6 +8,7 @@ final-answer check (`verifiers.final_answer_match`):
 * `arithmetic` — one-digit addition and subtraction (a + b, a - b with a >= b; 155 problems);
 * `conversion` — unit conversion from a larger to a smaller unit (value 1-25 times a factor such as
   60 min/h, 100 cm/m, 12 items/dozen; 225 problems).
+(Held-out draws larger than the split extend both: below.)
 
 They are chosen so that the offline default model (SmolLM2-135M-Instruct) scores between 0 and 1 and
 a skill can carry what it lacks: a procedure and an answer pattern (counting, arithmetic), a
@@ -18,7 +19,13 @@ split, seed 0, 50 tasks per type; counting / lookup / arithmetic / conversion / 
     base_skills/qa (worked examples per type)         .28 / .30 / .60 / .32 / .38   (paired +43/-22)
 
 Train and held-out sets are disjoint by problem key (see base.py); arithmetic (155 problems) and
-conversion (225) are small spaces, so `n` per type is capped by what the split holds.
+conversion (225) are small spaces, so `n` per type is capped by what the split holds: on train, 74
+and 100; on held-out, 81 and 125 of them, then a held-out extension that no training task comes
+from, drawn only when more are asked for (an evaluation sized by a power computation needs a few
+hundred a type): arithmetic with operands up to 19 (455 more problems: a + b, a − b with a ≥ b,
+one of them 10-19), conversion of 26-60 units (315 more). A draw of up to 81 / 125 held-out tasks
+is what it was without the extension; a larger one holds those first, then the extension's (harder
+for arithmetic: every row of an evaluation sees the same tasks, so its paired differences hold).
 
 JSONL. One JSON object a line, either GAIA's metadata.jsonl format {"task_id", "Question", "Level",
 "Final answer", "file_name"?, "Annotator Metadata"?} (verifier "gaia", type "level<Level>") or
@@ -129,10 +136,19 @@ _CONVERSIONS = [  # (big unit plural, big unit singular, small unit plural, fact
 _CONV_TEMPLATES = ("How many {small} are in {value} {big}?", "Convert {value} {big} to {small}.")
 
 
-def _arithmetic_problems() -> list[tuple[str, dict]]:
+def _heldout_extension(task_type: str) -> list[tuple[str, dict]]:
+    """Held-out problems beyond the split's own (module docstring): outside the space that
+    split_of divides between train and held-out, so no training task is one of them."""
+    if task_type == "arithmetic":
+        own = {key for key, _ in _arithmetic_problems()}
+        return [(key, p) for key, p in _arithmetic_problems(range(20)) if key not in own]
+    return _conversion_problems(range(26, 61))
+
+
+def _arithmetic_problems(operands: range = range(10)) -> list[tuple[str, dict]]:
     problems = []
-    for a in range(10):
-        for b in range(10):
+    for a in operands:
+        for b in operands:
             problems.append((f"arithmetic|{a}+{b}", {"a": a, "op": "+", "b": b, "answer": a + b}))
             if a >= b:
                 problems.append((f"arithmetic|{a}-{b}",
@@ -140,10 +156,10 @@ def _arithmetic_problems() -> list[tuple[str, dict]]:
     return problems
 
 
-def _conversion_problems() -> list[tuple[str, dict]]:
+def _conversion_problems(values: range = range(1, 26)) -> list[tuple[str, dict]]:
     problems = []
     for big, big_one, small, factor in _CONVERSIONS:
-        for value in range(1, 26):
+        for value in values:
             problems.append((f"conversion|{value} {big}->{small}",
                              {"big": big_one if value == 1 else big, "small": small, "value": value,
                               "answer": value * factor}))
@@ -205,10 +221,14 @@ def _generate_type(task_type: str, split: str, seed: int, count: int) -> list[Ta
     if task_type in ("arithmetic", "conversion"):
         pool = _arithmetic_problems() if task_type == "arithmetic" else _conversion_problems()
         pool = [(key, p) for key, p in pool if split_of(key) == split]
+        rng.shuffle(pool)
+        if split == "heldout" and count > len(pool):   # shuffled by an rng of its own, so that
+            extension = _heldout_extension(task_type)  # a draw's first tasks are the smaller draw's
+            rng_for("qa-extension", split, seed, task_type).shuffle(extension)
+            pool += extension
         if count > len(pool):
             raise ValueError(f"qa/{task_type}: asked for {count} {split} tasks, the split holds "
                              f"only {len(pool)} distinct problems")
-        rng.shuffle(pool)
         ask = _arithmetic_question if task_type == "arithmetic" else _conversion_question
         items = [(key, ask(p, rng), str(p["answer"])) for key, p in pool[:count]]
     else:
