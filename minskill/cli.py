@@ -10,6 +10,7 @@ from pathlib import Path
 
 from minskill.nn.quantize import QUANTIZE_CHOICES
 from minskill.serve.client import MAX_REPLY_BYTES, ChatClient
+from minskill.serve.embedded import DEFAULT_PREFIX_CACHE_MB
 from minskill.skills import MAX_RESOURCE_FILES, set_max_resource_files
 from minskill.tasks.alfworld import DATA_ENV as ALFWORLD_DATA_ENV
 from minskill.tasks.search_r1 import add_retriever_url_arg
@@ -56,6 +57,7 @@ def add_task_model_args(group, *, concurrency: int | None, max_tokens: int, quan
                        "per-replica batch (e.g. 4 × --max-num-seqs 64 = 256)")
     group.add_argument("--task-max-tokens", type=int, default=max_tokens,
                        help=f"longest task-model reply, in tokens (default {max_tokens})")
+    add_prefix_cache_arg(group)
     add_extra_body_arg(group, "task")
     add_max_reply_arg(group)
     add_skill_files_arg(group)   # (every script with a task model reads skill sets)
@@ -223,13 +225,37 @@ def with_extra_body(client, extra_body):
                       max_reply_bytes=client.max_reply_bytes)
 
 
+def add_prefix_cache_arg(group) -> None:
+    """--task-prefix-cache-mb: the embedded task server's prefix cache (its --prefix-cache-mb)."""
+    group.add_argument("--task-prefix-cache-mb", type=prefix_cache_mb, default=None, metavar="MB",
+                       help="the embedded server's cache of prompt prefixes (their keys and "
+                       f"values; default {DEFAULT_PREFIX_CACHE_MB} MB, ~46 MB per 1,000 tokens of "
+                       "the default model in float32): a multi-turn suite with many live "
+                       "episodes re-reads every prompt when theirs do not all fit, e.g. 3000 for "
+                       "ALFWorld's 60 held-out games (docs/alfworld.md); 0: none")
+
+
+def prefix_cache_mb(text: str) -> float:
+    """argparse `type` of --task-prefix-cache-mb: a number of MB >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"--task-prefix-cache-mb must be a number of MB >= 0, "
+                                         f"got {text!r:.50}")
+    return value
+
+
 def client_args(args, role: str) -> dict:
-    """url/model/api_key/extra_body of --{role}-*, the script's --device (where an embedded server
-    runs) and its --max-reply-mb: the keyword arguments of serve.embedded.embedded_client."""
-    mb = getattr(args, "max_reply_mb", None)
+    """url/model/api_key/extra_body/prefix_cache_mb of --{role}-*, the script's --device (where an
+    embedded server runs) and its --max-reply-mb: the keyword arguments of
+    serve.embedded.embedded_client."""
+    mb, cache = getattr(args, "max_reply_mb", None), getattr(args, f"{role}_prefix_cache_mb", None)
     return {"url": getattr(args, f"{role}_url", None),
             "model": getattr(args, f"{role}_model", None),
             "api_key": getattr(args, f"{role}_api_key", None),
             "extra_body": getattr(args, f"{role}_extra_body", None),
             "device": getattr(args, "device", None),
-            "max_reply_bytes": MAX_REPLY_BYTES if mb is None else int(mb * 2**20)}
+            "max_reply_bytes": MAX_REPLY_BYTES if mb is None else int(mb * 2**20),
+            "prefix_cache_mb": DEFAULT_PREFIX_CACHE_MB if cache is None else cache}

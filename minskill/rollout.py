@@ -30,7 +30,7 @@ from typing import Callable, Protocol, runtime_checkable
 
 from minskill.files import append_jsonl, write_json_atomic, write_jsonl_atomic
 from minskill.cli import (EXTRA_BODY_EXAMPLE, QUANTIZE_HELP, add_alfworld_data_arg,
-                          add_extra_body_arg,
+                          add_extra_body_arg, add_prefix_cache_arg,
                           add_max_reply_arg, add_skill_files_arg, client_args)
 from minskill.nn.quantize import QUANTIZE_CHOICES
 from minskill.retrieval import (RetrievalError, add_retrieval_args, check_retrieval_args,
@@ -424,6 +424,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="sampling seed sent with each request")
     p.add_argument("--task-max-tokens", type=int, default=256,
                    help="reply budget of a single-turn answer")
+    add_prefix_cache_arg(p)
     add_extra_body_arg(p, "task")
     add_max_reply_arg(p)
     add_skill_files_arg(p)

@@ -94,3 +94,18 @@ def test_extra_request_fields_are_a_json_object_named_by_their_flag(capsys):
     with pytest.raises(transfer.TransferError, match="LABEL one of a"):
         transfer.load_targets(transfer.build_parser().parse_args(
             ["--targets", "a=smollm2-135m", "--task-extra-body", 'c={"y": 2}']))
+
+
+@pytest.mark.parametrize("parse", [train_grpo.parse_args, evolve_masa.build_parser().parse_args,
+                                   lambda argv: rollout._parser().parse_args(["--suite", "qa", *argv])])
+def test_the_embedded_servers_prefix_cache_is_one_flag_away(parse, capsys):
+    """--task-prefix-cache-mb reaches embedded_client (its prefix_cache_mb, default 256 MB as
+    before); 0 means none; a negative or non-number is refused naming the flag."""
+    assert client_args(parse([]), "task")["prefix_cache_mb"] == 256
+    assert client_args(parse(["--task-prefix-cache-mb", "3000"]), "task")["prefix_cache_mb"] == 3000
+    assert client_args(parse(["--task-prefix-cache-mb", "0"]), "task")["prefix_cache_mb"] == 0
+    assert client_args(parse([]), "teacher")["prefix_cache_mb"] == 256
+    for bad in ("-1", "nan", "lots"):
+        with pytest.raises(SystemExit):
+            parse(["--task-prefix-cache-mb", bad])
+        assert "--task-prefix-cache-mb must be a number of MB >= 0" in capsys.readouterr().err
