@@ -1,4 +1,4 @@
-"""A λ sweep in one table and one figure (issue 45, point 3): each arm's held-out probe curve and
+"""A λ sweep in one table and one figure: each arm's held-out probe curve and
 what its training records' second generation gained over the first.
 
     python -m minskill.measure.sweep "λ=0=runs/sweep-lam0" "raw λ=0.5=runs/sweep-raw-0.5" \\
