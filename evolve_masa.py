@@ -37,7 +37,8 @@ from minskill.masa.search import MasaConfig, MasaSearch
 from minskill.plot import write_svg_plot
 from minskill.retrieval import (RetrievalError, check_retrieval_args, retriever_from_args,
                                 with_retrieval)
-from minskill.rollout import all_failed, fit_to_suite, load_skills, reasoning_cut_note, summarize
+from minskill.rollout import (all_failed, cut_totals, fit_to_suite, load_skills,
+                              reasoning_cut_note, summarize)
 from minskill.runs import (check_run_folder, given_flags, open_run_folder, restart_flags,
                            resume_flags, started_flags)
 from minskill.serve.caching import BudgetExhausted, CachingClient, CallBudget
@@ -189,14 +190,6 @@ def say_reasoning_cut(metrics: list[dict | None]) -> bool:
     if note := reasoning_cut_note(cut_totals(metrics)):
         log(note)
     return note is not None
-
-
-def cut_totals(metrics: list[dict | None]) -> dict:
-    """The replies cut inside their reasoning over evaluations' metrics (None: not evaluated), and
-    of how many (rollout.summarize's keys)."""
-    done = [m for m in metrics if m is not None]
-    return {"reasoning_cut": sum(m.get("reasoning_cut", 0) for m in done),
-            "n": sum(m["n"] for m in done)}
 
 
 def teacher_skipped(run: Run, event: dict) -> None:

@@ -203,6 +203,14 @@ def reasoning_cut_note(summary: dict, budget_flag: str = "--task-max-tokens") ->
         if cut else None
 
 
+def cut_totals(records, of: str = "n") -> dict:
+    """reasoning_cut_note's summary over several records: summaries, or rows that count their
+    rollouts under `of` (None, and a record written before the counts existed, adds 0)."""
+    records = [r for r in records if r is not None]
+    return {"reasoning_cut": sum(r.get("reasoning_cut", 0) for r in records),
+            "n": sum(r.get(of, 0) for r in records)}
+
+
 def format_table(summary: dict) -> str:
     """A Markdown table: one row per task type, then the whole run."""
     head = ("| task type | n | success | 95% CI | NHR | mean steps | errors |\n"

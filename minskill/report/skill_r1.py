@@ -16,6 +16,7 @@ from minskill.report.html import (SECONDS_NOTE, Safe, cost_table, details, diff_
                                   table, tag,
                                   tasks_list, usage_row)
 from minskill.report.provenance import NOT_RECORDED, gained_lost, lineage_scores
+from minskill.rollout import cut_totals
 
 
 # ----------------------------------------------------------------------------------------------
@@ -90,8 +91,8 @@ def reasoning_note(note: str, reasoning_tokens: int | None, records: list[dict])
         parts.append(f"{reasoning_tokens} of the completion tokens were reasoning")
     counted = [r for r in records if "reasoning_cut" in r]
     if counted:
-        parts.append(f"{sum(r['reasoning_cut'] for r in counted)} of "
-                     f"{sum(r.get('rollouts', 0) for r in counted)} replies ended inside their "
+        totals = cut_totals(counted, of="rollouts")
+        parts.append(f"{totals['reasoning_cut']} of {totals['n']} replies ended inside their "
                      "reasoning (no answer: scored 0)")
     return "; ".join(parts)
 

@@ -64,15 +64,15 @@ from minskill.cli import client_args
 from minskill.files import write_json_atomic
 from minskill.nn.shared_prefix import grouped_logprobs
 from minskill.nn.weights import is_model_spec, load_model
-from minskill.rollout import (all_failed, load_skills, reasoning_cut_note, run_rollouts,
-                              skill_text, summarize)
+from minskill.rollout import (all_failed, cut_totals, load_skills, reasoning_cut_note,
+                              run_rollouts, skill_text, summarize)
 from minskill.runs import TRAINER_STATE, check_run_folder, load_trainer_state, open_run_folder
 from minskill.serve.client import usage_delta
 from minskill.serve.embedded import embedded_client
 from minskill.skill_r1.eval_table import (EVAL_FILE, FROZEN_ROW, GRPO_ROW, paired_rows, print_table,
                                           success_interval)
 from minskill.skill_r1.loop import (EvolveConfig, Instance, TaskModelFailed, autocast,
-                                    check_config, cut_totals, evolve_batch, load_split,
+                                    check_config, evolve_batch, load_split,
                                     reasoning_cuts, rollout_errors, step_seed, zero_reward_note)
 from minskill.tasks import load_suite
 
@@ -497,7 +497,8 @@ def evaluate(args) -> int:
             write_json_atomic(out / EVAL_FILE, record)
             print(f"evaluated: {label}", flush=True)
             if row["reasoning_cut"] and not any(r["reasoning_cut"] for r in rows[:-1]):
-                print(reasoning_cut_note(cut_totals([row])), flush=True)   # once, when first seen
+                # once, when first seen
+                print(reasoning_cut_note(cut_totals([row], of="rollouts")), flush=True)
 
         done("no skill", skill_row(client, "no skill", [""] * len(evo), evo, test, args))
         seed = "seed skill" + ("" if seed_skillset is not None
@@ -519,7 +520,7 @@ def evaluate(args) -> int:
             done(name, editor_row(client, name, spec, evo, seed_skills, test, args), trained_lam)
     print_table(rows, evo, test, args,
                 zero_reward_note([t for ts in test for t in ts], rows, training=False),
-                reasoning_cut_note(cut_totals(rows)))
+                reasoning_cut_note(cut_totals(rows, of="rollouts")))
     record.update(paired=paired_rows(rows, args.seed), finished=True, wall_seconds=time.time()
                   - started)
     write_json_atomic(out / EVAL_FILE, record)

@@ -54,8 +54,8 @@ import torch
 from minskill import gates
 from minskill.nn.sampling import generate
 from minskill.replies import parse_skill
-from minskill.rollout import (Trajectory, all_failed, reasoning_cut_note, run_rollouts, skill_text,
-                              summarize)
+from minskill.rollout import (Trajectory, all_failed, cut_totals, reasoning_cut_note,
+                              run_rollouts, skill_text, summarize)
 from minskill.skill_r1.grpo import bilevel_advantages, inter_divisor
 from minskill.skills import SkillParseError
 from minskill.tasks import load_suite
@@ -481,17 +481,10 @@ def reasoning_cuts(evolutions: list[Evolution]) -> dict:
     return {"rollouts": len(outcomes), "reasoning_cut": summarize(replies)["reasoning_cut"]}
 
 
-def cut_totals(records: list[dict]) -> dict:
-    """The replies cut inside their reasoning over `records` (metrics rows, probes, --eval rows),
-    and of how many: rollout.summarize's keys (records written before the count existed: 0)."""
-    return {"reasoning_cut": sum(r.get("reasoning_cut", 0) for r in records),
-            "n": sum(r.get("rollouts", 0) for r in records)}
-
-
 def zero_reward_note(tasks, records: list[dict], training: bool = True) -> str:
     """What to say when every reward was 0: when replies of `records` ended inside their reasoning,
     that (the reply budget scored them 0, not the task model's skill) with the fixes; otherwise
     all_zero_note."""
-    cut = reasoning_cut_note(cut_totals(records))
+    cut = reasoning_cut_note(cut_totals(records, of="rollouts"))
     return f"every reward was 0, and {cut.removeprefix('note: ')}" if cut \
         else all_zero_note(tasks, training)

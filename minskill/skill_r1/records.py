@@ -16,8 +16,8 @@ from minskill.files import append_jsonl
 from minskill.plot import write_svg_plot
 from minskill.serve.client import usage_delta
 from minskill.skill_r1.grpo import inter_share
-from minskill.rollout import reasoning_cut_note
-from minskill.skill_r1.loop import (OUTCOMES_SHOWN, cut_totals, reasoning_cuts, rollout_errors,
+from minskill.rollout import cut_totals, reasoning_cut_note
+from minskill.skill_r1.loop import (OUTCOMES_SHOWN, reasoning_cuts, rollout_errors,
                                     zero_reward_note)
 
 
@@ -129,7 +129,7 @@ def log_step(run, args, row: dict, t0: float, t_run: float, evolutions) -> None:
     if step == run.start_step and step + 1 < args.steps and no_reward_yet(run.rows):
         print(f"warning: so far {zero_reward_note(run.tasks, run.rows)}", flush=True)
     elif row["reasoning_cut"] and not any(r.get("reasoning_cut") for r in run.rows[:-1]):
-        print(reasoning_cut_note(cut_totals([row])), flush=True)
+        print(reasoning_cut_note(cut_totals([row], of="rollouts")), flush=True)
 
 
 def end_note(tasks, rows: list[dict]) -> str | None:
@@ -137,7 +137,7 @@ def end_note(tasks, rows: list[dict]) -> str | None:
     above 0, else the replies cut inside their reasoning over the whole run (None: neither)."""
     if no_reward_yet(rows):
         return "note: " + zero_reward_note(tasks, rows)
-    return reasoning_cut_note(cut_totals(rows))
+    return reasoning_cut_note(cut_totals(rows, of="rollouts"))
 
 
 def errors_note(record: dict) -> str:
