@@ -1,11 +1,13 @@
 """pytest configuration: tests marked `slow` (the real 135M default model) run only with `--slow`; fixtures more
-than one test file uses (the scripted MASA servers, a tiny rewriter trained by SFT)."""
+than one test file uses (the scripted MASA servers, a tiny rewriter trained by SFT, the tiny Skill-R1 editor and
+the keyword suite; a test file may define its own under the same name)."""
 import json
 
 import pytest
 import torch
 
-from helpers import SKILLS_IN, TARGET, TASK, run_rewrite, skill, target_fn, teacher_fn, write_suite
+from helpers import (SKILLS_IN, TARGET, TASK, run_rewrite, skill, target_fn, teacher_fn, write_keyword_suite,
+                     write_suite)
 from minskill.masa.model_card import ModelCard
 from minskill.serve.backends import ScriptedBackend
 from minskill.serve.server import start_server
@@ -35,6 +37,19 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def editor_dir(tmp_path_factory):
+    """A tiny Skill-R1 editor (llama, chatml, 1,024 positions), one per test file."""
+    return make_tiny_model_dir(tmp_path_factory.mktemp("editor"), family="llama", chat_format="chatml",
+                               max_position_embeddings=1024)
+
+
+@pytest.fixture(scope="module")
+def suite_file(tmp_path_factory):
+    """The keyword suite (helpers.write_keyword_suite): 8 training and 8 held-out tasks."""
+    return write_keyword_suite(tmp_path_factory.mktemp("suite") / "keywords.jsonl")
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ from safetensors.torch import load_file, save_file
 
 import train_grpo
 from helpers import (ROW_FIELDS, TIMING_FIELDS, assert_learning_raises_the_reward, common_flags,
-                     crash_after_checkpoint, keyword_task_model, read_rows, run_rewrite, write_keyword_suite)
+                     crash_after_checkpoint, keyword_task_model, read_rows, run_rewrite)
 from minskill.nn.lora import (ADAPTER_DIR, AdaptersOff, adapters_disabled, apply_lora,
                               load_peft_adapter, lora_layers, merged_model, save_lora_model,
                               save_peft_adapter, trainable_parameters)
@@ -253,17 +253,6 @@ def test_an_adapter_missing_one_tensor_is_refused_before_any_is_copied(model_dir
 
 
 # ------------------------------------------------------------------------------------------ train_grpo.py
-
-
-@pytest.fixture(scope="module")
-def editor_dir(tmp_path_factory):
-    return make_tiny_model_dir(tmp_path_factory.mktemp("editor"), family="llama", chat_format="chatml",
-                               max_position_embeddings=1024)
-
-
-@pytest.fixture(scope="module")
-def suite_file(tmp_path_factory):
-    return write_keyword_suite(tmp_path_factory.mktemp("suite") / "keywords.jsonl")
 
 
 @pytest.fixture(scope="module")

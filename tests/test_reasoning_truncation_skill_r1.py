@@ -10,11 +10,10 @@ import pytest
 
 import evolve_masa
 import train_grpo
-from helpers import argv, common_flags, read_rows, write_keyword_suite
+from helpers import argv, common_flags, read_rows
 from minskill.report.__main__ import write_report
 from minskill.serve.backends import ScriptedBackend
 from minskill.serve.server import start_server
-from tiny import make_tiny_model_dir
 
 CUT = "replies ended inside the task model's reasoning"
 EXTRA_BODY = """--task-extra-body '{"chat_template_kwargs": {"enable_thinking": false}}'"""
@@ -22,17 +21,6 @@ EXTRA_BODY = """--task-extra-body '{"chat_template_kwargs": {"enable_thinking": 
 
 def thinking(messages, request):   # never closes its <think>: the reply budget cuts every reply inside it
     return "<think> " + "let me think about this " * 20
-
-
-@pytest.fixture(scope="module")
-def editor_dir(tmp_path_factory):
-    return make_tiny_model_dir(tmp_path_factory.mktemp("editor"), family="llama", chat_format="chatml",
-                               max_position_embeddings=1024)
-
-
-@pytest.fixture(scope="module")
-def suite_file(tmp_path_factory):
-    return write_keyword_suite(tmp_path_factory.mktemp("suite") / "keywords.jsonl")
 
 
 @pytest.fixture(scope="module")

@@ -22,13 +22,6 @@ from minskill.skill_r1.loop import (EvolveConfig, HistoryEntry, Instance, Outcom
                                     SuiteError, editor_messages, evolve_batch, load_split, make_instances,
                                     parse_candidate)
 from minskill.tasks import Task
-from tiny import make_tiny_model_dir
-
-
-@pytest.fixture(scope="module")
-def editor_dir(tmp_path_factory):
-    return make_tiny_model_dir(tmp_path_factory.mktemp("editor"), family="llama", chat_format="chatml",
-                               max_position_embeddings=1024)
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ import train_grpo
 from minskill.paired import wilson_interval
 from minskill.measure import combine
 from helpers import (KEYWORDS, ROW_FIELDS, TIMING_FIELDS, common_flags, crash_after_checkpoint, keyword_task_model,
-                     keyword_tasks, read_rows, write_keyword_suite)
+                     keyword_tasks, read_rows)
 from minskill.nn.sampling import completion_logprobs
 from minskill.nn.weights import load_model
 from minskill.serve.client import ChatClient
@@ -28,19 +28,6 @@ from minskill.skill_r1.eval_table import success_interval
 from minskill.skill_r1.evaluate import heldout_instances, kl_reference, kl_to_frozen, probe_instances, success
 from minskill.skill_r1.grpo import policy_loss
 from minskill.skill_r1.loop import EvolveConfig
-from tiny import make_tiny_model_dir
-
-
-@pytest.fixture(scope="module")
-def editor_dir(tmp_path_factory):
-    return make_tiny_model_dir(tmp_path_factory.mktemp("editor"), family="llama", chat_format="chatml",
-                               max_position_embeddings=1024)
-
-
-@pytest.fixture(scope="module")
-def suite_file(tmp_path_factory):
-    """The keyword suite (helpers.write_keyword_suite): 8 training and 8 held-out tasks."""
-    return write_keyword_suite(tmp_path_factory.mktemp("suite") / "keywords.jsonl")
 
 
 @pytest.fixture(scope="module")

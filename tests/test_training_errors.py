@@ -13,8 +13,7 @@ from pathlib import Path
 import pytest
 
 import evolve_masa
-from helpers import (argv as masa_argv, common_flags, keyword_task_model, read_rows, skill,
-                     write_keyword_suite)
+from helpers import argv as masa_argv, common_flags, keyword_task_model, read_rows, skill
 from minskill.masa import search as masa
 from minskill.masa.model_card import ModelCard
 from minskill.serve.errors import BackendError
@@ -22,22 +21,10 @@ from minskill.serve.backends import ScriptedBackend
 from minskill.serve.server import start_server
 from minskill.skillsets import SkillSet
 from minskill.tasks import Task
-from tiny import make_tiny_model_dir
 
 import train_grpo
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def editor_dir(tmp_path_factory):
-    return make_tiny_model_dir(tmp_path_factory.mktemp("editor"), family="llama",
-                               chat_format="chatml", max_position_embeddings=1024)
-
-
-@pytest.fixture(scope="module")
-def suite_file(tmp_path_factory):
-    return write_keyword_suite(tmp_path_factory.mktemp("suite") / "keywords.jsonl")
 
 
 def failing(answer, fails):
