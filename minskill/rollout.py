@@ -326,7 +326,10 @@ def main(argv=None) -> int:
         if not args.resume:
             p.error(f"{traj_path} already exists; pass --resume to continue it or choose another "
                     "--out")
-        previous, tasks = _resume(traj_path, tasks, args.n)
+        try:
+            previous, tasks = _resume(traj_path, tasks, args.n)
+        except ValueError as e:
+            p.error(str(e))
         print(f"resuming: {len(previous)} trajectories kept, {len(tasks)} tasks to run",
               file=sys.stderr)
 
@@ -465,8 +468,15 @@ def _resume(traj_path: Path, tasks: list, n: int) -> tuple[list[Trajectory], lis
     """(trajectories kept, tasks still to run) of an earlier run's trajectories.jsonl. A task with
     only some of its n samples done, or one that ended with an error (the task model was down), is
     run again whole; its other samples are dropped. What is kept is written back, so that new lines
-    never follow a torn one."""
+    never follow a torn one. A file holding tasks outside this run's list (another --n-tasks,
+    --split or --task-seed) is refused: writing back only this run's tasks would lose them."""
     previous = load_trajectories(traj_path)
+    ids = {t.id for t in tasks}
+    if foreign := sorted({t.task_id for t in previous} - ids):
+        raise ValueError(
+            f"{traj_path} holds {len(foreign)} task(s) that this run does not draw (first: "
+            f"{foreign[0]!r}); --resume continues the same task list: pass the earlier run's "
+            "--n-tasks, --split and --task-seed (a larger --n-tasks keeps them), or another --out")
     done = {(t.task_id, t.sample) for t in previous if t.error is None}
     complete = {t.id for t in tasks if all((t.id, j) in done for j in range(n))}
     previous = [t for t in previous if t.task_id in complete]

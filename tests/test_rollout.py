@@ -441,6 +441,13 @@ def test_evaluation_command(serve, tmp_path, capsys):
     assert len(resumed) == 8 and len({t.task_id for t in resumed}) == 8
     assert json.loads((out / "summary.json").read_text())["success_rate"] == 0.25
 
+    # --resume with fewer tasks is refused: writing back only its 4 would drop the other 4
+    before = (out / "trajectories.jsonl").read_bytes()
+    with pytest.raises(SystemExit):
+        rollout.main([a if a != "8" else "4" for a in argv] + ["--resume"])
+    assert "holds 4 task(s) that this run does not draw" in capsys.readouterr().err
+    assert (out / "trajectories.jsonl").read_bytes() == before
+
 
 def test_evaluation_command_with_replies_holding_lone_surrogates(serve, tmp_path):
     """The string "\\ud800" in a reply (valid JSON, no Unicode text) killed writing trajectories.jsonl."""
