@@ -1,6 +1,7 @@
 """The real offline default (SmolLM2-135M): the same held-out qa rollouts give the same replies one
-request at a time and twelve at a time behind the embedded server (int8 and int4 weights), and a
-prompt prefilled from prefix blocks that other prompts computed has the bits of a cold prefill."""
+request at a time and twelve at a time behind the embedded server (int8 and int4 weights; int4 with
+the decoding step in C too), and a prompt prefilled from prefix blocks that other prompts computed
+has the bits of a cold prefill."""
 import pytest
 import torch
 
@@ -16,12 +17,14 @@ from minskill.tasks import load_suite
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.parametrize("quantize, dtype", [("int8", "float32"), ("int4", "float32")])
-def test_rollout_replies_do_not_depend_on_the_concurrency(quantize, dtype):
+@pytest.mark.parametrize("quantize, dtype, c_kernels", [("int8", "float32", "off"),
+                                                       ("int4", "float32", "off"),
+                                                       ("int4", "float32", "on")])
+def test_rollout_replies_do_not_depend_on_the_concurrency(quantize, dtype, c_kernels):
     tasks = load_suite("qa", split="heldout", seed=0, n=24)
     skills = base_skills("qa")
     # two torch threads, whatever the machine: a query block's bits once moved with the thread
-    server = ("--dtype", dtype, "--threads", "2")
+    server = ("--dtype", dtype, "--threads", "2", "--c-kernels", c_kernels)
     with embedded_client(quantize=quantize, server_args=server, max_workers=12) as many:
         one = ChatClient(many.base_url, model=many.model, api_key=many.api_key, max_workers=1)
         replies = [[t.reply for t in run_rollouts(client, tasks, skills, max_tokens=256)]

@@ -67,13 +67,14 @@ def test_plan_runs_what_the_server_accepts_and_says_why_it_skips_the_rest():
     # a server without the flag is not batch-invariant
     assert "--batch-invariant on" in skipped["new"]
     runnable, skipped = plan(["today", "cascade", "new"],
-                             HELP_NEW + "  --batch-invariant {on,off}\n", "64")
+                             HELP_NEW + "  --batch-invariant {on,off}\n  --c-kernels {on,off}\n",
+                             "64")
     assert runnable == {"today": ["--prefix-cache-mb", "0", "--scheduler", "static",
                                   "--batch-invariant", "off"],
                         "cascade": ["--prefix-cache-mb", "64", "--scheduler", "continuous",
                                     "--batch-invariant", "off"],
                         "new": ["--prefix-cache-mb", "64", "--scheduler", "continuous",
-                                "--batch-invariant", "on"]} and not skipped
+                                "--batch-invariant", "on", "--c-kernels", "on"]} and not skipped
     _, skipped = plan(["continuous"], HELP_TODAY + "  --prefix-cache-mb MB\n  --scheduler {static}\n", "64")
     assert "{static}" in skipped["continuous"]
     with pytest.raises(ValueError, match="unknown configuration 'fast'"):

@@ -431,6 +431,8 @@ def test_cli_serves_logs_and_stops_on_sigint(tiny_dir, tmp_path, quantize, weigh
     log = stderr_path.read_text()
     assert "batch of 1 requests, 1 samples" in log and "stopped" in log and "1 torch thread" in log
     assert f"device cpu, {weights}" in log                # what the server runs, said at start
+    if quantize == "none":                                # float weights: the model's own step
+        assert "the model's own decoding step" in log
     assert "Traceback" not in log
 
 

@@ -131,10 +131,12 @@ CONFIGURATIONS = {
     "continuous": {"--prefix-cache-mb": "0", "--scheduler": "continuous",
                    "--batch-invariant": "off"},
     "cascade": {"--prefix-cache-mb": MB, "--scheduler": "continuous", "--batch-invariant": "off"},
-    "new": {"--prefix-cache-mb": MB, "--scheduler": "continuous", "--batch-invariant": "on"},
+    "new": {"--prefix-cache-mb": MB, "--scheduler": "continuous", "--batch-invariant": "on",
+            "--c-kernels": "on"},
 }
 # what a server without the flag does
-TODAY = {"--prefix-cache-mb": "0", "--scheduler": "static", "--batch-invariant": "off"}
+TODAY = {"--prefix-cache-mb": "0", "--scheduler": "static", "--batch-invariant": "off",
+         "--c-kernels": "off"}
 SKILL_SETS = {"none": "rollouts, skills none", "base": "rollouts, skills base",
               "library": "rollouts, long library"}   # --skill-sets: the rollouts' labels
 STORY_TOPICS = ("a lighthouse keeper", "a lost dog", "a city under the sea", "a clockmaker",

@@ -231,13 +231,15 @@ class ModelBackend:
     n)."""
 
     def __init__(self, model, tokenizer, name: str = "minskill", prefix_cache_mb: float = 0,
-                 scheduler: str = "static", batch_invariant: bool = False):
+                 scheduler: str = "static", batch_invariant: bool = False,
+                 c_kernels: bool = False):
         """prefix_cache_mb > 0: prompt prefixes' keys/values are kept
         (minskill.serve.prefix_cache), up to that many MB; scheduler "continuous": the server lets
         requests join and leave the running batch at each decoding step (minskill.serve.scheduler).
         With both off (0, "static") a batch is one sampling.generate call per n, as before.
         batch_invariant: a request's tokens do not depend on which requests share its batch
-        (minskill.serve.aligned; always through the engine)."""
+        (minskill.serve.aligned; always through the engine). c_kernels: the decoding step's
+        small ops in C (minskill.serve.c_decode), where they cover the model."""
         if scheduler not in SCHEDULERS or not prefix_cache_mb >= 0:
             raise ValueError(f"ModelBackend: scheduler must be one of {SCHEDULERS} and "
                              f"prefix_cache_mb >= 0, got {scheduler!r}, {prefix_cache_mb!r}")
@@ -251,14 +253,15 @@ class ModelBackend:
         if batch_invariant:
             pad_single_rows(model)
         self.engine = Engine(model, tokenizer, None, tokenizer.pad_token_id, self.prefix_cache,
-                             batch_invariant=batch_invariant)
+                             batch_invariant=batch_invariant, c_kernels=c_kernels)
         self._owners: dict[int, Callable] = {}     # id(sequence) in the engine -> its request's
         # answer()
 
     @classmethod
     def from_spec(cls, spec: str, dtype=None, device=None, name: str | None = None,
                   quantize: str | None = None, prefix_cache_mb: float = 0,
-                  scheduler: str = "static", batch_invariant: bool = False):
+                  scheduler: str = "static", batch_invariant: bool = False,
+                  c_kernels: bool = False):
         """Load `spec`; quantize="int8" / "int4" serves it with int8 / int4 weights
         (minskill.nn.quantize)."""
         model, tokenizer = load_model(spec, dtype=dtype, device=device)
@@ -269,7 +272,7 @@ class ModelBackend:
         suffix = f"-{weight_format(model)}" if weight_format(model) else ""
         return cls(model, tokenizer, name or (Path(str(spec).rstrip("/")).name or str(spec))
                    + suffix, prefix_cache_mb=prefix_cache_mb, scheduler=scheduler,
-                   batch_invariant=batch_invariant)
+                   batch_invariant=batch_invariant, c_kernels=c_kernels)
 
     # ---- the engine (minskill.serve.scheduler): used when the prefix cache or continuous batching
     # is on

@@ -45,7 +45,8 @@ def embedded_client(url=None, model=None, api_key=None, model_spec="smollm2-135m
     tail of its stderr. The yielded client's `server_process` is the subprocess.Popen. `device`:
     the server's --device (the script's own, resolved; None: the server's default, auto).
     prefix_cache_mb, scheduler: the server's --prefix-cache-mb and --scheduler (the server's
-    defaults; later server_args override them). """
+    defaults; later server_args override them). Its decoding step is torch's (--c-kernels off):
+    the scripts' recorded runs are those of their commands, whatever C compiler a machine has."""
     if url is not None:
         yield ChatClient(url, model=model, api_key=api_key, **client_kwargs)
         return
@@ -56,7 +57,8 @@ def embedded_client(url=None, model=None, api_key=None, model_spec="smollm2-135m
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
     command = [sys.executable, "-m", "minskill.serve", "--model", str(model_spec), "--port", "0",
                "--quantize", quantize, *(("--device", str(device)) if device else ()),
-               "--prefix-cache-mb", str(prefix_cache_mb), "--scheduler", scheduler, *server_args]
+               "--prefix-cache-mb", str(prefix_cache_mb), "--scheduler", scheduler,
+               "--c-kernels", "off", *server_args]
     with tempfile.TemporaryFile("w+b") as stderr_file:
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr_file, env=env,
                                    text=True, stdin=subprocess.DEVNULL)

@@ -11,7 +11,7 @@ with n = 4 is 4 sequences), and the logits of each row's next token. Each `step(
   3. finished rows leave the cache at once (KVCache.select), their request is answered as soon as
      its last sample ends; the others are fed their token (one forward of the model, one new slot
      for every row; with quantized weights and batch_invariant, serve.lean_decode's step: the same
-     bits, fewer ops).
+     bits, fewer ops; with c_kernels, serve.c_decode's: other bits, fewer calls still).
 
 `add(sequences)` prefills newcomers and merges them into the running cache: with a prefix cache,
 through serve.cascade.prefill_shared (a prefix that running or joining sequences share is computed
@@ -52,6 +52,7 @@ from minskill.nn.model import KVCache
 from minskill.nn.sampling import (Sample, _cut_at_stop, _generators, _Plan, _sample_step,
                                    compute_dtype, stop_string_ended)
 from minskill.serve.aligned import merge_aligned, prefill_aligned
+from minskill.serve.c_decode import CDecoder
 from minskill.serve.cascade import groups_of, prefill_shared, with_groups
 from minskill.serve.constrained import JsonConstraint, constrain
 from minskill.serve.lean_decode import LeanDecoder
@@ -103,17 +104,19 @@ class Engine:
 
     def __init__(self, model, tokenizer, stop_token_ids=None, pad_id: int = 0,
                  prefix_cache: PrefixCache | None = None, batch_invariant: bool = False,
-                 lean: bool = True):
+                 lean: bool = True, c_kernels: bool = False):
         """stop_token_ids None: the tokenizer's, read at each step (as generate reads them at each
         call). batch_invariant: every row's keys at the slots of their positions and prompts
         prefilled one by one (serve.aligned), so a row's bits do not depend on its companions; no
-        prefix is kept once (cascade)."""
+        prefix is kept once (cascade). c_kernels: the lean step's small ops in C where the model
+        and the machine allow (serve.c_decode: batch-invariant too, with other bits)."""
         self.model, self.tokenizer, self.pad_id = model, tokenizer, pad_id
         self.prefix_cache = prefix_cache
         self.batch_invariant = batch_invariant
         # the decoding step in fewer ops, with the same bits, where it covers the model (a quantized
         # one: the server's CPU default); lean=False keeps the plain step (bench profile compares)
-        self.lean = LeanDecoder.of(model) if batch_invariant and lean else None
+        self.lean = None if not (batch_invariant and lean) else \
+            (c_kernels and CDecoder.of(model)) or LeanDecoder.of(model)
         self._stop_token_ids = None if stop_token_ids is None else \
             set(int(t) for t in stop_token_ids)
         self.rows: list[Sequence] = []

@@ -4,7 +4,8 @@
                               [--max-batch 16] [--dtype float32|bfloat16]
                               [--quantize int4|int8|none|auto] [--threads N]
                               [--log-requests] [--prefix-cache-mb 256] [--scheduler
-                              continuous|static] [--request-timeout 30] [--max-connections 256]
+                              continuous|static] [--c-kernels on|off] [--request-timeout 30]
+                              [--max-connections 256]
 
 Decisions (in full: docs/http-api.md, "The server's decisions"):
   1. OpenAI's endpoints and reply shapes (chat, legacy completions, embeddings, models, health);
@@ -38,6 +39,7 @@ from urllib.parse import unquote, urlsplit
 import torch
 
 from minskill.device import add_device_args, is_cuda, set_up_device
+from minskill.serve.c_decode import CDecoder
 from minskill.nn.quantize import QUANTIZE_CHOICES, serving_default, weight_format
 from minskill.serve.backends import (SCHEDULERS, Backend, Choice, ClientGone, CompletionRequest,
                                      ModelBackend)
@@ -535,7 +537,8 @@ def main(argv=None):
         backend = ModelBackend.from_spec(
             args.model, dtype=dtype, device=args.device, name=args.served_model_name,
             quantize=args.quantize or serving_default(args.device), prefix_cache_mb=cache,
-            scheduler=args.scheduler, batch_invariant=args.batch_invariant == "on")
+            scheduler=args.scheduler, batch_invariant=args.batch_invariant == "on",
+            c_kernels=args.c_kernels == "on")
     except (ValueError, OSError) as error:
         print(f"minskill.serve: cannot load model {args.model!r}: {error}", file=sys.stderr)
         return 2
@@ -543,7 +546,8 @@ def main(argv=None):
     weights = f"{quantized} weights, bfloat16 activations" if quantized else \
         f"{str(dtype).removeprefix('torch.')} weights"
     print(f"minskill.serve: {threads} torch thread{'s' if threads != 1 else ''}, device "
-          f"{args.device}, {weights}", file=sys.stderr, flush=True)
+          f"{args.device}, {weights}, {decoding_step(backend, args.c_kernels)}", file=sys.stderr,
+          flush=True)
     try:
         server = start_server(backend, args.host, args.port,
                               args.api_key or os.environ.get(API_KEY_ENV), args.max_batch,
@@ -567,6 +571,18 @@ def main(argv=None):
     server.close()
     print("minskill.serve: stopped", file=sys.stderr, flush=True)
     return 0
+
+
+def decoding_step(backend, c_kernels: str) -> str:
+    """The start-up line's words for the engine's decoding step, and why the C one is not used
+    where it was asked for."""
+    step = getattr(getattr(backend, "engine", None), "lean", None)
+    if isinstance(step, CDecoder):
+        return "decoding step in C (--c-kernels off: torch ops)"
+    if step is None:   # float weights, or --batch-invariant off: nothing for C to take over
+        return "the model's own decoding step"
+    why = f" (C kernels: {CDecoder.why_not})" if c_kernels == "on" and CDecoder.why_not else ""
+    return "decoding step in torch ops" + why
 
 
 def _stop_when_orphaned(scheduler: BatchScheduler):
@@ -617,6 +633,12 @@ def build_parser() -> argparse.ArgumentParser:
                              "weights; float32 to ~1e-5 in the logits: minskill.serve.aligned); "
                              "off: shared prefixes kept once (cascade), faster with a long shared "
                              "system prompt (docs/benchmarks.md)")
+    parser.add_argument("--c-kernels", choices=("on", "off"), default="on",
+                        help="on (default): with quantized weights, the decoding step's norms, "
+                             "RoPE, key writes, attention and SiLU run as C functions, built once "
+                             "with the machine's C compiler (minskill.serve.c_decode: "
+                             "batch-invariant, other bits than off); off: torch ops only, as the "
+                             "scripts' own servers run")
     parser.add_argument("--served-model-name", default=None, help="model id reported to clients")
     parser.add_argument("--log-requests", action="store_true",
                         help="log one line per batch on stderr")
