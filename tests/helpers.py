@@ -369,3 +369,31 @@ def rollouts_by_plan(tasks, reply) -> list:
         return rollout.run_rollouts(server.client(max_retries=0), tasks, None)
     finally:
         server.close()
+
+
+def random_prompt(seed: int, length: int) -> list[int]:
+    return torch.randint(3, 300, (length,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+# requests arriving at decoding steps 0, 1, 3, 4 and 9: (prompt, max_new_tokens)
+ARRIVALS = {0: [(random_prompt(1, 30), 20)],
+            1: [(random_prompt(2, 90), 5), (random_prompt(3, 7), 12)],
+            3: [(random_prompt(4, 150), 30)], 4: [(random_prompt(5, 64), 1)],
+            9: [(random_prompt(6, 2), 8)]}
+
+
+def engine_tokens(engine, arrivals=ARRIVALS) -> list[list[int]]:
+    """Each request's greedy tokens from `engine`, the requests joining at the steps `arrivals`
+    names and leaving as they end."""
+    from minskill.serve.scheduler import sequences_for
+    every = []
+    with torch.inference_mode():
+        for step in range(200):
+            joining = [sequences_for(p, 1, None, max_new_tokens=n)[0]
+                       for p, n in arrivals.get(step, [])]
+            every += joining
+            engine.add(joining)
+            if not engine.rows and step > max(arrivals):
+                break
+            engine.step()
+    return [s.tokens for s in every]

@@ -16,7 +16,8 @@ from minskill.serve.aligned import AlignedCache, padded, prefill_aligned
 from minskill.serve.c_decode import CDecoder, kernels
 from minskill.serve.lean_decode import LeanDecoder
 from minskill.serve.prefix_cache import PrefixCache
-from minskill.serve.scheduler import Engine, sequences_for
+from minskill.serve.scheduler import Engine
+from helpers import ARRIVALS, engine_tokens
 from tiny import make_tiny_model_dir
 
 LIBRARY, WHY_NOT = kernels()
@@ -192,33 +193,17 @@ def test_logits_are_as_close_to_float32_arithmetic_as_the_torch_steps(model_dirs
     assert c_error <= 1.2 * torch_error, (c_error, torch_error)
 
 
-def _prompt(seed, length):
-    return torch.randint(3, 300, (length,), generator=torch.Generator().manual_seed(seed)).tolist()
-
-
 def test_the_engine_gives_each_request_its_tokens_alone_as_requests_come_and_go(model_dirs):
     model, tokenizer = _model(model_dirs["qwen2"], "int4")
-    arrivals = {0: [(_prompt(1, 30), 20)], 1: [(_prompt(2, 90), 5), (_prompt(3, 7), 12)],
-                3: [(_prompt(4, 150), 30)], 4: [(_prompt(5, 64), 1)], 9: [(_prompt(6, 2), 8)]}
 
     def tokens(arrivals) -> list[list[int]]:
         engine = Engine(model, tokenizer, [], tokenizer.pad_token_id, PrefixCache(4),
                         batch_invariant=True, c_kernels=True)
         assert isinstance(engine.lean, CDecoder)
-        every = []
-        with torch.inference_mode():
-            for step in range(200):
-                joining = [sequences_for(p, 1, None, max_new_tokens=n)[0]
-                           for p, n in arrivals.get(step, [])]
-                every += joining
-                engine.add(joining)
-                if not engine.rows and step > max(arrivals):
-                    break
-                engine.step()
-        return [s.tokens for s in every]
+        return engine_tokens(engine, arrivals)
 
-    together = tokens(arrivals)
-    alone = [tokens({0: [request]})[0] for step in sorted(arrivals) for request in arrivals[step]]
+    together = tokens(ARRIVALS)
+    alone = [tokens({0: [request]})[0] for step in sorted(ARRIVALS) for request in ARRIVALS[step]]
     assert together == alone and len({tuple(t) for t in together}) == 6
 
 

@@ -9,7 +9,8 @@ from minskill.nn.weights import load_model
 from minskill.serve.aligned import AlignedCache, padded
 from minskill.serve.lean_decode import LeanDecoder
 from minskill.serve.prefix_cache import PrefixCache
-from minskill.serve.scheduler import Engine, sequences_for
+from minskill.serve.scheduler import Engine
+from helpers import engine_tokens
 from tiny import make_tiny_model_dir
 
 
@@ -106,30 +107,14 @@ def test_models_it_does_not_cover_keep_the_plain_step(model_dirs):
     assert Engine(model, tokenizer, batch_invariant=False).lean is None
 
 
-def _prompt(seed, length):
-    return torch.randint(3, 300, (length,), generator=torch.Generator().manual_seed(seed)).tolist()
-
-
 @pytest.mark.parametrize("mode", ["int8", "int4"])
 def test_the_engine_decodes_the_same_tokens_either_way_as_requests_come_and_go(model_dirs, mode):
     model, tokenizer = _model(model_dirs["qwen2"], mode)
-    arrivals = {0: [(_prompt(1, 30), 20)], 1: [(_prompt(2, 90), 5), (_prompt(3, 7), 12)],
-                3: [(_prompt(4, 150), 30)], 4: [(_prompt(5, 64), 1)], 9: [(_prompt(6, 2), 8)]}
 
     def tokens(lean: bool) -> list[list[int]]:
         engine = Engine(model, tokenizer, [], tokenizer.pad_token_id, PrefixCache(4),
                         batch_invariant=True, lean=lean)
         assert (engine.lean is not None) == lean
-        every = []
-        with torch.inference_mode():
-            for step in range(200):
-                joining = [sequences_for(p, 1, None, max_new_tokens=n)[0]
-                           for p, n in arrivals.get(step, [])]
-                every += joining
-                engine.add(joining)
-                if not engine.rows and step > max(arrivals):
-                    break
-                engine.step()
-        return [s.tokens for s in every]
+        return engine_tokens(engine)
 
     assert tokens(True) == tokens(False)

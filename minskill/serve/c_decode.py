@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 
 from minskill.serve.aligned import AlignedCache
-from minskill.serve.lean_decode import LeanDecoder
+from minskill.serve.lean_decode import LeanDecoder, check_room
 
 SOURCE = Path(__file__).with_name("decode_kernels.c")
 FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-shared", "-fPIC"]
@@ -73,9 +73,7 @@ class CDecoder(LeanDecoder):
     def step(self, ids: torch.Tensor, cache: AlignedCache) -> torch.Tensor:
         """ids (B, 1): each row's new token -> (B, V) float32 logits of the token after it."""
         B, n_h, n_kv, d = ids.shape[0], self.n_heads, self.n_kv_heads, self.head_dim
-        if cache.length + 1 > cache.max_len:
-            raise ValueError(f"cache overflow: {cache.length} cached + 1 new token > max_len "
-                             f"{cache.max_len}")
+        check_room(cache)
         if not cache.k.is_contiguous() or cache.k.dtype != torch.bfloat16:   # C reads it flat
             raise ValueError(f"the C decoding step needs a contiguous bfloat16 cache, got "
                              f"{cache.k.dtype}, strides {cache.k.stride()}")

@@ -3,7 +3,8 @@
    Activations and the KV cache are bfloat16 (the quantized model's dtype); every sum runs in
    float32, in an order fixed by the row's own data: the lanes of a sum are fixed by the index of
    what is summed and the lanes are added in a fixed tree, so a row's bits do not depend on the
-   other rows of its batch, or on how many there are. Everything runs on the calling thread. */
+   other rows of its batch, or on how many there are. Only decode_attention uses a second thread
+   (for two rows or more), and a row stays whole on one thread. */
 #include <math.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -133,9 +134,11 @@ void silu_mul(const uint16_t *gate_up, uint16_t *out, int64_t rows, int64_t inte
    d a multiple of 16. scratch: ATTENTION_SCRATCH(group, d, max_len) floats, 64-byte aligned. */
 #define ATTENTION_SCRATCH(group, d, max_len) ((group) * ((max_len) + 15) + (group) * (d))
 
-static inline __attribute__((always_inline)) void attend_row(const uint16_t *row, const float *c, const float *s, uint16_t *K,
-                       uint16_t *V, int64_t p, uint16_t *o, int64_t n_h, int64_t n_kv,
-                       int64_t d, int64_t max_len, float *scratch) {
+/* one row's attention (inlined where it is called with d known, so that its sums stay in
+   registers) */
+static inline __attribute__((always_inline)) void attend_row(
+        const uint16_t *row, const float *c, const float *s, uint16_t *K, uint16_t *V, int64_t p,
+        uint16_t *o, int64_t n_h, int64_t n_kv, int64_t d, int64_t max_len, float *scratch) {
     const int64_t group = n_h / n_kv, half = d / 2, n = p + 1, blocks = d / 16;
     const int64_t stride = (max_len + 15) / 16 * 16;            /* a head's scores, in lanes */
     const float scale = 1.0f / sqrtf((float)d);

@@ -67,9 +67,7 @@ class LeanDecoder:
     def step(self, ids: torch.Tensor, cache: AlignedCache) -> torch.Tensor:
         """ids (B, 1): each row's new token -> (B, V) float32 logits of the token after it."""
         B, n_h, n_kv, d = ids.shape[0], self.n_heads, self.n_kv_heads, self.head_dim
-        if cache.length + 1 > cache.max_len:
-            raise ValueError(f"cache overflow: {cache.length} cached + 1 new token > max_len "
-                             f"{cache.max_len}")
+        check_room(cache)
         x = self.model.model.embed_tokens(ids[:, 0])                                # (B, H)
         angles = cache.next_position[:, None].float() * self.model.rope_inv_freq      # (B, d/2)
         cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
@@ -88,3 +86,10 @@ class LeanDecoder:
             x = x + down_proj.rows(F.silu(gate) * up)
         cache.length += 1
         return self.model.lm_head(rms_norm(x, self.model.model.norm.weight, self.eps)).float()
+
+
+def check_room(cache: AlignedCache) -> None:
+    """A decoding step writes one key a row: the cache must have a slot for it."""
+    if cache.length + 1 > cache.max_len:
+        raise ValueError(f"cache overflow: {cache.length} cached + 1 new token > max_len "
+                         f"{cache.max_len}")
