@@ -18,7 +18,7 @@ import requests
 from minskill.nn.quantize import has_int4_kernel
 from minskill.serve.client import ChatClient, ChatError
 from minskill.serve.errors import BackendError
-from minskill.serve.embedded import embedded_client
+from minskill.serve.embedded import LOCAL_TIMEOUT, embedded_client
 from minskill.serve.backends import ScriptedBackend
 from minskill.serve.server import start_server
 
@@ -452,6 +452,8 @@ def test_embedded_client_starts_and_stops_the_server(tiny_dir):
             assert client.base_url.startswith("http://127.0.0.1:") and client.model == "tiny-llama"
             result = client.chat(USER, max_tokens=4, n=2)
             assert len(result.texts) == 2 and client.stats["calls"] == 1
+            # its own server answers what it accepts: a call is not cut at a remote server's limit
+            assert client.timeout == LOCAL_TIMEOUT == 3600
             process = client.server_process
             no_key = requests.post(client.endpoint, json={"messages": USER}, timeout=30)
             assert no_key.status_code == 401  # the embedded server has a random key only its client knows
@@ -505,6 +507,7 @@ def test_embedded_client_with_url_just_connects():
     with start_server(ScriptedBackend(echo, name="echo")) as server:
         with embedded_client(server.url, "echo") as client:
             assert client.chat(USER).text.startswith("echo what is six")
+            assert client.timeout == ChatClient(server.url).timeout < LOCAL_TIMEOUT
 
 
 @pytest.mark.slow

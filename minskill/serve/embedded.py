@@ -25,6 +25,10 @@ DEFAULT_SCHEDULER = "continuous"  # its --scheduler; "static" with --prefix-cach
 API_KEY_ENV = "MINSKILL_API_KEY"  # a parent passes the key here, not on the command line
 PARENT_PID_ENV = "MINSKILL_PARENT_PID"  # the server exits when the process it names is gone
 URL_LINE = re.compile(r"(https?://\S+/v1)\s*$")
+# a call's time limit on the local server, unless the caller sets one: it answers every request it
+# accepts, and how long that takes is the machine's load; a short limit would turn load into errors,
+# and a run's figures with them (a server that dies fails its connections at once)
+LOCAL_TIMEOUT = 3600.0
 
 
 @contextmanager
@@ -94,7 +98,8 @@ def embedded_client(url=None, model=None, api_key=None, model_spec="smollm2-135m
                     except requests.RequestException:
                         pass
                 time.sleep(0.1)
-            client = ChatClient(server_url, api_key=api_key, **client_kwargs)
+            client = ChatClient(server_url, api_key=api_key,
+                                **{"timeout": LOCAL_TIMEOUT, **client_kwargs})
             client.resolve_model()           # client.model names the served model from the start
             client.server_process = process  # for callers that want its pid or exit code
             yield client
