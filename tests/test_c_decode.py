@@ -193,8 +193,9 @@ def test_logits_are_as_close_to_float32_arithmetic_as_the_torch_steps(model_dirs
     assert c_error <= 1.2 * torch_error, (c_error, torch_error)
 
 
-def test_the_engine_gives_each_request_its_tokens_alone_as_requests_come_and_go(model_dirs):
-    model, tokenizer = _model(model_dirs["qwen2"], "int4")
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+def test_the_engine_gives_each_request_its_tokens_alone_as_requests_come_and_go(model_dirs, mode):
+    model, tokenizer = _model(model_dirs["qwen2"], mode)
 
     def tokens(arrivals) -> list[list[int]]:
         engine = Engine(model, tokenizer, [], tokenizer.pad_token_id, PrefixCache(4),
