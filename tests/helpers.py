@@ -397,3 +397,13 @@ def engine_tokens(engine, arrivals=ARRIVALS) -> list[list[int]]:
                 break
             engine.step()
     return [s.tokens for s in every]
+
+
+def quantized_model(path, mode: str):
+    """(model, tokenizer) of a model folder, loaded in float32 and quantized by `mode` (--quantize)."""
+    from minskill.nn.quantize import apply_quantization
+    from minskill.nn.weights import load_model
+    model, tokenizer = load_model(str(path), dtype=torch.float32)
+    model.eval()
+    apply_quantization(model, mode)
+    return model, tokenizer

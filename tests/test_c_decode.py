@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from minskill.nn.model import rms_norm
-from minskill.nn.quantize import PROJECTIONS, apply_quantization, quantize_int4
+from minskill.nn.quantize import PROJECTIONS, quantize_int4
 from minskill.nn.weights import load_model
 from minskill.serve import c_decode
 from minskill.serve.aligned import AlignedCache, padded, prefill_aligned
@@ -17,7 +17,7 @@ from minskill.serve.c_decode import CDecoder, kernels
 from minskill.serve.lean_decode import LeanDecoder
 from minskill.serve.prefix_cache import PrefixCache
 from minskill.serve.scheduler import Engine
-from helpers import ARRIVALS, engine_tokens
+from helpers import ARRIVALS, engine_tokens, quantized_model
 from tiny import make_tiny_model_dir
 
 LIBRARY, WHY_NOT = kernels()
@@ -35,13 +35,6 @@ def model_dirs(tmp_path_factory):
     return {name: make_tiny_model_dir(root / name, family=name, init_std=0.2,
                                       max_position_embeddings=1024, **size)
             for name, size in sizes.items()}
-
-
-def _model(path, mode):
-    model, tokenizer = load_model(str(path), dtype=torch.float32)
-    model.eval()
-    apply_quantization(model, mode)
-    return model, tokenizer
 
 
 def _bf16_close(got, want, ulps=1):
@@ -132,7 +125,7 @@ def test_a_rows_logits_have_the_same_bits_in_every_batch(model_dirs, mode, threa
 
 
 def _rows_alone_and_together(model_dirs, mode):
-    model, _ = _model(model_dirs["llama"], mode)
+    model, _ = quantized_model(model_dirs["llama"], mode)
     decoder = CDecoder.of(model)
     assert decoder is not None
     positions = [5, 66, 130, 7, 300, 31, 64, 190]
@@ -174,7 +167,7 @@ def _float_twin(path):
 def test_logits_are_as_close_to_float32_arithmetic_as_the_torch_steps(model_dirs, family):
     """Other bits than the torch step, not a worse approximation: from one prefilled prompt, 20
     steps of each (fed the torch step's tokens), set against the same weights in float32."""
-    model, _ = _model(model_dirs[family], "int4")
+    model, _ = quantized_model(model_dirs[family], "int4")
     twin = _float_twin(model_dirs[family])
     lean, fast = LeanDecoder.of(model), CDecoder.of(model)
     tokens = torch.randint(3, 300, (150,), generator=torch.Generator().manual_seed(2)).tolist()
@@ -195,7 +188,7 @@ def test_logits_are_as_close_to_float32_arithmetic_as_the_torch_steps(model_dirs
 
 @pytest.mark.parametrize("mode", ["int8", "int4"])
 def test_the_engine_gives_each_request_its_tokens_alone_as_requests_come_and_go(model_dirs, mode):
-    model, tokenizer = _model(model_dirs["qwen2"], mode)
+    model, tokenizer = quantized_model(model_dirs["qwen2"], mode)
 
     def tokens(arrivals) -> list[list[int]]:
         engine = Engine(model, tokenizer, [], tokenizer.pad_token_id, PrefixCache(4),
@@ -210,7 +203,7 @@ def test_the_engine_gives_each_request_its_tokens_alone_as_requests_come_and_go(
 
 def test_without_the_library_the_torch_step_is_kept_and_says_why(model_dirs, monkeypatch,
                                                                   tmp_path):
-    model, tokenizer = _model(model_dirs["llama"], "int4")
+    model, tokenizer = quantized_model(model_dirs["llama"], "int4")
     monkeypatch.setattr(c_decode, "_LIBRARY", ())
     monkeypatch.setenv("MINSKILL_C_KERNELS", "0")
     assert CDecoder.of(model) is None and CDecoder.why_not == "MINSKILL_C_KERNELS=0"
@@ -234,7 +227,7 @@ def test_without_the_library_the_torch_step_is_kept_and_says_why(model_dirs, mon
 def test_the_start_up_line_names_the_decoding_step(model_dirs, monkeypatch):
     from minskill.serve.backends import ModelBackend
     from minskill.serve.server import decoding_step
-    model, tokenizer = _model(model_dirs["llama"], "int4")
+    model, tokenizer = quantized_model(model_dirs["llama"], "int4")
     on = ModelBackend(model, tokenizer, batch_invariant=True, c_kernels=True)
     assert decoding_step(on, "on") == "decoding step in C (--c-kernels off: torch ops)"
     off = ModelBackend(model, tokenizer, batch_invariant=True, c_kernels=False)

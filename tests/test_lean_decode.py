@@ -4,13 +4,13 @@ join and leave; quantize.stacked against the layers it stacks."""
 import pytest
 import torch
 
-from minskill.nn.quantize import Int4Linear, Int8Linear, apply_quantization, stacked
+from minskill.nn.quantize import Int4Linear, Int8Linear, stacked
 from minskill.nn.weights import load_model
 from minskill.serve.aligned import AlignedCache, padded
 from minskill.serve.lean_decode import LeanDecoder
 from minskill.serve.prefix_cache import PrefixCache
 from minskill.serve.scheduler import Engine
-from helpers import engine_tokens
+from helpers import engine_tokens, quantized_model
 from tiny import make_tiny_model_dir
 
 
@@ -23,13 +23,6 @@ def model_dirs(tmp_path_factory):
     return {name: make_tiny_model_dir(root / name, family=name.replace("small-heads", "llama"),
                                       init_std=0.2, max_position_embeddings=1024, **size)
             for name, size in sizes.items()}
-
-
-def _model(path, mode):
-    model, tokenizer = load_model(str(path), dtype=torch.float32)
-    model.eval()
-    apply_quantization(model, mode)
-    return model, tokenizer
 
 
 @pytest.mark.parametrize("kind", [Int8Linear, Int4Linear])
@@ -79,7 +72,7 @@ def _cache(model, rows: int, seed: int) -> AlignedCache:
 @pytest.mark.parametrize("mode", ["int8", "int4"])
 @pytest.mark.parametrize("rows", [1, 3, 8])
 def test_the_lean_step_gives_the_plain_steps_bits(model_dirs, family, mode, rows):
-    model, _ = _model(model_dirs[family], mode)
+    model, _ = quantized_model(model_dirs[family], mode)
     lean = LeanDecoder.of(model)
     assert lean is not None
     plain_cache, lean_cache = _cache(model, rows, 0), _cache(model, rows, 0)
@@ -97,11 +90,11 @@ def test_the_lean_step_gives_the_plain_steps_bits(model_dirs, family, mode, rows
 def test_models_it_does_not_cover_keep_the_plain_step(model_dirs):
     float_model, _ = load_model(str(model_dirs["llama"]), dtype=torch.float32)
     assert LeanDecoder.of(float_model) is None                       # float weights
-    assert LeanDecoder.of(_model(model_dirs["qwen3"], "int8")[0]) is None   # q/k norms
+    assert LeanDecoder.of(quantized_model(model_dirs["qwen3"], "int8")[0]) is None   # q/k norms
     # k of 32 rows then v: stacked across an int4 block, refused (int8 has no blocks)
-    assert LeanDecoder.of(_model(model_dirs["small-heads"], "int4")[0]) is None
-    assert LeanDecoder.of(_model(model_dirs["small-heads"], "int8")[0]) is not None
-    model, tokenizer = _model(model_dirs["llama"], "int4")
+    assert LeanDecoder.of(quantized_model(model_dirs["small-heads"], "int4")[0]) is None
+    assert LeanDecoder.of(quantized_model(model_dirs["small-heads"], "int8")[0]) is not None
+    model, tokenizer = quantized_model(model_dirs["llama"], "int4")
     assert Engine(model, tokenizer, batch_invariant=True).lean is not None
     assert Engine(model, tokenizer, batch_invariant=True, lean=False).lean is None
     assert Engine(model, tokenizer, batch_invariant=False).lean is None
@@ -109,7 +102,7 @@ def test_models_it_does_not_cover_keep_the_plain_step(model_dirs):
 
 @pytest.mark.parametrize("mode", ["int8", "int4"])
 def test_the_engine_decodes_the_same_tokens_either_way_as_requests_come_and_go(model_dirs, mode):
-    model, tokenizer = _model(model_dirs["qwen2"], mode)
+    model, tokenizer = quantized_model(model_dirs["qwen2"], mode)
 
     def tokens(lean: bool) -> list[list[int]]:
         engine = Engine(model, tokenizer, [], tokenizer.pad_token_id, PrefixCache(4),
