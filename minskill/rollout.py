@@ -177,13 +177,8 @@ def _stats(trajs: list[Trajectory], lam_nh: float) -> dict:
                 mean_steps=sum(t.steps for t in trajs) / d,
                 errors=sum(t.error is not None for t in trajs),
                 trimmed=sum(t.trimmed > 0 for t in trajs),
-                reasoning_cut=sum(ended_in_reasoning(t) for t in trajs))
-
-
-def ended_in_reasoning(reply) -> bool:
-    """A reply (a Trajectory, or anything with .reply, .reasoning and .error) that the budget cut
-    inside the task model's reasoning: thoughts, no answer, no error (scored 0 for that)."""
-    return bool(reply.reasoning) and not reply.reply.strip() and reply.error is None
+                reasoning_cut=sum(bool(t.reasoning) and not t.reply.strip() and t.error is None
+                                  for t in trajs))
 
 
 def all_failed(trajectories) -> str | None:

@@ -54,8 +54,8 @@ import torch
 from minskill import gates
 from minskill.nn.sampling import generate
 from minskill.replies import parse_skill
-from minskill.rollout import (all_failed, cut_totals, ended_in_reasoning, reasoning_cut_note,
-                              run_rollouts, skill_text)
+from minskill.rollout import (Trajectory, all_failed, cut_totals, reasoning_cut_note,
+                              run_rollouts, skill_text, summarize)
 from minskill.skill_r1.grpo import bilevel_advantages, inter_divisor
 from minskill.skills import SkillParseError
 from minskill.tasks import load_suite
@@ -474,10 +474,11 @@ def all_zero_note(tasks, training: bool = True) -> str:
 
 def reasoning_cuts(evolutions: list[Evolution]) -> dict:
     """{"rollouts": n, "reasoning_cut": how many of them ended inside the task model's reasoning}
-    over the seed skills' and the candidates' rollouts (rollout.ended_in_reasoning)."""
+    over the seed skills' and the candidates' rollouts, by rollout.summarize's rule."""
     outcomes = all_outcomes(evolutions)
-    return {"rollouts": len(outcomes),
-            "reasoning_cut": sum(ended_in_reasoning(o) for o in outcomes)}
+    replies = [Trajectory(task_id="", task_type="", messages=[], reply=o.reply,
+                          reasoning=o.reasoning, error=o.error) for o in outcomes]
+    return {"rollouts": len(outcomes), "reasoning_cut": summarize(replies)["reasoning_cut"]}
 
 
 def zero_reward_note(tasks, records: list[dict], training: bool = True) -> str:
