@@ -35,6 +35,7 @@ from pathlib import Path
 
 import torch
 
+from minskill.nn.weights import cache_root
 from minskill.serve.aligned import AlignedCache
 from minskill.serve.lean_decode import LeanDecoder, check_room
 
@@ -52,8 +53,9 @@ class CDecoder(LeanDecoder):
     why_not: str | None = None
 
     @classmethod
-    def of(cls, model) -> "CDecoder | None":
-        lean = LeanDecoder.of(model)
+    def of(cls, model, lean: LeanDecoder | None = None) -> "CDecoder | None":
+        """`lean`: the model's LeanDecoder where the caller has built it already."""
+        lean = lean or LeanDecoder.of(model)
         if lean is None:
             return None
         config, weight = model.config, model.model.embed_tokens.weight
@@ -136,8 +138,7 @@ def _build() -> tuple[ctypes.CDLL | None, str | None]:
         return None, "no C compiler (cc or gcc) on PATH"
     source = SOURCE.read_bytes()
     digest = hashlib.sha256(source + " ".join([compiler] + FLAGS).encode()).hexdigest()[:16]
-    folder = Path(os.environ.get("MINSKILL_CACHE") or Path.home() / ".cache" / "minskill")
-    target = folder.expanduser() / "kernels" / f"decode_kernels-{digest}.so"
+    target = cache_root() / "kernels" / f"decode_kernels-{digest}.so"
     if not target.is_file():
         try:
             target.parent.mkdir(parents=True, exist_ok=True)

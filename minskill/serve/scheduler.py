@@ -115,8 +115,8 @@ class Engine:
         self.batch_invariant = batch_invariant
         # the decoding step in fewer ops, with the same bits, where it covers the model (a quantized
         # one: the server's CPU default); lean=False keeps the plain step (bench profile compares)
-        self.lean = None if not (batch_invariant and lean) else \
-            (c_kernels and CDecoder.of(model)) or LeanDecoder.of(model)
+        lean_step = LeanDecoder.of(model) if batch_invariant and lean else None
+        self.lean = (c_kernels and lean_step and CDecoder.of(model, lean_step)) or lean_step
         self._stop_token_ids = None if stop_token_ids is None else \
             set(int(t) for t in stop_token_ids)
         self.rows: list[Sequence] = []
