@@ -7,7 +7,7 @@ each a Python call and a dispatch (docs/benchmarks.md: the profile). Here each o
 call a layer (serve/decode_kernels.c, compiled once with the machine's C compiler), and the weight
 products stay torch's int4/int8 kernels. For x (B, H) the rows' bfloat16 hidden states, per layer:
 
-    x ← x + δ;  h = RMSNorm(x)                           add_rms_norm (δ: the last layer's output)
+    x ← x + δ;  h = RMSNorm(x)                           add_rms_norm (δ: last layer's output)
     [q | k | v] = h [W_q | W_k | W_v]ᵀ                   torch's kernel (quantize.stacked)
     [q | k] ← RoPE([q | k]);  K[b, p_b], V[b, p_b] ← k, v
     o = Σ_{s ≤ p_b} softmax_s(q·K_s / √d) V_s             decode_attention
