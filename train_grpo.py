@@ -45,7 +45,7 @@ from minskill.runs import (check_run_folder, given_flags, resume_flags, restart_
                            save_checkpoint)
 from minskill.serve.embedded import embedded_client
 from minskill.skill_r1.evaluate import (TaskModelFailed, check_heldout, evaluate, probe,
-                                        probe_instances, with_heldout_seed)
+                                        probe_instances, restore_eval_flags, with_heldout_seed)
 from minskill.skill_r1.grpo import INTER_SCALES, check_loss_config, policy_loss
 from minskill.skill_r1.loop import (EvolveConfig, SuiteError, assign_advantages, autocast,
                                     evolve_batch, step_seed)
@@ -349,6 +349,7 @@ class TrainConfig(EvolveConfig):
     eval_instances: int = 12
     eval_tasks: int = 20
     eval_scoring: str = "own"
+    eval_chunk: int = 0               # 0: all --eval instances at once
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -482,7 +483,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    "runs/skill-r1-eval-TIME)")
     m.add_argument("--resume", action="store_true",
                    help="continue from OUT/checkpoint; the next steps equal "
-                   "those of an uninterrupted run (the resume policy: minskill/runs.py)")
+                   "those of an uninterrupted run (the resume policy: minskill/runs.py); --eval: "
+                   "continue OUT/eval.json after its last whole row or --eval-chunk")
     m.add_argument("--overwrite", action="store_true",
                    help="replace the run that a non-empty --out holds "
                    "(without --resume or --overwrite such an --out is refused)")
@@ -524,13 +526,20 @@ def parse_args(argv=None) -> argparse.Namespace:
     e.add_argument("--eval-tasks", type=int, default=d.eval_tasks,
                    help="held-out tasks that score an instance's carried "
                    "skill (default %(default)s: 240 scoring tasks per row)")
+    e.add_argument("--eval-chunk", type=int, default=d.eval_chunk,
+                   help="evaluate the instances this many at a time (default %(default)s: all at "
+                   "once); eval.json is rewritten after each chunk of each row, so --resume "
+                   "continues a killed evaluation after its last whole chunk. An editor evolves a "
+                   "chunk's instances in one batch, each with its own seeds: two chunk sizes "
+                   "differ at most by the rounding of batched arithmetic, two runs of one size "
+                   "not at all")
     args = p.parse_args(argv)
     if args.out is None and not args.eval:
         args.out = "runs/skill-r1"   # --eval names its folder by the time
                                      # (skill_r1.evaluate.evaluate)
-    if args.resume and not args.eval:   # the saved run's flags, before they are checked (the resume
-                                        # policy)
-        restore_flags(args, given_flags(p, argv))
+    if args.resume:   # the saved run's flags, before they are checked (the resume policy)
+        (restore_eval_flags(args, given_flags(p, argv), p) if args.eval
+         else restore_flags(args, given_flags(p, argv)))
     resolve_run_device(p, args)
     for name in ("generations", "candidates", "rollouts", "steps", "instances_per_step",
                  "micro_batch",
@@ -553,8 +562,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error("--carry-gate-alpha must be in (0, 1]")
     if args.compile_decode and args.lora_rank:
         p.error("--compile-decode does not cover LoRA adapters (--lora-rank): run without it")
-    if args.eval and args.resume:
-        p.error("--eval writes a new folder and has no --resume (--overwrite replaces one)")
+    if args.eval_chunk < 0:
+        p.error("--eval-chunk must be >= 0 (0: all instances at once)")
     try:
         # once, not per micro-batch
         check_loss_config(args.lam, args.eps_low, args.eps_high, args.beta, args.agg)

@@ -17,14 +17,15 @@ from safetensors.torch import load_file
 import train_grpo
 from minskill.paired import wilson_interval
 from minskill.measure import combine
-from helpers import (KEYWORDS, ROW_FIELDS, TIMING_FIELDS, common_flags, crash_after_checkpoint, keyword_task_model,
-                     keyword_tasks, read_rows)
+from helpers import (KEYWORDS, ROW_FIELDS, TIMING_FIELDS, Interrupted, common_flags, crash_after_checkpoint,
+                     keyword_task_model, keyword_tasks, read_rows)
 from minskill.nn.sampling import completion_logprobs
 from minskill.nn.weights import load_model
 from minskill.serve.client import ChatClient
 from minskill.serve.backends import ScriptedBackend
 from minskill.serve.server import start_server
-from minskill.skill_r1.eval_table import success_interval
+from minskill.skill_r1 import evaluate as evaluate_module
+from minskill.skill_r1.eval_table import joined_rows, success_interval
 from minskill.skill_r1.evaluate import heldout_instances, kl_reference, kl_to_frozen, probe_instances, success
 from minskill.skill_r1.grpo import policy_loss
 from minskill.skill_r1.loop import EvolveConfig
@@ -338,8 +339,8 @@ def test_eval_refuses_a_non_empty_out_and_writes_nothing_there(straight_run, edi
     with pytest.raises(SystemExit, match="is not empty"):
         train_grpo.main(flags)
     assert sorted(p.name for p in straight_run[0].iterdir()) == before
-    with pytest.raises(SystemExit):
-        train_grpo.parse_args(flags + ["--resume"])
+    with pytest.raises(SystemExit, match="holds no eval.json, so no --eval run to continue"):
+        train_grpo.parse_args(flags + ["--resume"])    # a training run's folder
     assert train_grpo.parse_args([]).out == "runs/skill-r1" and train_grpo.parse_args(["--eval"]).out is None
 
 
@@ -555,3 +556,80 @@ def test_a_prompt_past_the_editors_context_is_refused_at_set_up(editor_dir, suit
     with pytest.raises(ValueError, match="= 1026 exceeds the editor's context of 1024 tokens"):
         train_grpo.main(flags)
     assert not out.exists()
+
+
+def timeless(row: dict) -> dict:
+    """A row without what the clock decides (its costs' seconds)."""
+    def strip(value):
+        if isinstance(value, dict):
+            return {k: strip(v) for k, v in value.items() if "seconds" not in k}
+        return value
+    return strip(row)
+
+
+def test_eval_in_chunks_resumes_to_the_uninterrupted_evaluation(straight_run, editor_dir, suite_file, task_url,
+                                                                  tmp_path, monkeypatch, capsys):
+    """--eval-chunk 2 of 3 instances: killed in the middle of the Skill-R1 row, --resume (no other flag) keeps the
+    whole rows and the row's first chunk and ends with the record and table of the uninterrupted run; a resumed
+    run that has finished says so and writes nothing; a changed flag is refused by name."""
+    ckpt = str(straight_run[0] / "checkpoint")
+
+    def flags(name):
+        return common_flags(editor_dir, suite_file, task_url, tmp_path / name) + [
+            "--eval", "--eval-instances", "3", "--eval-tasks", "2", "--eval-scoring", "shared", "--eval-chunk", "2",
+            "--skillr1-editor", ckpt]
+    assert train_grpo.main(flags("straight")) == 0
+    straight_printed = capsys.readouterr().out
+    assert "evaluated: no skill, instances 1-2 of 3" in straight_printed
+    real, calls = evaluate_module.editor_row, []
+
+    def dies_in_the_fourth_chunk(*args, **kwargs):
+        calls.append(kwargs.get("first"))
+        if len(calls) == 4:
+            raise Interrupted
+        return real(*args, **kwargs)
+    monkeypatch.setattr(evaluate_module, "editor_row", dies_in_the_fourth_chunk)
+    with pytest.raises(Interrupted):
+        train_grpo.main(flags("resumed"))
+    monkeypatch.setattr(evaluate_module, "editor_row", real)
+    assert calls == [0, 2, 0, 2]      # the frozen row's two chunks, the Skill-R1 row's two
+    killed = json.loads((tmp_path / "resumed" / "eval.json").read_text())
+    assert len(killed["rows"]) == 3 and killed["row_under_way"]["instances_done"] == 2
+    assert not killed["finished"] and len(killed["row_under_way"]["scores"]) == 2
+    capsys.readouterr()
+    assert train_grpo.main(["--eval", "--out", str(tmp_path / "resumed"), "--resume"]) == 0
+    printed = capsys.readouterr().out
+    assert "--resume: 3 whole row(s) kept, 'Skill-R1 (λ = 0.5): " in printed and "after 2 of 3 instances" in printed
+    assert "evaluated: no skill" not in printed
+    record = check_eval_folder(tmp_path / "resumed", printed)
+    straight = json.loads((tmp_path / "straight" / "eval.json").read_text())
+    assert [timeless(r) for r in record["rows"]] == [timeless(r) for r in straight["rows"]]
+    assert record["paired"] == straight["paired"] and record["row_under_way"] is None
+    table = [line for line in straight_printed.splitlines() if line.startswith("| ")]
+    assert [line for line in printed.splitlines() if line.startswith("| ")] == table
+    before = (tmp_path / "resumed" / "eval.json").read_bytes()
+    assert train_grpo.main(["--eval", "--out", str(tmp_path / "resumed"), "--resume"]) == 0
+    assert "has finished, nothing is left to measure" in capsys.readouterr().out
+    assert (tmp_path / "resumed" / "eval.json").read_bytes() == before
+    with pytest.raises(SystemExit, match="--eval-tasks 2 -> 1"):
+        train_grpo.main(["--eval", "--out", str(tmp_path / "resumed"), "--resume", "--eval-tasks", "1"])
+
+
+def test_joined_rows_are_the_row_of_all_the_instances():
+    """Two chunks' rows (2 instances x 2 tasks, then 1 x 2) joined: success over all six scores, each generation's
+    success weighted by the scoring tasks, the KL weighted by the sampled tokens, counts and costs summed."""
+    def row(scores, g1, kl, tokens, calls, seconds):
+        flat = [x for g in scores for x in g]
+        return {"name": "r", "spec": "e", "scores": scores, "success": sum(flat) / len(flat), "skills": [{}] * len(scores),
+                "per_generation": [g1, sum(flat) / len(flat)], "kl": kl, "eval_calls": calls, "evolve_calls": 2 * calls,
+                "rollouts": calls, "reasoning_cut": 1, "kl_reference": "f",
+                "costs": {"editor": {"sampled_tokens": tokens, "seconds": seconds, "kl_seconds": None}}}
+    a = row([[1.0, 0.0], [1.0, 1.0]], 0.5, 0.2, 30, 4, 1.5)
+    b = row([[0.0, 0.0]], 1.0, 0.8, 10, 2, 0.5)
+    joined = joined_rows(a, b)
+    assert joined["success"] == pytest.approx(3 / 6) and joined["scores"] == a["scores"] + b["scores"]
+    assert joined["per_generation"] == pytest.approx([(0.5 * 4 + 1.0 * 2) / 6, 3 / 6])
+    assert joined["kl"] == pytest.approx((0.2 * 30 + 0.8 * 10) / 40)
+    assert (joined["eval_calls"], joined["evolve_calls"], joined["rollouts"], joined["reasoning_cut"]) == (6, 12, 6, 2)
+    assert joined["costs"] == {"editor": {"sampled_tokens": 40, "seconds": 2.0, "kl_seconds": None}}
+    assert len(joined["skills"]) == 3

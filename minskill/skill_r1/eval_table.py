@@ -71,6 +71,34 @@ def print_table(rows: list[dict], evo: list, test: list[list], args, zero_note: 
     print_paired(rows, args, test)
 
 
+def joined_rows(first: dict, then: dict) -> dict:
+    """One row from the rows of two runs of instances, `then`'s after `first`'s (--eval-chunk):
+    per-instance fields joined, counts and costs summed; success is the mean of all the scores,
+    each generation's success the mean weighted by the scoring tasks, the KL the mean over all the
+    sampled tokens (each part's weighted by its own)."""
+    n_first, n_then = (sum(len(g) for g in r["scores"]) for r in (first, then))
+    flat = [x for g in first["scores"] + then["scores"] for x in g]
+    kl = first["kl"]
+    if kl is not None:
+        weights = [r["costs"]["editor"]["sampled_tokens"] for r in (first, then)]
+        kl = (first["kl"] * weights[0] + then["kl"] * weights[1]) / max(1, sum(weights))
+    return {**{k: v for k, v in first.items() if k != "instances_done"},
+            "success": sum(flat) / len(flat), "scores": first["scores"] + then["scores"],
+            "skills": first["skills"] + then["skills"], "kl": kl,
+            "per_generation": [(x * n_first + y * n_then) / (n_first + n_then)
+                               for x, y in zip(first["per_generation"], then["per_generation"])],
+            **{k: first[k] + then[k] for k in ("eval_calls", "evolve_calls", "rollouts",
+                                                "reasoning_cut")},
+            "costs": _summed(first["costs"], then["costs"])}
+
+
+def _summed(a, b):
+    """Two cost records (nested dicts of numbers or None) added leaf by leaf."""
+    if isinstance(a, dict):
+        return {k: _summed(v, b[k]) for k, v in a.items()}
+    return None if a is None else a + b
+
+
 def recorded_tasks(instances: list[dict]) -> list[list]:
     """The evaluation tasks of eval.json's instances as print_table and success_interval take them
     (objects with an id)."""

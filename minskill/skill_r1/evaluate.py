@@ -26,8 +26,10 @@ the J per-instance differences; the tasks gained / lost are counted per task, as
 wrong method.
 
 `--eval` also writes a run folder (--out, default runs/skill-r1-eval-TIME; a non-empty one is
-refused without --overwrite): OUT/eval.json (`eval_record`) holds the flags, the instances and their
-tasks, per row the per-task scores, the skills each editor wrote on every instance (each
+refused without --overwrite or --resume): OUT/eval.json (`eval_record`), rewritten after each chunk
+of --eval-chunk instances of each row (default: all at once), so that --resume continues a killed
+evaluation after its last whole chunk with the flags it saved; it holds the flags, the instances and
+their tasks, per row the per-task scores, the skills each editor wrote on every instance (each
 generation's candidates with their rewards, the carried skill), the KL, the cost (the task model's
 calls, tokens, request and busy seconds from client.Usage; the editor's sampled tokens and seconds:
 the evolve phase's wall time minus the task model's busy seconds in it), and the paired table as
@@ -61,16 +63,17 @@ from pathlib import Path
 import torch
 
 from minskill.cli import client_args
-from minskill.files import write_json_atomic
+from minskill.files import read_json_object, write_json_atomic
 from minskill.nn.shared_prefix import grouped_logprobs
 from minskill.nn.weights import is_model_spec, load_model
 from minskill.rollout import (all_failed, cut_totals, load_skills, reasoning_cut_note,
                               run_rollouts, skill_text, summarize)
-from minskill.runs import TRAINER_STATE, check_run_folder, load_trainer_state, open_run_folder
+from minskill.runs import (TRAINER_STATE, RunFolderError, check_run_folder, load_trainer_state,
+                           open_run_folder, resume_flags)
 from minskill.serve.client import usage_delta
 from minskill.serve.embedded import embedded_client
-from minskill.skill_r1.eval_table import (EVAL_FILE, FROZEN_ROW, GRPO_ROW, paired_rows, print_table,
-                                          success_interval)
+from minskill.skill_r1.eval_table import (EVAL_FILE, FROZEN_ROW, GRPO_ROW, joined_rows,
+                                          paired_rows, print_table, success_interval)
 from minskill.skill_r1.loop import (EvolveConfig, Instance, TaskModelFailed, autocast,
                                     check_config, evolve_batch, load_split,
                                     reasoning_cuts, rollout_errors, step_seed, zero_reward_note)
@@ -116,6 +119,39 @@ def check_heldout(args) -> None:
                         test, args)
     elif args.probe_every:
         heldout_split(args, probe=True)
+
+
+def restore_eval_flags(args, given: set[str], parser) -> None:
+    """--eval --resume: the flags OUT/eval.json saved where none is given (the resume policy,
+    minskill.runs.resume_flags); a given one that differs is refused, naming it, but --threads
+    (which moves no figure). Without an eval.json the given flags start the evaluation."""
+    if args.out is None:
+        parser.error("--eval --resume needs --out, the folder of the evaluation to continue")
+    check_run_folder(args.out, True, args.overwrite, "train_grpo.py --eval")
+    file = Path(args.out) / EVAL_FILE
+    if not file.is_file() and Path(args.out).is_dir() and any(Path(args.out).iterdir()):
+        raise RunFolderError(f"train_grpo.py --eval: --resume: --out {args.out} holds no "
+                             f"{EVAL_FILE}, so no --eval run to continue (a training run?): "
+                             "choose the evaluation's folder")
+    if file.is_file():
+        flags = saved_record(file).get("flags")
+        if not isinstance(flags, dict):
+            raise RunFolderError(f"train_grpo.py --eval: --resume: {file} holds no flags: not an "
+                                 "--eval record")
+        resume_flags(args, flags, given, {"threads"}, "train_grpo.py --eval", parser,
+                     source=str(file))
+
+
+def saved_record(file: Path) -> dict:
+    """The object in an --eval run's eval.json; RunFolderError naming the file when it is damaged
+    or not an --eval record."""
+    try:
+        record = read_json_object(file, "an --eval record")
+    except ValueError as e:
+        raise RunFolderError(f"train_grpo.py --eval: --resume: {e}") from None
+    if record.get("kind") != "skill-r1-eval":
+        raise RunFolderError(f"train_grpo.py --eval: --resume: {file} is not an --eval record")
+    return record
 
 
 def heldout_by_type(args) -> dict[str, list]:
@@ -387,17 +423,18 @@ def skill_row(client, name: str, skills: list[str], evo: list[Instance], test: l
 
 
 def editor_row(client, name: str, spec: str, evo: list[Instance], seed_skills: list[str],
-               test: list[list],
-               args) -> dict:
+               test: list[list], args, first: int = 0) -> dict:
     """One editor's row: evolve a skill on every instance, then score the skill carried after each
-    generation."""
+    generation. `evo` may be a chunk of --eval's instances, the first being instance `first`: each
+    instance is seeded by its place among all of them (--eval-chunk)."""
     editor, tokenizer = load_model(spec, dtype=torch.float32, device=args.device)
     check_config(editor, EvolveConfig.from_args(args))
     editor.eval()
     c0, u0, t0 = client.stats["calls"], client.usage, time.time()
     with torch.no_grad(), autocast(args.bf16, editor.device):
         evolutions = evolve_batch(editor, tokenizer, client, evo, EvolveConfig.from_args(args),
-                                  seeds=[step_seed(args.seed, 10**6, k) for k in range(len(evo))],
+                                  seeds=[step_seed(args.seed, 10**6, first + k)
+                                         for k in range(len(evo))],
                                   seed_skills=seed_skills)
     evolve_calls, evolve_wall = client.stats["calls"] - c0, time.time() - t0
     evolve_usage = usage_delta(client.usage, u0)
@@ -474,10 +511,11 @@ def kl_to_frozen(editor, frozen_spec: str, evolutions, args) -> float:
 def evaluate(args) -> int:
     """Print the table of the paired rows (module docstring) for the flags of train_grpo.py and
     write the run folder --out (default runs/skill-r1-eval-TIME): eval.json, rewritten after every
-    row (`eval_record`)."""
+    chunk of --eval-chunk instances of every row (`eval_record`); --resume continues it after its
+    last whole chunk (`resumed_record`)."""
     out = Path(args.out or f"runs/skill-r1-eval-{time.strftime('%Y%m%d-%H%M%S')}")
     # before any model is loaded
-    check_run_folder(out, False, args.overwrite, "train_grpo.py --eval", resumable=False)
+    check_run_folder(out, args.resume, args.overwrite, "train_grpo.py --eval")
     evo, test = heldout_instances(args)
     editors = eval_editors(args)
     trained = {spec: trained_args(spec) for _, spec in editors if spec}
@@ -485,39 +523,53 @@ def evaluate(args) -> int:
     check_probes_of(trained, evo, test, args)
     seed_skillset = load_skills(args.seed_skills, args.suite)
     seed_skills = [skill_text(seed_skillset, inst.type) for inst in evo]
-    rows, record, started = [], eval_record(args, evo, test), time.time()
+    record = eval_record(args, evo, test)
+    if args.resume:
+        record = resumed_record(out, record)
+        if record["finished"]:
+            print(f"--resume: the evaluation in {out} has finished, nothing is left to measure; "
+                  f"python -m minskill.report {out} draws it")
+            return 0
+    rows, saved_usage = record["rows"], record["usage"] or {}
+    started, chunk = time.time() - record["wall_seconds"], args.eval_chunk or len(evo)
+    opened = [out] if args.resume and (out / EVAL_FILE).is_file() else []
     with embedded_client(**client_args(args, "task"),
                          quantize=args.task_quantize, max_workers=args.task_concurrency) as client:
 
-        def done(label: str, row: dict, lam: float | None = None) -> None:
-            if not rows:   # the folder is made once there is something to keep in it
-                open_run_folder(out, False, args.overwrite, "train_grpo.py --eval")
-            rows.append({**row, "lambda": lam, "ci95": success_interval(row, test)})
-            record.update(rows=rows, usage=client.usage, wall_seconds=time.time() - started)
+        def keep(row: dict, lam: float | None, done: int) -> None:
+            """Write eval.json with `row` measured on the first `done` instances: a whole row
+            joins `rows`, a part is the record's "row_under_way"."""
+            if not opened:   # the folder is made once there is something to keep in it
+                open_run_folder(out, args.resume, args.overwrite, "train_grpo.py --eval",
+                                settings=record["flags"] if args.resume else None)
+                opened.append(out)
+            row = {**{k: v for k, v in row.items() if k != "instances_done"}, "lambda": lam,
+                   "ci95": success_interval(row, test[:done])}
+            whole = done == len(evo)
+            if whole:
+                rows.append(row)
+            usage = {k: v + saved_usage.get(k, 0) for k, v in client.usage.items()}
+            record.update(row_under_way=None if whole else {**row, "instances_done": done},
+                          usage=usage, wall_seconds=time.time() - started)
             write_json_atomic(out / EVAL_FILE, record)
-            print(f"evaluated: {label}", flush=True)
-            if row["reasoning_cut"] and not any(r["reasoning_cut"] for r in rows[:-1]):
+            print(f"evaluated: {row['name']}"
+                  + ("" if done == len(evo) and chunk == len(evo) else
+                     f", instances 1-{done} of {len(evo)}"), flush=True)
+            if whole and row["reasoning_cut"] and not any(r["reasoning_cut"] for r in rows[:-1]):
                 # once, when first seen
                 print(reasoning_cut_note(cut_totals([row], of="rollouts")), flush=True)
 
-        done("no skill", skill_row(client, "no skill", [""] * len(evo), evo, test, args))
-        seed = "seed skill" + ("" if seed_skillset is not None
-                               else " (--seed-skills none: = no skill)")
-        done("seed skill", skill_row(client, seed, seed_skills, evo, test, args))
-        for name, spec in editors:
-            if not spec:
-                print(f"skipped: {name} "
-                      f"({'--no-frozen-row' if name == FROZEN_ROW else 'no editor given'})",
-                      flush=True)
-                continue
-            # λ of the run that wrote it
-            trained_lam = float(trained[spec]["lam"]) if trained[spec] else None
-            if trained_lam is not None and name != FROZEN_ROW:
-                if (trained_lam == 0) != name.startswith(GRPO_ROW):
-                    print(f"warning: {spec} was trained with λ = {trained_lam}, yet it fills the "
-                          f"row '{name}'")
-                name = f"{name.split(' (')[0]} (λ = {trained_lam:g})"
-            done(name, editor_row(client, name, spec, evo, seed_skills, test, args), trained_lam)
+        plan = planned_rows(client, args, evo, test, seed_skills, seed_skillset is not None,
+                            editors, trained)
+        for lam, measure in plan[len(rows):]:   # a resumed run's whole rows are kept
+            part = record["row_under_way"]
+            done = part["instances_done"] if part else 0
+            for a in range(done, len(evo), chunk):
+                b = min(a + chunk, len(evo))
+                row = measure(a, b)
+                part = row if part is None else joined_rows(part, row)
+                keep(part, lam, b)
+            record["row_under_way"] = None
     print_table(rows, evo, test, args,
                 zero_reward_note([t for ts in test for t in ts], rows, training=False),
                 reasoning_cut_note(cut_totals(rows, of="rollouts")))
@@ -527,6 +579,34 @@ def evaluate(args) -> int:
     print(f"\nwrote {out / EVAL_FILE}; python -m minskill.report {out} draws the evaluation as one "
           "HTML page")
     return 0
+
+
+def planned_rows(client, args, evo: list[Instance], test: list[list], seed_skills: list[str],
+                 seeded: bool, editors: list, trained: dict) -> list:
+    """The rows --eval measures, in order: (λ of the editor's training or None, a function of
+    (a, b) that measures the row on instances a..b-1); an editor row not given is said skipped."""
+    seed = "seed skill" + ("" if seeded else " (--seed-skills none: = no skill)")
+    plan = [(None, lambda a, b: skill_row(client, "no skill", [""] * (b - a), evo[a:b], test[a:b],
+                                          args)),
+            (None, lambda a, b: skill_row(client, seed, seed_skills[a:b], evo[a:b], test[a:b],
+                                          args))]
+    for name, spec in editors:
+        if not spec:
+            print(f"skipped: {name} "
+                  f"({'--no-frozen-row' if name == FROZEN_ROW else 'no editor given'})", flush=True)
+            continue
+        # λ of the run that wrote it
+        trained_lam = float(trained[spec]["lam"]) if trained[spec] else None
+        if trained_lam is not None and name != FROZEN_ROW:
+            if (trained_lam == 0) != name.startswith(GRPO_ROW):
+                print(f"warning: {spec} was trained with λ = {trained_lam}, yet it fills the "
+                      f"row '{name}'")
+            name = f"{name.split(' (')[0]} (λ = {trained_lam:g})"
+        plan.append((trained_lam, functools.partial(
+            lambda a, b, name, spec: editor_row(client, name, spec, evo[a:b], seed_skills[a:b],
+                                                test[a:b], args, first=a),
+            name=name, spec=spec)))
+    return plan
 
 
 def eval_record(args, evo: list[Instance], test: list[list]) -> dict:
@@ -549,10 +629,12 @@ def eval_record(args, evo: list[Instance], test: list[list]) -> dict:
                     "p" (sign-flip test by instance), "ci95" (its inverted interval, by instance),
                     "test" ("exact" | "monte carlo"), "instances", "n" (tasks), "per_task_gained",
                     "per_task_lost" (descriptive counts, not a test)}],
+         "row_under_way": None, or the row being measured on its first "instances_done"
+                          instances (--eval-chunk; --resume continues it),
          "usage": the task model's client.Usage counts, "wall_seconds", "finished"}
 
     Version 2: the paired statistic is by instance (minskill.paired.compare). Rewritten after each
-    row (finished false until the paired table is in)."""
+    chunk of each row (finished false until the paired table is in)."""
     flags = {k: v for k, v in vars(args).items()
              if isinstance(v, (str, int, float, bool, list, type(None)))}
     return {"kind": "skill-r1-eval", "version": 2, "flags": flags, "finished": False,
@@ -562,4 +644,30 @@ def eval_record(args, evo: list[Instance], test: list[list]) -> dict:
                            "eval_tasks": [t.id for t in ts],
                            "eval_questions": [t.question[:300] for t in ts]}
                           for x, ts in zip(evo, test)],
-            "rows": [], "paired": [], "usage": None, "wall_seconds": 0.0}
+            "rows": [], "row_under_way": None, "paired": [], "usage": None, "wall_seconds": 0.0}
+
+
+def resumed_record(out: Path, fresh: dict) -> dict:
+    """--resume: the record in OUT/eval.json, whose flags restore_eval_flags gave this run, or
+    `fresh` (eval_record's) when there is none yet. RunFolderError when it is not an --eval record
+    or evaluates other instances or tasks than these flags draw."""
+    file = out / EVAL_FILE
+    if not file.is_file():
+        print(f"--resume: {out} holds no {EVAL_FILE} yet: the evaluation starts at its first row")
+        return fresh
+    saved = saved_record(file)
+    if saved.get("instances") != fresh["instances"]:
+        raise RunFolderError(f"train_grpo.py --eval: --resume: {file} evaluates other instances "
+                             "or tasks than its flags draw here (another suite file or version?): "
+                             "start a new evaluation in another --out")
+    rows, part = saved.get("rows") or [], saved.get("row_under_way")
+    if part is not None and not (isinstance(part, dict) and isinstance(part.get("instances_done"),
+                                                                         int)
+                                 and 0 < part["instances_done"] == len(part.get("scores") or [])
+                                 < len(fresh["instances"])):
+        raise RunFolderError(f"train_grpo.py --eval: --resume: {file}: field row_under_way is not "
+                             "a row measured on its first instances_done instances")
+    print(f"--resume: {len(rows)} whole row(s) kept" + (
+        f", '{part['name']}' continues after {part['instances_done']} of "
+        f"{len(fresh['instances'])} instances" if part else ""), flush=True)
+    return {**fresh, **saved, "rows": rows, "row_under_way": part}
