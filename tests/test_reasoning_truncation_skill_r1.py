@@ -84,7 +84,8 @@ def test_eval_rows_count_the_cut_replies_and_the_table_says_it_once(editor_dir, 
     assert printed.count(CUT) == 2   # when first seen (the first row), and under the table
     assert "stronger task model" not in printed and EXTRA_BODY in printed
     rows = json.loads((out / "eval.json").read_text())["rows"]
-    assert rows and all(0 < r["reasoning_cut"] == r["rollouts"] for r in rows)
+    assert rows and all(0 < r["reasoning_cut"] == r["rollouts"] for r in rows if r["eval_calls"])
+    assert rows[1]["rollouts"] == 0 and rows[1]["scores"] == rows[0]["scores"]   # the seed row: no skill's, not rerun
 
 
 def test_masa_stage_1_says_once_that_the_targets_replies_were_cut_while_thinking(env, tmp_path, capsys):

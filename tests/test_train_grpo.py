@@ -281,7 +281,8 @@ def test_eval_prints_the_papers_rows(straight_run, editor_dir, suite_file, task_
     for line in table[2:]:
         cells = [c.strip() for c in line.split("|")[1:-1]]
         assert 0.0 <= float(cells[1].split()[0]) <= 1.0
-        assert int(cells[-1]) > 0                 # every row was scored on the evaluation tasks
+        # every row was scored on the evaluation tasks, but the seed skill's: none given, it is the no-skill row
+        assert (int(cells[-1]) > 0) == (cells[0] != "seed skill (--seed-skills none: = no skill)")
     assert all(int(line.split("|")[-3]) > 0 for line in table[4:])  # editor rows spent calls evolving
     # with the scripted model: no skill answers nothing ('no' to everything)
     assert table[2].split("|")[2].strip().startswith("0.000")
@@ -314,6 +315,10 @@ def check_eval_folder(out, printed):
         assert line.split("|")[2].strip().startswith(f"{row['success']:.3f} ({row['ci95'][0]:.2f}–{row['ci95'][1]:.2f})")
         assert len(row["skills"]) == len(record["instances"])
         task = row["costs"].get("task_model") or row["costs"]["task_model_evaluate"]
+        if row["name"] == "seed skill (--seed-skills none: = no skill)":   # the no-skill row's requests: not sent again
+            assert row["scores"] == record["rows"][0]["scores"] and row["eval_calls"] == 0
+            assert task["calls"] == task["prompt_tokens"] == task["busy_seconds"] == 0
+            continue
         assert task["calls"] == row["eval_calls"] > 0 and task["prompt_tokens"] > 0 and task["busy_seconds"] > 0
         if row["spec"]:                                  # an editor row: what it wrote, and what that cost
             assert row["costs"]["task_model_evolve"]["calls"] == row["evolve_calls"] > 0

@@ -10,9 +10,10 @@ type, for a small split):
     success = share of those evaluation tasks solved with the skill carried after the last
     generation
 
-The rows: no skill; the seed skill (--seed-skills); Skill-R1 inference-only (--editor, never
-trained); vanilla GRPO (--grpo-editor, trained with λ = 0); Skill-R1 (--skillr1-editor, λ > 0, one
-row per editor given). Every row sees the same tasks and seeds. An editor row also reports the
+The rows: no skill; the seed skill (--seed-skills; with none, the no-skill row's scores: the same
+requests, not sent again); Skill-R1 inference-only (--editor, never trained); vanilla GRPO
+(--grpo-editor, trained with λ = 0); Skill-R1 (--skillr1-editor, λ > 0, one row per editor
+given). Every row sees the same tasks and seeds. An editor row also reports the
 success of the skill carried after each generation g, and the task-model requests spent writing the
 skills (evolve) apart from those spent scoring them (evaluate); a trained editor's row prints its KL
 to the frozen editor on the skills it wrote (how far training moved it). A task's score is the mean
@@ -560,7 +561,7 @@ def evaluate(args) -> int:
                 print(reasoning_cut_note(cut_totals([row], of="rollouts")), flush=True)
 
         plan = planned_rows(client, args, evo, test, seed_skills, seed_skillset is not None,
-                            editors, trained)
+                            editors, trained, rows)
         for lam, measure in plan[len(rows):]:   # a resumed run's whole rows are kept
             part = record["row_under_way"]
             done = part["instances_done"] if part else 0
@@ -582,14 +583,17 @@ def evaluate(args) -> int:
 
 
 def planned_rows(client, args, evo: list[Instance], test: list[list], seed_skills: list[str],
-                 seeded: bool, editors: list, trained: dict) -> list:
+                 seeded: bool, editors: list, trained: dict, rows: list[dict]) -> list:
     """The rows --eval measures, in order: (λ of the editor's training or None, a function of
-    (a, b) that measures the row on instances a..b-1); an editor row not given is said skipped."""
+    (a, b) that measures the row on instances a..b-1); an editor row not given is said skipped.
+    With --seed-skills none the seed-skill row would ask the task model what the no-skill row asked
+    (`rows`[0] once measured): it is that row's scores, at no cost (copied_row)."""
     seed = "seed skill" + ("" if seeded else " (--seed-skills none: = no skill)")
     plan = [(None, lambda a, b: skill_row(client, "no skill", [""] * (b - a), evo[a:b], test[a:b],
                                           args)),
-            (None, lambda a, b: skill_row(client, seed, seed_skills[a:b], evo[a:b], test[a:b],
-                                          args))]
+            (None, (lambda a, b: skill_row(client, seed, seed_skills[a:b], evo[a:b], test[a:b],
+                                           args)) if seeded
+             else lambda a, b: copied_row(rows[0], seed, a, b))]
     for name, spec in editors:
         if not spec:
             print(f"skipped: {name} "
@@ -607,6 +611,16 @@ def planned_rows(client, args, evo: list[Instance], test: list[list], seed_skill
                                                 test[a:b], args, first=a),
             name=name, spec=spec)))
     return plan
+
+
+def copied_row(row: dict, name: str, a: int, b: int) -> dict:
+    """Instances a..b-1 of a measured row without an editor, as the row `name` that would have asked
+    the task model the same requests: the same scores and skills; no call, rollout or cost of its
+    own."""
+    flat = [x for g in row["scores"][a:b] for x in g]
+    return {**row, "name": name, "success": sum(flat) / len(flat), "scores": row["scores"][a:b],
+            "skills": row["skills"][a:b], "eval_calls": 0, "rollouts": 0, "reasoning_cut": 0,
+            "costs": {"task_model": {k: 0 for k in row["costs"]["task_model"]}}}
 
 
 def eval_record(args, evo: list[Instance], test: list[list]) -> dict:
