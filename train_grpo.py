@@ -323,7 +323,8 @@ class TrainConfig(EvolveConfig):
     seed_skills: str = "none"
     lam: float = 0.5                  # λ, weight of A_inter; 0 = vanilla GRPO
     scale_by_std: bool = True
-    inter_scale: str = "raw"          # A_inter's divisor (grpo.inter_divisor); raw: the paper's
+    inter_scale: str = "pooled-std"   # A_inter's divisor (grpo.inter_divisor): chosen by the λ
+                                      # sweep (docs/results-skill-r1.md); raw: the paper's
     eps_low: float = 0.2
     eps_high: float = 0.2
     beta: float = 0.0                 # 0: no KL, no reference model
@@ -387,9 +388,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     m.add_argument("--lam", type=float, default=d.lam,
                    help="λ, weight of A_inter (0 = vanilla GRPO; default %(default)s)")
     a.add_argument("--inter-scale", choices=INTER_SCALES, default=d.inter_scale,
-                   help="A_inter's scale: raw (default; the paper's A_intra + λ·A_inter) or "
-                        "pooled-std (A_inter / the std of the instance's rewards over its "
-                        "generations: λ = 1 weighs the two levels alike; skill_r1/grpo.py)")
+                   help="A_inter's scale: pooled-std (default: A_inter / the std of the "
+                        "instance's rewards over its generations, so λ = 1 weighs the two levels "
+                        "alike; chosen by a λ sweep on the held-out probe, "
+                        "docs/results-skill-r1.md) or raw (the paper's A_intra + λ·A_inter); "
+                        "skill_r1/grpo.py")
     a.add_argument("--scale-by-std", action=argparse.BooleanOptionalAction, default=d.scale_by_std,
                    help="divide A_intra by the group's std + 1e-4, as standard GRPO does (on by "
                         "default: measured on the learning test, docs/skill-r1.md; "

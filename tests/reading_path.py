@@ -71,7 +71,7 @@ PATHS = {
         # (the editor is sampled by nn/sampling.py:generate, language-model machinery like the
         # model's forward)
         _entries("minskill/skill_r1/loop.py", "parse_candidate", "_carry", "assign_advantages") +
-        _entries("minskill/skill_r1/grpo.py", "bilevel_advantages",
+        _entries("minskill/skill_r1/grpo.py", "inter_divisor", "bilevel_advantages",
                  "_as_reward_tensor", "intra_advantages", "inter_advantage") +
         _entries("train_grpo.py", "policy_update") +
         _entries("minskill/distributed.py", "sum_over_ranks", "_reduce_numbers") +

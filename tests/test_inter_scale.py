@@ -45,7 +45,7 @@ def test_pooled_std_divides_a_inter_by_the_std_of_the_seed_and_every_candidate()
 def test_raw_is_the_papers_form_bit_for_bit():
     seed, gens = 0.25, [[0.0, 0.5, 0.75, 0.25], [0.5, 0.5, 1.0, 0.0]]
     ev = evolution(seed, gens)
-    assign_advantages([ev], lam=0.5, scale_by_std=True)          # the default: raw
+    assign_advantages([ev], lam=0.5, scale_by_std=True)          # the function's default: raw
     # the expression A was computed by before --inter-scale existed
     before = [(intra_advantages(r, True) + 0.5 * inter_advantage(r, prev)).tolist()
               for r, prev in zip(gens, [seed, 0.375])]
@@ -97,8 +97,8 @@ def test_inter_share_equals_the_hand_computation():
 
 
 def test_flag_default_record_and_resume_of_a_run_saved_without_it(tmp_path, capsys):
-    assert train_grpo.parse_args([]).inter_scale == "raw"
-    assert train_grpo.parse_args(["--inter-scale", "pooled-std"]).inter_scale == "pooled-std"
+    assert train_grpo.parse_args([]).inter_scale == "pooled-std"     # chosen by the λ sweep
+    assert train_grpo.parse_args(["--inter-scale", "raw"]).inter_scale == "raw"
     with pytest.raises(SystemExit):
         train_grpo.parse_args(["--inter-scale", "std"])
     assert "inter_scale" in train_grpo.RESUME_MUST_MATCH

@@ -30,12 +30,13 @@ from tiny import make_tiny_model_dir
 # docstrings, the `distributed` calls, the teacher's prompt fitting: issue 41), as measured after
 # issue 41 (before it, counted so: 813 / 735 / 862 lines, 18 / 19 / 25 upward jumps). The aim: at
 # most 5 upward jumps on each path, and the lines back towards a sitting's ~500 as the files shrink;
-# the remaining Skill-R1 jumps are in skill_r1/grpo.py (2) and nn/shared_prefix.py (1), the MASA
+# the remaining Skill-R1 jumps are in skill_r1/grpo.py (1) and nn/shared_prefix.py (1), the MASA
 # ones in masa/search.py: each stretch of its module-level helpers read between two MasaSearch
 # methods costs one (masa/teacher.py, reordered under issue 41, has none).
 # Lines at most 100 characters (tests/test_line_length.py) took the paths from 856 / 799 / 942
-# lines to 894 / 800 / 942.
-BUDGETS = {"Skill-R1: one training step": (894, 8, 3),      # aim: 5 jumps (met), ~700 lines
+# lines to 894 / 800 / 942. The pooled-std default put grpo.inter_divisor on the Skill-R1 path
+# (+11 lines), paid for by grpo.py's docstring (an equation a line) and its order (one jump less).
+BUDGETS = {"Skill-R1: one training step": (894, 8, 2),      # aim: 5 jumps (met), ~700 lines
            "MASA: one hill-climbing iteration": (800, 6, 3),   # aim: 5 jumps (met), ~650 lines
            "MASA: one UCB1 iteration": (942, 7, 3)}            # aim: 5 jumps (met), ~750 lines
 SCRIPTS = ("train_grpo.py", "evolve_masa.py", "rewrite.py")

@@ -7,11 +7,9 @@ Advantages (one task instance, generation g, K candidate skills s_g^(1..K))
 ---------------------------------------------------------------------------
 r_g^(i) is the mean verifier score of the n task-model rollouts run with skill s_g^(i).
 
-    A_intra(g, i) = r_g^(i) - mean_i r_g^(i)                      (optionally / (std_i r_g^(i) +
-                                                                  eps))
-    A_inter(g)    = mean_i r_g^(i) - mean_i r_{g-1}^(i)           (A_inter(1) uses the seed skill's
-                                                                  score)
-    A(g, i)       = A_intra(g, i) + λ · A_inter(g) / S            (S: the inter scale, below)
+    A_intra(g, i) = r_g^(i) - mean_i r_g^(i)          (--scale-by-std: / (std_i r_g^(i) + eps))
+    A_inter(g)    = mean_i r_g^(i) - mean_i r_{g-1}^(i)   (g = 1: r_0, the seed skill's score)
+    A(g, i)       = A_intra(g, i) + λ · A_inter(g) / S    (S: the inter scale, below)
 
 λ = 0 is vanilla GRPO. A_intra ranks the K candidates against each other; A_inter rewards (or
 punishes) the whole generation for improving on the previous one, so that the editor also learns
@@ -30,38 +28,30 @@ the raw A_inter stays on the reward scale (a few hundredths), so λ·A_inter is 
 (`inter_share`, in each step's row of metrics.jsonl, measures it) and λ says little about how much
 the two levels weigh.
 
-pooled-std puts A_inter on A_intra's footing: a difference of mean rewards divided by a spread of
-single candidates' rewards, so λ = 1 weighs one std of improvement across generations like one std
-of rank within a group. The spread is the sample std of all the instance's rewards of the step,
-pooled over its generations (the seed skill's r_0 and the K·G candidates'): one divisor per
-instance, so its G inter terms keep their relative sizes. Not the std of the G + 1 generation means:
-those are the very numbers A_inter differences, so dividing by their spread would make A_inter
-scale-free (a +0.01 and a +0.3 improvement alike) and, from 2 or 3 values, noisy. The seed is in the
-pool so that the std is 0 only when every reward is equal; then every A_inter is 0 (up to float
-rounding, which 1/eps would magnify), and S = 1. pooled-std is meant with --scale-by-std (the
-default): without it A_intra stays on the reward scale, where the raw A_inter already is.
+pooled-std (the default, chosen by a λ sweep: docs/results-skill-r1.md) puts A_inter on A_intra's
+footing, so λ = 1 weighs one std of improvement across generations like one std of rank within a
+group. S pools all the instance's rewards of the step (r_0 and the K·G candidates'): one divisor
+per instance, so its G inter terms keep their relative sizes. Not the std of the G + 1 generation
+means: dividing the very numbers A_inter differences by their spread would make it scale-free (a
++0.01 and a +0.3 improvement alike) and, from 2 or 3 values, noisy. With r_0 in the pool the std is
+0 only when every reward is equal; then every A_inter is 0 (up to rounding, which 1/eps would
+magnify) and S = 1. pooled-std is meant with --scale-by-std (the default): without it A_intra
+stays on the reward scale, where the raw A_inter already is.
 
 Policy loss (per valid token t of sequence b; log-probs at the sampling temperature)
 ------------------------------------------------------------------------------------
-    ratio_{b,t} = exp(logp_θ − logp_old)                          (= 1 on the first pass; old is
-                                                                  detached)
+    ratio_{b,t} = exp(logp_θ − logp_old)          (= 1 on the first pass; old is detached)
     surr_{b,t}  = min(ratio · A_b, clip(ratio, 1 − ε_low, 1 + ε_high) · A_b)
-    kl_{b,t}    = exp(logp_ref − logp_θ) − (logp_ref − logp_θ) − 1   (k3 estimate of KL(π_θ ‖
-                                                                     π_ref), >= 0)
-    ℓ_{b,t}     = −surr_{b,t} + β · kl_{b,t}                       (the KL term only when ref_logp
-                                                                   is given)
+    kl_{b,t}    = exp(logp_ref − logp_θ) − (logp_ref − logp_θ) − 1   (k3 of KL(π_θ ‖ π_ref), ≥ 0)
+    ℓ_{b,t}     = −surr_{b,t} + β · kl_{b,t}      (the KL term only when ref_logp is given)
 
 Aggregation over the (B, T) grid, m_{b,t} ∈ {0, 1} the mask of valid (completion) tokens:
 
-    token_mean : Σ_{b,t} m·ℓ / Σ_{b,t} m                          (every token of the batch weighs
-                                                                  the same)
-    seq_mean   : (1/B) Σ_b [ Σ_t m·ℓ / Σ_t m ]                     (every sequence weighs the same;
-                                                                    the original GRPO; a row with
-                                                                    no valid token contributes 0
-                                                                    but still counts in B)
-    dr_grpo    : Σ_{b,t} m·ℓ / (B · max_new_tokens)                (Dr. GRPO: a constant
-                                                                    normaliser, so no length bias;
-                                                                    max_new_tokens is required)
+    token_mean : Σ_{b,t} m·ℓ / Σ_{b,t} m           (every token of the batch weighs the same)
+    seq_mean   : (1/B) Σ_b [ Σ_t m·ℓ / Σ_t m ]      (every sequence weighs the same: the original
+                                                 GRPO; a row without a valid token adds 0 to B)
+    dr_grpo    : Σ_{b,t} m·ℓ / (B · max_new_tokens) (Dr. GRPO: a constant normaliser, so no
+                                                 length bias; max_new_tokens is required)
 
 Clip fractions (reported in stats; the TRL convention) are fractions of *valid* tokens where the
 clip is active, i.e. where the clipped term wins the min and the token's gradient is zero:
@@ -85,6 +75,26 @@ import torch
 
 AGGREGATIONS = ("token_mean", "seq_mean", "dr_grpo")
 INTER_SCALES = ("raw", "pooled-std")   # --inter-scale: the divisor S of A_inter (module docstring)
+
+
+def inter_divisor(seed_reward: float, generations: list[list[float]], how: str = "raw",
+                  eps: float = 1e-4) -> float:
+    """S of the module docstring for one instance: 1 (raw), or the sample std of the seed skill's
+    reward and all its generations' candidates' rewards + eps (pooled-std; 1 when that std is 0)."""
+    if how not in INTER_SCALES:
+        raise ValueError(f"inter scale: unknown {how!r}; choose one of {', '.join(INTER_SCALES)}")
+    pooled = [float(seed_reward)] + [float(r) for rewards in generations for r in rewards]
+    # exact arithmetic: 0 when every reward is equal, and then every A_inter is 0 already
+    spread = statistics.stdev(pooled) if how != "raw" and len(pooled) > 1 else 0.0
+    return spread + eps if spread > 0 else 1.0
+
+
+def bilevel_advantages(rewards, prev_mean: float | None, lam: float, scale_by_std: bool = False,
+                       eps: float = 1e-4, inter_divisor: float = 1.0) -> torch.Tensor:
+    """A(i) = A_intra(i) + λ · A_inter / S for the K candidates of one generation (prev_mean: the
+    previous generation's mean reward, None: A_inter = 0; inter_divisor: S, 1 in the raw form)."""
+    inter = float(lam) * inter_advantage(rewards, prev_mean) / inter_divisor   # x / 1.0 == x: raw
+    return intra_advantages(rewards, scale_by_std, eps) + inter
 
 
 def _as_reward_tensor(rewards, where: str) -> torch.Tensor:
@@ -112,27 +122,6 @@ def inter_advantage(rewards, prev_mean: float | None) -> float:
     if prev_mean is not None and not math.isfinite(float(prev_mean)):
         raise ValueError(f"inter_advantage: prev_mean must be finite, got {prev_mean}")
     return 0.0 if prev_mean is None else float(r.mean()) - float(prev_mean)
-
-
-def bilevel_advantages(rewards, prev_mean: float | None, lam: float, scale_by_std: bool = False,
-                       eps: float = 1e-4, inter_divisor: float = 1.0) -> torch.Tensor:
-    """A(i) = A_intra(i) + λ · A_inter / S for the K candidates of one generation (prev_mean: the
-    previous generation's mean reward, None: A_inter = 0; inter_divisor: S, 1 in the raw form)."""
-    inter = float(lam) * inter_advantage(rewards, prev_mean) / inter_divisor   # x / 1.0 == x: raw
-    return intra_advantages(rewards, scale_by_std, eps) + inter
-
-
-def inter_divisor(seed_reward: float, generations: list[list[float]], how: str = "raw",
-                  eps: float = 1e-4) -> float:
-    """S of the module docstring for one instance: 1 (raw), or the sample std of the seed skill's
-    reward and all its generations' candidates' rewards + eps (pooled-std; 1 when that std is 0)."""
-    if how not in INTER_SCALES:
-        raise ValueError(f"inter scale: unknown {how!r}; choose one of {', '.join(INTER_SCALES)}")
-    pooled = [float(seed_reward)] + [float(r) for rewards in generations for r in rewards]
-    if how == "raw" or len(pooled) < 2:
-        return 1.0
-    spread = statistics.stdev(pooled)   # exact arithmetic: 0 when every reward is equal
-    return spread + eps if spread > 0 else 1.0   # no spread: every A_inter is 0 already
 
 
 def inter_share(groups) -> float:

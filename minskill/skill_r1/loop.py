@@ -377,8 +377,8 @@ def assign_advantages(evolutions: list[Evolution], lam: float, scale_by_std: boo
     """Set A(g,i) on every candidate (grpo.bilevel_advantages, inter_divisor); return them all."""
     for ev in evolutions:
         prev_means = [ev.seed_reward] + [gen.mean_reward for gen in ev.generations]
-        divisor = 1.0 if inter_scale == "raw" else inter_divisor(ev.seed_reward, [
-            [c.reward for c in gen.candidates] for gen in ev.generations], inter_scale)
+        divisor = inter_divisor(ev.seed_reward, [[c.reward for c in gen.candidates]
+                                                  for gen in ev.generations], inter_scale)
         for gen, prev_mean in zip(ev.generations, prev_means):
             advantages = bilevel_advantages([c.reward for c in gen.candidates], prev_mean, lam,
                                             scale_by_std, inter_divisor=divisor)
