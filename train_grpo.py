@@ -540,9 +540,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.out is None and not args.eval:
         args.out = "runs/skill-r1"   # --eval names its folder by the time
                                      # (skill_r1.evaluate.evaluate)
-    if args.resume:   # the saved run's flags, before they are checked (the resume policy)
-        (restore_eval_flags(args, given_flags(p, argv), p) if args.eval
-         else restore_flags(args, given_flags(p, argv)))
+    if args.resume and args.eval:   # the saved flags, before they are checked (the resume policy)
+        restore_eval_flags(args, given_flags(p, argv), p)
+    elif args.resume:
+        restore_flags(args, given_flags(p, argv))
     resolve_run_device(p, args)
     for name in ("generations", "candidates", "rollouts", "steps", "instances_per_step",
                  "micro_batch",

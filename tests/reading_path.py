@@ -4,9 +4,10 @@ PATHS lists, in reading order, what a learner follows for one Skill-R1 training 
 MASA iteration of each phase: every function of the algorithm files that the default run executes
 there (tests/test_reading_paths.py traces it), the data classes and configs they read, and the
 module docstring of every file the path enters (where the equations are), counted once, where the
-path first enters the file. An entry is "FILE:QUALNAME" (e.g. "minskill/skill_r1/grpo.py:policy_loss");
-it counts the lines of that function or class as written, from its `def`/`class` line (decorators
-included) to its last line, docstring and comments included. FILE is where the entry is looked
+path first enters the file. An entry is "FILE:QUALNAME" (e.g.
+"minskill/skill_r1/grpo.py:policy_loss"); it counts the lines of that function or class as
+written, from its `def`/`class` line (decorators included) to its last line, docstring and comments
+included. FILE is where the entry is looked
 for first; a name it no longer holds is found by name in the package (`locate`), so a function
 that moves between files keeps being counted. Imports are not counted.
 
@@ -30,7 +31,8 @@ def _entries(file: str, *names: str) -> list[str]:
 
 
 # Stretches that more than one path runs, in the order they run there.
-SINGLE_TURN_ROLLOUTS = (_entries("minskill/rollout.py", "run_rollouts", "skill_prompts", "skill_text") +
+SINGLE_TURN_ROLLOUTS = (_entries("minskill/rollout.py", "run_rollouts", "skill_prompts",
+                                 "skill_text") +
                         _entries("minskill/trajectories.py", "with_system") +
                         _entries("minskill/rollout.py", "_run_single_turn", "_score"))
 # MASA's paths begin at the search's own loop: evolve_masa.py's run_search around it prints each
@@ -52,7 +54,8 @@ MASA_EVALUATE = (_entries("minskill/masa/search.py", "MasaSearch.evaluate_candid
                           "MasaSearch.evaluate", "rollouts") +
                  SINGLE_TURN_ROLLOUTS + _entries("minskill/rollout.py", "summarize", "_stats") +
                  _entries("minskill/paired.py", "wilson_interval") +
-                 _entries("minskill/masa/search.py", "_metrics", "failure_records", "episode_record"))
+                 _entries("minskill/masa/search.py", "_metrics", "failure_records",
+                          "episode_record"))
 MASA_GATE = (["minskill/masa/search.py:MasaSearch.gate"] +
              _entries("minskill/gates.py", "masa_decision", "decision") +
              ["minskill/paired.py:sign_test_p_greater"])

@@ -122,8 +122,8 @@ def test_each_step_records_the_share_of_lambda_a_inter():
     usage = dict.fromkeys(("calls", "prompt_tokens", "completion_tokens", "busy_seconds",
                            "request_seconds"), 0)
     row = metrics_row(0, [ev], cands, stats, usage, 0.0, 1.0, 1e-5)
-    # λ·A_inter/S = 0.5 · 0.5 / (0.5 + 1e-4) in both generations; A_intra = ±0.5 / (√(1/3) + 1e-4)
-    # in generation 1 only (generation 2 has no spread)
+    # λ·A_inter/S = 0.5 · 0.5 / (0.5 + 1e-4) in both generations;
+    # A_intra = ±0.5 / (√(1/3) + 1e-4) in generation 1 only (generation 2 has no spread)
     inter, intra = 0.25 / (0.5 + 1e-4), 0.5 / (math.sqrt(1 / 3) + 1e-4)
     total = 2 * abs(inter - intra) + 2 * (inter + intra) + 4 * inter
     assert row["inter_share"] == pytest.approx(8 * inter / total, abs=1e-5)

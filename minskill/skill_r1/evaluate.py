@@ -21,10 +21,10 @@ over its n rollouts (n identical greedy replies count once). A second table comp
 on the same tasks (minskill.paired.compare): every row against no skill, each Skill-R1 row against
 every other row, and vanilla GRPO against inference-only. The unit is the instance (its scoring
 tasks share the one skill evolved on it, so they are not independent): the mean per-instance
-difference D̄ with the 95% interval by instance and the p of the exact sign-flip permutation test on
-the J per-instance differences; the tasks gained / lost are counted per task, as a description only
-(not a test). A trained editor's λ is read from its checkpoint, so a row cannot silently show the
-wrong method.
+difference D̄ with the 95% interval by instance and the p of the exact sign-flip permutation test
+on the J per-instance differences; the tasks gained / lost are counted per task, as a description
+only (not a test). A trained editor's λ is read from its checkpoint, so a row cannot silently show
+the wrong method.
 
 `--eval` also writes a run folder (--out, default runs/skill-r1-eval-TIME; a non-empty one is
 refused without --overwrite or --resume): OUT/eval.json (`eval_record`), rewritten after each chunk
@@ -442,8 +442,8 @@ def editor_row(client, name: str, spec: str, evo: list[Instance], seed_skills: l
     kl, t_kl, reference = None, time.time(), kl_reference(spec, args)
     if reference is not None:  # a trained editor: how far it moved from the one it started from
         kl = kl_to_frozen(editor, reference, evolutions, args)
-        print(f"{name}: KL(trained ‖ {reference}) = {kl:.4f} nats per token of the skills it wrote",
-              flush=True)
+        print(f"{name}: KL(trained ‖ {reference}) = {kl:.4f} nats per token of the skills it "
+              "wrote", flush=True)
     kl_seconds = time.time() - t_kl
     del editor
     u1, t1, cuts = client.usage, time.time(), reasoning_cuts(evolutions)   # evolve + evaluate
@@ -492,8 +492,8 @@ def kl_reference(spec: str, args) -> str | None:
 
 def kl_to_frozen(editor, frozen_spec: str, evolutions, args) -> float:
     """Mean over the sampled skill tokens of log π_θ(y) − log π_0(y), π_0 `frozen_spec`
-    (kl_reference): the Monte-Carlo estimate of KL(π_θ ‖ π_0) at the sampling temperature (exact in
-    expectation for --editor-top-p 1)."""
+    (kl_reference): the Monte-Carlo estimate of KL(π_θ ‖ π_0) at the sampling temperature
+    (exact in expectation for --editor-top-p 1)."""
     frozen = load_model(frozen_spec, dtype=torch.float32, device=editor.device)[0].eval()
     cands = [c for ev in evolutions for c in ev.candidates() if c.token_ids]
     total, n = 0.0, 0
@@ -544,8 +544,7 @@ def evaluate(args) -> int:
                 open_run_folder(out, args.resume, args.overwrite, "train_grpo.py --eval",
                                 settings=record["flags"] if args.resume else None)
                 opened.append(out)
-            row = {**{k: v for k, v in row.items() if k != "instances_done"}, "lambda": lam,
-                   "ci95": success_interval(row, test[:done])}
+            row = {**row, "lambda": lam, "ci95": success_interval(row, test[:done])}
             whole = done == len(evo)
             if whole:
                 rows.append(row)
@@ -554,8 +553,8 @@ def evaluate(args) -> int:
                           usage=usage, wall_seconds=time.time() - started)
             write_json_atomic(out / EVAL_FILE, record)
             print(f"evaluated: {row['name']}"
-                  + ("" if done == len(evo) and chunk == len(evo) else
-                     f", instances 1-{done} of {len(evo)}"), flush=True)
+                  + ("" if chunk == len(evo) else f", instances 1-{done} of {len(evo)}"),
+                  flush=True)
             if whole and row["reasoning_cut"] and not any(r["reasoning_cut"] for r in rows[:-1]):
                 # once, when first seen
                 print(reasoning_cut_note(cut_totals([row], of="rollouts")), flush=True)
@@ -570,7 +569,6 @@ def evaluate(args) -> int:
                 row = measure(a, b)
                 part = row if part is None else joined_rows(part, row)
                 keep(part, lam, b)
-            record["row_under_way"] = None
     print_table(rows, evo, test, args,
                 zero_reward_note([t for ts in test for t in ts], rows, training=False),
                 reasoning_cut_note(cut_totals(rows, of="rollouts")))
@@ -675,9 +673,8 @@ def resumed_record(out: Path, fresh: dict) -> dict:
                              "or tasks than its flags draw here (another suite file or version?): "
                              "start a new evaluation in another --out")
     rows, part = saved.get("rows") or [], saved.get("row_under_way")
-    if part is not None and not (isinstance(part, dict) and isinstance(part.get("instances_done"),
-                                                                         int)
-                                 and 0 < part["instances_done"] == len(part.get("scores") or [])
+    done = part.get("instances_done") if isinstance(part, dict) else None
+    if part is not None and not (isinstance(done, int) and 0 < done == len(part.get("scores") or [])
                                  < len(fresh["instances"])):
         raise RunFolderError(f"train_grpo.py --eval: --resume: {file}: field row_under_way is not "
                              "a row measured on its first instances_done instances")

@@ -42,14 +42,14 @@ Policy loss (per valid token t of sequence b; log-probs at the sampling temperat
 ------------------------------------------------------------------------------------
     ratio_{b,t} = exp(logp_θ − logp_old)          (= 1 on the first pass; old is detached)
     surr_{b,t}  = min(ratio · A_b, clip(ratio, 1 − ε_low, 1 + ε_high) · A_b)
-    kl_{b,t}    = exp(logp_ref − logp_θ) − (logp_ref − logp_θ) − 1   (k3 of KL(π_θ ‖ π_ref), ≥ 0)
-    ℓ_{b,t}     = −surr_{b,t} + β · kl_{b,t}      (the KL term only when ref_logp is given)
+    kl_{b,t}    = exp(logp_ref − logp_θ) − (logp_ref − logp_θ) − 1   (k3 of KL, ≥ 0)
+    ℓ_{b,t}     = −surr_{b,t} + β · kl_{b,t}      (KL(π_θ ‖ π_ref); only given ref_logp)
 
 Aggregation over the (B, T) grid, m_{b,t} ∈ {0, 1} the mask of valid (completion) tokens:
 
     token_mean : Σ_{b,t} m·ℓ / Σ_{b,t} m           (every token of the batch weighs the same)
-    seq_mean   : (1/B) Σ_b [ Σ_t m·ℓ / Σ_t m ]      (every sequence weighs the same: the original
-                                                 GRPO; a row without a valid token adds 0 to B)
+    seq_mean   : (1/B) Σ_b [ Σ_t m·ℓ / Σ_t m ]      (each sequence weighs the same: the
+                                                 original GRPO; a row without valid tokens adds 0)
     dr_grpo    : Σ_{b,t} m·ℓ / (B · max_new_tokens) (Dr. GRPO: a constant normaliser, so no
                                                  length bias; max_new_tokens is required)
 
@@ -59,12 +59,12 @@ clip is active, i.e. where the clipped term wins the min and the token's gradien
     clip_frac_low  = mean over valid tokens of [ratio < 1 − ε_low  and A < 0]
     clip_frac_high = mean over valid tokens of [ratio > 1 + ε_high and A > 0]
 
-A token with ratio < 1 − ε_low but A > 0 is *not* clipped: the min picks the unclipped ratio·A, and
-the gradient pushes the ratio back up. Likewise ratio > 1 + ε_high with A < 0.
+A token with ratio < 1 − ε_low but A > 0 is *not* clipped: the min picks the unclipped ratio·A,
+and the gradient pushes the ratio back up. Likewise ratio > 1 + ε_high with A < 0.
 
 Note: the loss value is near zero by construction. On the first pass ratio = 1 and, within a group,
-the intra advantages sum to zero, so the surrogate averages to ≈ −λ·A_inter / S (plus β·KL). Its
-value says nothing about progress; watch the reward (and KL, clip fractions) instead.
+the intra advantages sum to zero, so the surrogate averages to ≈ −λ·A_inter / S (plus β·KL).
+Its value says nothing about progress; watch the reward (and KL, clip fractions) instead.
 """
 from __future__ import annotations
 
@@ -197,7 +197,8 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
 
 
 def _k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """k3 = exp(logp_ref − logp_θ) − (logp_ref − logp_θ) − 1 per token (0 at masked positions)."""
+    """k3 = exp(logp_ref − logp_θ) − (logp_ref − logp_θ) − 1 per token (0 at masked
+    positions)."""
     ref_minus_logp = torch.where(valid, ref_logp.detach() - logp, torch.zeros_like(logp))
     return torch.exp(ref_minus_logp) - ref_minus_logp - 1.0
 

@@ -32,8 +32,8 @@ too long does not parse: the candidate gets reward 0 without costing a task-mode
 its advantage (so the editor learns not to write it), and the run goes on.
 
 The editor's prompt (`editor_messages`): the task type and a few example tasks of x, the current
-skill with its reward, and the history — earlier skills with their rewards and per-task outcomes
-(question, right or wrong, the start of the reply) — newest first. To fit `context_tokens` it drops
+skill with its reward, and the history: earlier skills with their rewards and per-task outcomes
+(question, right or wrong, the start of the reply), newest first. To fit `context_tokens` it drops
 whole history entries, oldest first, then example tasks, then shortens the current skill; if even
 the bare prompt does not fit it raises ValueError, so the prompt never silently exceeds the budget.
 
