@@ -50,18 +50,22 @@ def test_the_readme_gives_the_default_command_and_its_output():
     assert sum(l.startswith("step ") for l in shown) == 3
 
 
-def test_the_skill_r1_quick_start_table_is_what_combine_prints(tmp_path, capsys):
-    """The Skill-R1 quick start's table (docs/results-skill-r1.md, which the README links), as
-    `combine` prints it from the four evaluation runs that docs/runs keeps (the README's command
-    combines the same runs under runs/)."""
+@pytest.mark.parametrize("folder, names, marker", [
+    ("skill-r1-cold-start", ("frozen", "grpo", "skill-r1-seed0", "skill-r1-seed1"),
+     "**All six rows.**"),
+    ("eval48", ("frozen", "grpo-seed0", "grpo-seed1", "sr1-seed0", "sr1-seed1"),
+     "**All seven rows.**")])
+def test_the_skill_r1_evaluation_tables_are_what_combine_prints(folder, names, marker, tmp_path,
+                                                                 capsys):
+    """The Skill-R1 evaluation tables of docs/results-skill-r1.md (the README links them), as
+    `combine` prints them from the evaluation runs that docs/runs keeps (the second attempt's four,
+    the third evaluation's five; the README's commands combine the same runs under runs/)."""
     from minskill.measure import combine
-    runs = ROOT / "docs" / "runs" / "skill-r1-cold-start"
-    names = ("frozen", "grpo", "skill-r1-seed0", "skill-r1-seed1")
-    files = [runs / f"eval-{name}.json" for name in names]
+    files = [ROOT / "docs" / "runs" / folder / f"eval-{name}.json" for name in names]
     assert combine.main([*map(str, files), "--out", str(tmp_path / "combined")]) == 0
     printed = capsys.readouterr().out.splitlines()
     results = (ROOT / "docs" / "results-skill-r1.md").read_text(encoding="utf-8")
-    shown = _block_after("**All six rows.**", which=1, text=results)
+    shown = _block_after(marker, which=1, text=results)
     assert shown and all(line in printed for line in shown), \
         [line for line in shown if line not in printed]
 
