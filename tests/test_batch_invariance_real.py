@@ -27,10 +27,12 @@ def test_rollout_replies_do_not_depend_on_the_concurrency(quantize, dtype, c_ker
     server = ("--dtype", dtype, "--threads", "2", "--c-kernels", c_kernels)
     with embedded_client(quantize=quantize, server_args=server, max_workers=12) as many:
         one = ChatClient(many.base_url, model=many.model, api_key=many.api_key, max_workers=1)
-        replies = [[t.reply for t in run_rollouts(client, tasks, skills, max_tokens=256)]
-                   for client in (one, many)]
-    assert all(replies[0])                     # the server answered every task
-    assert replies[0] == replies[1]
+        rollouts = [run_rollouts(client, tasks, skills, max_tokens=256) for client in (one, many)]
+    # the server answered every task (a reply lost to a timeout on a loaded machine says so here)
+    errors = [t.error for trajs in rollouts for t in trajs if t.error is not None]
+    assert not errors, errors[:3]
+    assert all(t.reply for t in rollouts[0])
+    assert [t.reply for t in rollouts[0]] == [t.reply for t in rollouts[1]]
 
 
 def _tokens(seed, n):
