@@ -1,7 +1,7 @@
 """The README's pasted outputs are held to the code: the main job's command is run as the README
-gives it and its printed lines are compared with the README's block, field by field ("…" stands for
-fields the README leaves out). A change that moves them fails here until the README is re-run and
-re-pasted."""
+gives it and its printed lines are compared with the README's block, field by field ("…" stands
+for fields the README leaves out). A change that moves them fails here until the README is re-run
+and re-pasted."""
 import os
 import re
 import subprocess
